@@ -1,0 +1,20 @@
+"""neuron_lab: a Jupyter-first workbench for PyTorch on AWS Trainium (TorchNeuron).
+
+Importing it makes the `neuron` device available even where PyTorch's backend autoload is off
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): the real TorchNeuron when installed, else the emulator.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+import torch  # noqa: E402,F401  (first: PyTorch's autoload may call back into neuron_lab.backend)
+
+from neuron_lab import backend as backend  # noqa: E402
+
+try:
+    backend.activate()
+except Exception as _e:  # the reason stays in backend.state() for `doctor`
+    import warnings
+
+    warnings.warn(f"neuron_lab: no neuron backend ({_e})", RuntimeWarning, stacklevel=2)

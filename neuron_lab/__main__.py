@@ -1,0 +1,3 @@
+from neuron_lab.cli import main
+
+raise SystemExit(main())

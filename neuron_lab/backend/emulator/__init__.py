@@ -1,0 +1,69 @@
+"""The bundled `neuron` device: real PrivateUse1 tensors over host memory, in pure Python.
+
+``install()`` does, once per process, what a C++ backend does at load time: rename PrivateUse1
+to ``neuron``, register the device module, hooks and guard, and register one boxed fallback
+that runs every op on zero-copy host aliases and reports it against a coverage profile.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_lab.backend.emulator import runtime as _rt
+
+_hooks: list[object] = []  # the hook and guard objects must outlive registration
+
+
+def install(profile=None) -> _rt.Runtime:
+    """Install the emulator; idempotent. Raises if another backend owns PrivateUse1."""
+    if _rt.installed():
+        return _rt.get()
+    owner = torch._C._get_privateuse1_backend_name()
+    if owner not in ("privateuseone", "neuron"):
+        raise RuntimeError(f"PrivateUse1 is already the {owner!r} backend; the neuron emulator cannot install")
+    if owner == "neuron" and hasattr(torch, "neuron"):
+        raise RuntimeError("another 'neuron' backend is already registered in this process")
+
+    class Hooks(torch._C._acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
+
+        def has_primary_context(self, dev_id) -> bool:
+            return True
+
+        def is_built(self) -> bool:
+            return True
+
+    class Guard(torch._C._acc.DeviceGuard):
+        def type_(self):
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    _hooks.extend([Hooks(), Guard()])
+    if owner != "neuron":
+        torch.utils.rename_privateuse1_backend("neuron")
+
+    # Imported after the rename: these modules build `neuron` devices at import.
+    from neuron_lab.backend import profiles
+    from neuron_lab.backend.emulator import autocast, device_module, native, patches
+    from neuron_lab.backend.emulator.memory import Allocator
+    from neuron_lab.backend.emulator.ops import Executor
+    from neuron_lab.backend.events import OpRecorder
+
+    allocator, recorder = Allocator(), OpRecorder()
+    executor = Executor(allocator, recorder, profile if profile is not None else profiles.load())
+    rt = _rt.Runtime(allocator, recorder, executor)
+    _rt.set_runtime(rt)
+
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
+    torch._register_device_module("neuron", device_module)
+    torch._C._acc.register_python_privateuseone_hook(_hooks[0])
+    torch._C._acc.register_python_privateuseone_device_guard(_hooks[1])
+
+    fallback_lib = torch.library.Library("_", "IMPL")
+    fallback_lib.fallback(executor.fallback, "PrivateUse1")
+    aten_lib = torch.library.Library("aten", "IMPL")
+    native.install_native(executor, aten_lib)
+    autocast.install(aten_lib, fallback_lib)
+    rt.libraries += [fallback_lib, aten_lib]
+    patches.install()
+    return rt

@@ -1,0 +1,289 @@
+"""``torch.neuron`` for the emulated device: the surface TorchNeuron's device module offers.
+
+The emulator runs every op synchronously on one in-order queue, so streams and events are
+exact rather than approximate: work recorded before an event is complete when it is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from neuron_lab.backend.emulator import runtime as _rt
+from neuron_lab.backend.emulator.memory import format_size
+
+_DEVICE_NAME = "neuron:0"
+
+
+def _index(device: Any = None) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        idx = device
+    else:
+        d = torch.device(device)
+        if d.type != "neuron":
+            raise ValueError(f"Expected a neuron device, got {d}")
+        idx = d.index or 0
+    if idx != 0:
+        raise ValueError(f"Invalid device id {idx}: the neuron emulator has one device (neuron:0)")
+    return idx
+
+
+# -- device --------------------------------------------------------------------------------
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def init() -> None:
+    """The emulated runtime needs no initialisation."""
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: Any) -> None:
+    _index(device)
+
+
+class device:  # noqa: N801  (spelled like torch.cuda.device)
+    """Context manager that selects a device; there is one, so it only validates."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = _index(device)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def get_device_name(device: Any = None) -> str:
+    _index(device)
+    return _DEVICE_NAME
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    _index(device)
+    return DeviceProperties("neuron (emulated Trn2 logical NeuronCore)", _rt.get().allocator.capacity)
+
+
+def synchronize(device: Any = None) -> None:
+    """Every emulated op completes before it returns: nothing is queued."""
+    _index(device)
+
+
+# -- RNG -----------------------------------------------------------------------------------
+def _gen() -> torch.Generator:
+    return _rt.get().executor.generator
+
+
+def manual_seed(seed: int) -> None:
+    _gen().manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    _gen().seed()
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return _gen().initial_seed()
+
+
+def get_rng_state(device: Any = "neuron") -> torch.Tensor:
+    _index(device)
+    return _gen().get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
+    _index(device)
+    _gen().set_state(new_state)
+
+
+# -- AMP -----------------------------------------------------------------------------------
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float32, torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+# -- memory --------------------------------------------------------------------------------
+def memory_stats(device: Any = None) -> dict[str, int]:
+    _index(device)
+    return _rt.get().allocator.stats()
+
+
+def memory_allocated(device: Any = None) -> int:
+    _index(device)
+    return _rt.get().allocator.allocated
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    _index(device)
+    return _rt.get().allocator.peak
+
+
+def memory_reserved(device: Any = None) -> int:
+    _index(device)
+    return _rt.get().allocator.reserved
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    _index(device)
+    return _rt.get().allocator.peak_reserved
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _index(device)
+    _rt.get().allocator.reset_peak()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    _index(device)
+    _rt.get().allocator.reset_accumulated()
+
+
+def empty_cache() -> None:
+    """Freed blocks are returned at once; there is no cache to empty."""
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    _index(device)
+    a = _rt.get().allocator
+    return a.capacity - a.allocated, a.capacity
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    s = memory_stats(device)
+    rows = [("Allocated memory", "allocated_bytes"), ("Active memory", "active_bytes"),
+            ("Reserved memory", "reserved_bytes")]
+    if not abbreviated:
+        rows.append(("Allocations", "allocation"))
+    lines = ["|" + "=" * 75 + "|", "|{:^75}|".format("neuron (emulated) memory summary, device 0"),
+             "|" + "-" * 75 + "|", "| {:<22}| {:>11} | {:>11} | {:>11} | {:>11} |".format(
+                 "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"), "|" + "-" * 75 + "|"]
+    for label, key in rows:
+        vals = [s[f"{key}.all.{m}"] for m in ("current", "peak", "allocated", "freed")]
+        cells = [str(v) for v in vals] if key == "allocation" else [format_size(v) for v in vals]
+        lines.append("| {:<22}| {:>11} | {:>11} | {:>11} | {:>11} |".format(label, *cells))
+    lines += ["|" + "-" * 75 + "|",
+              f"| OOMs: {s['num_ooms']:<8} capacity: {format_size(_rt.get().allocator.capacity):<46}|",
+              "|" + "=" * 75 + "|"]
+    return "\n".join(lines)
+
+
+# -- streams and events: one in-order queue --------------------------------------------------
+class Event:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._recorded_ns: int | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._recorded_ns = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end_event: Event) -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._recorded_ns is None or end_event._recorded_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._recorded_ns - self._recorded_ns) / 1e6
+
+
+class Stream:
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        self.device = torch.device("neuron", _index(device))
+        self.priority = priority
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def wait_stream(self, stream: Stream) -> None:
+        return None
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_DEFAULT_STREAM = Stream()
+
+
+def current_stream(device: Any = None) -> Stream:
+    _index(device)
+    return _DEFAULT_STREAM
+
+
+default_stream = current_stream
+
+
+def set_stream(stream: Stream) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    yield
+
+
+# -- torch.compile metrics, as TorchNeuron spells them ---------------------------------------
+def get_dynamo_metrics() -> list[dict[str, Any]]:
+    synchronize()
+    return [dict(m) for m in _rt.get().dynamo_metrics]
+
+
+def reset_dynamo_metrics() -> None:
+    _rt.get().dynamo_metrics.clear()

@@ -1,0 +1,51 @@
+"""Zero-copy bridges between `neuron` tensors and the host tensors that compute for them.
+
+``bind`` makes a device tensor over a device storage with any size/stride/offset, by running
+``set_``'s CPU kernel (metadata only) on a PrivateUse1 TensorImpl. ``to_host`` makes the
+non-resizable CPU alias a kernel computes on; ``from_host`` presents a kernel's result as device
+memory, rebinding views of an input to that input's storage instead of counting them again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_lab.backend.emulator.memory import Allocator
+
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_handle = torch.ops.aten.set_.source_Storage_storage_offset._handle
+_create_empty = torch._C._acc.create_empty_tensor
+_ALIAS_ATTR = "_neuron_lab_host"
+
+
+class HostBridge:
+    def __init__(self, allocator: Allocator) -> None:
+        self.allocator = allocator
+
+    def bind(self, storage: torch.UntypedStorage, size, stride, offset: int, dtype: torch.dtype) -> torch.Tensor:
+        t = _create_empty([0], dtype)
+        _set_handle.redispatch_boxed(CPU_KEYS, t, storage, offset, size, stride)
+        return t
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """The CPU alias of a device tensor's bytes, cached on the tensor while its layout holds."""
+        st = t.untyped_storage()
+        key = (st.data_ptr(), t.storage_offset(), t.shape, t.stride())
+        cached = t.__dict__.get(_ALIAS_ATTR)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        alloc = self.allocator.lookup(key[0])
+        if alloc is None:
+            raise RuntimeError(f"neuron emulator: storage at 0x{key[0]:x} is not device memory it allocated")
+        h = torch.empty(0, dtype=t.dtype).set_(alloc.cpu_view, key[1], key[2], key[3])
+        t.__dict__[_ALIAS_ATTR] = (key, h)
+        return h
+
+    def from_host(self, r: torch.Tensor) -> torch.Tensor:
+        """A device tensor over a host result's bytes (no copy)."""
+        st = r.untyped_storage()
+        alloc = self.allocator.lookup(st.data_ptr())
+        device_storage = alloc.storage_ref() if alloc is not None else None
+        if device_storage is None:
+            device_storage = self.allocator.adopt(st, r.dtype, r.shape)
+        return self.bind(device_storage, r.shape, r.stride(), r.storage_offset(), r.dtype)

@@ -1,0 +1,189 @@
+"""Emulated device memory: host buffers presented as `neuron` storages, with exact accounting.
+
+Every device StorageImpl is one :class:`Allocation`. Bytes count once per storage (views share it)
+and are released by a weakref callback when the storage's Python object dies, which PyTorch
+delays until the last view dies (PyObject preservation). The registry maps a storage's data
+pointer to its host bytes, which is also how C++-made storages around our pointers are resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
+CAPACITY_ENV = "NEURON_LAB_DEVICE_MEMORY"
+BLOCK = 512  # reserved bytes are rounded like the CUDA caching allocator's blocks
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
+
+DEVICE = torch.device("neuron", 0) if torch._C._get_privateuse1_backend_name() == "neuron" else None
+_CPU = torch.device("cpu")
+
+
+def parse_size(text: str) -> int:
+    """``"24GiB"``, ``"512m"``, ``"1048576"`` -> bytes."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    if not num or unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size (examples: 24GiB, 512MiB, 1048576)")
+    return int(float(num) * _UNITS[unit])
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class Allocation:
+    """One live device storage."""
+
+    ptr: int
+    nbytes: int
+    host: torch.UntypedStorage  # owns the bytes
+    cpu_view: torch.UntypedStorage  # non-resizable CPU alias: CPU kernels may write but never reallocate
+    storage_ref: weakref.ref
+    created_ns: int
+    dtype: torch.dtype | None = None  # of the tensor the storage was made for
+    shape: tuple[int, ...] | None = None
+    site: tuple[str, ...] | None = None  # creation stack, when requested
+
+
+class Allocator:
+    """Counters with CUDA's ``memory_stats`` semantics for one emulated device."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is None:
+            env = os.environ.get(CAPACITY_ENV)
+            capacity = parse_size(env) if env else DEFAULT_CAPACITY
+        self.capacity = capacity
+        self.record_sites = False
+        self._lock = threading.Lock()
+        self._live: dict[int, Allocation] = {}
+        self._reset_all()
+
+    def _reset_all(self) -> None:
+        self.allocated = self.peak = 0
+        self.reserved = self.peak_reserved = 0
+        self.total_allocated = self.total_freed = 0
+        self.total_reserved = self.total_released = 0
+        self.n_alloc = self.n_free = 0
+        self.peak_count = 0
+        self.num_ooms = 0
+
+    # -- allocation ------------------------------------------------------------------------
+    def new_storage(self, nbytes: int, dtype: torch.dtype | None = None, shape=None) -> torch.UntypedStorage:
+        """A fresh device storage of ``nbytes`` (zeroed host memory is not promised, as on a device)."""
+        self._check_capacity(nbytes)
+        host = torch.UntypedStorage(max(nbytes, 1))
+        return self._register(host, nbytes, dtype, shape)
+
+    def adopt(self, host: torch.UntypedStorage, dtype: torch.dtype | None = None, shape=None) -> torch.UntypedStorage:
+        """Present an existing CPU storage (a kernel's result) as device memory, zero-copy."""
+        nbytes = host.nbytes()
+        self._check_capacity(nbytes)
+        if host.data_ptr() == 0:
+            host = torch.UntypedStorage(1)  # empty results may have no buffer; ours need a unique pointer
+        return self._register(host, nbytes, dtype, shape)
+
+    def _check_capacity(self, nbytes: int) -> None:
+        if self.allocated + nbytes > self.capacity:
+            with self._lock:
+                self.num_ooms += 1
+            raise torch.OutOfMemoryError(
+                f"neuron:0 out of memory (emulated): tried to allocate {format_size(nbytes)}; "
+                f"{format_size(self.allocated)} of {format_size(self.capacity)} already allocated, "
+                f"{format_size(self.capacity - self.allocated)} free. "
+                f"The emulated capacity is set by {CAPACITY_ENV}."
+            )
+
+    def _register(self, host: torch.UntypedStorage, nbytes: int, dtype, shape) -> torch.UntypedStorage:
+        ptr = host.data_ptr()
+        storage = torch._C._construct_storage_from_data_pointer(ptr, DEVICE, nbytes)
+        cpu_view = torch._C._construct_storage_from_data_pointer(ptr, _CPU, nbytes)
+        rounded = -(-nbytes // BLOCK) * BLOCK
+        site = tuple(traceback.format_list(traceback.extract_stack()[:-3])) if self.record_sites else None
+        ref = weakref.ref(storage, lambda _r, ptr=ptr: self._free(ptr))
+        with self._lock:
+            self._live[ptr] = Allocation(ptr, nbytes, host, cpu_view, ref, time.monotonic_ns(),
+                                         dtype, tuple(shape) if shape is not None else None, site)
+            self.allocated += nbytes
+            self.reserved += rounded
+            self.total_allocated += nbytes
+            self.total_reserved += rounded
+            self.n_alloc += 1
+            if self.allocated > self.peak:
+                self.peak = self.allocated
+            if self.reserved > self.peak_reserved:
+                self.peak_reserved = self.reserved
+            if len(self._live) > self.peak_count:
+                self.peak_count = len(self._live)
+        return storage
+
+    def _free(self, ptr: int) -> None:
+        with self._lock:
+            a = self._live.pop(ptr, None)
+            if a is None:
+                return
+            rounded = -(-a.nbytes // BLOCK) * BLOCK
+            self.allocated -= a.nbytes
+            self.reserved -= rounded
+            self.total_freed += a.nbytes
+            self.total_released += rounded
+            self.n_free += 1
+
+    # -- lookup ----------------------------------------------------------------------------
+    def lookup(self, ptr: int) -> Allocation | None:
+        return self._live.get(ptr)
+
+    def live(self) -> list[Allocation]:
+        """Live allocations, oldest first (a snapshot; holds no storage alive)."""
+        with self._lock:
+            return sorted(self._live.values(), key=lambda a: a.created_ns)
+
+    # -- statistics ------------------------------------------------------------------------
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.allocated
+            self.peak_reserved = self.reserved
+            self.peak_count = len(self._live)
+
+    def reset_accumulated(self) -> None:
+        with self._lock:
+            self.total_allocated = self.total_freed = 0
+            self.total_reserved = self.total_released = 0
+            self.n_alloc = self.n_free = 0
+            self.num_ooms = 0
+
+    def stats(self) -> OrderedDict[str, int]:
+        """Flat keys as ``torch.cuda.memory_stats()`` spells them (pool: ``all``)."""
+        with self._lock:
+            n_live = len(self._live)
+            groups = {
+                "allocated_bytes": (self.allocated, self.peak, self.total_allocated, self.total_freed),
+                "active_bytes": (self.allocated, self.peak, self.total_allocated, self.total_freed),
+                "reserved_bytes": (self.reserved, self.peak_reserved, self.total_reserved, self.total_released),
+                "allocation": (n_live, self.peak_count, self.n_alloc, self.n_free),
+                "active": (n_live, self.peak_count, self.n_alloc, self.n_free),
+                "segment": (n_live, self.peak_count, self.n_alloc, self.n_free),
+            }
+            flat: dict[str, int] = {}
+            for key, (cur, peak, alloc, freed) in groups.items():
+                for metric, v in (("current", cur), ("peak", peak), ("allocated", alloc), ("freed", freed)):
+                    flat[f"{key}.all.{metric}"] = v
+            flat["num_alloc_retries"] = 0
+            flat["num_ooms"] = self.num_ooms
+            flat["num_device_alloc"] = self.n_alloc
+            flat["num_device_free"] = self.n_free
+        return OrderedDict(sorted(flat.items()))

@@ -1,0 +1,286 @@
+"""How the emulated device runs ATen ops: natively, or as a reported CPU fallback.
+
+Every op on a `neuron` tensor ends here, through the boxed PrivateUse1 fallback or a direct
+kernel. Both paths compute on zero-copy host aliases; the coverage profile only decides how
+the call is *reported* (native, CPU fallback, host kernel), the way TorchNeuron reports it.
+A handful of ops are device plumbing (allocation, copies, metadata views) and are never reported.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
+from neuron_lab.backend.emulator.memory import Allocator
+from neuron_lab.backend.events import DOWNCAST, OpRecorder
+from neuron_lab.backend.profiles import Profile
+
+Tensor = torch.Tensor
+aten = torch.ops.aten
+DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
+_CPU = torch.device("cpu")
+_DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_WIDE = {torch.float64, torch.int64}
+# Ops that may take CPU index tensors beside device tensors, as on CUDA.
+_MIXED_OK = frozenset({"aten::index", "aten::index_put", "aten::_index_put_impl", "aten::_unsafe_index",
+                       "aten::_unsafe_index_put", "aten::index_select", "aten::_unsafe_masked_index"})
+# Ops that draw from the default CPU generator without a `generator` argument.
+_IMPLICIT_RNG = frozenset({"aten::native_dropout"})
+
+
+@dataclass
+class _Plan:
+    """What the schema says about one overload, computed once."""
+
+    name: str
+    overload: str
+    write_returns: tuple[int | str | None, ...]  # per return: the argument it aliases when written
+    generator: int | str | None  # where the Generator argument goes, if any
+    mixed_ok: bool
+    implicit_rng: bool
+    is_view: bool
+
+
+def _plan(op: torch._ops.OpOverload) -> _Plan:
+    schema = op._schema
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    where: dict[str, int | str] = {}
+    for i, a in enumerate(positional):
+        where[a.name] = i
+    for a in schema.arguments:
+        if a.kwarg_only:
+            where[a.name] = a.name
+    writes: list[int | str | None] = []
+    is_view = False
+    for r in schema.returns:
+        target = None
+        if r.alias_info is not None:
+            if r.alias_info.is_write:
+                sets = r.alias_info.before_set
+                for a in schema.arguments:
+                    if a.alias_info is not None and a.alias_info.is_write and a.alias_info.before_set & sets:
+                        target = where[a.name]
+                        break
+            else:
+                is_view = True
+        writes.append(target)
+    gen = next((where[a.name] for a in schema.arguments if a.type.kind() == "OptionalType"
+                and str(a.type.getElementType()) == "Generator"), None)
+    name = schema.name
+    return _Plan(name, schema.overload_name, tuple(writes), gen, name in _MIXED_OK, name in _IMPLICIT_RNG, is_view)
+
+
+class Executor:
+    """Runs ops for the emulated device and reports each through the recorder."""
+
+    def __init__(self, allocator: Allocator, recorder: OpRecorder, profile: Profile) -> None:
+        self.allocator = allocator
+        self.bridge = HostBridge(allocator)
+        self.recorder = recorder
+        self.generator = torch.Generator()
+        self.emulate_downcast = os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
+        self._plans: dict[Any, _Plan] = {}
+        self._kinds: dict[tuple, tuple[str, str]] = {}
+        self.native: dict[str, Callable[..., Any]] = {}
+        self.set_profile(profile)
+
+    def set_profile(self, profile: Profile) -> None:
+        self.profile = profile
+        self._kinds.clear()
+
+    def plan(self, op) -> _Plan:
+        p = self._plans.get(op)
+        if p is None:
+            p = self._plans[op] = _plan(op)
+        return p
+
+    # -- the fallback ------------------------------------------------------------------------
+    def fallback(self, op, *args, **kwargs):
+        native = self.native.get(op._schema.name)
+        if native is not None:
+            return native(op, *args, **kwargs)
+        return self.run(op, args, kwargs)
+
+    def run(self, op, args: tuple, kwargs: dict):
+        """Compute ``op`` on host aliases of its device arguments and report it."""
+        plan = self._plans.get(op) or self.plan(op)
+        dtypes: list[torch.dtype] = []
+        to_host = self.bridge.to_host
+
+        def conv(a):
+            if isinstance(a, Tensor):
+                if a.is_cpu:
+                    if a.dim() and not plan.mixed_ok:
+                        raise RuntimeError(
+                            "Expected all tensors to be on the same device, but found at least two devices, "
+                            f"neuron:0 and cpu! (when checking argument for {plan.name})")
+                    return a
+                dtypes.append(a.dtype)
+                return to_host(a)
+            if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float, bool)):
+                return type(a)(conv(b) for b in a)
+            if isinstance(a, torch.device) and a.type == "neuron":
+                return _CPU
+            return a
+
+        hargs = [conv(a) for a in args]
+        hkwargs = {k: conv(v) for k, v in kwargs.items()}
+        if plan.generator is not None:
+            if isinstance(plan.generator, int):
+                if len(hargs) <= plan.generator:
+                    hargs.extend([None] * (plan.generator + 1 - len(hargs)))
+                if hargs[plan.generator] is None:
+                    hargs[plan.generator] = self.generator
+            elif hkwargs.get(plan.generator) is None:
+                hkwargs[plan.generator] = self.generator
+
+        kind_key = (plan.name, tuple(dtypes))
+        kind = self._kinds.get(kind_key)
+        if kind is None:
+            kind = self._kinds[kind_key] = self.profile.classify(plan.name, frozenset(_DTYPE_NAMES[d] for d in dtypes))
+        wide = [d for d in dtypes if d in _WIDE]
+
+        t0 = time.perf_counter_ns()
+        if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view:
+            out = self._run_downcast(op, plan, hargs, hkwargs)
+        else:
+            out = self._call(op, plan, hargs, hkwargs, args, kwargs)
+        host_ns = time.perf_counter_ns() - t0
+
+        self.recorder.record(plan.name, plan.overload, kind[0], kind[1], args, kwargs, host_ns)
+        if wide:
+            names = sorted({_DTYPE_NAMES[d] for d in wide})
+            how = "computed in 32-bit" if self.emulate_downcast and "float64" in names else "reported only"
+            self.recorder.record(plan.name, plan.overload, DOWNCAST,
+                                 f"{'/'.join(names)} on TorchNeuron computes in 32-bit ({how} here; "
+                                 f"{DOWNCAST_ENV}=1 computes float64 in float32)", args, kwargs, 0)
+        return self._results(out, plan, args, kwargs)
+
+    def _call(self, op, plan: _Plan, hargs: list, hkwargs: dict, args: tuple, kwargs: dict):
+        if plan.implicit_rng:
+            return self._with_device_rng(op, hargs, hkwargs)
+        try:
+            return op(*hargs, **hkwargs)
+        except RuntimeError as e:
+            if "not resizable" not in str(e):
+                raise
+        return self._run_resizing(op, plan, hargs, hkwargs, args, kwargs)
+
+    def _with_device_rng(self, op, hargs, hkwargs):
+        """Run an op that uses the default CPU generator on the device generator's stream."""
+        cpu_state = torch.get_rng_state()
+        torch.set_rng_state(self.generator.get_state())
+        try:
+            return op(*hargs, **hkwargs)
+        finally:
+            self.generator.set_state(torch.get_rng_state())
+            torch.set_rng_state(cpu_state)
+
+    @staticmethod
+    def _write_args(op) -> list[int | str]:
+        out: list[int | str] = []
+        pos = 0
+        for a in op._schema.arguments:
+            slot: int | str = a.name if a.kwarg_only else pos
+            if not a.kwarg_only:
+                pos += 1
+            if a.alias_info is not None and a.alias_info.is_write:
+                out.append(slot)
+        return out
+
+    def _run_resizing(self, op, plan, hargs, hkwargs, args, kwargs):
+        """An ``out=`` that must grow: compute into host temporaries, resize the device output, copy."""
+        temps = {}
+        for slot in self._write_args(op):
+            holder, orig = (hargs, args) if isinstance(slot, int) else (hkwargs, kwargs)
+            if isinstance(slot, int) and slot >= len(orig):
+                continue
+            dev = orig[slot]
+            if isinstance(dev, Tensor) and not dev.is_cpu:
+                holder[slot] = torch.empty(0, dtype=dev.dtype)
+                temps[slot] = (dev, holder[slot])
+            elif isinstance(dev, (list, tuple)):
+                holder[slot] = [torch.empty(0, dtype=d.dtype) for d in dev]
+                temps[slot] = (dev, holder[slot])
+        out = op(*hargs, **hkwargs)
+        for dev, tmp in temps.values():
+            pairs = zip(dev, tmp) if isinstance(dev, (list, tuple)) else [(dev, tmp)]
+            for d, t in pairs:
+                d.resize_(t.shape)
+                self.bridge.to_host(d).copy_(t)
+        return out
+
+    def _run_downcast(self, op, plan, hargs, hkwargs):
+        """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
+        written: list[tuple[Tensor, Tensor]] = []
+        write_slots = set(self._write_args(op))
+
+        def down(slot, a):
+            if isinstance(a, Tensor) and a.dtype == torch.float64:
+                low = a.to(torch.float32)
+                if slot in write_slots:
+                    written.append((a, low))
+                return low
+            return a
+
+        hargs = [down(i, a) for i, a in enumerate(hargs)]
+        hkwargs = {k: down(k, v) for k, v in hkwargs.items()}
+        if "dtype" in hkwargs and hkwargs["dtype"] == torch.float64:
+            hkwargs["dtype"] = torch.float32
+        out = op(*hargs, **hkwargs)
+        for orig, low in written:
+            orig.copy_(low)
+
+        def up(r):
+            if isinstance(r, Tensor) and r.dtype == torch.float32:
+                return r.to(torch.float64)
+            if isinstance(r, (list, tuple)):
+                return type(r)(up(x) for x in r)
+            return r
+
+        if written:
+            return out  # results are the written arguments, mapped back by _results
+        return up(out)
+
+    def _results(self, out, plan: _Plan, args: tuple, kwargs: dict):
+        from_host = self.bridge.from_host
+        writes = plan.write_returns
+
+        def back(r, i):
+            slot = writes[i] if i < len(writes) else None
+            if slot is not None:
+                return args[slot] if isinstance(slot, int) else kwargs[slot]
+            if isinstance(r, Tensor):
+                return from_host(r)
+            if isinstance(r, list):
+                return [from_host(x) if isinstance(x, Tensor) else x for x in r]
+            return r
+
+        if len(writes) > 1 or (isinstance(out, tuple) and len(writes) != 1):
+            return tuple(back(r, i) for i, r in enumerate(out))
+        if not writes:
+            return out
+        return back(out, 0)
+
+    # -- direct kernels ----------------------------------------------------------------------
+    def kernel(self, op) -> Callable[..., Any]:
+        """A PrivateUse1 kernel for ``op`` that skips the empty + ``.out`` double call."""
+        run = self.run
+
+        def k(*args, **kwargs):
+            return run(op, args, kwargs)
+
+        k.__name__ = f"neuron_{op._schema.name.split('::')[-1]}"
+        return k
+
+
+def redispatch_to_cpu(op, *args, **kwargs):
+    """Metadata-only kernels (views) run their CPU implementation on the device tensor itself."""
+    return op.redispatch(CPU_KEYS, *args, **kwargs)
+

@@ -1,0 +1,184 @@
+"""Python patches for what a pure-Python PrivateUse1 backend cannot register in C++.
+
+Each patch stands in for one C++ hook (allocator, pinned memory, device allocator stats, device
+synchronize) and delegates to PyTorch's own code for every other device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from neuron_lab.backend.emulator import device_module as nmod
+from neuron_lab.backend.emulator import runtime as _rt
+
+_C = torch._C
+_originals: dict[tuple[Any, str], Any] = {}
+
+
+def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    orig = getattr(owner, name)
+    _originals[(owner, name)] = orig
+    setattr(owner, name, make(orig))
+
+
+def _is_neuron(device: Any) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, int):
+        return False
+    try:
+        return torch.device(device).type == "neuron"
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _accelerator_is_neuron() -> bool:
+    acc = _originals[(_C, "_accelerator_getAccelerator")]()
+    return acc is not None and acc.type == "neuron"
+
+
+# -- storage allocation: C++ would call the (missing) PrivateUse1 allocator and crash ---------
+def _storage_new(orig):
+    def __new__(cls, *args, device=None, **kwargs):
+        if _is_neuron(device) and cls is torch.UntypedStorage and not kwargs:
+            if not args:
+                return _rt.get().allocator.new_storage(0)
+            if len(args) == 1 and isinstance(args[0], int):
+                return _rt.get().allocator.new_storage(args[0])
+            raise RuntimeError("neuron emulator: UntypedStorage(..., device='neuron') takes a size in bytes")
+        if device is None:
+            return orig(cls, *args, **kwargs)
+        return orig(cls, *args, device=device, **kwargs)
+
+    return __new__
+
+
+# -- pinned host memory: no pinned allocator exists, so pinned buffers are tracked here ------
+_pinned: dict[int, weakref.ref] = {}
+
+
+def _pin_memory(orig):
+    def pin_memory(self, device=None):
+        if self.is_cpu and (device is None or _is_neuron(device)):
+            if _is_pinned_storage(self):
+                return self
+            out = self.clone(memory_format=torch.contiguous_format) if not self.is_contiguous() else self.clone()
+            st = out.untyped_storage()
+            ptr = st.data_ptr()
+            _pinned[ptr] = weakref.ref(st, lambda _r, ptr=ptr: _pinned.pop(ptr, None))
+            return out
+        return orig(self, device) if device is not None else orig(self)
+
+    return pin_memory
+
+
+def _is_pinned_storage(t: torch.Tensor) -> bool:
+    ref = _pinned.get(t.untyped_storage().data_ptr())
+    return ref is not None and ref() is not None
+
+
+def _is_pinned(orig):
+    def is_pinned(self, device=None):
+        if self.is_cpu and (device is None or _is_neuron(device)):
+            return _is_pinned_storage(self)
+        return orig(self, device) if device is not None else orig(self)
+
+    return is_pinned
+
+
+# -- torch.accelerator: the C++ DeviceAllocator and synchronizeDevice a Python guard lacks ----
+def _nested_stats() -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in nmod.memory_stats().items():
+        node = nested
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _on_neuron(replacement: Callable[..., Any]):
+    def make(orig):
+        def patched(*args):
+            return replacement(*args) if _accelerator_is_neuron() else orig(*args)
+
+        patched.__name__ = getattr(orig, "__name__", "patched")
+        return patched
+
+    return make
+
+
+_ACCELERATOR_PATCHES: dict[str, Callable[..., Any]] = {
+    "_accelerator_synchronizeDevice": lambda idx=None: nmod.synchronize(),
+    "_accelerator_isAllocatorInitialized": lambda: True,
+    "_accelerator_getDeviceStats": lambda idx=None: _nested_stats(),
+    "_accelerator_resetPeakStats": lambda idx=None: nmod.reset_peak_memory_stats(),
+    "_accelerator_resetAccumulatedStats": lambda idx=None: nmod.reset_accumulated_memory_stats(),
+    "_accelerator_emptyCache": lambda: nmod.empty_cache(),
+    "_accelerator_emptyHostCache": lambda: None,
+    "_accelerator_getMemoryInfo": lambda idx=None: nmod.mem_get_info(),
+}
+
+
+# -- Module moves keep Parameter identity (and so weight ties), as set_data does on CUDA -------
+@contextlib.contextmanager
+def _swap_on_conversion(module: torch.nn.Module, target: Any) -> Iterator[None]:
+    crossing = _is_neuron(target) or any(
+        t.device.type == "neuron" for t in _module_tensors(module)) and not _is_neuron(target)
+    prev = torch.__future__.get_swap_module_params_on_conversion()
+    if crossing and not prev:
+        torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        yield
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(prev)
+
+
+def _module_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def _module_to(orig):
+    def to(self, *args, **kwargs):
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is None:
+            return orig(self, *args, **kwargs)
+        with _swap_on_conversion(self, device):
+            return orig(self, *args, **kwargs)
+
+    return to
+
+
+def _module_move(target: str | None):
+    def make(orig):
+        def move(self, *args, **kwargs):
+            with _swap_on_conversion(self, target or kwargs.get("device", args[0] if args else None)):
+                return orig(self, *args, **kwargs)
+
+        move.__name__ = orig.__name__
+        return move
+
+    return make
+
+
+def install() -> None:
+    """Apply every patch once."""
+    if _originals:
+        return
+    _patch(torch.UntypedStorage, "__new__", _storage_new)
+    _patch(torch.Tensor, "pin_memory", _pin_memory)
+    _patch(torch.Tensor, "is_pinned", _is_pinned)
+    _originals[(_C, "_accelerator_getAccelerator")] = _C._accelerator_getAccelerator
+    for name, replacement in _ACCELERATOR_PATCHES.items():
+        _patch(_C, name, _on_neuron(replacement))
+    _patch(torch.nn.Module, "to", _module_to)
+    _patch(torch.nn.Module, "neuron", _module_move("neuron"))
+    _patch(torch.nn.Module, "cpu", _module_move("cpu"))
+    _patch(torch.nn.Module, "to_empty", _module_move(None))

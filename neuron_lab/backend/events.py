@@ -1,0 +1,158 @@
+"""Op events: what ran natively, what fell back to the CPU, and what was silently downcast.
+
+Both backends feed one :class:`OpRecorder`. It keeps cheap per-op aggregates always (the
+TorchNeuron-style name sets are derived from them) and hands individual :class:`OpEvent`s to
+subscribers only when somebody subscribed, so an idle workbench costs a dict update per op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor as _Tensor
+
+NATIVE = "native"
+FALLBACK = "fallback"  # CPU_FALLBACK in TorchNeuron's compatibility table
+HOST = "host"  # explicit host kernels TorchNeuron runs on the CPU without reporting them
+DOWNCAST = "downcast"  # a 64-bit dtype computed in 32 bits
+
+KINDS = (NATIVE, FALLBACK, HOST, DOWNCAST)
+MAX_SIGNATURES = 4  # distinct (shapes, dtypes) kept per op
+SIGNATURE_PROBES = 256  # calls per op that are inspected for a new signature
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One op call as a subscriber sees it."""
+
+    name: str  # "aten::atan2"
+    overload: str  # "out", "" for the default overload
+    kind: str  # one of KINDS
+    reason: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    host_ns: int  # time spent running the op on the host
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+
+@dataclass
+class OpStats:
+    """Aggregate of every call of one (op, overload, kind)."""
+
+    name: str
+    overload: str
+    kind: str
+    reason: str
+    count: int = 0
+    host_ns: int = 0
+    signatures: list[tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "overload": self.overload,
+            "kind": self.kind,
+            "reason": self.reason,
+            "count": self.count,
+            "host_ns": self.host_ns,
+            "signatures": [
+                {"shapes": [list(s) for s in shapes], "dtypes": list(dtypes)} for shapes, dtypes in self.signatures
+            ],
+        }
+
+
+def signature_of(args: tuple, kwargs: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """Shapes and dtypes of the tensor arguments (one level into lists), in order."""
+    shapes: list[tuple[int, ...]] = []
+    dtypes: list[str] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, _Tensor):
+            shapes.append(tuple(a.shape))
+            dtypes.append(str(a.dtype).removeprefix("torch."))
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, _Tensor):
+                    visit(b)
+
+    for a in args:
+        visit(a)
+    for a in kwargs.values():
+        visit(a)
+    return tuple(shapes), tuple(dtypes)
+
+
+class OpRecorder:
+    """Thread-safe op aggregates plus an optional event stream.
+
+    Backward kernels run on autograd's device thread, so updates take a lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats: dict[tuple[str, str, str], OpStats] = {}
+        self._subscribers: list[Callable[[OpEvent, tuple, dict], None]] = []
+        self.h2d_bytes = 0
+        self.d2h_bytes = 0
+
+    # -- recording -------------------------------------------------------------------------
+    def record(self, name: str, overload: str, kind: str, reason: str, args: tuple, kwargs: dict, host_ns: int) -> None:
+        key = (name, overload, kind)
+        with self._lock:
+            st = self._stats.get(key)
+            if st is None:
+                st = self._stats[key] = OpStats(name, overload, kind, reason)
+            st.count += 1
+            st.host_ns += host_ns
+            probe = st.count <= SIGNATURE_PROBES and len(st.signatures) < MAX_SIGNATURES
+        sig = None
+        if probe:
+            sig = signature_of(args, kwargs)
+            with self._lock:
+                if sig not in st.signatures and len(st.signatures) < MAX_SIGNATURES:
+                    st.signatures.append(sig)
+        if self._subscribers:
+            if sig is None:
+                sig = signature_of(args, kwargs)
+            event = OpEvent(name, overload, kind, reason, sig[0], sig[1], host_ns)
+            for fn in list(self._subscribers):
+                fn(event, args, kwargs)
+
+    def record_transfer(self, h2d: int = 0, d2h: int = 0) -> None:
+        with self._lock:
+            self.h2d_bytes += h2d
+            self.d2h_bytes += d2h
+
+    # -- subscription ------------------------------------------------------------------------
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None]) -> Callable[[], None]:
+        """Call ``fn(event, args, kwargs)`` for every op from now on; returns the unsubscribe function."""
+        self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    # -- reading -----------------------------------------------------------------------------
+    def stats(self, kind: str | None = None) -> list[OpStats]:
+        with self._lock:
+            rows = [st for st in self._stats.values() if kind is None or st.kind == kind]
+        return sorted(rows, key=lambda s: (-s.count, s.name, s.overload))
+
+    def names(self, kind: str) -> set[str]:
+        with self._lock:
+            return {st.name for st in self._stats.values() if st.kind == kind}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._stats.clear()
+            self.h2d_bytes = 0
+            self.d2h_bytes = 0
+

@@ -1,0 +1,125 @@
+"""The one interface the workbench sees, whichever `neuron` backend runs underneath.
+
+Magics and widgets call these methods and never ask which implementation they got. What only
+one implementation can know (live allocations on the emulator) comes back empty elsewhere,
+never as an error.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_lab.backend.events import FALLBACK, NATIVE, OpEvent, OpRecorder, OpStats
+from neuron_lab.backend.profiles import Profile
+
+
+@dataclass(frozen=True)
+class LiveAllocation:
+    """One live device storage, as the memory views show it."""
+
+    nbytes: int
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    age_s: float
+    site: tuple[str, ...] | None  # creation stack, when site recording is on
+
+
+class NeuronBackend(ABC):
+    kind: str  # "emulator" | "torchneuron"
+    device_type = "neuron"
+
+    def __init__(self, recorder: OpRecorder) -> None:
+        self.recorder = recorder
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def version(self) -> str: ...
+
+    @property
+    def description(self) -> str:
+        return f"{self.kind} {self.version}"
+
+    # -- device and memory ---------------------------------------------------------------------
+    @abstractmethod
+    def device_count(self) -> int: ...
+
+    @abstractmethod
+    def capacity(self) -> int:
+        """Bytes of device memory on device 0."""
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.neuron.synchronize()
+
+    def memory_stats(self) -> dict[str, int]:
+        """``torch.cuda.memory_stats``-style flat keys, read after a synchronize."""
+        import torch
+
+        self.synchronize()
+        return dict(torch.neuron.memory_stats())
+
+    def memory_allocated(self) -> int:
+        return self.memory_stats().get("allocated_bytes.all.current", 0)
+
+    def max_memory_allocated(self) -> int:
+        return self.memory_stats().get("allocated_bytes.all.peak", 0)
+
+    def reset_peak_memory_stats(self) -> None:
+        import torch
+
+        torch.neuron.reset_peak_memory_stats()
+
+    def live_allocations(self) -> list[LiveAllocation]:
+        return []
+
+    def record_allocation_sites(self, enabled: bool) -> None:
+        """Capture a creation stack for each new allocation (costly; off by default)."""
+
+    # -- ops -----------------------------------------------------------------------------------
+    @property
+    def profile(self) -> Profile | None:
+        return None
+
+    def set_profile(self, name_or_path: str) -> Profile:
+        raise NotImplementedError(f"the {self.kind} backend reports what the device does; it takes no profile")
+
+    def get_fallback_ops(self) -> set[str]:
+        """TorchNeuron's API: unique names of ops that ran on the CPU since the last clear."""
+        return self.recorder.names(FALLBACK)
+
+    def get_executed_ops(self) -> set[str]:
+        return self.recorder.names(NATIVE)
+
+    def clear_op_tracking(self) -> None:
+        self.recorder.clear()
+
+    def op_stats(self, kind: str | None = None) -> list[OpStats]:
+        return self.recorder.stats(kind)
+
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None]) -> Callable[[], None]:
+        return self.recorder.subscribe(fn)
+
+    def transfer_bytes(self) -> tuple[int, int]:
+        """(host-to-device, device-to-host) bytes copied since the last clear."""
+        return self.recorder.h2d_bytes, self.recorder.d2h_bytes
+
+    # -- compile -------------------------------------------------------------------------------
+    def dynamo_metrics(self) -> list[dict[str, Any]]:
+        import torch
+
+        return list(torch.neuron.get_dynamo_metrics())
+
+    def summary(self) -> dict[str, Any]:
+        """What `doctor` and the status views print."""
+        return {
+            "kind": self.kind,
+            "version": self.version,
+            "devices": self.device_count(),
+            "capacity": self.capacity(),
+            "profile": self.profile.name if self.profile else None,
+        }

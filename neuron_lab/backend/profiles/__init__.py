@@ -1,0 +1,143 @@
+"""Op-coverage profiles: data that says which ATen ops run natively on a `neuron` device.
+
+A profile is versioned JSON (``schema_version``, ``name``, ``source``, ``date``) with a default
+kind for unknown ops and per-op entries. The emulator reports every op through one; an exported
+profile (``neuron-lab coverage export``) captures a live backend so a laptop can replay it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from neuron_lab.backend.events import FALLBACK, HOST, NATIVE
+
+SCHEMA_VERSION = 1
+DEFAULT_PROFILE = "torchneuron-2.33"
+ENV_VAR = "NEURON_LAB_PROFILE"
+_OP_KINDS = (NATIVE, FALLBACK, HOST)
+
+
+class ProfileError(ValueError):
+    """A profile file is missing, malformed, or of an unknown schema."""
+
+
+def _key(name: str) -> str:
+    """``aten::add_`` and ``aten::add`` share one entry: in-place variants run where their op runs."""
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+@dataclass(frozen=True)
+class OpRule:
+    kind: str
+    reason: str
+    dtypes: frozenset[str] | None = None  # only these dtypes take `kind`; others use the default
+
+
+@dataclass
+class Profile:
+    name: str
+    source: str
+    date: str
+    default: str = NATIVE
+    default_reason: str = ""
+    ops: dict[str, OpRule] = field(default_factory=dict)
+    dtype_rules: dict[str, OpRule] = field(default_factory=dict)  # any op touching this dtype
+    downcast_dtypes: frozenset[str] = frozenset({"float64", "int64"})
+    path: str = ""
+
+    def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
+        """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``."""
+        rule = self.ops.get(_key(name))
+        if rule is not None and (rule.dtypes is None or rule.dtypes & dtypes):
+            return rule.kind, rule.reason
+        for dt in dtypes:
+            drule = self.dtype_rules.get(dt)
+            if drule is not None:
+                return drule.kind, drule.reason
+        return self.default, self.default_reason
+
+    def fallback_names(self) -> list[str]:
+        return sorted(n for n, r in self.ops.items() if r.kind != NATIVE)
+
+    def as_dict(self) -> dict[str, Any]:
+        def rule(r: OpRule) -> dict[str, Any]:
+            d: dict[str, Any] = {"kind": r.kind, "reason": r.reason}
+            if r.dtypes is not None:
+                d["dtypes"] = sorted(r.dtypes)
+            return d
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "source": self.source,
+            "date": self.date,
+            "default": {"kind": self.default, "reason": self.default_reason},
+            "downcast_dtypes": sorted(self.downcast_dtypes),
+            "dtypes": {k: rule(v) for k, v in sorted(self.dtype_rules.items())},
+            "ops": {k: rule(v) for k, v in sorted(self.ops.items())},
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.as_dict(), indent=1) + "\n")
+
+
+def _rule(where: str, d: Any) -> OpRule:
+    if not isinstance(d, dict) or d.get("kind") not in _OP_KINDS:
+        raise ProfileError(f"{where}: expected {{'kind': one of {_OP_KINDS}, 'reason': ...}}, got {d!r}")
+    dtypes = d.get("dtypes")
+    return OpRule(d["kind"], str(d.get("reason", "")), frozenset(dtypes) if dtypes is not None else None)
+
+
+def from_dict(d: dict[str, Any], path: str = "") -> Profile:
+    where = path or "profile"
+    if not isinstance(d, dict):
+        raise ProfileError(f"{where}: a profile is a JSON object")
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise ProfileError(f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}")
+    for k in ("name", "source", "date"):
+        if not isinstance(d.get(k), str):
+            raise ProfileError(f"{where}: missing string field {k!r}")
+    default = _rule(f"{where}: default", d.get("default", {"kind": NATIVE}))
+    return Profile(
+        name=d["name"],
+        source=d["source"],
+        date=d["date"],
+        default=default.kind,
+        default_reason=default.reason,
+        ops={_key(k): _rule(f"{where}: ops[{k!r}]", v) for k, v in d.get("ops", {}).items()},
+        dtype_rules={k: _rule(f"{where}: dtypes[{k!r}]", v) for k, v in d.get("dtypes", {}).items()},
+        downcast_dtypes=frozenset(d.get("downcast_dtypes", ("float64", "int64"))),
+        path=path,
+    )
+
+
+def bundled() -> list[str]:
+    """Names of the profiles shipped with neuron_lab."""
+    files = resources.files(__name__)
+    return sorted(p.name.removesuffix(".json") for p in files.iterdir() if p.name.endswith(".json"))
+
+
+def load(name_or_path: str | os.PathLike | None = None) -> Profile:
+    """Load a bundled profile by name, or a profile file by path; ``None`` means the env var or default."""
+    spec = str(name_or_path) if name_or_path is not None else os.environ.get(ENV_VAR) or DEFAULT_PROFILE
+    if spec in bundled():
+        res = resources.files(__name__).joinpath(f"{spec}.json")
+        text, path = res.read_text(), f"<bundled>/{spec}.json"
+    else:
+        p = Path(spec).expanduser()
+        if not p.is_file():
+            raise ProfileError(f"no profile {spec!r}: not a bundled profile ({', '.join(bundled())}) nor a file")
+        text, path = p.read_text(), str(p)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: invalid JSON: {e}") from None
+    return from_dict(data, path)
+
+
+__all__ = ["DEFAULT_PROFILE", "ENV_VAR", "OpRule", "Profile", "ProfileError", "bundled", "from_dict", "load"]

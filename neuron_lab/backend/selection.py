@@ -1,0 +1,91 @@
+"""Which `neuron` backend a process gets, decided from what is installed, never by importing it.
+
+Importing ``torch_neuronx`` to probe would re-raise without the Neuron runtime, and PrivateUse1
+can be claimed only once per process, so the decision reads distribution metadata and the
+PrivateUse1 owner only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+
+BACKEND_ENV = "NEURON_LAB_BACKEND"
+CHOICES = ("auto", "emulator", "off")
+NATIVE_MIN_VERSION = (2, 13, 3)  # torch-neuronx below this is the legacy XLA library
+EMULATOR, TORCHNEURON, NONE = "emulator", "torchneuron", "none"
+
+
+@dataclass
+class Decision:
+    kind: str  # EMULATOR | TORCHNEURON | NONE
+    reason: str
+    torchneuron_version: str | None = None
+    problems: list[str] = field(default_factory=list)  # autoload or configuration trouble, for `doctor`
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def installed_torchneuron() -> str | None:
+    """The installed ``torch-neuronx`` version, or None."""
+    try:
+        return metadata.version("torch-neuronx")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _privateuse1_owner() -> str:
+    import torch
+
+    return torch._C._get_privateuse1_backend_name()
+
+
+def decide(env: dict[str, str] | None = None) -> Decision:
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    choice = env.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        problems.append(f"{BACKEND_ENV}={env.get(BACKEND_ENV)!r} is not one of {', '.join(CHOICES)}; using auto")
+        choice = "auto"
+    version = installed_torchneuron()
+    owner = _privateuse1_owner()
+
+    if choice == "off":
+        return Decision(NONE, f"{BACKEND_ENV}=off", version, problems)
+    if owner not in ("privateuseone", "neuron"):
+        return Decision(NONE, f"PrivateUse1 already belongs to the {owner!r} backend; neuron_lab stays off",
+                        version, problems)
+    native = version is not None and _version_tuple(version) >= NATIVE_MIN_VERSION
+    if choice == "emulator":
+        if owner == "neuron" and not _emulator_owns_neuron():
+            return Decision(NONE, f"{BACKEND_ENV}=emulator, but another backend registered 'neuron' first "
+                                  "in this process (set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop its autoload)",
+                            version, problems)
+        why = f"{BACKEND_ENV}=emulator"
+        if native:
+            why += f" (overrides the installed torch-neuronx {version})"
+        return Decision(EMULATOR, why, version, problems)
+    if native:
+        return Decision(TORCHNEURON, f"torch-neuronx {version} is installed (native TorchNeuron backend)",
+                        version, problems)
+    if owner == "neuron" and not _emulator_owns_neuron():
+        return Decision(NONE, "another package registered the 'neuron' device in this process", version, problems)
+    if version is not None:
+        return Decision(EMULATOR, f"torch-neuronx {version} is the legacy XLA library, not TorchNeuron; "
+                                  "using the bundled emulator", version, problems)
+    return Decision(EMULATOR, "torch-neuronx is not installed: using the bundled emulator", version, problems)
+
+
+def _emulator_owns_neuron() -> bool:
+    from neuron_lab.backend.emulator import runtime
+
+    return runtime.installed()

@@ -1,0 +1,149 @@
+"""``neuron-lab``: ``doctor`` and ``coverage`` from a shell, with no notebook."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import metadata
+
+ENV_VARS = (
+    ("NEURON_LAB_BACKEND", "auto|emulator|off: which backend serves `neuron`"),
+    ("NEURON_LAB_PROFILE", "coverage profile name or path"),
+    ("NEURON_LAB_DEVICE_MEMORY", "emulated device capacity (default 24GiB)"),
+    ("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does"),
+    ("NEURON_LAB_COMPILE_LOWERING", "inductor|eager: how the emulator runs compiled graphs"),
+    ("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload"),
+    ("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back"),
+    ("NEURON_RT_VISIBLE_CORES", "TorchNeuron: NeuronCores this process may use"),
+)
+
+
+def _autoload_line() -> str:
+    eps = [ep for ep in metadata.entry_points(group="torch.backends") if ep.value.startswith("neuron_lab.")]
+    if not eps:
+        return "no torch.backends entry point for neuron_lab (is the package installed?)"
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
+        return "disabled by TORCH_DEVICE_BACKEND_AUTOLOAD=0; `import neuron_lab` installs the backend"
+    from neuron_lab.backend import autoload
+
+    return f"entry point {eps[0].name} = {eps[0].value}: " + ("ran" if autoload.ran else "did not run")
+
+
+def doctor(_args: argparse.Namespace) -> int:
+    import torch
+
+    import neuron_lab
+    from neuron_lab import backend
+    from neuron_lab.backend.emulator.memory import format_size
+
+    d = backend.state()
+    print(f"neuron_lab {neuron_lab.__version__} doctor")
+    print(f"  torch        {torch.__version__}; PrivateUse1 is {torch._C._get_privateuse1_backend_name()!r}")
+    print(f"  backend      {d.kind}: {d.reason}")
+    status = 0
+    try:
+        b = backend.active()
+    except backend.BackendUnavailable as e:
+        print(f"  devices      none ({e})")
+        b, status = None, 1
+    if b is not None:
+        print(f"  active       {b.description}")
+        print(f"  devices      {b.device_count()} (neuron:0{'' if b.device_count() == 1 else '..'})"
+              f"; capacity {format_size(b.capacity())} per device")
+        p = b.profile
+        if p is not None:
+            n_fb = sum(1 for r in p.ops.values() if r.kind == "fallback")
+            n_host = sum(1 for r in p.ops.values() if r.kind == "host")
+            print(f"  profile      {p.name} ({p.path}), dated {p.date}: {n_fb} ops CPU fallback, {n_host} host "
+                  f"kernels, unknown ops {p.default}")
+        else:
+            print("  profile      none: the real device reports its own fallbacks")
+    print(f"  autoload     {_autoload_line()}")
+    print("  environment")
+    for name, meaning in ENV_VARS:
+        value = os.environ.get(name)
+        print(f"    {name:<50} {'(unset)' if value is None else repr(value):<12} {meaning}")
+    problems = d.problems
+    print("  problems     " + ("none" if not problems else ""))
+    for p in problems:
+        print(f"    - {p}")
+    return status
+
+
+def coverage_export(args: argparse.Namespace) -> int:
+    import datetime
+
+    import torch
+
+    from neuron_lab import backend
+    from neuron_lab.backend.profiles import OpRule, Profile
+
+    owner = torch._C._get_privateuse1_backend_name()
+    if owner == "privateuseone":
+        print("neuron-lab coverage export: no PrivateUse1 backend is live in this process", file=sys.stderr)
+        return 2
+    regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
+    names = sorted({r.split(".")[0] for r in regs if "::" in r})
+    d = backend.state()
+    profile = Profile(
+        name=args.name or f"{owner}-{d.kind}-{datetime.date.today().isoformat()}",
+        source=f"exported by neuron-lab coverage export from the live {owner!r} PrivateUse1 backend "
+               f"({d.kind}: {d.reason}); an op is native when it has a PrivateUse1 kernel",
+        date=datetime.date.today().isoformat(),
+        default="fallback",
+        default_reason=f"no PrivateUse1 kernel on the exporting backend ({d.kind})",
+        ops={n: OpRule("native", "PrivateUse1 kernel registered") for n in names},
+    )
+    profile.save(args.file)
+    print(f"wrote {args.file}: {len(names)} native ops, everything else counts as CPU fallback")
+    return 0
+
+
+def coverage_show(args: argparse.Namespace) -> int:
+    from neuron_lab.backend import profiles
+
+    try:
+        p = profiles.load(args.profile)
+    except profiles.ProfileError as e:
+        print(f"neuron-lab coverage show: {e}", file=sys.stderr)
+        return 2
+    print(f"{p.name}  ({p.path})")
+    print(f"  date     {p.date}")
+    print(f"  source   {p.source}")
+    print(f"  default  {p.default}: {p.default_reason}")
+    print(f"  64-bit   {', '.join(sorted(p.downcast_dtypes))} are reported as downcasts")
+    for dt, r in sorted(p.dtype_rules.items()):
+        print(f"  dtype    {dt}: {r.kind} ({r.reason})")
+    rows = sorted(p.ops.items(), key=lambda kv: (kv[1].kind, kv[0]))
+    if not args.all:
+        rows = [(n, r) for n, r in rows if r.kind != p.default]
+    scope = "" if args.all else f" (those that are not {p.default}; --all for every op)"
+    print(f"  ops      {len(rows)} listed{scope}")
+    for name, r in rows:
+        dts = f" [{', '.join(sorted(r.dtypes))}]" if r.dtypes else ""
+        print(f"    {r.kind:<9} {name}{dts}")
+    print(f"bundled profiles: {', '.join(profiles.bundled())}; choose with NEURON_LAB_PROFILE=NAME|PATH")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neuron-lab", description="neuron_lab command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="which backend is active and why, devices, profile, environment").set_defaults(
+        func=doctor)
+    cov = sub.add_parser("coverage", help="op-coverage profiles").add_subparsers(dest="action", required=True)
+    exp = cov.add_parser("export", help="write a profile from the live PrivateUse1 backend")
+    exp.add_argument("file")
+    exp.add_argument("--name", help="profile name (default: derived from backend and date)")
+    exp.set_defaults(func=coverage_export)
+    show = cov.add_parser("show", help="list a profile (default: the active one)")
+    show.add_argument("profile", nargs="?", default=None, help="bundled name or path")
+    show.add_argument("--all", action="store_true", help="list every op, native ones included")
+    show.set_defaults(func=coverage_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
