@@ -1,0 +1,42 @@
+"""`neuron-lab doctor` and `neuron-lab coverage`, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuron_lab", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def test_doctor_reports_backend_devices_profile_and_env():
+    r = run("doctor")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "backend      emulator: torch-neuronx is not installed: using the bundled emulator" in out
+    assert "devices      1 (neuron:0); capacity 24.00 GiB per device" in out
+    assert "profile      torchneuron-2.33" in out
+    assert "NEURON_LAB_DEVICE_MEMORY" in out and "TORCH_DEVICE_BACKEND_AUTOLOAD" in out
+    assert "problems     none" in out
+
+
+def test_coverage_show_lists_fallbacks_and_rejects_unknown():
+    r = run("coverage", "show")
+    assert r.returncode == 0
+    assert "fallback  aten::atan2" in r.stdout and "host      aten::_linalg_svd" in r.stdout
+    bad = run("coverage", "show", "no-such-profile")
+    assert bad.returncode == 2 and "no profile 'no-such-profile'" in bad.stderr
+
+
+def test_coverage_export_round_trips(tmp_path):
+    f = tmp_path / "live.json"
+    r = run("coverage", "export", str(f), "--name", "live")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(f.read_text())
+    assert data["name"] == "live" and data["default"]["kind"] == "fallback"
+    assert data["ops"]["aten::add"]["kind"] == "native"  # the emulator registers add directly
+    shown = run("coverage", "show", str(f))
+    assert shown.returncode == 0 and "live" in shown.stdout

@@ -1,0 +1,134 @@
+"""Fallback reporting: exact counts for a known program, TorchNeuron's name sets, events, profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from neuron_lab import backend
+from neuron_lab.backend import profiles
+
+
+@pytest.fixture
+def b():
+    nb = backend.active()
+    nb.synchronize()
+    nb.clear_op_tracking()
+    yield nb
+    nb.set_profile(profiles.DEFAULT_PROFILE)
+    nb.clear_op_tracking()
+
+
+def _rows(nb, kind):
+    return {(s.name, s.overload): s.count for s in nb.op_stats(kind)}
+
+
+def test_known_program_exact_counts(b):
+    x = torch.ones(8, 3, device="neuron")
+    y = torch.full((8, 3), 2.0, device="neuron")
+    b.clear_op_tracking()
+    for _ in range(3):
+        torch.atan2(x, y)
+        torch.acos(x * 0.5)
+    assert _rows(b, "fallback") == {("aten::atan2", "out"): 3, ("aten::acos", "out"): 3}
+    assert b.get_fallback_ops() == {"aten::atan2", "aten::acos"}
+    assert _rows(b, "native")[("aten::mul", "Tensor")] == 3
+    b.clear_op_tracking()
+    assert b.get_fallback_ops() == set() and b.op_stats() == []
+
+
+def test_signatures_and_host_time(b):
+    x = torch.ones(4, 5, device="neuron")
+    torch.atan2(x, x)
+    torch.atan2(x[:2], x[:2])
+    (st,) = b.op_stats("fallback")
+    assert st.count == 2 and st.host_ns > 0
+    assert [sig[0][:2] for sig in st.signatures] == [((4, 5), (4, 5)), ((2, 5), (2, 5))]
+    assert st.signatures[0][1][:2] == ("float32", "float32")
+    assert "CPU_FALLBACK" in st.reason
+
+
+def test_views_and_copies_are_not_fallbacks(b):
+    x = torch.arange(12.0).to("neuron")
+    x.view(3, 4).t()[0].cpu()
+    assert b.get_fallback_ops() == set()
+    assert "aten::view" not in b.get_executed_ops()
+    assert b.transfer_bytes() == (48, 12)  # 12 floats in; one 3-float row out
+
+
+def test_subscriber_events_and_unsubscribe(b):
+    events = []
+    unsubscribe = b.subscribe(lambda ev, args, kwargs: events.append(ev))
+    x = torch.ones(2, 2, device="neuron")
+    torch.atan2(x, x)
+    unsubscribe()
+    torch.atan2(x, x)
+    fb = [e for e in events if e.kind == "fallback"]
+    assert [(e.qualified_name, e.shapes[:2]) for e in fb] == [("aten::atan2.out", ((2, 2), (2, 2)))]
+
+
+def test_int64_inputs_are_reported_as_downcast(b):
+    i = torch.arange(6, device="neuron")  # int64
+    (i * 2).sum()
+    down = {s.name for s in b.op_stats("downcast")}
+    assert {"aten::mul", "aten::sum"} <= down
+    assert "int64" in b.op_stats("downcast")[0].reason
+
+
+def test_complex_dtype_rule_and_random_creation(b):
+    torch.randn(3, device="neuron")
+    z = torch.randn(3, dtype=torch.complex64).to("neuron")
+    (z * z).abs()
+    names = b.get_fallback_ops()
+    assert "aten::normal_" in names and "aten::mul" in names
+    (mul,) = [s for s in b.op_stats("fallback") if s.name == "aten::mul"]
+    assert "complex" in mul.reason
+
+
+def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):
+    a = torch.eye(3, device="neuron") * 2
+    torch.linalg.inv(a)
+    assert "aten::linalg_inv_ex" in {s.name for s in b.op_stats("host")}
+    assert "aten::linalg_inv_ex" not in b.get_fallback_ops()
+
+
+def test_switch_profile_by_path(b, tmp_path):
+    p = tmp_path / "strict.json"
+    p.write_text(json.dumps({"schema_version": 1, "name": "strict", "source": "test", "date": "2026-12-02",
+                             "default": {"kind": "fallback", "reason": "not in strict"},
+                             "ops": {"aten::add": {"kind": "native", "reason": "kernel"}}}))
+    assert b.set_profile(str(p)).name == "strict"
+    x = torch.ones(2, device="neuron")  # fill_ is not in the strict profile either
+    b.clear_op_tracking()
+    x + x
+    torch.sin(x)
+    assert b.get_fallback_ops() == {"aten::sin"}
+    assert b.profile.name == "strict"
+
+
+def test_profile_errors_are_clear(tmp_path):
+    with pytest.raises(profiles.ProfileError, match="no profile 'nope'"):
+        profiles.load("nope")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(profiles.ProfileError, match="invalid JSON"):
+        profiles.load(str(bad))
+    bad.write_text(json.dumps({"schema_version": 9, "name": "x", "source": "s", "date": "d"}))
+    with pytest.raises(profiles.ProfileError, match="schema_version 9"):
+        profiles.load(str(bad))
+    bad.write_text(json.dumps({"schema_version": 1, "name": "x", "source": "s", "date": "d",
+                               "ops": {"aten::a": {"kind": "sometimes"}}}))
+    with pytest.raises(profiles.ProfileError, match=r"ops\['aten::a'\]"):
+        profiles.load(str(bad))
+
+
+def test_default_profile_encodes_public_facts():
+    p = profiles.load()
+    assert p.name == "torchneuron-2.33" and p.date and p.source
+    for op in ("aten::atan2", "aten::linalg_cross", "aten::acos", "aten::scatter_reduce", "aten::uniform_"):
+        assert p.classify(op)[0] == "fallback", op
+    assert p.classify("aten::_linalg_svd")[0] == "host"
+    assert p.classify("aten::add", frozenset({"complex64"}))[0] == "fallback"
+    assert p.classify("aten::some_unknown_op") == ("native", p.default_reason)
