@@ -12,9 +12,4 @@ import torch  # noqa: E402,F401  (first: PyTorch's autoload may call back into n
 
 from neuron_lab import backend as backend  # noqa: E402
 
-try:
-    backend.activate()
-except Exception as _e:  # the reason stays in backend.state() for `doctor`
-    import warnings
-
-    warnings.warn(f"neuron_lab: no neuron backend ({_e})", RuntimeWarning, stacklevel=2)
+backend.activate()  # never raises: problems become warnings and stay in backend.state() for `doctor`

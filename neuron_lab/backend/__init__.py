@@ -7,12 +7,16 @@ Nothing here imports IPython.
 
 from __future__ import annotations
 
+import importlib
 import threading
+import warnings
+
+import torch
 
 from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 from neuron_lab.backend.selection import EMULATOR, NONE, TORCHNEURON, Decision, decide
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: importing torch_neuronx may import neuron_lab
 _decision: Decision | None = None
 _backend: NeuronBackend | None = None
 
@@ -22,24 +26,35 @@ class BackendUnavailable(RuntimeError):
 
 
 def activate() -> Decision:
-    """Choose and set up the backend; idempotent. Raises only on an emulator install failure."""
+    """Choose and set up the backend; idempotent. Never raises: a failure becomes the decision.
+
+    The emulator is installed when chosen. For TorchNeuron, ``torch_neuronx`` is imported (a no-op
+    when its own autoload ran first), so ``import neuron_lab`` provides `neuron` with autoload off.
+    Every problem is also warned about, once: it may be a setting the user expects to take effect.
+    """
     global _decision
     with _lock:
         if _decision is not None:
             return _decision
         d = decide()
-        if d.kind == EMULATOR:
-            from neuron_lab.backend import emulator
+        try:
+            if d.kind == EMULATOR:
+                from neuron_lab.backend import emulator
 
-            try:
                 emulator.install()
-            except Exception as e:
-                d = Decision(NONE, f"the emulator failed to install: {type(e).__name__}: {e}",
-                             d.torchneuron_version, [*d.problems, f"emulator install failed: {e}"])
-                _decision = d
-                raise
+            elif d.kind == TORCHNEURON:
+                importlib.import_module("torch_neuronx")
+                if torch._C._get_privateuse1_backend_name() != "neuron":
+                    raise RuntimeError("it imported but did not register the 'neuron' device")
+        except Exception as e:
+            what = ("the emulator failed to install" if d.kind == EMULATOR
+                    else f"torch-neuronx {d.torchneuron_version} is installed, but loading it failed")
+            why = f"{what}: {type(e).__name__}: {e}"
+            d = Decision(NONE, why, d.torchneuron_version, [*d.problems, why])
         _decision = d
-        return d
+    for problem in d.problems:
+        warnings.warn(f"neuron_lab: {problem} (run `neuron-lab doctor` for details)", RuntimeWarning, stacklevel=2)
+    return d
 
 
 def note_problem(problem: str) -> None:

@@ -17,8 +17,8 @@ def _autoload() -> None:
     try:
         from neuron_lab import backend
 
-        backend.activate()
-    except BaseException as e:  # noqa: BLE001  (never break `import torch`)
+        backend.activate()  # records and warns about its own failures
+    except BaseException as e:  # noqa: BLE001  (anything else: never break `import torch`)
         try:
             from neuron_lab import backend
 

@@ -30,5 +30,6 @@ def neuron_backend(gm, example_inputs, **kwargs):
         return compile_graph(gm, example_inputs, **kwargs)
     other = _other_neuron_backend()
     if other is None:
-        raise RuntimeError(f"torch.compile(backend='neuron'): no neuron backend is active ({d.reason})")
+        raise RuntimeError(f"torch.compile(backend='neuron'): the emulator is not active ({d.kind}: {d.reason}) "
+                           "and no other installed package provides a 'neuron' Dynamo backend")
     return other(gm, example_inputs, **kwargs)

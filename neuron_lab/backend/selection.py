@@ -36,9 +36,9 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 def installed_torchneuron() -> str | None:
-    """The installed ``torch-neuronx`` version, or None."""
+    """The installed ``torch-neuronx`` version, None when not installed, "" when its metadata has none."""
     try:
-        return metadata.version("torch-neuronx")
+        return metadata.version("torch-neuronx") or ""
     except metadata.PackageNotFoundError:
         return None
 
@@ -57,6 +57,9 @@ def decide(env: dict[str, str] | None = None) -> Decision:
         problems.append(f"{BACKEND_ENV}={env.get(BACKEND_ENV)!r} is not one of {', '.join(CHOICES)}; using auto")
         choice = "auto"
     version = installed_torchneuron()
+    if version == "":
+        problems.append("torch-neuronx is installed but its metadata has no Version (a broken install?); "
+                        "treating it as the legacy XLA library")
     owner = _privateuse1_owner()
 
     if choice == "off":
@@ -67,9 +70,17 @@ def decide(env: dict[str, str] | None = None) -> Decision:
     native = version is not None and _version_tuple(version) >= NATIVE_MIN_VERSION
     if choice == "emulator":
         if owner == "neuron" and not _emulator_owns_neuron():
+            # PyTorch ran torch-neuronx's autoload before ours (entry point order is unspecified),
+            # and PrivateUse1 is claimed once per process: the emulator cannot take over any more.
+            how = ("set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and `import neuron_lab` before anything imports "
+                   "torch_neuronx")
+            if native:
+                problems.append(f"{BACKEND_ENV}=emulator was not honoured: torch-neuronx {version} registered "
+                                f"'neuron' before neuron_lab loaded; {how}")
+                return Decision(TORCHNEURON, f"torch-neuronx {version} registered 'neuron' first in this process "
+                                             f"({BACKEND_ENV}=emulator could not take over)", version, problems)
             return Decision(NONE, f"{BACKEND_ENV}=emulator, but another backend registered 'neuron' first "
-                                  "in this process (set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop its autoload)",
-                            version, problems)
+                                  f"in this process ({how})", version, problems)
         why = f"{BACKEND_ENV}=emulator"
         if native:
             why += f" (overrides the installed torch-neuronx {version})"
@@ -80,8 +91,8 @@ def decide(env: dict[str, str] | None = None) -> Decision:
     if owner == "neuron" and not _emulator_owns_neuron():
         return Decision(NONE, "another package registered the 'neuron' device in this process", version, problems)
     if version is not None:
-        return Decision(EMULATOR, f"torch-neuronx {version} is the legacy XLA library, not TorchNeuron; "
-                                  "using the bundled emulator", version, problems)
+        return Decision(EMULATOR, f"torch-neuronx {version or '(no version)'} is the legacy XLA library, not "
+                                  "TorchNeuron; using the bundled emulator", version, problems)
     return Decision(EMULATOR, "torch-neuronx is not installed: using the bundled emulator", version, problems)
 
 

@@ -1,79 +1,185 @@
 """The backend interface over the real TorchNeuron (``torch-neuronx`` >= 2.13.3).
 
-TorchNeuron's own tracking gives sets of op names. While somebody subscribes, a dispatch-mode
-observer adds what the sets lack: per-call counts, shapes and dtypes, host time, and the caller's
-frame. Fallback is judged the way TorchNeuron's boxed CPU fallback is reached: the op has no
-PrivateUse1 kernel. Verified here only against a fake ``torch_neuronx`` that implements the
-documented surface; there is no Trainium in CI.
+TorchNeuron's own tracking gives sets of unique op names; those sets are what
+``get_fallback_ops``/``get_executed_ops`` return, read after a ``synchronize``. While somebody
+subscribes, a dispatch-mode observer adds what the sets lack: one event per call with shapes and
+dtypes, host time, transfer bytes, and (because it runs in the caller's thread) the caller's frame.
+The observer judges each op by where the dispatcher sends it for PrivateUse1: a registered kernel
+is native; no kernel means TorchNeuron's boxed CPU fallback; composite kernels are looked through
+so the ops they decompose into are judged instead.
+
+Verified here only against the fake ``torch_neuronx`` in ``tests/fake_torchneuronx``, which
+implements the documented surface; there is no Trainium in CI.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 import torch
+from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuron_lab.backend.events import DOWNCAST, FALLBACK, NATIVE, OpEvent, OpRecorder
 from neuron_lab.backend.interface import NeuronBackend
 
 _WIDE = {torch.float64: "float64", torch.int64: "int64"}
+_CEA = torch._C.DispatchKey.CompositeExplicitAutograd
+_has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+COMPOSITE, SILENT = "composite", "silent"  # observer routes besides NATIVE and FALLBACK
+# Device plumbing that neither TorchNeuron's tracker nor the emulator reports as an op.
+_PLUMBING = frozenset({"aten::empty", "aten::empty_strided", "aten::set_", "aten::resize_", "aten::_copy_from",
+                       "aten::_copy_from_and_resize", "aten::_local_scalar_dense"})
+_FALLBACK_REASON = "no PrivateUse1 kernel: TorchNeuron's boxed CPU fallback runs it"
+
+
+def _out_variant(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The ``out=`` overload a structured functional (or in-place) op is computed by."""
+    base = func._schema.name.split("::")[1]
+    functional = base[:-1] if base.endswith("_") and not base.endswith("__") else base
+    packet = getattr(torch.ops.aten, functional, None)
+    if packet is None:
+        return None
+    want = [a.name for a in func._schema.arguments]
+    for name in packet.overloads():
+        op = getattr(packet, name)
+        args = op._schema.arguments
+        if any(a.is_out for a in args) and [a.name for a in args if not a.is_out] == want:
+            return op
+    return None
+
+
+def route(func: torch._ops.OpOverload) -> str:
+    """Where PrivateUse1 dispatch sends ``func``, in the dispatcher's order of precedence."""
+    name = func.name()
+    if func._schema.name in _PLUMBING or any(r.alias_info is not None and not r.alias_info.is_write
+                                              for r in func._schema.returns):
+        return SILENT  # allocation and metadata views: TorchNeuron's tracker skips them too
+    if _has_kernel(name, "PrivateUse1"):
+        return NATIVE
+    if _has_kernel(name, "CompositeExplicitAutogradNonFunctional"):  # structured wrapper: empty + out=
+        out = _out_variant(func)
+        return NATIVE if out is not None and _has_kernel(out.name(), "PrivateUse1") else FALLBACK
+    if _has_kernel(name, "CompositeExplicitAutograd"):
+        return COMPOSITE
+    return FALLBACK
+
+
+def _tensors(tree: Any):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (list, tuple)):
+        for a in tree:
+            yield from _tensors(a)
+    elif isinstance(tree, dict):
+        for a in tree.values():
+            yield from _tensors(a)
+
+
+def _neuron(tree: Any) -> bool:
+    return any(t.device.type == "neuron" for t in _tensors(tree))
+
+
+def _targets_neuron(kwargs: dict) -> bool:
+    d = kwargs.get("device")
+    return d is not None and torch.device(d).type == "neuron"
 
 
 class _Observer(TorchDispatchMode):
-    """Sees every op before the backend does; records those that touch a `neuron` tensor."""
+    """Sees every op before the backend does; records those that run on a `neuron` device."""
 
     def __init__(self, recorder: OpRecorder) -> None:
         super().__init__()
         self.recorder = recorder
-        self._native: dict[str, bool] = {}
+        self.enabled = True
+        self._routes: dict[Any, str] = {}
 
-    def _has_kernel(self, name: str) -> bool:
-        hit = self._native.get(name)
-        if hit is None:
-            hit = self._native[name] = torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1")
-        return hit
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Without this, Dynamo refuses to compile while any dispatch mode is on the stack, so merely
+        subscribing would silently turn every ``torch.compile`` into eager execution."""
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not self.enabled:
+            return func(*args, **kwargs)
+        how = self._routes.get(func)
+        if how is None:
+            how = self._routes[func] = route(func)
+        on_device = _neuron(args) or _neuron(kwargs) or _targets_neuron(kwargs)
+        if how == COMPOSITE and on_device:
+            with self:  # look through: the ops it decomposes into are the ones the device runs
+                return func._op_dk(_CEA, *args, **kwargs)
         t0 = time.perf_counter_ns()
         out = func(*args, **kwargs)
-        dtypes = [a.dtype for a in _tensors(args, kwargs) if a.device.type == "neuron"]
-        if dtypes:
-            name = func._schema.name
-            overload = func._schema.overload_name
-            native = self._has_kernel(func.name())
-            host_ns = time.perf_counter_ns() - t0 if not native else 0
-            self.recorder.record(name, overload, NATIVE if native else FALLBACK,
-                                 "" if native else "no PrivateUse1 kernel: TorchNeuron's boxed CPU fallback runs it",
-                                 args, kwargs, host_ns)
-            wide = sorted({_WIDE[d] for d in dtypes if d in _WIDE})
-            if wide:
-                self.recorder.record(name, overload, DOWNCAST, f"{'/'.join(wide)} computed in 32-bit by TorchNeuron",
-                                     args, kwargs, 0)
+        host_ns = time.perf_counter_ns() - t0
+        name = func._schema.name
+        if how == SILENT:
+            if name == "aten::_local_scalar_dense" and on_device:
+                self.recorder.record_transfer(d2h=args[0].element_size())
+            return out
+        if not (on_device or _neuron(out)):
+            return out
+        native = how != FALLBACK
+        overload = func._schema.overload_name
+        self.recorder.record(name, overload, NATIVE if native else FALLBACK, "" if native else _FALLBACK_REASON,
+                             args, kwargs, 0 if native else host_ns)
+        self._transfers(name, args, out)
+        wide = sorted({_WIDE[t.dtype] for t in _tensors((args, kwargs)) if t.dtype in _WIDE
+                       and t.device.type == "neuron"})
+        if wide:
+            self.recorder.record(name, overload, DOWNCAST, f"{'/'.join(wide)} computed in 32-bit by TorchNeuron",
+                                 args, kwargs, 0)
         return out
 
+    def _transfers(self, name: str, args: tuple, out: Any) -> None:
+        if name == "aten::_to_copy":
+            src, dst = args[0], out
+        elif name == "aten::copy_":
+            dst, src = args[0], args[1]
+        else:
+            return
+        if isinstance(src, torch.Tensor) and src.device.type != dst.device.type:
+            n = src.numel() * src.element_size()
+            self.recorder.record_transfer(h2d=n if dst.device.type == "neuron" else 0,
+                                          d2h=n if src.device.type == "neuron" else 0)
 
-def _tensors(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (b for b in a if isinstance(b, torch.Tensor))
+
+def _as_dict(m: Any) -> dict[str, Any]:
+    if isinstance(m, dict):
+        return dict(m)
+    if dataclasses.is_dataclass(m):
+        return dataclasses.asdict(m)
+    return dict(vars(m))
+
+
+def _flatten(stats: dict, prefix: str = "") -> dict[str, int]:
+    flat: dict[str, int] = {}
+    for k, v in stats.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
 
 
 class TorchNeuronBackend(NeuronBackend):
     kind = "torchneuron"
 
     def __init__(self) -> None:
-        import torch_neuronx  # loaded already by TorchNeuron's own autoload
+        import torch_neuronx  # loaded already by TorchNeuron's autoload or by neuron_lab.backend.activate()
 
         super().__init__(OpRecorder())
         self._tnx = torch_neuronx
         self._observer: _Observer | None = None
         self._subscribers = 0
+        self._lock = threading.Lock()
 
     @property
     def version(self) -> str:
@@ -89,33 +195,63 @@ class TorchNeuronBackend(NeuronBackend):
     def capacity(self) -> int:
         return int(torch.neuron.get_device_properties(0).total_memory)
 
+    # -- memory: the allocator is asynchronous, so every read synchronizes first ---------------
+    def memory_stats(self) -> dict[str, int]:
+        self.synchronize()
+        return _flatten(dict(torch.neuron.memory_stats()))
+
+    def memory_allocated(self) -> int:
+        self.synchronize()
+        return int(torch.neuron.memory_allocated())
+
+    def max_memory_allocated(self) -> int:
+        self.synchronize()
+        return int(torch.neuron.max_memory_allocated())
+
+    # -- ops: TorchNeuron's sets are the truth; the observer adds counts while subscribed ------
     def get_fallback_ops(self) -> set[str]:
         self.synchronize()
-        return set(self._tnx.get_fallback_ops()) | self.recorder.names(FALLBACK)
+        return set(self._tnx.get_fallback_ops())
 
     def get_executed_ops(self) -> set[str]:
         self.synchronize()
-        return set(self._tnx.get_executed_ops()) | self.recorder.names(NATIVE)
+        return set(self._tnx.get_executed_ops())
 
     def clear_op_tracking(self) -> None:
         self._tnx.clear_op_tracking()
         self.recorder.clear()
 
     def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None]) -> Callable[[], None]:
+        """Events for ops on `neuron` from now on; the observer is active while anyone subscribes."""
         unsubscribe_recorder = self.recorder.subscribe(fn)
-        self._subscribers += 1
-        if self._observer is None:
-            self._observer = _Observer(self.recorder)
-            torch.utils._python_dispatch._push_mode(self._observer)
+        with self._lock:
+            self._subscribers += 1
+            if self._observer is None:
+                self._observer = _Observer(self.recorder)
+                _python_dispatch._push_mode(self._observer)
+        done = False
 
         def unsubscribe() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
             unsubscribe_recorder()
-            self._subscribers -= 1
-            if self._subscribers == 0 and self._observer is not None:
-                torch.utils._python_dispatch._pop_mode()
-                self._observer = None
+            with self._lock:
+                self._subscribers -= 1
+                if self._subscribers == 0 and self._observer is not None:
+                    self._stop_observer(self._observer)
+                    self._observer = None
 
         return unsubscribe
 
+    @staticmethod
+    def _stop_observer(obs: _Observer) -> None:
+        """Pop the observer; if another mode was pushed above it, leave it in place but inert."""
+        obs.enabled = False
+        if _python_dispatch._get_current_dispatch_mode() is obs:
+            _python_dispatch._pop_mode()
+
     def dynamo_metrics(self) -> list[dict]:
-        return [dict(m) if isinstance(m, dict) else vars(m) for m in self._tnx.get_dynamo_metrics()]
+        self.synchronize()
+        return [_as_dict(m) for m in self._tnx.get_dynamo_metrics()]

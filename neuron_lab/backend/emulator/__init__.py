@@ -38,19 +38,23 @@ def install(profile=None) -> _rt.Runtime:
         def type_(self):
             return torch._C._autograd.DeviceType.PrivateUse1
 
+    # Validate the configuration before claiming PrivateUse1: a failed install must leave it free.
+    from neuron_lab.backend import profiles
+    from neuron_lab.backend.emulator.memory import Allocator, capacity_from_env
+
+    capacity = capacity_from_env()
+    profile = profile if profile is not None else profiles.load()
     _hooks.extend([Hooks(), Guard()])
     if owner != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
 
     # Imported after the rename: these modules build `neuron` devices at import.
-    from neuron_lab.backend import profiles
     from neuron_lab.backend.emulator import autocast, device_module, native, patches
-    from neuron_lab.backend.emulator.memory import Allocator
     from neuron_lab.backend.emulator.ops import Executor
     from neuron_lab.backend.events import OpRecorder
 
-    allocator, recorder = Allocator(), OpRecorder()
-    executor = Executor(allocator, recorder, profile if profile is not None else profiles.load())
+    allocator, recorder = Allocator(capacity), OpRecorder()
+    executor = Executor(allocator, recorder, profile)
     rt = _rt.Runtime(allocator, recorder, executor)
     _rt.set_runtime(rt)
 
@@ -66,4 +70,37 @@ def install(profile=None) -> _rt.Runtime:
     autocast.install(aten_lib, fallback_lib)
     rt.libraries += [fallback_lib, aten_lib]
     patches.install()
+    _hide_from_dynamo()
     return rt
+
+
+def _hide_from_dynamo() -> None:
+    """Have Dynamo run the emulator's Python code as opaque kernels instead of compiling it.
+
+    Between compiled graphs (after a graph break) ops on `neuron` tensors reach these kernels while
+    Dynamo's frame hook is active, and it would try to compile them (it crashes in ``to_host``).
+    Marking every code object of the emulator "skip, recursively" uses only the C hook, so
+    ``torch._dynamo`` is still not imported with ``import torch``.
+    """
+    import sys
+    import types
+
+    from torch._C._dynamo import eval_frame
+
+    skip = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.SKIP)
+
+    def mark(code: types.CodeType) -> None:
+        eval_frame.set_code_exec_strategy(code, skip)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                mark(c)
+
+    ours = [m for n, m in list(sys.modules.items()) if m is not None and (
+        n.startswith(__name__) or n in ("neuron_lab.backend.events", "neuron_lab.backend.profiles"))]
+    for mod in ours:
+        for v in vars(mod).values():
+            members = vars(v).values() if isinstance(v, type) and v.__module__ == mod.__name__ else (v,)
+            for f in members:
+                f = getattr(f, "__func__", getattr(f, "fget", f))
+                if isinstance(f, types.FunctionType) and f.__module__ == mod.__name__:
+                    mark(f.__code__)

@@ -24,8 +24,17 @@ BLOCK = 512  # reserved bytes are rounded like the CUDA caching allocator's bloc
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
 
-DEVICE = torch.device("neuron", 0) if torch._C._get_privateuse1_backend_name() == "neuron" else None
 _CPU = torch.device("cpu")
+
+
+def capacity_from_env() -> int:
+    env = os.environ.get(CAPACITY_ENV)
+    if not env:
+        return DEFAULT_CAPACITY
+    try:
+        return parse_size(env)
+    except ValueError as e:
+        raise ValueError(f"{CAPACITY_ENV}: {e}") from None
 
 
 def parse_size(text: str) -> int:
@@ -64,10 +73,8 @@ class Allocator:
     """Counters with CUDA's ``memory_stats`` semantics for one emulated device."""
 
     def __init__(self, capacity: int | None = None) -> None:
-        if capacity is None:
-            env = os.environ.get(CAPACITY_ENV)
-            capacity = parse_size(env) if env else DEFAULT_CAPACITY
-        self.capacity = capacity
+        self.capacity = capacity_from_env() if capacity is None else capacity
+        self._device = torch.device("neuron", 0)  # needs PrivateUse1 renamed first
         self.record_sites = False
         self._lock = threading.Lock()
         self._live: dict[int, Allocation] = {}
@@ -110,7 +117,7 @@ class Allocator:
 
     def _register(self, host: torch.UntypedStorage, nbytes: int, dtype, shape) -> torch.UntypedStorage:
         ptr = host.data_ptr()
-        storage = torch._C._construct_storage_from_data_pointer(ptr, DEVICE, nbytes)
+        storage = torch._C._construct_storage_from_data_pointer(ptr, self._device, nbytes)
         cpu_view = torch._C._construct_storage_from_data_pointer(ptr, _CPU, nbytes)
         rounded = -(-nbytes // BLOCK) * BLOCK
         site = tuple(traceback.format_list(traceback.extract_stack()[:-3])) if self.record_sites else None

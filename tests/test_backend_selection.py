@@ -1,0 +1,237 @@
+"""Which `neuron` backend a process gets, from `import torch` on, each scenario in a fresh interpreter.
+
+PrivateUse1 is claimed once per process, so every case runs in a child. A "torch-neuronx
+installed" case puts the fake distribution of ``tests/fake_torchneuronx`` on the path: what these
+tests show about the real TorchNeuron holds only as far as that fake follows its documented
+behaviour (registration at import, backing off when PrivateUse1 is taken, version numbering).
+Where the fake sits on the path decides which package's entry points PyTorch runs first; both
+orders happen in real environments, and the tests cover both.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from fake_torchneuronx import BIN, SITE, make_site, run
+
+# Printed by a child after its scenario: what neuron_lab decided, who owns the device, whether it works.
+PROBE = """
+import json as _json, sys as _sys
+import torch as _torch
+from neuron_lab import backend as _backend
+from neuron_lab.backend.emulator import runtime as _runtime
+
+_d = _backend.state()
+try:
+    _active = _backend.active().kind
+except _backend.BackendUnavailable as _e:
+    _active = f"unavailable: {_e}"
+try:
+    _device = str((_torch.randn(2, device="neuron") + 1).device)
+except Exception as _e:
+    _device = f"{type(_e).__name__}"
+_tnx = _sys.modules.get("torch_neuronx")
+print(_json.dumps({
+    "kind": _d.kind, "reason": _d.reason, "problems": _d.problems, "active": _active, "device": _device,
+    "owner": _torch._C._get_privateuse1_backend_name(),
+    "module": getattr(getattr(_torch, "neuron", None), "__name__", None),
+    "emulator_installed": _runtime.installed(),
+    "tnx_registered": getattr(_tnx, "registered", None), "tnx_backed_off_for": getattr(_tnx, "backed_off_for", None),
+}))
+"""
+EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
+FAKE_MODULE = "torch_neuronx.neuron"
+INSTALL_FAILURE = ("the emulator failed to install: ValueError: NEURON_LAB_DEVICE_MEMORY: "
+                   "cannot read 'garbage' as a size (examples: 24GiB, 512MiB, 1048576)")
+
+
+def probe_after(*scenario: str, **extra: str) -> str:
+    """The ``scenario`` snippets, then PROBE; ``extra`` adds fields (name -> expression) to the probe's JSON."""
+    fields = "".join(f"{k!r}: {v}, " for k, v in extra.items())
+    code = "\n".join(textwrap.dedent(part) for part in scenario)
+    return code + PROBE.replace("print(_json.dumps({", "print(_json.dumps({" + fields)
+
+
+def doctor_lines(text: str) -> dict[str, str]:
+    """``neuron-lab doctor`` output keyed by its first word (backend, active, devices, problems, ...)."""
+    lines: dict[str, str] = {}
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        lines.setdefault(word, rest.strip())
+    return lines
+
+
+def problems_of(text: str) -> list[str]:
+    after = text.split("  problems", 1)[1].splitlines()[1:]
+    return [line.strip().removeprefix("- ") for line in after if line.strip().startswith("- ")]
+
+
+DOCTOR_IN_PROCESS = """
+import contextlib, io
+from neuron_lab import cli
+_out = io.StringIO()
+with contextlib.redirect_stdout(_out):
+    rc = cli.main(["doctor"])
+doctor = _out.getvalue()
+"""
+
+
+def test_import_torch_alone_provides_the_emulator():
+    r = run(probe_after("import torch", DOCTOR_IN_PROCESS, doctor="doctor", rc="rc"))
+    s = r.json()
+    assert s["kind"] == "emulator" and s["active"] == "emulator"
+    assert s["reason"] == "torch-neuronx is not installed: using the bundled emulator"
+    assert s["device"] == "neuron:0" and s["module"] == EMULATOR_MODULE
+    assert s["problems"] == [] and "Warning" not in r.err
+    assert s["rc"] == 0
+    d = doctor_lines(s["doctor"])
+    assert d["backend"] == "emulator: torch-neuronx is not installed: using the bundled emulator"
+    assert d["active"].startswith("emulator (neuron_lab, pure-Python PrivateUse1")
+    assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"
+    assert d["autoload"] == "entry point neuron_lab = neuron_lab.backend.autoload:_autoload: ran"
+    assert d["problems"] == "none"
+
+
+def test_autoload_off_leaves_privateuse1_alone_until_import_neuron_lab():
+    s = run(probe_after("""
+        import sys
+        import torch
+        before = {"owner": torch._C._get_privateuse1_backend_name(), "loaded": "neuron_lab" in sys.modules}
+        import neuron_lab
+    """, before="before"), env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}).json()
+    assert s["before"] == {"owner": "privateuseone", "loaded": False}
+    assert s["kind"] == "emulator" and s["device"] == "neuron:0" and s["module"] == EMULATOR_MODULE
+
+
+@pytest.mark.parametrize("order", ["torch-neuronx first", "neuron_lab first"])
+def test_native_torchneuronx_is_deferred_to(order):
+    """Whichever entry point PyTorch runs first, the installed TorchNeuron owns `neuron`, never the emulator."""
+    s = run(probe_after("import torch", DOCTOR_IN_PROCESS, doctor="doctor", rc="rc"), site=SITE,
+            site_last=order == "neuron_lab first").json()
+    assert s["kind"] == "torchneuron" and s["active"] == "torchneuron"
+    assert s["reason"] == "torch-neuronx 2.14.3.0 is installed (native TorchNeuron backend)"
+    assert s["module"] == FAKE_MODULE and s["tnx_registered"] is True
+    assert s["emulator_installed"] is False and s["device"] == "neuron:0" and s["problems"] == []
+    assert s["rc"] == 0
+    d = doctor_lines(s["doctor"])
+    assert d["backend"] == "torchneuron: torch-neuronx 2.14.3.0 is installed (native TorchNeuron backend)"
+    assert d["active"] == "TorchNeuron (torch-neuronx 2.14.3.0)"
+    assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"
+    assert d["profile"] == "none: the real device reports its own fallbacks"
+    assert d["problems"] == "none"
+
+
+def test_legacy_torchneuronx_gets_the_emulator(tmp_path):
+    site = make_site(tmp_path, "2.12.0", entry_points=False)
+    s = run("import torch\nimport torch_neuronx\n" + PROBE, site=site).json()
+    assert s["kind"] == "emulator" and s["module"] == EMULATOR_MODULE and s["device"] == "neuron:0"
+    assert s["reason"] == ("torch-neuronx 2.12.0 is the legacy XLA library, not TorchNeuron; "
+                           "using the bundled emulator")
+    assert s["tnx_registered"] is False  # the legacy library never touches PrivateUse1
+
+
+def test_emulator_override_takes_over_when_neuron_lab_loads_first():
+    s = run("import torch\nimport torch_neuronx\n" + PROBE, site=SITE, site_last=True,
+            env={"NEURON_LAB_BACKEND": "emulator"}).json()
+    assert s["kind"] == "emulator" and s["module"] == EMULATOR_MODULE and s["device"] == "neuron:0"
+    assert s["reason"] == "NEURON_LAB_BACKEND=emulator (overrides the installed torch-neuronx 2.14.3.0)"
+    assert s["tnx_registered"] is False and s["tnx_backed_off_for"] == "neuron"
+    assert s["problems"] == []
+
+
+def test_emulator_override_with_autoload_off_and_explicit_imports():
+    """The documented way to force the emulator whatever the entry point order: autoload off, neuron_lab first."""
+    s = run("import torch\nimport neuron_lab\nimport torch_neuronx\n" + PROBE, site=SITE,
+            env={"NEURON_LAB_BACKEND": "emulator", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}).json()
+    assert s["kind"] == "emulator" and s["module"] == EMULATOR_MODULE
+    assert s["tnx_registered"] is False and s["tnx_backed_off_for"] == "neuron"
+
+
+def test_emulator_override_too_late_keeps_torchneuron_and_says_how_to_fix():
+    r = run("import torch\n" + PROBE, site=SITE, env={"NEURON_LAB_BACKEND": "emulator"})
+    s = r.json()
+    assert s["kind"] == "torchneuron" and s["module"] == FAKE_MODULE and s["device"] == "neuron:0"
+    assert s["problems"] == ["NEURON_LAB_BACKEND=emulator was not honoured: torch-neuronx 2.14.3.0 registered "
+                             "'neuron' before neuron_lab loaded; set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and "
+                             "`import neuron_lab` before anything imports torch_neuronx"]
+    assert "RuntimeWarning: neuron_lab: NEURON_LAB_BACKEND=emulator was not honoured" in r.err
+
+
+def test_backend_off_leaves_no_device_and_doctor_fails():
+    r = run(argv=[str(BIN / "python"), "-m", "neuron_lab", "doctor"], env={"NEURON_LAB_BACKEND": "off"})
+    assert r.rc == 1, r.err  # doctor's status answers "is there a neuron device?"
+    d = doctor_lines(r.out)
+    assert d["torch"].endswith("PrivateUse1 is 'privateuseone'")  # nothing was registered
+    assert d["backend"] == "none: NEURON_LAB_BACKEND=off"
+    assert d["devices"] == "none (no neuron backend is active: NEURON_LAB_BACKEND=off)"
+    assert d["problems"] == "none"
+
+
+def test_configuration_problems_are_noted_and_auto_is_used(tmp_path):
+    """An unknown NEURON_LAB_BACKEND and a torch-neuronx whose metadata has no Version: warnings, not crashes."""
+    site = make_site(tmp_path, None, entry_points=False)
+    r = run("import torch\n" + PROBE, site=site, env={"NEURON_LAB_BACKEND": "cuda"})
+    s = r.json()
+    problems = ["NEURON_LAB_BACKEND='cuda' is not one of auto, emulator, off; using auto",
+                "torch-neuronx is installed but its metadata has no Version (a broken install?); "
+                "treating it as the legacy XLA library"]
+    assert s["kind"] == "emulator" and s["device"] == "neuron:0" and s["problems"] == problems
+    for p in problems:
+        assert f"RuntimeWarning: neuron_lab: {p} (run `neuron-lab doctor` for details)" in r.err
+
+
+def test_failed_activation_warns_and_doctor_lists_the_problem():
+    """The emulator cannot install (bad capacity setting): `import torch` inside doctor still works, with a warning."""
+    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_DEVICE_MEMORY": "garbage"})
+    assert r.rc == 1
+    assert f"RuntimeWarning: neuron_lab: {INSTALL_FAILURE} (run `neuron-lab doctor` for details)" in r.err
+    d = doctor_lines(r.out)
+    assert d["torch"].startswith("2.")  # torch imported and works
+    assert d["backend"] == f"none: {INSTALL_FAILURE}"
+    assert problems_of(r.out) == [INSTALL_FAILURE]
+    assert "NEURON_LAB_DEVICE_MEMORY" in r.out and "'garbage'" in r.out  # the environment section shows the cause
+
+
+def test_autoload_hook_never_raises():
+    """Fault injection into our own code (nothing of torch is replaced): whatever fails, the hook returns."""
+    r = run("""
+        import json, warnings
+        import torch
+        import neuron_lab.backend as backend
+        from neuron_lab.backend import autoload
+
+        def broken():
+            raise KeyError("boom")
+
+        backend.activate = broken
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = autoload._autoload()
+        print(json.dumps({"result": result, "ran": autoload.ran, "problems": backend.state().problems,
+                          "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+    """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    s = r.json()
+    assert s["result"] is None and s["ran"] is True
+    assert s["problems"] == ["autoload failed: KeyError: 'boom'"]
+    assert s["warnings"] == ["RuntimeWarning: neuron_lab: the neuron backend did not load (KeyError: 'boom'); "
+                             "run `neuron-lab doctor` for details"]
+
+
+def test_privateuse1_taken_by_another_backend_keeps_neuron_lab_off():
+    r = run(probe_after("""
+        import torch
+        torch.utils.rename_privateuse1_backend("foo")
+        import neuron_lab
+    """, DOCTOR_IN_PROCESS, doctor="doctor", rc="rc"), env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    s = r.json()
+    reason = "PrivateUse1 already belongs to the 'foo' backend; neuron_lab stays off"
+    assert s["kind"] == "none" and s["reason"] == reason and s["owner"] == "foo"
+    assert s["active"] == f"unavailable: no neuron backend is active: {reason}"
+    assert s["module"] is None and s["problems"] == [] and "Warning" not in r.err
+    assert s["rc"] == 1
+    d = doctor_lines(s["doctor"])
+    assert d["torch"].endswith("PrivateUse1 is 'foo'")
+    assert d["backend"] == f"none: {reason}"
+    assert d["autoload"] == "disabled by TORCH_DEVICE_BACKEND_AUTOLOAD=0; `import neuron_lab` installs the backend"
+
