@@ -191,16 +191,17 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
             ("Reserved memory", "reserved_bytes")]
     if not abbreviated:
         rows.append(("Allocations", "allocation"))
-    lines = ["|" + "=" * 75 + "|", "|{:^75}|".format("neuron (emulated) memory summary, device 0"),
-             "|" + "-" * 75 + "|", "| {:<22}| {:>11} | {:>11} | {:>11} | {:>11} |".format(
-                 "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"), "|" + "-" * 75 + "|"]
+    row = "| {:<22}|" + " {:>11} |" * 4  # 81 characters wide, like every other line of the table
+    lines = ["|" + "=" * 79 + "|", "|{:^79}|".format("neuron (emulated) memory summary, device 0"),
+             "|" + "-" * 79 + "|", row.format("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"),
+             "|" + "-" * 79 + "|"]
     for label, key in rows:
         vals = [s[f"{key}.all.{m}"] for m in ("current", "peak", "allocated", "freed")]
         cells = [str(v) for v in vals] if key == "allocation" else [format_size(v) for v in vals]
-        lines.append("| {:<22}| {:>11} | {:>11} | {:>11} | {:>11} |".format(label, *cells))
-    lines += ["|" + "-" * 75 + "|",
-              f"| OOMs: {s['num_ooms']:<8} capacity: {format_size(_rt.get().allocator.capacity):<46}|",
-              "|" + "=" * 75 + "|"]
+        lines.append(row.format(label, *cells))
+    lines += ["|" + "-" * 79 + "|",
+              f"| OOMs: {s['num_ooms']:<8} capacity: {format_size(_rt.get().allocator.capacity):<53}|",
+              "|" + "=" * 79 + "|"]
     return "\n".join(lines)
 
 

@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from neuron_lab.backend.emulator import device_module as nmod
 from neuron_lab.backend.emulator import runtime as _rt
+from neuron_lab.backend.emulator.host import _ALIAS_ATTR
 
 _C = torch._C
 _originals: dict[tuple[Any, str], Any] = {}
+_torch_swap_tensors = torch.utils.swap_tensors
 
 
 def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
@@ -127,17 +130,57 @@ _ACCELERATOR_PATCHES: dict[str, Callable[..., Any]] = {
 
 
 # -- Module moves keep Parameter identity (and so weight ties), as set_data does on CUDA -------
+def _poisoned_accumulate(grad_outputs):
+    raise RuntimeError("backward through a graph recorded before its parameters moved between cpu and neuron; "
+                       "run forward again after the move")
+
+
+def _check_swappable(t: torch.Tensor) -> None:
+    """swap_tensors' own rule: nothing but an AccumulateGrad node may hold the TensorImpl."""
+    if t._use_count() == 1:
+        return
+    if t._use_count() == 2 and t.is_leaf:
+        node = torch.autograd.graph.get_gradient_edge(t).node
+        if t._use_count() == 2:  # the node existed already (get_gradient_edge did not create it)
+            node.register_prehook(_poisoned_accumulate)
+            return
+    raise RuntimeError(f"cannot move a tensor whose TensorImpl is held elsewhere (use count {t._use_count()})")
+
+
+def _swap_like_set_data(t1: torch.Tensor, t2: torch.Tensor) -> None:
+    """``t1.data = t2`` for a move across cpu and neuron, which set_data itself refuses.
+
+    PyTorch's swap_tensors refuses weakly referenced tensors (the workbench, dynamo and users keep
+    weak references to parameters) and trades ``__class__``, ``__dict__`` and hooks with the temporary,
+    so a moved Parameter would lose its attributes and hooks and an UninitializedParameter its class.
+    This swaps only the TensorImpl and re-registers the tensor's hooks on the one it now holds.
+    """
+    if is_traceable_wrapper_subclass(t1) or is_traceable_wrapper_subclass(t2):
+        return _torch_swap_tensors(t1, t2)  # their inner tensors live in __dict__: only the full swap is right
+    _check_swappable(t1)
+    hooks, post_hooks = t1._backward_hooks, t1._post_accumulate_grad_hooks
+    torch._C._swap_tensor_impl(t1, t2)
+    t1.__dict__.pop(_ALIAS_ATTR, None)  # a host alias cached for the TensorImpl it no longer holds
+    if hooks is not None:
+        t1._backward_hooks = hooks
+    if post_hooks is not None:
+        t1._post_accumulate_grad_hooks = post_hooks
+
+
 @contextlib.contextmanager
 def _swap_on_conversion(module: torch.nn.Module, target: Any) -> Iterator[None]:
     crossing = _is_neuron(target) or any(
         t.device.type == "neuron" for t in _module_tensors(module)) and not _is_neuron(target)
-    prev = torch.__future__.get_swap_module_params_on_conversion()
-    if crossing and not prev:
-        torch.__future__.set_swap_module_params_on_conversion(True)
+    if not crossing or torch.__future__.get_swap_module_params_on_conversion():
+        yield  # nothing crosses, or the user chose PyTorch's swap semantics
+        return
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    torch.utils.swap_tensors = _swap_like_set_data  # Module._apply looks it up at call time
     try:
         yield
     finally:
-        torch.__future__.set_swap_module_params_on_conversion(prev)
+        torch.utils.swap_tensors = _torch_swap_tensors
+        torch.__future__.set_swap_module_params_on_conversion(False)
 
 
 def _module_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:

@@ -1,0 +1,30 @@
+"""Shared fixtures: a fresh interpreter for behaviour that is fixed at process start (environment variables)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def run_python() -> Callable[..., Any]:
+    """Run ``code`` in a new interpreter with extra environment variables; return the JSON it prints last.
+
+    The emulator reads NEURON_LAB_DEVICE_MEMORY and NEURON_LAB_EMULATE_DOWNCAST once, when it installs,
+    so tests of those settings need a process of their own.
+    """
+
+    def run(code: str, env: dict[str, str], timeout: float = 60) -> Any:
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, f"child failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    return run
