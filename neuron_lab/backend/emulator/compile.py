@@ -1,0 +1,268 @@
+"""``torch.compile(backend="neuron")`` on the emulator: aot_autograd graphs, TorchNeuron's semantics and metrics.
+
+Dynamo hands over a torch-level graph; aot_autograd turns it into aten inference, forward and
+backward graphs on ``neuron`` fake tensors, which is what TorchNeuron's own backend sees. Each
+graph is then lowered one of two ways (``NEURON_LAB_COMPILE_LOWERING``):
+
+- ``inductor`` (default): a copy of the graph with ``device=neuron`` rewritten to ``cpu`` is compiled
+  by host Inductor on first call, on zero-copy CPU aliases of the device inputs, and its results are
+  adopted back as device tensors. Running eager through the emulator costs a Python fallback per op
+  (about 1.8x CPU eager on a small MLP); this runs at about CPU-Inductor speed.
+- ``eager``: the aten graph runs op by op on the device, through the emulator's fallback, so every op
+  is recorded as in eager mode. A graph Inductor cannot lower falls back to this, with the reason.
+
+As in TorchNeuron, ``dynamic=True`` is rejected, a non-default ``mode`` warns and is ignored, and
+each graph appends a ``get_dynamo_metrics()`` record, plus the nodes the coverage profile says
+would fall back to the CPU on a real device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters
+from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_context
+from torch.utils._python_dispatch import _disable_current_modes
+
+from neuron_lab.backend.emulator import runtime
+from neuron_lab.backend.events import NATIVE
+
+Tensor = torch.Tensor
+LOWERING_ENV = "NEURON_LAB_COMPILE_LOWERING"
+LOWERINGS = ("inductor", "eager")
+DYNAMIC_ERROR = ('torch.compile(backend="neuron") does not support dynamic=True: the Neuron backend compiles '
+                 "static shapes. Leave dynamic unset (or False); shapes that vary between calls recompile per shape.")
+_CPU = torch.device("cpu")
+# Always recorded as native by the emulator whatever the profile says (see native.py).
+_PLUMBING = frozenset({"aten::copy_", "aten::_to_copy"})
+_nth: Counter[str] = Counter()  # graphs compiled per "{model}_{aot_id}_{type}" prefix
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+                  options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The emulator's Dynamo backend: check TorchNeuron's options, then compile through aot_autograd."""
+    if not torch._dynamo.config.assume_static_by_default and _is_symbolic(gm, example_inputs):
+        raise RuntimeError(DYNAMIC_ERROR)
+    if mode not in (None, "default"):
+        warnings.warn(f"Neuron backend does not support mode='{mode}', falling back to default mode.",
+                      UserWarning, stacklevel=2)
+    options = options or {}
+    model_name = str(options.get("model_name") or _module_name() or "model")
+    lowering = os.environ.get(LOWERING_ENV, "inductor") or "inductor"
+    if lowering not in LOWERINGS:
+        raise ValueError(f"{LOWERING_ENV}={lowering!r}: expected one of {', '.join(LOWERINGS)}")
+
+    def compiler(graph_type: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+        def compile_one(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+            return _compile_aten_graph(g, inputs, graph_type, model_name, lowering)
+
+        return compile_one
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        inference_compiler=compiler("inference"))(gm, example_inputs)
+
+
+def _is_symbolic(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    values = list(example_inputs) + [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+    return any(_has_symbols(v) for v in values)
+
+
+def _has_symbols(v: Any) -> bool:
+    if isinstance(v, torch.SymInt):
+        return True
+    return isinstance(v, Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape)
+
+
+def _module_name() -> str | None:
+    """Class name of the nn.Module whose code is being compiled: the nearest ``self`` up the stack.
+
+    Dynamo compiles a module's ``forward`` (or a resume function after a graph break) called from
+    that module's ``__call__``, so its frame is on the stack with the module as ``self``.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        s = frame.f_locals.get("self")
+        if isinstance(s, torch.nn.Module) and not isinstance(s, torch.fx.GraphModule):
+            return type(getattr(s, "_orig_mod", s)).__name__
+        frame = frame.f_back
+    return None
+
+
+def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_type: str,
+                        model_name: str, lowering: str) -> Callable[..., Any]:
+    """Record one aten graph's metrics and return its boxed runner."""
+    t0 = time.perf_counter_ns()
+    rt = runtime.get()
+    context = get_aot_compilation_context()[0]
+    aot_id = context[0].split("_", 1)[0] if context else "0"
+    prefix = f"{model_name}_{aot_id}_{graph_type}"
+    nth = _nth[prefix]
+    _nth[prefix] += 1
+    metrics: dict[str, Any] = {
+        "graph_id": _graph_id(gm, example_inputs),
+        "graph_name": f"{prefix}_{nth}",
+        "model_name": model_name,
+        "has_collectives": False,
+        "graph_node_count": len(gm.graph.nodes),
+        "timestamp": time.time(),
+        "torch_neuronx_fx_passes_us": 0,
+        "torch_neuronx_lower_us": 0,
+        "torch_neuronx_compile_us": 0,
+        "graph_type": graph_type,
+        "lowering": lowering,
+        "lowering_reason": f"{LOWERING_ENV}=eager" if lowering == "eager" else None,
+        "fallback_nodes": _fallback_nodes(gm, rt.executor),
+    }
+    graph = NeuronGraph(gm, example_inputs, metrics, rt.executor.bridge)
+    fx_us = (time.perf_counter_ns() - t0) // 1000
+    metrics["torch_neuronx_fx_passes_us"] = metrics["torch_neuronx_compile_us"] = fx_us
+    rt.dynamo_metrics.append(metrics)
+    counters["neuron"]["compiled_graphs"] += 1
+    return graph
+
+
+def _graph_id(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """A cache key as TorchNeuron's: the graph's code and its input signature."""
+    sig = [(tuple(x.shape), tuple(x.stride()), str(x.dtype)) if isinstance(x, Tensor) else repr(x)
+           for x in example_inputs]
+    return hashlib.sha256(f"{gm.code}\n{sig}".encode()).hexdigest()[:16]
+
+
+def _on_device(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(_on_device(x) for x in v)
+    return isinstance(v, Tensor) and v.device.type != "cpu"
+
+
+def _fallback_nodes(gm: torch.fx.GraphModule, executor) -> list[dict[str, str]]:
+    """Graph nodes the coverage profile reports as non-native, classified as the executor classifies ops."""
+    found = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        name = n.target._schema.name
+        if name in executor.native or name in _PLUMBING:
+            continue
+        inputs = [a.meta.get("val") for a in n.all_input_nodes]
+        dtypes = frozenset(str(v.dtype).removeprefix("torch.") for v in inputs if _on_device(v))
+        if not dtypes and not _on_device(n.meta.get("val")):
+            continue  # runs on the host in the original program too
+        kind, reason = executor.profile.classify(name, dtypes)
+        if kind != NATIVE:
+            found.append({"node": n.name, "op": name, "kind": kind, "reason": reason})
+    return found
+
+
+def _no_host_kernel(gm: torch.fx.GraphModule) -> list[str]:
+    """Ops with a device kernel but no CPU one (custom ``neuron`` ops): host Inductor cannot run them."""
+    has = torch._C._dispatch_has_computed_kernel_for_dispatch_key
+    names = {n.target.name() for n in gm.graph.nodes
+             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+    return sorted(name for name in names if not has(name, "CPU"))
+
+
+def _host_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that computes on the host: ``device=neuron`` becomes ``cpu``, device constants host aliases.
+
+    The neuron fake-tensor metadata is dropped so Inductor re-derives it from the real CPU inputs.
+    """
+    graph = torch.fx.Graph()
+    env = graph.graph_copy(gm.graph, {})
+    graph.output(env)
+
+    def to_cpu(a: Any) -> Any:
+        return _CPU if isinstance(a, torch.device) and a.type != "cpu" else a
+
+    for n in graph.nodes:
+        n.args = torch.fx.node.map_aggregate(n.args, to_cpu)
+        n.kwargs = torch.fx.node.map_aggregate(n.kwargs, to_cpu)
+        for key in ("val", "tensor_meta", "example_value"):
+            n.meta.pop(key, None)
+    host = torch.fx.GraphModule(gm, graph)
+    bridge = runtime.get().executor.bridge
+    for n in graph.find_nodes(op="get_attr"):
+        owner, _, attr = n.target.rpartition(".")
+        mod = host.get_submodule(owner) if owner else host
+        value = getattr(mod, attr)
+        if isinstance(value, Tensor) and not value.is_cpu:
+            setattr(mod, attr, bridge.to_host(value))  # gm keeps the device tensor, and its memory, alive
+    return host
+
+
+def _signature(host_args: list[Any]) -> tuple:
+    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, Tensor) else a for a in host_args)
+
+
+class NeuronGraph:
+    """A compiled aten graph, called with aot_autograd's boxed convention (one list, cleared on entry).
+
+    Lowered by host Inductor on first call, once per input signature when the graph has symbolic
+    shapes; on an Inductor failure it runs the device graph eagerly from then on and says why in
+    its metrics record.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], metrics: dict[str, Any],
+                 bridge) -> None:
+        self._boxed_call = True  # an instance attribute: functools.wraps (Dynamo's disable) copies only __dict__
+        self.gm = gm
+        self.metrics = metrics
+        self._bridge = bridge
+        self._lowered: dict[tuple | None, Callable[..., Any]] = {}
+        self._dynamic = any(_has_symbols(x) for x in example_inputs)
+        outputs = gm.graph.output_node().args[0]
+        self._out_on_device = tuple(_on_device(o.meta.get("val")) if isinstance(o, torch.fx.Node) else False
+                                    for o in outputs)
+        self.eager = metrics["lowering"] == "eager"
+        missing = [] if self.eager else _no_host_kernel(gm)
+        if missing:
+            self._use_eager(f"no CPU kernel for {', '.join(missing)}, so host Inductor cannot run it")
+
+    def _use_eager(self, reason: str) -> None:
+        self.eager = True
+        self.metrics["lowering"] = "eager"
+        self.metrics["lowering_reason"] = reason
+        warnings.warn(f"torch.compile(backend='neuron'): graph {self.metrics['graph_name']} runs eagerly on the "
+                      f"device: {reason}", UserWarning, stacklevel=3)
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        inputs = list(args)  # keeps the device tensors, whose memory the host aliases borrow, alive
+        args.clear()
+        if self.eager:
+            return self.gm(*inputs)
+        to_host = self._bridge.to_host
+        host = [to_host(a) if isinstance(a, Tensor) and not a.is_cpu else a for a in inputs]
+        key = _signature(host) if self._dynamic else None
+        fn = self._lowered.get(key)
+        if fn is None:
+            fn = self._lower(host, key)
+            if fn is None:
+                return self.gm(*inputs)
+        from_host = self._bridge.from_host
+        return [from_host(r) if dev and r is not None else r for r, dev in zip(fn(*host), self._out_on_device)]
+
+    def _lower(self, host: list[Any], key: tuple | None) -> Callable[..., Any] | None:
+        import torch._inductor
+
+        t0 = time.perf_counter_ns()
+        try:
+            # The first call of an aot graph runs under an analysis dispatch mode; Inductor must not see it.
+            with _disable_current_modes(), torch.no_grad():
+                fn = torch._inductor.compile(_host_graph(self.gm), host)
+        except Exception as e:  # any lowering failure means: run the graph as it is
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self._use_eager(f"host Inductor failed: {type(e).__name__}: {first[:300]}")
+            return None
+        us = (time.perf_counter_ns() - t0) // 1000
+        self.metrics["torch_neuronx_lower_us"] += us
+        self.metrics["torch_neuronx_compile_us"] += us
+        self._lowered[key] = fn
+        return fn

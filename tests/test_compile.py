@@ -1,0 +1,266 @@
+"""``torch.compile(backend="neuron")`` on the emulator: results, training, TorchNeuron's options and metrics.
+
+Inductor compiles cost seconds, so graphs are tiny and each test checks everything one compile shows.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
+from torch._functorch import aot_autograd
+
+from neuron_lab.backend.emulator import runtime
+from neuron_lab.backend.emulator.compile import DYNAMIC_ERROR, LOWERING_ENV
+
+NEURON = torch.device("neuron", 0)
+METRIC_KEYS = {"graph_id", "graph_name", "model_name", "has_collectives", "graph_node_count", "timestamp",
+               "torch_neuronx_fx_passes_us", "torch_neuronx_lower_us", "torch_neuronx_compile_us",
+               "graph_type", "lowering", "lowering_reason", "fallback_nodes"}
+
+
+class TinyMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(nn.functional.gelu(self.a(x)))
+
+
+class Branchy(nn.Module):
+    """A data-dependent Python branch: Dynamo must break the graph at ``.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.lin(x))
+        if y.sum().item() > 0:
+            return y * 2
+        return y - 1
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(monkeypatch):
+    monkeypatch.delenv(LOWERING_ENV, raising=False)
+    torch._dynamo.reset()
+    torch.neuron.reset_dynamo_metrics()
+    yield
+    torch._dynamo.reset()
+
+
+def twins(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
+    """The same weights on the CPU and on the device."""
+    torch.manual_seed(0)
+    cpu = cls()
+    dev = cls().to("neuron")
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev
+
+
+def next_aot_id() -> int:
+    """The id aot_autograd gives the next graph it traces (its counter is an ``itertools.count``)."""
+    return int(re.fullmatch(r"count\((\d+)\)", repr(aot_autograd.AOT_COUNTER)).group(1))
+
+
+def test_inference_matches_eager_runs_on_device_and_records_metrics() -> None:
+    cpu, dev = twins(TinyMLP)
+    compiled = torch.compile(dev, backend="neuron")
+    x = torch.randn(5, 8)
+    aot_id = next_aot_id()
+    before = counters["neuron"]["compiled_graphs"]
+    with torch.no_grad():
+        y = compiled(x.to("neuron"))
+        y2 = compiled((2 * x).to("neuron"))  # same shapes: no recompile, the lowered graph is reused
+        ref, ref2 = cpu(x), cpu(2 * x)
+    assert y.device == NEURON and y2.device == NEURON
+    torch.testing.assert_close(y.cpu(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y2.cpu(), ref2, rtol=1e-5, atol=1e-6)
+
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert set(m) == METRIC_KEYS
+    assert m["graph_name"] == f"TinyMLP_{aot_id}_inference_0"
+    assert (m["model_name"], m["graph_type"], m["lowering"], m["lowering_reason"]) == \
+        ("TinyMLP", "inference", "inductor", None)
+    assert m["has_collectives"] is False and m["fallback_nodes"] == []
+    assert m["graph_node_count"] > 0 and re.fullmatch(r"[0-9a-f]{16}", m["graph_id"])
+    assert 0 < m["torch_neuronx_fx_passes_us"] and 0 < m["torch_neuronx_lower_us"]
+    assert m["torch_neuronx_compile_us"] == m["torch_neuronx_fx_passes_us"] + m["torch_neuronx_lower_us"]
+    assert counters["neuron"]["compiled_graphs"] == before + 1
+
+    torch.neuron.reset_dynamo_metrics()
+    assert torch.neuron.get_dynamo_metrics() == []
+
+
+def test_training_step_grads_match_eager_with_forward_and_backward_graphs() -> None:
+    cpu, dev = twins(TinyMLP)
+    compiled = torch.compile(dev, backend="neuron")
+    aot_id = next_aot_id()
+    for step in range(2):  # the second step runs the already lowered graphs
+        x, target = torch.randn(6, 8), torch.randn(6, 4)
+        for m in (cpu, dev):
+            m.zero_grad()
+        nn.functional.mse_loss(cpu(x), target).backward()
+        loss = nn.functional.mse_loss(compiled(x.to("neuron")), target.to("neuron"))
+        loss.backward()
+        assert loss.device == NEURON
+        for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
+            assert p_dev.grad.device == NEURON
+            torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=0, atol=1e-5, msg=f"{name} step {step}")
+
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert [(m["graph_name"], m["graph_type"], m["lowering"]) for m in metrics] == [
+        (f"TinyMLP_{aot_id}_forward_0", "forward", "inductor"),
+        (f"TinyMLP_{aot_id}_backward_0", "backward", "inductor"),
+    ]
+    assert all(m["graph_node_count"] > 0 and m["torch_neuronx_lower_us"] > 0 for m in metrics)
+
+
+def test_graph_break_on_item_compiles_two_graphs_with_correct_results() -> None:
+    cpu, dev = twins(Branchy)
+    compiled = torch.compile(dev, backend="neuron")
+    with torch.no_grad():
+        for x in (torch.ones(3, 4), -torch.ones(3, 4) * 10):
+            torch.testing.assert_close(compiled(x.to("neuron")).cpu(), cpu(x), rtol=1e-5, atol=1e-6)
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert len(metrics) >= 2
+    assert {m["model_name"] for m in metrics} == {"Branchy"}  # resume functions after the break too
+    assert all(re.fullmatch(r"Branchy_\d+_inference_0", m["graph_name"]) for m in metrics)
+
+
+def test_atan2_is_listed_in_fallback_nodes_and_options_name_the_model() -> None:
+    def f(y, x):
+        return torch.atan2(y, x) * 2
+
+    compiled = torch.compile(f, backend="neuron", options={"model_name": "equiformer"})
+    y, x = torch.randn(3, 3), torch.randn(3, 3)
+    out = compiled(y.to("neuron"), x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), f(y, x))
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert m["model_name"] == "equiformer" and m["graph_name"].startswith("equiformer_")
+    reason = runtime.get().executor.profile.classify("aten::atan2", frozenset({"float32"}))[1]
+    assert m["fallback_nodes"] == [{"node": "atan2", "op": "aten::atan2", "kind": "fallback", "reason": reason}]
+
+
+def test_plain_function_without_module_is_named_model(monkeypatch) -> None:
+    monkeypatch.setenv(LOWERING_ENV, "eager")
+    out = torch.compile(lambda t: t + 1, backend="neuron")(torch.zeros(2, device="neuron"))
+    assert out.tolist() == [1.0, 1.0]
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert re.fullmatch(r"model_\d+_inference_0", m["graph_name"])
+
+
+def test_dynamic_true_is_rejected_with_a_clear_error() -> None:
+    compiled = torch.compile(lambda t: t * 3, backend="neuron", dynamic=True)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=re.escape(DYNAMIC_ERROR)):
+        compiled(torch.ones(4, 2, device="neuron"))
+    assert "does not support dynamic=True" in DYNAMIC_ERROR and "recompile per shape" in DYNAMIC_ERROR
+
+
+def test_shapes_that_vary_recompile_and_stay_correct() -> None:
+    compiled = torch.compile(lambda t: t * 3 + 1, backend="neuron")
+    for n in (4, 6, 9, 4):
+        x = torch.randn(n, 2)
+        out = compiled(x.to("neuron"))
+        assert out.device == NEURON and out.shape == (n, 2)
+        torch.testing.assert_close(out.cpu(), x * 3 + 1)
+
+
+def test_non_default_mode_warns_and_is_ignored(monkeypatch) -> None:
+    monkeypatch.setenv(LOWERING_ENV, "eager")
+    compiled = torch.compile(lambda t: torch.sin(t) + 1, backend="neuron", mode="max-autotune")
+    x = torch.randn(4)
+    with pytest.warns(UserWarning, match=re.escape(
+            "Neuron backend does not support mode='max-autotune', falling back to default mode.")):
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), torch.sin(x) + 1)
+
+
+def test_eager_lowering_env_runs_the_graphs_op_by_op_on_the_device(monkeypatch) -> None:
+    monkeypatch.setenv(LOWERING_ENV, "eager")
+    cpu, dev = twins(TinyMLP)
+    compiled = torch.compile(dev, backend="neuron")
+    rec = runtime.get().recorder
+    rec.clear()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), cpu(x), rtol=1e-5, atol=1e-6)
+    assert {"aten::addmm", "aten::gelu"} <= rec.names("native")  # the emulator ran each op
+
+    cpu(x).sum().backward()
+    compiled(x.to("neuron")).sum().backward()
+    for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=0, atol=1e-5)
+    assert "aten::gelu_backward" in rec.names("native")
+
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert [m["graph_type"] for m in metrics] == ["inference", "forward", "backward"]
+    for m in metrics:
+        assert (m["lowering"], m["lowering_reason"], m["torch_neuronx_lower_us"]) == \
+            ("eager", f"{LOWERING_ENV}=eager", 0)
+        assert m["torch_neuronx_compile_us"] == m["torch_neuronx_fx_passes_us"]
+
+
+def test_unknown_lowering_is_an_error(monkeypatch) -> None:
+    monkeypatch.setenv(LOWERING_ENV, "xla")
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                       match=re.escape(f"{LOWERING_ENV}='xla': expected one of inductor, eager")):
+        torch.compile(lambda t: t + 1, backend="neuron")(torch.zeros(2, device="neuron"))
+
+
+@torch.library.custom_op("neuron_lab_test::twice", mutates_args=(), device_types="neuron")
+def twice(x: torch.Tensor) -> torch.Tensor:
+    """A device-only kernel, as an NKI op would be: the host has no kernel for it."""
+    return x * 2
+
+
+@twice.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_graph_inductor_cannot_lower_runs_eagerly_and_says_why() -> None:
+    compiled = torch.compile(lambda t: twice(t) + 1, backend="neuron")
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), x * 2 + 1)
+    (m,) = torch.neuron.get_dynamo_metrics()
+    reason = "no CPU kernel for neuron_lab_test::twice, so host Inductor cannot run it"
+    assert (m["lowering"], m["lowering_reason"]) == ("eager", reason)
+    assert any(reason in str(w.message) and m["graph_name"] in str(w.message) for w in caught)
+
+
+@torch.library.custom_op("neuron_lab_test::device_scaled", mutates_args=(), device_types=("neuron", "cpu"))
+def device_scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@device_scaled.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    if x.device.type != "neuron":
+        raise RuntimeError("device_scaled is traced for neuron tensors only")
+    return torch.empty_like(x)
+
+
+def test_inductor_failure_falls_back_to_eager_on_the_device() -> None:
+    compiled = torch.compile(lambda t: device_scaled(t) - 1, backend="neuron")
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match="runs eagerly on the device: host Inductor failed"):
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), x * 3 - 1)
+    torch.testing.assert_close(compiled((2 * x).to("neuron")).cpu(), x * 6 - 1)  # stays eager, no retry
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert m["lowering"] == "eager"
+    assert m["lowering_reason"].startswith("host Inductor failed: ")
+    assert "device_scaled is traced for neuron tensors only" in m["lowering_reason"]
