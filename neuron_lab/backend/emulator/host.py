@@ -38,14 +38,28 @@ class HostBridge:
         if alloc is None:
             raise RuntimeError(f"neuron emulator: storage at 0x{key[0]:x} is not device memory it allocated")
         h = torch.empty(0, dtype=t.dtype).set_(alloc.cpu_view, key[1], key[2], key[3])
+        _copy_math_bits(t, h)
         t.__dict__[_ALIAS_ATTR] = (key, h)
         return h
 
     def from_host(self, r: torch.Tensor) -> torch.Tensor:
         """A device tensor over a host result's bytes (no copy)."""
+        if r.layout is not torch.strided:
+            raise NotImplementedError(f"neuron emulator: {r.layout} tensors are not supported on the neuron device "
+                                      "(device memory holds dense, strided tensors only)")
         st = r.untyped_storage()
         alloc = self.allocator.lookup(st.data_ptr())
         device_storage = alloc.storage_ref() if alloc is not None else None
         if device_storage is None:
             device_storage = self.allocator.adopt(st, r.dtype, r.shape)
-        return self.bind(device_storage, r.shape, r.stride(), r.storage_offset(), r.dtype)
+        t = self.bind(device_storage, r.shape, r.stride(), r.storage_offset(), r.dtype)
+        _copy_math_bits(r, t)
+        return t
+
+
+def _copy_math_bits(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Carry the lazy conjugate/negative bits (``x.conj()``, fft's inverse) that ``set_`` does not."""
+    if src.is_conj():
+        torch._C._set_conj(dst, True)
+    if src.is_neg():
+        torch._C._set_neg(dst, True)

@@ -76,7 +76,9 @@ class Allocator:
         self.capacity = capacity_from_env() if capacity is None else capacity
         self._device = torch.device("neuron", 0)  # needs PrivateUse1 renamed first
         self.record_sites = False
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside a locked section can run the weakref callback that
+        # frees another storage (``_free``) on the same thread.
+        self._lock = threading.RLock()
         self._live: dict[int, Allocation] = {}
         self._reset_all()
 

@@ -28,8 +28,10 @@ _CPU = torch.device("cpu")
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _WIDE = {torch.float64, torch.int64}
 # Ops that may take CPU index tensors beside device tensors, as on CUDA.
-_MIXED_OK = frozenset({"aten::index", "aten::index_put", "aten::_index_put_impl", "aten::_unsafe_index",
-                       "aten::_unsafe_index_put", "aten::index_select", "aten::_unsafe_masked_index"})
+# Schema names of in-place overloads keep their underscore (aten::index_put_), so both spellings are listed.
+_MIXED_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
+                       "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put",
+                       "aten::index_select", "aten::_unsafe_masked_index"})
 # Ops that draw from the default CPU generator without a `generator` argument.
 _IMPLICIT_RNG = frozenset({"aten::native_dropout"})
 
@@ -42,9 +44,12 @@ class _Plan:
     overload: str
     write_returns: tuple[int | str | None, ...]  # per return: the argument it aliases when written
     generator: int | str | None  # where the Generator argument goes, if any
+    generator_name: str | None
     mixed_ok: bool
     implicit_rng: bool
     is_view: bool
+    write_args: tuple[int | str, ...]  # arguments the op writes (self of in-place ops, out=)
+    number_args: tuple[int | str, ...]  # Tensor arguments that may arrive as Python numbers (wrapped scalars)
 
 
 def _plan(op: torch._ops.OpOverload) -> _Plan:
@@ -70,10 +75,17 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
             else:
                 is_view = True
         writes.append(target)
-    gen = next((where[a.name] for a in schema.arguments if a.type.kind() == "OptionalType"
-                and str(a.type.getElementType()) == "Generator"), None)
+    gen_name = next((a.name for a in schema.arguments if a.type.kind() == "OptionalType"
+                     and str(a.type.getElementType()) == "Generator"), None)
+    gen = where[gen_name] if gen_name is not None else None
     name = schema.name
-    return _Plan(name, schema.overload_name, tuple(writes), gen, name in _MIXED_OK, name in _IMPLICIT_RNG, is_view)
+    write_args = tuple(where[a.name] for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+    # A wrapped-number tensor (the 2.0 of `copysign(t, 2.0)`) reaches a Python kernel as a Python number,
+    # which re-calling the op accepts only for the few ops on PyTorch's allow-list.
+    numbers = () if torch._C._should_allow_numbers_as_tensors(name.removeprefix("aten::")) else tuple(
+        where[a.name] for a in schema.arguments if str(a.type) in ("Tensor", "Tensor?"))
+    return _Plan(name, schema.overload_name, tuple(writes), gen, gen_name, name in _MIXED_OK, name in _IMPLICIT_RNG,
+                 is_view, write_args, numbers)
 
 
 class Executor:
@@ -131,14 +143,17 @@ class Executor:
 
         hargs = [conv(a) for a in args]
         hkwargs = {k: conv(v) for k, v in kwargs.items()}
+        if plan.number_args:
+            _wrap_numbers(plan.number_args, hargs, hkwargs)
         if plan.generator is not None:
-            if isinstance(plan.generator, int):
-                if len(hargs) <= plan.generator:
-                    hargs.extend([None] * (plan.generator + 1 - len(hargs)))
-                if hargs[plan.generator] is None:
-                    hargs[plan.generator] = self.generator
-            elif hkwargs.get(plan.generator) is None:
-                hkwargs[plan.generator] = self.generator
+            # Omitted trailing arguments keep their schema defaults: pass the generator by name.
+            slot = plan.generator if isinstance(plan.generator, int) and plan.generator < len(hargs) else \
+                plan.generator_name
+            if isinstance(slot, int):
+                if hargs[slot] is None:
+                    hargs[slot] = self.generator
+            elif hkwargs.get(slot) is None:
+                hkwargs[slot] = self.generator
 
         kind_key = (plan.name, tuple(dtypes))
         kind = self._kinds.get(kind_key)
@@ -166,11 +181,14 @@ class Executor:
         if plan.implicit_rng:
             return self._with_device_rng(op, hargs, hkwargs)
         try:
-            return op(*hargs, **hkwargs)
+            out = op(*hargs, **hkwargs)
         except RuntimeError as e:
             if "not resizable" not in str(e):
                 raise
-        return self._run_resizing(op, plan, hargs, hkwargs, args, kwargs)
+            return self._run_resizing(op, plan, hargs, hkwargs, args, kwargs)
+        if plan.write_args:
+            _sync_layouts(plan.write_args, hargs, hkwargs, args, kwargs)
+        return out
 
     def _with_device_rng(self, op, hargs, hkwargs):
         """Run an op that uses the default CPU generator on the device generator's stream."""
@@ -182,22 +200,10 @@ class Executor:
             self.generator.set_state(torch.get_rng_state())
             torch.set_rng_state(cpu_state)
 
-    @staticmethod
-    def _write_args(op) -> list[int | str]:
-        out: list[int | str] = []
-        pos = 0
-        for a in op._schema.arguments:
-            slot: int | str = a.name if a.kwarg_only else pos
-            if not a.kwarg_only:
-                pos += 1
-            if a.alias_info is not None and a.alias_info.is_write:
-                out.append(slot)
-        return out
-
     def _run_resizing(self, op, plan, hargs, hkwargs, args, kwargs):
         """An ``out=`` that must grow: compute into host temporaries, resize the device output, copy."""
         temps = {}
-        for slot in self._write_args(op):
+        for slot in plan.write_args:
             holder, orig = (hargs, args) if isinstance(slot, int) else (hkwargs, kwargs)
             if isinstance(slot, int) and slot >= len(orig):
                 continue
@@ -219,7 +225,7 @@ class Executor:
     def _run_downcast(self, op, plan, hargs, hkwargs):
         """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
         written: list[tuple[Tensor, Tensor]] = []
-        write_slots = set(self._write_args(op))
+        write_slots = set(plan.write_args)
 
         def down(slot, a):
             if isinstance(a, Tensor) and a.dtype == torch.float64:
@@ -278,6 +284,44 @@ class Executor:
 
         k.__name__ = f"neuron_{op._schema.name.split('::')[-1]}"
         return k
+
+
+def _wrap_numbers(slots: tuple[int | str, ...], hargs: list, hkwargs: dict) -> None:
+    """Turn Python numbers given for Tensor arguments back into 0-dim tensors.
+
+    The dtype is the one the number would have promoted to against the first tensor argument, so the
+    0-dim tensor promotes as the wrapped number did (it never widens a result the number would not).
+    """
+    ref = next((a for a in hargs if isinstance(a, Tensor)), None)
+    for slot in slots:
+        holder = hargs if isinstance(slot, int) else hkwargs
+        if isinstance(slot, int) and slot >= len(hargs) or isinstance(slot, str) and slot not in hkwargs:
+            continue
+        v = holder[slot]
+        if isinstance(v, (bool, int, float, complex)):
+            holder[slot] = torch.tensor(v) if ref is None else torch.tensor(v, dtype=torch.result_type(ref, v))
+
+
+def _sync_layouts(slots: tuple[int | str, ...], hargs: list, hkwargs: dict, args: tuple, kwargs: dict) -> None:
+    """Give written device tensors the shape a CPU kernel gave their host aliases.
+
+    A kernel resizes an ``out=`` alias in place when its storage is big enough (always for zero-size
+    results); that changes the alias's metadata only, so the device tensor must take the same layout.
+    """
+    for slot in slots:
+        if isinstance(slot, int):
+            if slot >= len(args):
+                continue
+            dev, host = args[slot], hargs[slot]
+        else:
+            if slot not in kwargs:
+                continue
+            dev, host = kwargs[slot], hkwargs[slot]
+        for d, h in zip(dev, host) if isinstance(dev, (list, tuple)) else ((dev, host),):
+            if isinstance(d, Tensor) and isinstance(h, Tensor) and not d.is_cpu and (
+                    h.shape != d.shape or h.stride() != d.stride() or h.storage_offset() != d.storage_offset()):
+                redispatch_to_cpu(aten.set_.source_Storage_storage_offset, d, d.untyped_storage(),
+                                  h.storage_offset(), h.shape, h.stride())
 
 
 def redispatch_to_cpu(op, *args, **kwargs):
