@@ -1,11 +1,13 @@
 """OpInfo conformance sweep: PyTorch's own ``op_db`` in float32 on `neuron`, compared with the CPU.
 
-Each float32-on-CPU OpInfo entry runs its first few CPU sample inputs on the CPU, then the same
-samples moved to `neuron` under the same seed, and compares the results (outputs and the mutated
-input) after ``.cpu()``. An entry is ``cpu_error`` when no sample runs on the CPU (excluded from
-the rate's denominator), ``pass`` when every sample agrees, ``fail`` on a mismatch and ``error``
-when the device raises. ``tests/test_opinfo_conformance.py`` runs it in shards; run this file
-for the full report::
+Each OpInfo entry that supports float32 on the CPU runs its CPU sample inputs (up to MAX_SAMPLES) on
+the CPU, then the same values on `neuron` under the same seed, and compares outputs and the input after
+the call (in-place ops) with assert_close at the OpInfo's own float32 tolerances. The device copies
+keep each tensor's storage, offset and strides, and arguments that the entry's own `neuron` samples keep
+on the CPU (tensor_split's indices) stay there. An entry is ``cpu_error`` when no sample runs on the
+CPU (outside the rate's denominator), ``pass`` when every sample agrees, ``fail`` on a mismatch and
+``error`` when the device raises. ``tests/test_opinfo_conformance.py`` runs it in shards; for the
+full report::
 
     python tests/opinfo_sweep.py --out out/opinfo.json
 """

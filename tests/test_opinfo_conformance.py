@@ -11,6 +11,7 @@ measured rate.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -52,19 +53,23 @@ def test_floor_follows_from_the_lists(ops) -> None:
 def _merge_if_complete(run_dir: Path) -> dict | None:
     """The whole run's report, once every shard of the run has written its own; else None.
 
-    Each run has its own directory, so concurrent runs in one checkout never mix their shards.
+    Each run has its own directory, so concurrent runs in one checkout never mix their shards. The
+    merged report keeps every shard's counts, so the directory is removed once merged; of two shards
+    that finish together, the one that finds it gone leaves the merging to the other.
     """
-    paths = [run_dir / f"shard_{i}.json" for i in range(NSHARDS)]
-    if not all(p.exists() for p in paths):
+    try:
+        shards = [json.loads((run_dir / f"shard_{i}.json").read_text()) for i in range(NSHARDS)]
+    except FileNotFoundError:
         return None
-    shards = [json.loads(p.read_text()) for p in paths]
-    merged: dict = {k: sum(s[k] for s in shards) for k in ("total", "cpu_ok", "pass", "fail", "error", "cpu_error")}
+    counts = ("total", "cpu_ok", "pass", "fail", "error", "cpu_error")
+    merged: dict = {k: sum(s[k] for s in shards) for k in counts}
     merged["rate"] = merged["pass"] / merged["cpu_ok"]
     merged["floor"] = FLOOR
-    merged["shard_wall_seconds"] = [s["wall_seconds"] for s in shards]
+    merged["shards"] = [{k: s[k] for k in ("shard", *counts, "wall_seconds")} for s in shards]
     merged["entries"] = {k: v for s in shards for k, v in sorted(s["entries"].items())}
     merged["run_id"] = run_dir.name
     sweep.write_json(OUT / "opinfo.json", merged)
+    shutil.rmtree(run_dir, ignore_errors=True)
     return merged
 
 
