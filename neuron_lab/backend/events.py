@@ -69,23 +69,13 @@ class OpStats:
 
 def signature_of(args: tuple, kwargs: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
     """Shapes and dtypes of the tensor arguments (one level into lists), in order."""
-    shapes: list[tuple[int, ...]] = []
-    dtypes: list[str] = []
-
-    def visit(a: Any) -> None:
+    tensors: list[_Tensor] = []
+    for a in (*args, *kwargs.values()):
         if isinstance(a, _Tensor):
-            shapes.append(tuple(a.shape))
-            dtypes.append(str(a.dtype).removeprefix("torch."))
+            tensors.append(a)
         elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, _Tensor):
-                    visit(b)
-
-    for a in args:
-        visit(a)
-    for a in kwargs.values():
-        visit(a)
-    return tuple(shapes), tuple(dtypes)
+            tensors.extend(b for b in a if isinstance(b, _Tensor))
+    return tuple(tuple(t.shape) for t in tensors), tuple(str(t.dtype).removeprefix("torch.") for t in tensors)
 
 
 class OpRecorder:

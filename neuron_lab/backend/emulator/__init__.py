@@ -11,6 +11,27 @@ import torch
 
 from neuron_lab.backend.emulator import runtime as _rt
 
+
+class Hooks(torch._C._acc.PrivateUse1Hooks):
+    """PrivateUse1HooksInterface as far as Python may override it: one always-available device."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class Guard(torch._C._acc.DeviceGuard):
+    """The Python device guard: one device, so only its type matters."""
+
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
 _hooks: list[object] = []  # the hook and guard objects must outlive registration
 
 
@@ -23,20 +44,6 @@ def install(profile=None) -> _rt.Runtime:
         raise RuntimeError(f"PrivateUse1 is already the {owner!r} backend; the neuron emulator cannot install")
     if owner == "neuron" and hasattr(torch, "neuron"):
         raise RuntimeError("another 'neuron' backend is already registered in this process")
-
-    class Hooks(torch._C._acc.PrivateUse1Hooks):
-        def is_available(self) -> bool:
-            return True
-
-        def has_primary_context(self, dev_id) -> bool:
-            return True
-
-        def is_built(self) -> bool:
-            return True
-
-    class Guard(torch._C._acc.DeviceGuard):
-        def type_(self):
-            return torch._C._autograd.DeviceType.PrivateUse1
 
     # Validate the configuration before claiming PrivateUse1: a failed install must leave it free.
     from neuron_lab.backend import profiles

@@ -119,30 +119,33 @@ class Executor:
             return native(op, *args, **kwargs)
         return self.run(op, args, kwargs)
 
+    def _host_arg(self, a, plan: _Plan, dtypes: list[torch.dtype]):
+        """One argument as the CPU kernel takes it; device dtypes are collected for classification.
+
+        A method rather than a closure in ``run``: a recursive closure is a reference cycle per op call.
+        """
+        if isinstance(a, Tensor):
+            if a.is_cpu:
+                if a.dim() and not plan.mixed_ok:
+                    raise RuntimeError(
+                        "Expected all tensors to be on the same device, but found at least two devices, "
+                        f"neuron:0 and cpu! (when checking argument for {plan.name})")
+                return a
+            dtypes.append(a.dtype)
+            return self.bridge.to_host(a)
+        if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float, bool)):
+            return type(a)(self._host_arg(b, plan, dtypes) for b in a)
+        if isinstance(a, torch.device) and a.type == "neuron":
+            return _CPU
+        return a
+
     def run(self, op, args: tuple, kwargs: dict):
         """Compute ``op`` on host aliases of its device arguments and report it."""
         plan = self._plans.get(op) or self.plan(op)
         dtypes: list[torch.dtype] = []
-        to_host = self.bridge.to_host
-
-        def conv(a):
-            if isinstance(a, Tensor):
-                if a.is_cpu:
-                    if a.dim() and not plan.mixed_ok:
-                        raise RuntimeError(
-                            "Expected all tensors to be on the same device, but found at least two devices, "
-                            f"neuron:0 and cpu! (when checking argument for {plan.name})")
-                    return a
-                dtypes.append(a.dtype)
-                return to_host(a)
-            if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float, bool)):
-                return type(a)(conv(b) for b in a)
-            if isinstance(a, torch.device) and a.type == "neuron":
-                return _CPU
-            return a
-
-        hargs = [conv(a) for a in args]
-        hkwargs = {k: conv(v) for k, v in kwargs.items()}
+        conv = self._host_arg
+        hargs = [conv(a, plan, dtypes) for a in args]
+        hkwargs = {k: conv(v, plan, dtypes) for k, v in kwargs.items()}
         if plan.number_args:
             _wrap_numbers(plan.number_args, hargs, hkwargs)
         if plan.generator is not None:

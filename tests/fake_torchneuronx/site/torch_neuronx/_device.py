@@ -83,7 +83,7 @@ def register() -> None:
     global STATE
     torch.utils.rename_privateuse1_backend("neuron")
     # Imported after the rename: these modules build torch.device("neuron") at import.
-    from neuron_lab.backend.emulator import autocast, native
+    from neuron_lab.backend.emulator import Guard, Hooks, autocast, native
     from neuron_lab.backend.emulator.memory import Allocator
     from neuron_lab.backend.emulator.ops import Executor
     from neuron_lab.backend.events import OpRecorder
@@ -95,20 +95,6 @@ def register() -> None:
             if op._schema.name not in self.native:
                 _tracking.note_fallback(op._schema.name)
             return super().fallback(op, *args, **kwargs)
-
-    class Hooks(torch._C._acc.PrivateUse1Hooks):
-        def is_available(self) -> bool:
-            return True
-
-        def has_primary_context(self, dev_id) -> bool:
-            return True
-
-        def is_built(self) -> bool:
-            return True
-
-    class Guard(torch._C._acc.DeviceGuard):
-        def type_(self):
-            return torch._C._autograd.DeviceType.PrivateUse1
 
     allocator = Allocator(capacity=CAPACITY)
     # The executor's own recorder and profile are private to the fake; nothing reads them.
