@@ -35,7 +35,7 @@ def doctor(_args: argparse.Namespace) -> int:
 
     import neuron_lab
     from neuron_lab import backend
-    from neuron_lab.backend.emulator.memory import format_size
+    from neuron_lab.units import format_size
 
     d = backend.state()
     print(f"neuron_lab {neuron_lab.__version__} doctor")

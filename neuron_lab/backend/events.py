@@ -87,7 +87,9 @@ class OpRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stats: dict[tuple[str, str, str], OpStats] = {}
-        self._subscribers: list[Callable[[OpEvent, tuple, dict], None]] = []
+        self._subscribers: list[tuple[Callable[[OpEvent, tuple, dict], None], frozenset[str]]] = []
+        self._wanted: frozenset[str] = frozenset()  # kinds some subscriber wants
+        self.calls = 0  # ops recorded since the process started (downcast notes excluded); never cleared
         self.h2d_bytes = 0
         self.d2h_bytes = 0
 
@@ -100,6 +102,8 @@ class OpRecorder:
                 st = self._stats[key] = OpStats(name, overload, kind, reason)
             st.count += 1
             st.host_ns += host_ns
+            if kind != DOWNCAST:
+                self.calls += 1
             probe = st.count <= SIGNATURE_PROBES and len(st.signatures) < MAX_SIGNATURES
         sig = None
         if probe:
@@ -107,12 +111,13 @@ class OpRecorder:
             with self._lock:
                 if sig not in st.signatures and len(st.signatures) < MAX_SIGNATURES:
                     st.signatures.append(sig)
-        if self._subscribers:
+        if kind in self._wanted:
             if sig is None:
                 sig = signature_of(args, kwargs)
             event = OpEvent(name, overload, kind, reason, sig[0], sig[1], host_ns)
-            for fn in list(self._subscribers):
-                fn(event, args, kwargs)
+            for fn, kinds in list(self._subscribers):
+                if kind in kinds:
+                    fn(event, args, kwargs)
 
     def record_transfer(self, h2d: int = 0, d2h: int = 0) -> None:
         with self._lock:
@@ -120,13 +125,22 @@ class OpRecorder:
             self.d2h_bytes += d2h
 
     # -- subscription ------------------------------------------------------------------------
-    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None]) -> Callable[[], None]:
-        """Call ``fn(event, args, kwargs)`` for every op from now on; returns the unsubscribe function."""
-        self._subscribers.append(fn)
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],
+                  kinds: frozenset[str] | set[str] | None = None) -> Callable[[], None]:
+        """Call ``fn(event, args, kwargs)`` for every op of ``kinds`` (default: all) from now on.
+
+        Returns the unsubscribe function. Kinds nobody asked for cost no event at all.
+        """
+        entry = (fn, frozenset(KINDS if kinds is None else kinds))
+        with self._lock:
+            self._subscribers.append(entry)
+            self._wanted = frozenset().union(*(k for _, k in self._subscribers))
 
         def unsubscribe() -> None:
-            if fn in self._subscribers:
-                self._subscribers.remove(fn)
+            with self._lock:
+                if entry in self._subscribers:
+                    self._subscribers.remove(entry)
+                self._wanted = frozenset().union(*(k for _, k in self._subscribers))
 
         return unsubscribe
 

@@ -101,8 +101,17 @@ class NeuronBackend(ABC):
     def op_stats(self, kind: str | None = None) -> list[OpStats]:
         return self.recorder.stats(kind)
 
-    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None]) -> Callable[[], None]:
-        return self.recorder.subscribe(fn)
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],
+                  kinds: frozenset[str] | set[str] | None = None) -> Callable[[], None]:
+        """Op events of ``kinds`` (default: all) from now on; returns the unsubscribe function.
+
+        On TorchNeuron, ops are only observed while somebody subscribes.
+        """
+        return self.recorder.subscribe(fn, kinds)
+
+    def op_calls(self) -> int:
+        """Ops observed since the process started; never cleared, so windows can diff it."""
+        return self.recorder.calls
 
     def transfer_bytes(self) -> tuple[int, int]:
         """(host-to-device, device-to-host) bytes copied since the last clear."""

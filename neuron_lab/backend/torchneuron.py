@@ -221,9 +221,10 @@ class TorchNeuronBackend(NeuronBackend):
         self._tnx.clear_op_tracking()
         self.recorder.clear()
 
-    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None]) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],
+                  kinds: frozenset[str] | set[str] | None = None) -> Callable[[], None]:
         """Events for ops on `neuron` from now on; the observer is active while anyone subscribes."""
-        unsubscribe_recorder = self.recorder.subscribe(fn)
+        unsubscribe_recorder = self.recorder.subscribe(fn, kinds)
         with self._lock:
             self._subscribers += 1
             if self._observer is None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from neuron_lab.backend.emulator import runtime as _rt
-from neuron_lab.backend.emulator.memory import format_size
+from neuron_lab.units import format_size
 
 _DEVICE_NAME = "neuron:0"
 

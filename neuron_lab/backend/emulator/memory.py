@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from neuron_lab.units import format_size
+
 DEFAULT_CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
 CAPACITY_ENV = "NEURON_LAB_DEVICE_MEMORY"
 BLOCK = 512  # reserved bytes are rounded like the CUDA caching allocator's blocks
@@ -45,13 +47,6 @@ def parse_size(text: str) -> int:
     if not num or unit not in _UNITS:
         raise ValueError(f"cannot read {text!r} as a size (examples: 24GiB, 512MiB, 1048576)")
     return int(float(num) * _UNITS[unit])
-
-
-def format_size(n: int) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 @dataclass

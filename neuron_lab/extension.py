@@ -1,0 +1,72 @@
+"""``%load_ext neuron_lab`` / ``%unload_ext neuron_lab``: wire a session, its magics and config into a shell.
+
+Loading twice is harmless; unloading undoes everything loading did (events, the module-call
+patch of compile mode, the compiler stance, the default device, the magics and the configurable),
+so loading again afterwards starts clean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_lab import backend as _backend
+from neuron_lab.units import format_size
+
+_loaded: dict[int, tuple[Any, Any, Any]] = {}  # id(shell) -> (session, magics, config)
+
+
+def banner(session: Any) -> str:
+    from neuron_lab import __version__
+
+    if not _backend.is_active():
+        return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
+    b = _backend.active()
+    what = f"TorchNeuron {b.version}" if b.kind == "torchneuron" else "emulator"
+    profile = f", profile {b.profile.name}" if b.profile else ""
+    return (f"neuron_lab {__version__}: {what} backend{profile} · device {session.device} · "
+            f"{format_size(b.capacity())} · mode {session.mode}")
+
+
+def load(shell: Any) -> None:
+    if id(shell) in _loaded:
+        return
+    from IPython.display import display
+
+    from neuron_lab.magics import NeuronMagics
+    from neuron_lab.session import NeuronLab, Session
+
+    config = NeuronLab(parent=shell)
+    shell.configurables.append(config)
+    session = Session(shell, config)
+    magics = NeuronMagics(shell, session)
+    shell.register_magics(magics)
+
+    def show(report: Any) -> None:
+        if config.auto_report and report.touched_device:
+            display(report)
+
+    session.listeners.append(show)
+    session.start()
+    _loaded[id(shell)] = (session, magics, config)
+    print(banner(session))
+
+
+def unload(shell: Any) -> None:
+    entry = _loaded.pop(id(shell), None)
+    if entry is None:
+        return
+    session, magics, config = entry
+    session.close()
+    for kind in ("line", "cell"):
+        table = shell.magics_manager.magics[kind]
+        if getattr(table.get("neuron"), "__self__", None) is magics:
+            del table["neuron"]
+    shell.magics_manager.registry.pop(type(magics).__name__, None)
+    if config in shell.configurables:
+        shell.configurables.remove(config)
+
+
+def session_of(shell: Any) -> Any:
+    """The loaded session of ``shell`` (for widgets and tests), or None."""
+    entry = _loaded.get(id(shell))
+    return entry[0] if entry else None

@@ -1,0 +1,186 @@
+"""``%neuron`` and ``%%neuron``: parse, validate, then call the session; never branch on the backend.
+
+Every bad input is a ``UsageError`` raised before anything changes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
+
+from neuron_lab.magics import parser as _parser
+from neuron_lab.report.model import Report
+from neuron_lab.report.text import summary_line
+from neuron_lab.session import Session, devices, modes
+
+_PARSER = _parser.build()
+
+
+class ReportList:
+    """Several reports, one summary line each (``%neuron report all``)."""
+
+    def __init__(self, reports: list[Report]) -> None:
+        self.reports = reports
+
+    def __str__(self) -> str:
+        if not self.reports:
+            return "no reports yet: run a cell that uses the device"
+        return "\n".join(summary_line(r) for r in self.reports)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        rows = "".join(f"<div style='font-family:monospace;font-size:12px'>{escape(summary_line(r))}</div>"
+                       for r in self.reports)
+        return rows or escape(str(self))
+
+
+class _Text(str):
+    """A message shown as plain text without quotes."""
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+
+@magics_class
+class NeuronMagics(Magics):
+    def __init__(self, shell: Any, session: Session) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    @output_can_be_silenced
+    @line_cell_magic
+    def neuron(self, line: str = "", cell: str | None = None):
+        __tracebackhide__ = True  # noqa: F841
+        args = _parser.parse(_PARSER, line, cell=cell is not None)
+        if cell is not None:
+            return self._cell(args, line, cell)
+        return getattr(self, f"cmd_{args.command or 'status'}")(args)
+
+    # -- cell forms -----------------------------------------------------------------------------
+    def _cell(self, args, line: str, cell: str):
+        __tracebackhide__ = True  # noqa: F841
+        mode = options = None
+        device_text = args.device
+        if args.command == "compile":
+            mode = modes.COMPILE
+            options = self._compile_options(args)
+        elif args.command == "eager":
+            mode = modes.EAGER
+        device = self._parse_device(device_text, args.command) if device_text else None
+        return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}", mode=mode, options=options,
+                                          device=device)
+
+    # -- line forms -----------------------------------------------------------------------------
+    def cmd_status(self, args):
+        return self.session.status()
+
+    def _parse_device(self, text: str, command: str = "device") -> torch.device:
+        try:
+            return devices.parse_device(text)
+        except devices.DeviceError as e:
+            sub = _subparser(command)
+            raise UsageError(f"%neuron {command}: {e}\n{sub.format_usage().rstrip()}") from None
+
+    def cmd_device(self, args):
+        s = self.session
+        if not args.device:
+            here = devices.stayed_elsewhere(s.shell.user_ns, s.device, skip=s._hidden_names())
+            lines = [f"notebook device: {s.device} (variable `{s.config.device_variable}`)"]
+            if here:
+                lines.append("objects on other devices:")
+                lines += [f"  {x.name:<20} {x.kind:<16} on {x.where}" for x in here]
+            print("\n".join(lines))
+            return None
+        dev = self._parse_device(args.device)
+        names = s.movable_names() if args.all else list(args.move)
+        missing = [n for n in names if n not in s.shell.user_ns]
+        if missing:
+            raise UsageError(f"%neuron device: no variable named {', '.join(missing)}; nothing was moved\n"
+                             f"{_subparser('device').format_usage().rstrip()}")
+        bad = [n for n in names if not devices.movable(s.shell.user_ns[n])]
+        if bad:
+            kinds = ", ".join(f"{n} ({type(s.shell.user_ns[n]).__name__})" for n in bad)
+            raise UsageError(f"%neuron device: cannot move {kinds}: only tensors, nn.Modules, optimizers and "
+                             f"lists/tuples/dicts of tensors move; nothing was moved\n"
+                             f"{_subparser('device').format_usage().rstrip()}")
+        report = None
+        if names:
+            try:
+                report = s.move(names, dev)
+            except (RuntimeError, torch.OutOfMemoryError) as e:
+                raise UsageError(f"%neuron device: moving to {dev} failed, and everything was put back where it "
+                                 f"was: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        s.set_device(dev, default=args.default)
+        head = f"notebook device: {dev}" + (" (also torch's default device)" if args.default else "")
+        print(head + ("\n" + str(report) if report is not None else ""))
+
+    def cmd_mode(self, args):
+        options = self._compile_options(args) if args.mode == modes.COMPILE else None
+        if args.mode != modes.COMPILE and (args.fullgraph or args.backend or args.dynamic):
+            raise UsageError(f"%neuron mode: --fullgraph, --backend and --dynamic go with `compile`, "
+                             f"not `{args.mode}`\n{_subparser('mode').format_usage().rstrip()}")
+        self.session.set_mode(args.mode, options)
+        print(f"mode for the cells that follow: {args.mode}")
+
+    def _compile_options(self, args) -> modes.CompileOptions:
+        backend = args.backend or self.session.config.compile_backend
+        from torch._dynamo.backends.registry import list_backends
+
+        known = set(list_backends(exclude_tags=())) | {"inductor", "eager", "aot_eager"}
+        if backend not in known:
+            raise UsageError(f"%neuron {args.command}: unknown torch.compile backend {backend!r}; known: "
+                             f"{', '.join(sorted(known))}\n{_subparser(args.command).format_usage().rstrip()}")
+        return modes.CompileOptions(backend, bool(args.fullgraph), True if args.dynamic else None)
+
+    def cmd_report(self, args):
+        s = self.session
+        detail = args.detail
+        if args.cell == "all":
+            reports = list(s.history.values())
+            if detail == "json":
+                return _Text(json.dumps([r.as_dict() for r in reports], indent=1))
+            return ReportList(reports)
+        if args.cell is None or args.last:
+            if not s.history:
+                return _Text("no reports yet: run a cell that uses the device")
+            report = next(reversed(s.history.values()))
+        else:
+            try:
+                n = int(args.cell)
+            except ValueError:
+                raise UsageError(f"%neuron report: CELL must be a cell number or `all`, not {args.cell!r}\n"
+                                 f"{_subparser('report').format_usage().rstrip()}") from None
+            if n not in s.history:
+                kept = ", ".join(str(k) for k in s.history) or "none"
+                raise UsageError(f"%neuron report: no report for cell {n} (reports kept for cells: {kept})")
+            report = s.history[n]
+        if detail == "json":
+            return _Text(json.dumps(report.as_dict(), indent=1))
+        if detail:
+            from copy import copy
+
+            report = copy(report)
+            report.detail = detail
+        return report
+
+    def cmd_reset(self, args):
+        self.session.reset()
+        print("neuron_lab: session totals, report history and peak memory cleared")
+
+    def cmd_free(self, args):
+        return self.session.free()
+
+
+def _subparser(name: str):
+    return _PARSER._subparsers._group_actions[0].choices[name]
+
+
+NeuronMagics.neuron.__doc__ = _parser.help_text(_PARSER)

@@ -1,0 +1,163 @@
+"""The one data model of a tracked window (a notebook cell, or a ``neuron_lab.track()`` block).
+
+Every renderer (plain text, HTML, JSON, the widgets) reads these objects and nothing else, so a
+terminal, an exported notebook, a CI log and a widget show the same facts. The model holds names,
+numbers and source text only: never a tensor, so keeping reports never keeps device memory alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Site:
+    """A line of user code: a notebook cell's line, or a file's."""
+
+    filename: str
+    line: int
+    source: str  # the stripped source text of that line ("" when unknown)
+    cell: int | None = None  # execution count of the notebook cell, when it is one
+
+    @property
+    def label(self) -> str:
+        if self.cell is not None:
+            return f"In[{self.cell}] line {self.line}"
+        return f"{self.filename}:{self.line}"
+
+
+@dataclass
+class SiteCount:
+    """How often one op came from one site, with the distinct stacks of its first captures."""
+
+    site: Site
+    count: int = 0
+    stacks: list[tuple[str, ...]] = field(default_factory=list)  # "where in function: source", innermost last
+
+
+@dataclass
+class OpRow:
+    """One op that did not run natively (a CPU fallback, a host op or a 64-bit downcast) in the window."""
+
+    op: str  # "aten::atan2.out"
+    kind: str  # "fallback" | "host" | "downcast"
+    reason: str
+    count: int = 0
+    host_ns: int = 0
+    shapes: tuple[tuple[int, ...], ...] = ()  # of the first call
+    dtypes: tuple[str, ...] = ()
+    sites: list[SiteCount] = field(default_factory=list)
+    unattributed: int = 0  # calls with no user line (call sites off, or no user frame on the stack)
+
+    @property
+    def host_ms(self) -> float:
+        return self.host_ns / 1e6
+
+
+@dataclass
+class Memory:
+    """Device memory in bytes, read after one synchronize; host RSS delta in bytes."""
+
+    before: int = 0
+    after: int = 0
+    peak: int = 0
+    capacity: int = 0
+    host_rss_delta: int = 0
+
+    @property
+    def delta(self) -> int:
+        return self.after - self.before
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    reason: str
+    site: Site | None
+
+
+@dataclass(frozen=True)
+class Recompile:
+    code: str  # the function that recompiled
+    reason: str  # the guard that failed
+    site: Site | None
+
+
+@dataclass
+class Compiles:
+    """What torch.compile did in the window, from dynamo's own callbacks and metrics."""
+
+    frames: int = 0  # frame compiles started (dynamo's compile callbacks)
+    graphs: int = 0  # graphs handed to a backend
+    compile_s: float = 0.0
+    breaks: list[GraphBreak] = field(default_factory=list)
+    recompiles: list[Recompile] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.frames or self.graphs or self.breaks or self.recompiles or self.failures)
+
+
+@dataclass
+class Report:
+    """Everything one window did on the device."""
+
+    title: str  # "In[7]" or "track"
+    cell: int | None
+    device: str  # the notebook device during the window ("neuron:0", "cpu")
+    mode: str  # "default" | "eager" | "compile"
+    backend: str  # the backend's description
+    wall_s: float = 0.0
+    ops: int = 0  # ops observed on the device
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    memory: Memory = field(default_factory=Memory)
+    ops_not_native: list[OpRow] = field(default_factory=list)
+    compiles: Compiles = field(default_factory=Compiles)
+    error: str | None = None  # "ZeroDivisionError: division by zero" when the window raised
+    callsites: bool = True  # whether call sites were being captured
+    detail: str = "table"  # how renderers show it: "summary" (one line), "table", "full" (with stacks)
+
+    # -- the views renderers use ----------------------------------------------------------
+    @property
+    def fallbacks(self) -> list[OpRow]:
+        """CPU fallbacks and host ops: what did not run on the device."""
+        return [r for r in self.ops_not_native if r.kind != "downcast"]
+
+    @property
+    def downcasts(self) -> list[OpRow]:
+        return [r for r in self.ops_not_native if r.kind == "downcast"]
+
+    @property
+    def fallback_calls(self) -> int:
+        return sum(r.count for r in self.fallbacks)
+
+    @property
+    def run_s(self) -> float:
+        """Wall time not spent compiling."""
+        return max(self.wall_s - self.compiles.compile_s, 0.0)
+
+    @property
+    def touched_device(self) -> bool:
+        return bool(self.ops or self.ops_not_native or self.compiles or self.h2d_bytes or self.d2h_bytes
+                    or self.memory.delta or self.memory.peak > self.memory.before)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (the JSON renderer)."""
+        d = asdict(self)
+        d["run_s"] = self.run_s
+        return d
+
+    # -- IPython display protocol ---------------------------------------------------------
+    def __str__(self) -> str:
+        from neuron_lab.report.text import render_text
+
+        return render_text(self)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        from neuron_lab.report.html import render_html
+
+        return render_html(self)

@@ -1,0 +1,64 @@
+"""Notebook cells as code: which frames are cells, and running a cell magic's body like a cell.
+
+IPython names each cell's code through ``shell.compile`` (``<ipython-input-N-…>`` in a terminal,
+``/tmp/ipykernel_…/….py`` in a kernel) and keeps its source in ``linecache``; both are used here.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from typing import Any
+
+from neuron_lab.report.model import Site
+from neuron_lab.trace.sites import Locator
+
+
+class CellLocator(Locator):
+    """User code is code compiled from a notebook cell."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__()
+        self._map: dict[str, int] = getattr(shell.compile, "_filename_map", {})
+        self._compiler = shell.compile
+
+    def _cell_of(self, filename: str) -> int | None:
+        n = self._map.get(filename)
+        if n is None and hasattr(self._compiler, "format_code_name"):
+            label = self._compiler.format_code_name(filename)  # ("Cell", "In[3]") when it is a cell
+            if label and label[1].startswith("In["):
+                n = int(label[1][3:-1])
+        return n
+
+    def current_cell(self) -> int | None:
+        """The execution count of the cell whose code is running on this thread's stack."""
+        f = self.user_frame(sys._getframe(1))
+        return None if f is None else self._cell_of(f.f_code.co_filename)
+
+    def is_user_file(self, filename: str) -> bool:
+        return self._cell_of(filename) is not None
+
+    def site(self, filename: str, line: int) -> Site:
+        s = super().site(filename, line)
+        return Site(s.filename, s.line, s.source, self._cell_of(filename))
+
+
+def run_body(shell: Any, body: str, raw_cell: str, number: int) -> Any:
+    """Run a cell magic's body the way IPython runs a cell; returns the last expression's value.
+
+    Line numbers and the source shown in tracebacks are those of ``raw_cell`` (the magic line
+    included); assignments land in the user namespace; IPython's input and AST transformers apply.
+    """
+    __tracebackhide__ = True  # noqa: F841  (IPython hides this frame from tracebacks)
+    name = shell.compile.cache(raw_cell, number, raw_code=raw_cell)
+    code = shell.transform_cell(body)
+    tree = shell.compile.ast_parse(code, filename=name)
+    ast.increment_lineno(tree, max(len(raw_cell.splitlines()) - len(body.splitlines()), 0))
+    tree = shell.transform_ast(tree)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(shell.compile(tree, name, "exec"), shell.user_global_ns, shell.user_ns)
+    if last is not None:
+        return eval(shell.compile(last, name, "eval"), shell.user_global_ns, shell.user_ns)
+    return None

@@ -1,0 +1,46 @@
+"""``%config NeuronLab.*``: the workbench's settings, as a traitlets Configurable (IPython's convention)."""
+
+from __future__ import annotations
+
+from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, validate
+from traitlets.config import Configurable
+
+
+class NeuronLab(Configurable):
+    """neuron_lab settings. Set them with ``%config NeuronLab.<name> = value`` or in ipython_config.py."""
+
+    auto_report = Bool(True, help="Show a report after every cell that touched the device.").tag(config=True)
+    report_detail = Enum(["summary", "table", "full"], "table",
+                         help="How much an automatic report shows: one line, tables, or tables with stacks.",
+                         ).tag(config=True)
+    callsites = Bool(True, help="Find the cell line behind each CPU fallback (a frame walk per fallback call).",
+                     ).tag(config=True)
+    callsite_stacks = Int(3, help="Stacks captured for the first K calls of each (op, line); 0 captures none.",
+                          ).tag(config=True)
+    stack_depth = Int(8, help="Frames kept per captured stack.").tag(config=True)
+    device_variable = Unicode("device", help="The user-namespace variable that holds the notebook's device.",
+                              ).tag(config=True)
+    history_size = Int(500, help="Cell reports kept for `%neuron report`; the oldest go first.").tag(config=True)
+    widget_refresh_hz = Float(4.0, help="How often live widgets refresh while a cell runs.").tag(config=True)
+    compile_backend = Unicode("neuron", help="The torch.compile backend of compile mode when none is given.",
+                              ).tag(config=True)
+
+    @validate("device_variable")
+    def _identifier(self, proposal):
+        v = proposal["value"]
+        if not v.isidentifier():
+            raise TraitError(f"NeuronLab.device_variable must be a Python identifier, not {v!r}")
+        return v
+
+    @validate("callsite_stacks", "stack_depth", "history_size")
+    def _non_negative(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError(f"NeuronLab.{proposal['trait'].name} must be >= 0, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("widget_refresh_hz")
+    def _rate(self, proposal):
+        v = proposal["value"]
+        if not 0.1 <= v <= 60:
+            raise TraitError(f"NeuronLab.widget_refresh_hz must be between 0.1 and 60, not {v}")
+        return v

@@ -1,0 +1,122 @@
+"""``%neuron free``: drop the references IPython itself keeps to device tensors.
+
+A tensor that was a cell's value stays alive after ``del x`` through ``Out[N]``, ``_N``, ``_``
+(also in ``user_ns_hidden``) and the display hook; a tensor local to a function that raised stays
+alive through the last traceback's frames (``sys.last_*``, ``InteractiveTB.tb``,
+``last_execution_result``). Only holders of device tensors are touched; other outputs stay.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_lab import backend as _backend
+from neuron_lab.session.devices import footprint
+from neuron_lab.units import format_size
+
+
+@dataclass
+class FreeReport:
+    dropped: list[tuple[str, int]] = field(default_factory=list)  # (holder, bytes of device tensors it held)
+    freed: int = 0  # device bytes released
+    allocated: int = 0  # device bytes still allocated
+
+    def __str__(self) -> str:
+        lines = [f"freed {format_size(self.freed)} of device memory; {format_size(self.allocated)} still allocated"]
+        if self.dropped:
+            lines.append("dropped IPython's references:")
+            lines += [f"  {holder:<34} {format_size(n):>12}" for holder, n in self.dropped]
+        else:
+            lines.append("IPython held no device tensors")
+        if self.allocated:
+            lines.append("what remains is held by your variables (`%neuron device` lists them) or by objects "
+                         "they reference")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+
+def _holds(obj: Any, device_type: str) -> int:
+    return footprint(obj, device_type)[1] if footprint(obj, device_type)[0] else 0
+
+
+def _function_frames(tb: Any) -> list[Any]:
+    """The traceback's function frames; a cell's module-level frame has the user namespace as locals."""
+    frames = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+            frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _frames_bytes(frames: list[Any], device_type: str) -> int:
+    total = 0
+    for f in frames:
+        try:
+            total += sum(_holds(v, device_type) for v in f.f_locals.values())
+        except Exception:
+            pass
+    return total
+
+
+def release(shell: Any, device_type: str = "neuron") -> FreeReport:
+    b = _backend.active()
+    before = b.memory_allocated()
+    report = FreeReport()
+    ns, hidden = shell.user_ns, shell.user_ns_hidden
+
+    # the output cache: Out[N] and _N
+    out = ns.get("Out", {})
+    for k in [k for k, v in out.items() if _holds(v, device_type)]:
+        report.dropped.append((f"Out[{k}]", _holds(out[k], device_type)))
+        del out[k]
+        for space in (ns, hidden):
+            space.pop(f"_{k}", None)
+    # _, __, ___ (the namespace, its hidden copy and the display hook's own)
+    dh = shell.displayhook
+    for name in ("_", "__", "___"):
+        held = max((_holds(space.get(name), device_type) for space in (ns, hidden)), default=0)
+        held = max(held, _holds(getattr(dh, name, None), device_type))
+        if held:
+            report.dropped.append((name, held))
+            for space in (ns, hidden):
+                if _holds(space.get(name), device_type):
+                    space[name] = ""
+            if _holds(getattr(dh, name, None), device_type):
+                setattr(dh, name, "")
+    # the last traceback's frames
+    tbs = []
+    for holder, tb in (("sys.last_traceback", getattr(sys, "last_traceback", None)),
+                       ("sys.last_exc", getattr(getattr(sys, "last_exc", None), "__traceback__", None)),
+                       ("InteractiveTB.tb", getattr(shell.InteractiveTB, "tb", None)),
+                       ("last_execution_result", getattr(getattr(getattr(shell, "last_execution_result", None),
+                                                                 "error_in_exec", None), "__traceback__", None))):
+        if tb is not None and all(tb is not t for _, t in tbs):
+            tbs.append((holder, tb))
+    cleared: set[int] = set()
+    for holder, tb in tbs:
+        frames = [f for f in _function_frames(tb) if id(f) not in cleared]
+        held = _frames_bytes(frames, device_type)
+        if held:
+            report.dropped.append((f"{holder} frames", held))
+            for f in frames:
+                cleared.add(id(f))
+                try:
+                    f.clear()
+                    f.f_locals  # noqa: B018  (re-syncs the locals snapshot our scan created, dropping its refs)
+                except RuntimeError:  # a frame still running
+                    pass
+    gc.collect()
+    b.synchronize()
+    empty = getattr(getattr(__import__("torch"), device_type, None), "empty_cache", None)
+    if empty is not None:
+        empty()
+    report.allocated = b.memory_allocated()
+    report.freed = max(before - report.allocated, 0)
+    return report

@@ -1,0 +1,116 @@
+"""Per-cell execution modes, built on PyTorch's own primitives.
+
+- ``compile``: the outermost ``nn.Module`` calls made while the mode is on run through
+  ``torch.compile(backend=..., fullgraph=...)``. Calls made inside a compiled region, modules
+  that are already compiled (``torch.compile(model)``, ``model.compile()``) and explicitly compiled
+  functions are left alone. Dynamo's code cache keeps the compiled code, so re-running a cell
+  does not recompile.
+- ``eager``: ``torch.compiler.set_stance("force_eager")``; explicitly compiled functions run eagerly.
+- ``default``: code runs as written.
+
+Modes nest (a ``%%neuron eager`` cell inside ``%neuron mode compile``) and always restore the
+previous one, also on exceptions and KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from neuron_lab.trace.compiles import observed
+
+DEFAULT, EAGER, COMPILE = "default", "eager", "compile"
+MODES = (DEFAULT, EAGER, COMPILE)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    backend: str = "neuron"
+    fullgraph: bool = False
+    dynamic: bool | None = None
+
+
+_stack: list[CompileOptions | None] = []  # the innermost mode's compile options; None: not compiling
+_compiled: dict[CompileOptions, object] = {}
+_tls = threading.local()
+_original_call = None
+
+
+def _call_module(module: torch.nn.Module, args: tuple, kwargs: dict):
+    return module._call_impl(*args, **kwargs)
+
+
+def _compiling_call(self: torch.nn.Module, *args, **kwargs):
+    opts = _stack[-1] if _stack else None
+    if (opts is None or torch.compiler.is_compiling() or getattr(_tls, "depth", 0)
+            or isinstance(self, torch._dynamo.eval_frame.OptimizedModule)
+            or getattr(self, "_compiled_call_impl", None) is not None):
+        return _original_call(self, *args, **kwargs)
+    fn = _compiled.get(opts)
+    if fn is None:
+        fn = _compiled[opts] = torch.compile(_call_module, backend=observed(opts.backend),
+                                             fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+    _tls.depth = 1
+    try:
+        return fn(self, args, kwargs)
+    finally:
+        _tls.depth = 0
+
+
+def _push(opts: CompileOptions | None) -> None:
+    global _original_call
+    if _original_call is None:
+        _original_call = torch.nn.Module.__call__
+        torch.nn.Module.__call__ = _compiling_call
+    _stack.append(opts)
+
+
+def _pop() -> None:
+    global _original_call
+    if _stack:  # reset() may have emptied it from inside the block
+        _stack.pop()
+    if not _stack and _original_call is not None:
+        torch.nn.Module.__call__ = _original_call
+        _original_call = None
+
+
+@contextmanager
+def mode(name: str, options: CompileOptions | None = None) -> Iterator[None]:
+    """Run the block in ``name`` mode; the previous mode comes back afterwards, whatever happens."""
+    if name not in MODES:
+        raise ValueError(f"unknown mode {name!r}; expected one of {', '.join(MODES)}")
+    if name == COMPILE:
+        _push(options or CompileOptions())
+        try:
+            with torch.compiler.set_stance("default"):
+                yield
+        finally:
+            _pop()
+    elif name == EAGER:
+        _push(None)
+        try:
+            with torch.compiler.set_stance("force_eager"):
+                yield
+        finally:
+            _pop()
+    else:
+        yield
+
+
+def patched() -> bool:
+    """Whether ``nn.Module.__call__`` is currently wrapped (for tests and unload checks)."""
+    return _original_call is not None
+
+
+def reset() -> None:
+    """Undo every mode still in effect (unloading the extension from inside a cell)."""
+    global _original_call
+    _stack.clear()
+    if _original_call is not None:
+        torch.nn.Module.__call__ = _original_call
+        _original_call = None
+    _compiled.clear()

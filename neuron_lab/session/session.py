@@ -1,0 +1,255 @@
+"""Per-shell state: the notebook device, the default mode, one tracker per cell, the report history.
+
+It hooks IPython's ``pre_run_cell``/``post_run_cell`` (not ``*_execute``, which also fire for
+widget and comm traffic), counts nesting so a ``run_cell`` inside a cell (``%%capture``) stays part
+of the outer cell, and hands each finished :class:`Report` to its listeners (the extension shows
+it, the widgets refresh). Reports hold no tensors, so history never keeps device memory alive.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from neuron_lab import backend as _backend
+from neuron_lab.report.model import Report
+from neuron_lab.session import devices, free, modes
+from neuron_lab.session.cells import CellLocator, run_body
+from neuron_lab.session.config import NeuronLab
+from neuron_lab.trace.tracker import Tracker
+from neuron_lab.units import format_size
+
+
+@dataclass
+class Totals:
+    cells: int = 0
+    fallback_calls: int = 0
+    compiles: int = 0
+    graph_breaks: int = 0
+    recompiles: int = 0
+
+
+class Session:
+    def __init__(self, shell: Any, config: NeuronLab) -> None:
+        self.shell = shell
+        self.config = config
+        self.locator = CellLocator(shell)
+        self.mode = modes.DEFAULT
+        self.compile_options = modes.CompileOptions(config.compile_backend)
+        self.history: OrderedDict[int, Report] = OrderedDict()
+        self.totals = Totals()
+        self.listeners: list[Callable[[Report], None]] = []
+        self._depth = 0
+        self._tracker: Tracker | None = None
+        self._cell_modes: ExitStack | None = None
+        self._raw_cell = ""
+        self._default_device_before: torch.device | None = None
+        self.device = self._initial_device()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _initial_device(self) -> torch.device:
+        current = self.shell.user_ns.get(self.config.device_variable)
+        if isinstance(current, torch.device):
+            return current
+        dev = torch.device("neuron", 0) if _backend.is_active() else torch.device("cpu")
+        if current is None:
+            self.shell.user_ns[self.config.device_variable] = dev
+        return dev
+
+    def start(self) -> None:
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+
+    def close(self) -> None:
+        """Undo everything: events, an open cell (unloading from inside a cell), modes, default device."""
+        for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
+            if fn in self.shell.events.callbacks[name]:
+                self.shell.events.unregister(name, fn)
+        if self._cell_modes is not None:
+            self._cell_modes.close()
+            self._cell_modes = None
+        if self._tracker is not None:
+            self._tracker.stop()
+            self._tracker = None
+        modes.reset()
+        if self._default_device_before is not None:
+            torch.set_default_device(self._default_device_before)
+            self._default_device_before = None
+        self.listeners.clear()
+
+    # -- events ---------------------------------------------------------------------------------
+    def pre_run_cell(self, info: Any) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return  # a run_cell inside a cell: part of the outer one
+        try:
+            self._raw_cell = getattr(info, "raw_cell", "") or ""
+            stack = ExitStack()
+            if self.mode != modes.DEFAULT:
+                stack.enter_context(modes.mode(self.mode, self.compile_options))
+            self._cell_modes = stack
+            c = self.config
+            self._tracker = Tracker("In[?]", cell=None, device=str(self.device), mode=self.mode,
+                                    locator=self.locator, callsites=c.callsites, stack_limit=c.callsite_stacks,
+                                    stack_depth=c.stack_depth, detail=c.report_detail).start()
+        except Exception as e:  # never break the user's cell
+            self._tracker = None
+            warnings.warn(f"neuron_lab could not start the cell report: {type(e).__name__}: {e}", RuntimeWarning,
+                          stacklevel=1)
+
+    def post_run_cell(self, result: Any) -> None:
+        self._depth = max(self._depth - 1, 0)
+        if self._depth:
+            return
+        if self._cell_modes is not None:
+            self._cell_modes.close()
+            self._cell_modes = None
+        tracker, self._tracker = self._tracker, None
+        if tracker is None:
+            return
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        report = tracker.stop(error)
+        n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
+        report.cell, report.title = n, f"In[{n}]"
+        self._keep(report)
+        for fn in list(self.listeners):
+            try:
+                fn(report)
+            except Exception as e:
+                warnings.warn(f"neuron_lab report listener failed: {type(e).__name__}: {e}", RuntimeWarning,
+                              stacklevel=1)
+
+    def _keep(self, report: Report) -> None:
+        """History holds the cells that touched the device: `%neuron report --last` is the last of those."""
+        if not report.touched_device:
+            return
+        if report.cell is not None:
+            self.history.pop(report.cell, None)
+            self.history[report.cell] = report
+        while len(self.history) > self.config.history_size:
+            self.history.popitem(last=False)
+        t = self.totals
+        t.cells += 1
+        t.fallback_calls += report.fallback_calls
+        t.compiles += report.compiles.frames
+        t.graph_breaks += len(report.compiles.breaks)
+        t.recompiles += len(report.compiles.recompiles)
+
+    # -- device ---------------------------------------------------------------------------------
+    def set_device(self, dev: torch.device, *, default: bool = False) -> None:
+        self.device = dev
+        self.shell.user_ns[self.config.device_variable] = dev
+        if default:
+            if self._default_device_before is None:
+                self._default_device_before = torch.get_default_device()
+            torch.set_default_device(dev)
+        if self._tracker is not None:
+            self._tracker.report.device = str(dev)
+
+    @contextmanager
+    def cell_device(self, dev: torch.device) -> Iterator[None]:
+        """The cell runs with ``dev`` as the notebook device; the previous one comes back afterwards."""
+        var = self.config.device_variable
+        ns = self.shell.user_ns
+        before, had = ns.get(var), var in ns
+        before_device = self.device
+        default_before = torch.get_default_device() if self._default_device_before is not None else None
+        self.set_device(dev, default=default_before is not None)
+        try:
+            yield
+        finally:
+            self.device = before_device
+            if had:
+                ns[var] = before
+            else:
+                ns.pop(var, None)
+            if default_before is not None:
+                torch.set_default_device(default_before)
+            if self._tracker is not None:
+                self._tracker.report.device = str(dev)  # the report says where the cell ran
+
+    def move(self, names: list[str], dev: torch.device) -> devices.MoveReport:
+        ns = self.shell.user_ns
+        report = devices.move(ns, names, dev)
+        report.stayed += devices.stayed_elsewhere(ns, dev, skip={*names, *self._hidden_names()})
+        return report
+
+    def movable_names(self) -> list[str]:
+        hidden = self._hidden_names()
+        return [n for n, v in self.shell.user_ns.items()
+                if n not in hidden and not n.startswith("_") and devices.movable(v)]
+
+    def _hidden_names(self) -> set[str]:
+        return {*self.shell.user_ns_hidden, "In", "Out", "exit", "quit", "get_ipython"}
+
+    # -- modes ----------------------------------------------------------------------------------
+    def set_mode(self, mode: str, options: modes.CompileOptions | None = None) -> None:
+        """The default for the cells that follow (the current cell keeps the mode it started with)."""
+        self.mode = mode
+        if options is not None:
+            self.compile_options = options
+
+    def run_cell_body(self, body: str, raw_cell: str, *, mode: str | None = None,
+                      options: modes.CompileOptions | None = None, device: torch.device | None = None) -> Any:
+        """Run a ``%%neuron`` body with a mode and/or device for this cell only."""
+        __tracebackhide__ = True  # noqa: F841
+        outer = self._raw_cell  # this very cell, as typed, when it is the one running
+        raw = outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
+        with ExitStack() as stack:
+            if device is not None:
+                stack.enter_context(self.cell_device(device))
+            if mode is not None:
+                stack.enter_context(modes.mode(mode, options))
+                if self._tracker is not None:
+                    self._tracker.report.mode = mode
+            number = self.locator.current_cell()
+            return run_body(self.shell, body, raw, self.shell.execution_count if number is None else number)
+
+    # -- reports ----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.history.clear()
+        self.totals = Totals()
+        _backend.active().reset_peak_memory_stats()
+
+    def free(self) -> free.FreeReport:
+        return free.release(self.shell)
+
+    def status(self) -> Status:
+        return Status(self)
+
+
+class Status:
+    """What ``%neuron status`` shows."""
+
+    def __init__(self, s: Session) -> None:
+        self.lines: list[str] = []
+        d = _backend.state()
+        if _backend.is_active():
+            b = _backend.active()
+            st = b.memory_stats()
+            self.lines.append(f"backend: {b.description}")
+            self.lines.append(f"memory:  {format_size(st.get('allocated_bytes.all.current', 0))} allocated, "
+                              f"peak {format_size(st.get('allocated_bytes.all.peak', 0))}, "
+                              f"capacity {format_size(b.capacity())}")
+        else:
+            self.lines.append(f"backend: none ({d.reason})")
+        opts = s.compile_options
+        mode = s.mode + (f" (backend={opts.backend}{', fullgraph' if opts.fullgraph else ''})"
+                         if s.mode == modes.COMPILE else "")
+        self.lines.append(f"device:  {s.device} (variable `{s.config.device_variable}`)")
+        self.lines.append(f"mode:    {mode}")
+        t = s.totals
+        self.lines.append(f"session: {t.cells} cells reported, {t.fallback_calls:,} CPU fallback calls, "
+                          f"{t.compiles} compiles, {t.graph_breaks} graph breaks, {t.recompiles} recompiles")
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))

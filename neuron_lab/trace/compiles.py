@@ -1,0 +1,160 @@
+"""What torch.compile did in a window, from dynamo's own callbacks and metrics (no log scraping).
+
+- ``torch._dynamo.callback.callback_handler`` start/end callbacks time every frame compile;
+- ``torch._dynamo.utils.get_compilation_metrics()`` gives each compiled frame, its recompile
+  reason (the guard that failed) and the reasons it restarted after a graph break; a resumed frame
+  (``torch_dynamo_resume_in_<fn>_at_<line>``) marks where a break happened;
+- graphs compiled through :func:`observed` backends also carry dynamo's ``compile_subgraph_reason``
+  with the user stack of the break, which names breaks the metrics leave without a reason.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from neuron_lab.report.model import Compiles, GraphBreak, Recompile, Site
+from neuron_lab.trace.sites import Locator
+
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
+_active: list[CompileTrace] = []
+_active_lock = threading.Lock()
+_observed: dict[str, Callable] = {}
+
+
+def short_reason(text: str) -> str:
+    """Dynamo's first line plus its explanation, without hints and URLs."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "graph break"
+    head = lines[0]
+    for ln in lines[1:]:
+        if ln.startswith("Explanation:"):
+            return f"{head}: {ln.removeprefix('Explanation:').strip()}"
+    return head
+
+
+def observed(backend: str | Callable) -> Callable:
+    """A backend that reports each graph to the active windows, then compiles it with ``backend``.
+
+    One wrapper per backend name, so caches that key on the backend stay warm across cells.
+    """
+    from torch._dynamo.backends.registry import lookup_backend
+
+    key = backend if isinstance(backend, str) else f"{getattr(backend, '__name__', 'backend')}@{id(backend)}"
+    wrapper = _observed.get(key)
+    if wrapper is None:
+        inner = lookup_backend(backend) if isinstance(backend, str) else backend
+
+        def wrapper(gm, example_inputs, **kwargs):
+            reason = getattr(gm, "compile_subgraph_reason", None)
+            with _active_lock:
+                traces = list(_active)
+            for t in traces:
+                t._on_graph(reason)
+            return inner(gm, example_inputs, **kwargs)
+
+        wrapper.__name__ = f"observed_{getattr(inner, '__name__', 'backend')}"
+        _observed[key] = wrapper
+    return wrapper
+
+
+class CompileTrace:
+    """Collects :class:`Compiles` between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, locator: Locator | None) -> None:
+        self.locator = locator
+        self._lock = threading.Lock()
+        self._t0: dict[str, float] = {}
+        self._result = Compiles()
+        self._observed_breaks: list[GraphBreak] = []
+        self._seen_metrics: set[int] = set()
+        self._callbacks: tuple[Callable, Callable] | None = None
+
+    def start(self) -> None:
+        from torch._dynamo.callback import callback_handler
+        from torch._dynamo.utils import get_compilation_metrics
+
+        self._seen_metrics = {id(m) for m in get_compilation_metrics()}
+        on_start = callback_handler.register_start_callback(self._on_start)
+        on_end = callback_handler.register_end_callback(self._on_end)
+        self._callbacks = (on_start, on_end)
+        with _active_lock:
+            _active.append(self)
+
+    def stop(self) -> Compiles:
+        from torch._dynamo.callback import callback_handler
+        from torch._dynamo.utils import get_compilation_metrics
+
+        with _active_lock:
+            if self in _active:
+                _active.remove(self)
+        if self._callbacks is not None:
+            on_start, on_end = self._callbacks
+            if on_start in callback_handler.start_callbacks:
+                callback_handler.remove_start_callback(on_start)
+            if on_end in callback_handler.end_callbacks:
+                callback_handler.remove_end_callback(on_end)
+            self._callbacks = None
+        new = [m for m in get_compilation_metrics() if id(m) not in self._seen_metrics and m.compile_id]
+        self._from_metrics(new)
+        return self._result
+
+    # -- callbacks ----------------------------------------------------------------------------
+    def _on_start(self, args: Any) -> None:
+        with self._lock:
+            self._t0[str(args.compile_id)] = time.perf_counter()
+            self._result.frames += 1
+
+    def _on_end(self, args: Any) -> None:
+        with self._lock:
+            t0 = self._t0.pop(str(args.compile_id), None)
+            if t0 is not None:
+                self._result.compile_s += time.perf_counter() - t0
+
+    def _on_graph(self, reason: Any) -> None:
+        if reason is None or not getattr(reason, "graph_break", False):
+            return
+        site = None
+        for fs in reversed(getattr(reason, "user_stack", None) or []):
+            if self.locator is None or self.locator.is_user_file(fs.filename):
+                site = self._site(fs.filename, fs.lineno)
+                break
+        with self._lock:
+            self._observed_breaks.append(GraphBreak(short_reason(reason.reason), site))
+
+    # -- metrics ------------------------------------------------------------------------------
+    def _site(self, filename: str | None, line: int | None) -> Site | None:
+        if not filename or not line:
+            return None
+        if self.locator is None:
+            return Site(filename, line, "")
+        return self.locator.site(filename, line)
+
+    def _from_metrics(self, metrics: list) -> None:
+        res = self._result
+        breaks: dict[tuple[str, int] | None, GraphBreak] = {}
+        for b in self._observed_breaks:
+            breaks.setdefault((b.site.filename, b.site.line) if b.site else None, b)
+        last_restart: dict[str, str] = {}  # co_filename -> the latest restart reason seen in it
+        for m in metrics:
+            res.graphs += 1 if (m.graph_op_count or 0) > 0 else 0
+            if m.fail_reason:
+                res.failures.append(f"{m.co_name}: {short_reason(m.fail_reason)}")
+            resumed = _RESUME.match(m.co_name or "")
+            if resumed:
+                line = int(resumed["line"])
+                key = (m.co_filename, line)
+                if key not in breaks:
+                    why = last_restart.get(m.co_filename or "", "graph break (dynamo recorded no reason)")
+                    breaks[key] = GraphBreak(why, self._site(m.co_filename, line))
+            if m.restart_reasons:
+                last_restart[m.co_filename or ""] = short_reason(sorted(m.restart_reasons)[0])
+            if m.recompile_reason:
+                line = int(resumed["line"]) if resumed else m.co_firstlineno
+                res.recompiles.append(Recompile(m.co_name or "?", m.recompile_reason.strip(),
+                                                self._site(m.co_filename, line)))
+        res.breaks = list(breaks.values())

@@ -1,0 +1,73 @@
+"""Per-window rows for the ops that did not run natively, each with the user lines that issued it.
+
+Only fallback, host and downcast events are delivered here (native ops are counted by the
+backend), so the cost is on calls that are already slow. Looking up the site is a walk up the
+frame chain with a per-code-object cache (a few microseconds); the full stack is formatted only
+for the first ``stack_limit`` calls of each (op, site), so a training loop pays for stacks a
+bounded number of times while every call is still counted at its line.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from neuron_lab.backend.events import DOWNCAST, FALLBACK, HOST, OpEvent
+from neuron_lab.report.model import OpRow, SiteCount
+from neuron_lab.trace.sites import Locator
+
+KINDS = frozenset({FALLBACK, HOST, DOWNCAST})
+
+
+class OpTrace:
+    """Collects :class:`OpRow`s from the backend's op events."""
+
+    def __init__(self, locator: Locator | None, stack_limit: int = 3, stack_depth: int = 8) -> None:
+        self.locator = locator  # None: call sites off
+        self.stack_limit = stack_limit
+        self.stack_depth = stack_depth
+        self._lock = threading.Lock()
+        self._rows: dict[tuple[str, str], OpRow] = {}
+        self._sites: dict[tuple[str, str], dict[tuple[str, int], SiteCount]] = {}
+
+    def __call__(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
+        key = (event.qualified_name, event.kind)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason,
+                                              shapes=event.shapes, dtypes=event.dtypes)
+                self._sites[key] = {}
+            row.count += 1
+            row.host_ns += event.host_ns
+            if self.locator is None:
+                row.unattributed += 1
+                return
+        frame = sys._getframe(1)
+        user = self.locator.user_frame(frame)
+        with self._lock:
+            if user is None:
+                row.unattributed += 1
+                return
+            sites = self._sites[key]
+            where = (user.f_code.co_filename, user.f_lineno)
+            sc = sites.get(where)
+            if sc is None:
+                sc = sites[where] = SiteCount(self.locator.site(*where))
+                row.sites.append(sc)
+            sc.count += 1
+            want_stack = sc.count <= self.stack_limit
+        if want_stack:
+            stack = self.locator.stack(user, self.stack_depth)
+            with self._lock:
+                if stack not in sc.stacks:
+                    sc.stacks.append(stack)
+
+    def rows(self) -> list[OpRow]:
+        """Fallbacks first, then host ops, then downcasts; most calls first; sites by count."""
+        order = {FALLBACK: 0, HOST: 1, DOWNCAST: 2}
+        with self._lock:
+            rows = list(self._rows.values())
+            for r in rows:
+                r.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
+        return sorted(rows, key=lambda r: (order[r.kind], -r.count, r.op))

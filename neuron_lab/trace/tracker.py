@@ -1,0 +1,95 @@
+"""A window of observation: start, run anything, stop, get a :class:`~neuron_lab.report.model.Report`.
+
+The notebook session opens one per cell; ``neuron_lab.track()`` opens one around a block of a
+script or test. Memory is read once at each end, after one synchronize; nothing else touches
+the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+
+from neuron_lab import backend as _backend
+from neuron_lab.report.model import Memory, Report
+from neuron_lab.trace.compiles import CompileTrace
+from neuron_lab.trace.ops import KINDS, OpTrace
+from neuron_lab.trace.sites import FileLocator, Locator
+
+_process = psutil.Process()
+
+
+class Tracker:
+    """Observes the active backend and dynamo between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, title: str = "track", *, cell: int | None = None, device: str = "neuron:0",
+                 mode: str = "default", locator: Locator | None = None, callsites: bool = True,
+                 stack_limit: int = 3, stack_depth: int = 8, detail: str = "table") -> None:
+        self.backend = _backend.active()
+        locator = locator if locator is not None else FileLocator()
+        self.report = Report(title, cell, device, mode, self.backend.description, callsites=callsites,
+                             detail=detail)
+        self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
+        self._compiles = CompileTrace(locator)
+        self._unsubscribe = None
+        self._running = False
+
+    def start(self) -> Tracker:
+        b = self.backend
+        stats = b.memory_stats()
+        self._mem_before = stats.get("allocated_bytes.all.current", 0)
+        b.reset_peak_memory_stats()
+        self._rss_before = _process.memory_info().rss
+        self._calls_before = b.op_calls()
+        self._transfers_before = b.transfer_bytes()
+        self._unsubscribe = b.subscribe(self._ops, KINDS)
+        self._compiles.start()
+        self._running = True
+        self._t0 = time.perf_counter()
+        return self
+
+    def stop(self, error: BaseException | None = None) -> Report:
+        """Close the window; idempotent. ``error`` is what the window raised, if anything."""
+        if not self._running:
+            return self.report
+        wall = time.perf_counter() - self._t0
+        self._running = False
+        b = self.backend
+        self._unsubscribe()
+        r = self.report
+        r.compiles = self._compiles.stop()
+        stats = b.memory_stats()  # the one synchronize
+        after = stats.get("allocated_bytes.all.current", 0)
+        r.memory = Memory(self._mem_before, after, max(stats.get("allocated_bytes.all.peak", 0), after,
+                                                        self._mem_before),
+                          b.capacity(), _process.memory_info().rss - self._rss_before)
+        r.wall_s = wall
+        r.ops = b.op_calls() - self._calls_before
+        h2d, d2h = b.transfer_bytes()
+        r.h2d_bytes = max(h2d - self._transfers_before[0], 0)  # a clear_op_tracking() resets the totals
+        r.d2h_bytes = max(d2h - self._transfers_before[1], 0)
+        r.ops_not_native = self._ops.rows()
+        if error is not None:
+            r.error = f"{type(error).__name__}: {error}".rstrip(": ")
+        return r
+
+
+@contextmanager
+def track(*, callsites: bool = True, stack_limit: int = 3, locator: Locator | None = None) -> Iterator[Report]:
+    """Observe a block of a script or test; the report fills in when the block exits.
+
+    >>> with neuron_lab.track() as report:
+    ...     model(x)
+    >>> print(report); report.fallbacks
+    """
+    t = Tracker(locator=locator, callsites=callsites, stack_limit=stack_limit).start()
+    try:
+        yield t.report
+    except BaseException as e:
+        t.stop(e)
+        raise
+    else:
+        t.stop()

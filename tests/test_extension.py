@@ -1,0 +1,541 @@
+"""The IPython extension in a real in-process InteractiveShell: loading, every `%neuron` subcommand and
+bad input, `%%neuron` cells, the per-cell report's exact contents, leaks, re-entrancy and unload."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+
+import neuron_lab
+from neuron_lab.extension import session_of
+from neuron_lab.session import modes
+
+
+@pytest.fixture
+def shell():
+    c = Config()
+    c.HistoryAccessor.enabled = False
+    sh = InteractiveShell(config=c)
+    default_before = torch.get_default_device()
+    with capture_output():
+        sh.run_line_magic("load_ext", "neuron_lab")
+    yield sh
+    with capture_output():
+        sh.run_line_magic("unload_ext", "neuron_lab")
+    torch.set_default_device(default_before)
+    InteractiveShell.clear_instance()
+
+
+def run(sh, code: str, *, ok: bool = True):
+    """Run a cell as a frontend would; returns (result, captured output)."""
+    with capture_output() as cap:
+        res = sh.run_cell(code, store_history=True)
+    if ok:
+        assert res.success, f"cell failed: {res.error_in_exec or res.error_before_exec}\n{cap.stdout}"
+    return res, cap
+
+
+def usage_error(sh, line: str) -> str:
+    """Run a line magic that must be refused; return the message IPython printed."""
+    res, cap = run(sh, line, ok=False)
+    assert not res.success
+    from IPython.core.error import UsageError
+
+    err = res.error_in_exec
+    assert isinstance(err, UsageError), f"{type(err).__name__}: {err}"
+    return str(err)
+
+
+def state(sh):
+    s = session_of(sh)
+    return (s.device, s.mode, s.compile_options, sh.user_ns.get("device"), torch.get_default_device(),
+            modes.patched())
+
+
+def last_report(sh):
+    return next(reversed(session_of(sh).history.values()))
+
+
+# -- loading --------------------------------------------------------------------------------------
+def test_load_prints_one_line_and_loading_twice_is_harmless():
+    c = Config()
+    c.HistoryAccessor.enabled = False
+    sh = InteractiveShell(config=c)
+    try:
+        with capture_output() as cap:
+            sh.run_line_magic("load_ext", "neuron_lab")
+        lines = cap.stdout.strip().splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith("neuron_lab 0.1.0: emulator backend, profile torchneuron-2.33 · device neuron:0")
+        assert "GiB" in lines[0] and lines[0].endswith("mode default")
+        with capture_output() as cap:
+            sh.run_line_magic("load_ext", "neuron_lab")
+            neuron_lab.load_ipython_extension(sh)  # a direct second call, too
+        assert "neuron_lab 0.1.0" not in cap.stdout
+        assert sum(getattr(f, "__self__", None) is session_of(sh) for f in sh.events.callbacks["post_run_cell"]) == 1
+        assert sh.user_ns["device"] == torch.device("neuron", 0)
+    finally:
+        with capture_output():
+            sh.run_line_magic("unload_ext", "neuron_lab")
+        InteractiveShell.clear_instance()
+
+
+def test_listed_in_the_shell_config_it_loads_at_startup(tmp_path):
+    import subprocess
+    import sys
+
+    profile = tmp_path / "profile_default"
+    profile.mkdir()
+    (profile / "ipython_config.py").write_text("c.InteractiveShellApp.extensions = ['neuron_lab']\n")
+    proc = subprocess.run([sys.executable, "-m", "IPython", f"--ipython-dir={tmp_path}",
+                           "--HistoryManager.enabled=False", "-c", "%neuron status"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("neuron_lab 0.1.0: emulator backend")
+    assert "mode:    default" in proc.stdout
+
+
+def test_unload_undoes_everything_and_loading_again_works(shell):
+    run(shell, "%neuron mode compile")
+    run(shell, "%neuron device cpu --default")
+    before = {k: list(v) for k, v in shell.events.callbacks.items()}
+    session = session_of(shell)
+    assert session.pre_run_cell in before["pre_run_cell"]
+    run(shell, "%unload_ext neuron_lab")
+    assert session_of(shell) is None
+    assert all(getattr(f, "__self__", None) is not session for v in shell.events.callbacks.values() for f in v)
+    assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
+    assert not modes.patched()
+    assert torch.get_default_device() == torch.device("cpu")
+    assert "neuron" not in shell.magics_manager.magics["line"]
+    assert "neuron" not in shell.magics_manager.magics["cell"]
+    assert not any(type(c).__name__ == "NeuronLab" for c in shell.configurables)
+    from torch._dynamo.callback import callback_handler
+
+    assert not callback_handler.start_callbacks and not callback_handler.end_callbacks
+    res, _ = run(shell, "%neuron status", ok=False)
+    assert "not found" in str(res.error_in_exec)
+    _, cap = run(shell, "%load_ext neuron_lab")
+    assert "neuron_lab 0.1.0" in cap.stdout
+    _, cap = run(shell, "import torch\ny = torch.atan2(torch.ones(2, device='neuron'), torch.ones(2, device='neuron'))")
+    assert "aten::atan2.out" in cap.stdout
+
+
+def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
+    run(shell, "%neuron mode compile")
+    run(shell, "%unload_ext neuron_lab")
+    assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
+    run(shell, "%load_ext neuron_lab")
+
+
+# -- %neuron: parsing and bad input ----------------------------------------------------------------
+@pytest.mark.parametrize("line, message", [
+    ("%neuron frobnicate", "invalid choice: 'frobnicate'"),
+    ("%neuron status --verbose", "unrecognized arguments: --verbose"),
+    ("%neuron device tpu:0", "'tpu:0' is not a device string"),
+    ("%neuron device cuda", "cuda is not available on this machine"),
+    ("%neuron device neuron:3", "neuron:3 does not exist: this machine has 1 neuron device"),
+    ("%neuron device neuron --move no_such_name", "no variable named no_such_name; nothing was moved"),
+    ("%neuron device --all", "--move and --all need a DEVICE"),
+    ("%neuron mode turbo", "invalid choice: 'turbo'"),
+    ("%neuron mode eager --fullgraph", "--fullgraph, --backend and --dynamic go with `compile`"),
+    ("%neuron mode compile --backend nonesuch", "unknown torch.compile backend 'nonesuch'"),
+    ("%neuron report 999", "no report for cell 999"),
+    ("%neuron report seven", "CELL must be a cell number or `all`"),
+    ("%neuron compile", "is a cell magic"),
+])
+def test_bad_input_is_a_usage_error_that_changes_nothing(shell, line, message):
+    before = state(shell)
+    msg = usage_error(shell, line)
+    assert message in msg
+    assert "usage:" in msg or "cell magic" in msg or "no report" in msg
+    assert state(shell) == before
+
+
+def test_bad_cell_magic_forms_are_usage_errors_and_the_body_does_not_run(shell):
+    for first in ("%%neuron status", "%%neuron", "%%neuron device", "%%neuron device cpu --move x",
+                  "%%neuron compile --bogus", "%%neuron device nowhere"):
+        before = state(shell)
+        res, _ = run(shell, f"{first}\nran = True", ok=False)
+        assert not res.success, first
+        assert "ran" not in shell.user_ns, first
+        assert state(shell) == before
+
+
+def test_help_lists_every_subcommand(shell):
+    doc = shell.find_line_magic("neuron").__doc__
+    for sub in ("status", "device", "mode", "report", "reset", "free", "compile", "eager"):
+        assert f"--- {sub} ---" in doc
+    assert "--move NAME" in doc and "--fullgraph" in doc
+
+
+def test_a_moving_line_with_a_non_movable_name_is_refused(shell):
+    run(shell, "import torch\nt = torch.ones(4, device='neuron')\ns = 'text'")
+    msg = usage_error(shell, "%neuron device cpu --move t s")
+    assert "cannot move s (str)" in msg
+    assert shell.user_ns["t"].device.type == "neuron"  # nothing moved
+
+
+# -- status, device, moves ---------------------------------------------------------------------------
+def test_status_shows_backend_device_mode_memory_and_totals(shell):
+    run(shell, "import torch\nx = torch.ones(256, device='neuron')\ny = torch.atan2(x, x)")
+    res, _ = run(shell, "%neuron status")
+    text = str(res.result)
+    assert "backend: emulator" in text
+    assert "device:  neuron:0 (variable `device`)" in text
+    assert "mode:    default" in text
+    assert "capacity 24.00 GiB" in text and "allocated" in text
+    assert "1 CPU fallback calls" in text
+
+
+def test_device_switch_sets_the_variable_and_default_device(shell):
+    run(shell, "%neuron device cpu")
+    assert shell.user_ns["device"] == torch.device("cpu") and session_of(shell).device == torch.device("cpu")
+    assert torch.get_default_device() == torch.device("cpu")
+    _, cap = run(shell, "%neuron device neuron --default")
+    assert shell.user_ns["device"] == torch.device("neuron", 0)
+    assert torch.get_default_device() == torch.device("neuron", 0)
+    assert "also torch's default device" in cap.stdout
+    run(shell, "%config NeuronLab.device_variable = 'dev'")
+    run(shell, "%neuron device cpu")
+    assert shell.user_ns["dev"] == torch.device("cpu")
+
+
+def test_move_models_optimizers_tensors_and_containers_with_bytes(shell):
+    run(shell, """
+import torch
+model = torch.nn.Linear(8, 4)
+w = model.weight
+opt = torch.optim.Adam(model.parameters())
+model(torch.ones(2, 8)).sum().backward(); opt.step()
+batch = [torch.ones(16), {"y": torch.zeros(4)}]
+lonely = torch.ones(10)
+""")
+    _, cap = run(shell, "%neuron device neuron --move model opt batch")
+    ns = shell.user_ns
+    assert ns["model"].weight.device.type == "neuron"
+    assert ns["w"] is ns["model"].weight  # parameters keep their identity
+    st = ns["opt"].state[ns["model"].weight]
+    assert st["exp_avg"].device.type == "neuron" and st["exp_avg_sq"].device.type == "neuron"
+    assert st["step"].device.type == "cpu"  # as PyTorch keeps it for non-capturable Adam
+    assert ns["batch"][0].device.type == "neuron" and ns["batch"][1]["y"].device.type == "neuron"
+    out = cap.stdout
+    assert "moved to neuron:0 (512 B)" in out  # 144 (model) + 288 (Adam moments) + 80 (batch)
+    assert "model" in out and "Linear" in out and "144 B" in out
+    assert "opt" in out and "288 B" in out and "80 B" in out
+    assert "lonely" in out and "40 B" in out and "not moved" in out
+    run(shell, "opt.step()")  # the optimizer still works on the device
+
+
+def test_move_all_moves_everything_movable(shell):
+    run(shell, "import torch\nm = torch.nn.Linear(2, 2)\nt = torch.ones(3, requires_grad=True)\nname = 'x'")
+    _, cap = run(shell, "%neuron device neuron --all")
+    assert shell.user_ns["m"].weight.device.type == "neuron"
+    t = shell.user_ns["t"]
+    assert t.device.type == "neuron" and t.is_leaf and t.requires_grad
+    assert shell.user_ns["name"] == "x"
+    assert "still elsewhere" not in cap.stdout
+
+
+def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):
+    out = run_python("""
+        import json, torch
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        sh = InteractiveShell()
+        with capture_output():
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("import torch\\nsmall = torch.nn.Linear(4, 4)\\nbig = torch.ones(1 << 20)", store_history=True)
+            res = sh.run_cell("%neuron device neuron --move small big", store_history=True)
+        ns = sh.user_ns
+        print(json.dumps({"error": str(res.error_in_exec), "small": str(ns["small"].weight.device),
+                          "big": str(ns["big"].device), "device": str(ns["device"]),
+                          "allocated": torch.neuron.memory_allocated()}))
+    """, {"NEURON_LAB_DEVICE_MEMORY": "1MiB"})
+    assert "moving to neuron:0 failed, and everything was put back where it was" in out["error"]
+    assert "OutOfMemoryError" in out["error"]
+    assert out["small"] == "cpu" and out["big"] == "cpu"
+    assert out["allocated"] == 0
+
+
+# -- modes ----------------------------------------------------------------------------------------------
+MODEL = """import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            y = y * 2
+        return y.relu()
+net = Net().to("neuron")
+x = torch.ones(3, 4, device="neuron")
+"""
+
+
+def test_mode_compile_compiles_module_calls_and_eager_forces_compiled_functions_eager(shell):
+    run(shell, MODEL)
+    run(shell, "%neuron mode compile")
+    run(shell, "out = net(x)")
+    r = last_report(shell)
+    assert r.mode == "compile"
+    assert r.compiles.frames >= 1 and r.compiles.graphs >= 1
+    assert len(r.compiles.breaks) == 1
+    run(shell, "out = net(x)")
+    assert last_report(shell).compiles.frames == 0  # cached: no recompile
+    run(shell, "%neuron mode eager")
+    run(shell, "f = torch.compile(lambda t: t.sin() + 1, backend='neuron')\nz = f(x)")
+    r = last_report(shell)
+    assert r.mode == "eager" and r.compiles.frames == 0
+    run(shell, "%neuron mode default")
+    run(shell, "z = f(x)")
+    assert last_report(shell).compiles.frames == 1
+    assert not modes.patched()
+
+
+def test_compile_cell_reports_graph_break_line_and_keeps_cell_semantics(shell):
+    run(shell, MODEL)
+    res, cap = run(shell, "%%neuron compile\nout = net(x)\nout.shape")
+    assert res.result == torch.Size([3, 4])  # the last expression reaches Out[]
+    assert shell.user_ns["Out"][res.execution_count] == torch.Size([3, 4])
+    assert "out" in shell.user_ns  # assignments land in the namespace
+    r = last_report(shell)
+    assert r.mode == "compile" and r.cell == res.execution_count
+    (brk,) = r.compiles.breaks
+    model_cell = res.execution_count - 1
+    assert (brk.site.cell, brk.site.line, brk.site.source) == (model_cell, 8, "if y.sum() > 0:")
+    assert brk.reason.startswith("generic_jump")
+    assert r.compiles.compile_s > 0 and r.run_s >= 0 and r.compiles.compile_s <= r.wall_s
+    assert f"graph break at In[{model_cell}] line 8: if y.sum() > 0:" in cap.stdout
+    run(shell, "%%neuron compile\nout = net(x)\nout.shape")
+    assert last_report(shell).compiles.frames == 0  # re-running the cell does not recompile
+    assert not modes.patched()
+
+
+def test_compile_cell_reports_recompile_with_the_failed_guard(shell):
+    run(shell, MODEL)
+    run(shell, "%%neuron compile\nnet(x)")
+    run(shell, "%%neuron compile\nnet(torch.ones(5, 4, device='neuron'))")
+    rc = last_report(shell).compiles.recompiles
+    assert rc and "size mismatch" in rc[0].reason
+
+
+def test_cell_magic_tracebacks_point_at_the_cells_own_lines(shell):
+    res, cap = run(shell, "%%neuron eager\na = 1\nb = 2\nc = 1 / 0\n", ok=False)
+    err = res.error_in_exec
+    assert isinstance(err, ZeroDivisionError)
+    tb = err.__traceback__
+    while tb.tb_next:
+        tb = tb.tb_next
+    assert tb.tb_lineno == 4
+    assert shell.compile.format_code_name(tb.tb_frame.f_code.co_filename) == ("Cell", f"In[{res.execution_count}]")
+    import re
+
+    assert "----> 4 c = 1 / 0" in re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+    assert shell.user_ns["b"] == 2
+
+
+def test_cell_state_comes_back_after_exception_and_keyboard_interrupt(shell):
+    run(shell, "import torch")
+    for raiser in ("raise ValueError('boom')", "raise KeyboardInterrupt"):
+        before = state(shell)
+        res, _ = run(shell, "%%neuron compile --device cpu\ninside = (str(device), torch.nn.Module.__call__)\n"
+                     + raiser, ok=False)
+        assert shell.user_ns["inside"][0] == "cpu"
+        assert shell.user_ns["inside"][1] is not torch.nn.Module._wrapped_call_impl
+        assert state(shell) == before
+        assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
+        from torch._dynamo.eval_frame import _stance
+
+        assert _stance.stance == "default"
+    res, _ = run(shell, "%%neuron eager\nfrom torch._dynamo.eval_frame import _stance\ninside = _stance.stance\n"
+                 "raise RuntimeError('x')", ok=False)
+    from torch._dynamo.eval_frame import _stance
+
+    assert shell.user_ns["inside"] == "force_eager" and _stance.stance == "default"
+
+
+def test_device_cell_runs_with_that_device_and_restores_it(shell):
+    run(shell, "import torch")
+    run(shell, "%%neuron device cpu\nseen = device\nt = torch.ones(2, device=device)\n"
+               "u = torch.ones(2, device='neuron')")
+    assert shell.user_ns["seen"] == torch.device("cpu") and shell.user_ns["t"].device.type == "cpu"
+    assert shell.user_ns["device"] == torch.device("neuron", 0)
+    assert last_report(shell).device == "cpu"
+
+
+# -- the report --------------------------------------------------------------------------------------
+def test_report_counts_fallbacks_exactly_with_their_cell_lines(shell):
+    run(shell, "import torch\nx = torch.ones(64, 2, device='neuron')")
+    res, cap = run(shell, "s = 0\nfor _ in range(3):\n    y = torch.atan2(x, x + 1)\nz = torch.atan2(x, x)\n"
+                   "d = x.double().sum()")
+    r = last_report(shell)
+    n = res.execution_count
+    assert r.title == f"In[{n}]" and r.cell == n
+    (row,) = r.fallbacks
+    assert (row.op, row.kind, row.count) == ("aten::atan2.out", "fallback", 4)
+    assert row.shapes[0] == (64, 2) and row.dtypes[0] == "float32"
+    assert [(sc.site.cell, sc.site.line, sc.site.source, sc.count) for sc in row.sites] == [
+        (n, 3, "y = torch.atan2(x, x + 1)", 3), (n, 4, "z = torch.atan2(x, x)", 1)]
+    assert row.unattributed == 0
+    assert len(row.sites[0].stacks) == 1 and row.sites[0].stacks[0][-1].startswith(f"In[{n}] line 3")
+    assert row.host_ns > 0 and "CPU_FALLBACK" in row.reason
+    (down,) = r.downcasts
+    assert down.op == "aten::sum" and down.sites[0].site.line == 5
+    assert r.memory.after > r.memory.before and r.memory.peak >= r.memory.after
+    assert r.memory.capacity == 24 * 2**30
+    assert r.ops >= 6
+    out = cap.stdout
+    assert f"neuron_lab In[{n}] · neuron:0 · default" in out
+    assert "4 CPU fallback calls (1 ops)" in out
+    assert f"at In[{n}] line 3: y = torch.atan2(x, x + 1)  (3×)" in out
+    html = r._repr_html_()
+    assert "aten::atan2.out" in html and f"In[{n}] line 3" in html and "<table" in html
+    assert json.loads(json.dumps(r.as_dict()))["ops_not_native"][0]["count"] == 4
+
+
+def test_backward_fallbacks_are_attributed_to_the_backward_line(shell):
+    # linalg.solve's backward solves again with the LU factors: aten::linalg_lu_solve, a CPU fallback that
+    # runs on autograd's device thread, where no cell frame is on the stack
+    run(shell, "import torch\nA = (torch.eye(3) * 2).to('neuron').requires_grad_(True)\n"
+               "b = torch.ones(3, 1, device='neuron')")
+    res, _ = run(shell, "y = torch.linalg.solve(A, b).sum()\ny.backward()")
+    rows = {row.op: row for row in last_report(shell).fallbacks}
+    row = rows["aten::linalg_lu_solve.out"]
+    assert row.count == 1 and row.unattributed == 0
+    (sc,) = row.sites
+    assert (sc.site.cell, sc.site.line, sc.site.source) == (res.execution_count, 2, "y.backward()")
+
+
+def test_fallbacks_inside_functions_defined_in_cells_point_at_the_innermost_cell_line(shell):
+    run(shell, "import torch\ndef angle(t):\n    return torch.atan2(t, t)")
+    n_def = shell.execution_count - 1
+    run(shell, "x = torch.ones(3, device='neuron')\nangle(x)")
+    (row,) = last_report(shell).fallbacks
+    (sc,) = row.sites
+    assert (sc.site.cell, sc.site.line, sc.site.source) == (n_def, 3, "return torch.atan2(t, t)")
+    (stack,) = sc.stacks
+    assert stack[-2].startswith(f"In[{n_def + 1}] line 2 in <module>: angle(x)")
+
+
+def test_call_sites_off_and_stack_limits_follow_the_config(shell):
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    run(shell, "%config NeuronLab.callsites = False")
+    _, cap = run(shell, "for _ in range(5):\n    y = torch.atan2(x, x)")
+    (row,) = last_report(shell).fallbacks
+    assert row.count == 5 and row.sites == [] and row.unattributed == 5
+    assert "call sites are off" in cap.stdout
+    run(shell, "%config NeuronLab.callsites = True")
+    run(shell, "%config NeuronLab.callsite_stacks = 0")
+    run(shell, "for _ in range(5):\n    y = torch.atan2(x, x)")
+    (row,) = last_report(shell).fallbacks
+    assert row.sites[0].count == 5 and row.sites[0].stacks == []
+
+
+def test_auto_report_and_detail_follow_the_config(shell):
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    run(shell, "%config NeuronLab.auto_report = False")
+    _, cap = run(shell, "y = torch.atan2(x, x)")
+    assert "neuron_lab In[" not in cap.stdout
+    assert last_report(shell).fallback_calls == 1  # still kept for `%neuron report`
+    run(shell, "%config NeuronLab.auto_report = True")
+    run(shell, "%config NeuronLab.report_detail = 'summary'")
+    _, cap = run(shell, "y = torch.atan2(x, x)")
+    assert len(cap.stdout.strip().splitlines()) == 1 and "1 CPU fallback calls" in cap.stdout
+    config = session_of(shell).config
+    run(shell, "%config NeuronLab.report_detail = 'loud'")  # %config logs the TraitError and keeps the value
+    assert config.report_detail == "summary"
+    run(shell, "%config NeuronLab.device_variable = 'not an identifier'")
+    assert config.device_variable == "device"
+
+
+def test_cells_that_do_not_touch_the_device_show_no_report(shell):
+    _, cap = run(shell, "a = 1 + 1")
+    assert "neuron_lab" not in cap.stdout
+
+
+def test_report_history_subcommands(shell):
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    res1, _ = run(shell, "y = torch.atan2(x, x)")
+    res2, _ = run(shell, "y = torch.atan2(x, x)\ny = torch.atan2(x, x)")
+    r, _ = run(shell, f"%neuron report {res1.execution_count}")
+    assert r.result.fallback_calls == 1
+    r, _ = run(shell, "%neuron report --last")
+    assert r.result.fallback_calls == 2
+    r, _ = run(shell, "%neuron report all")
+    assert [x.cell for x in r.result.reports][-2:] == [res1.execution_count, res2.execution_count]
+    r, _ = run(shell, f"%neuron report {res2.execution_count} --json")
+    assert json.loads(str(r.result))["ops_not_native"][0]["count"] == 2
+    r, _ = run(shell, f"%neuron report {res2.execution_count} --full")
+    assert "stack:" in str(r.result)
+    run(shell, "%neuron reset")
+    assert not session_of(shell).history and session_of(shell).totals.fallback_calls == 0
+    msg = usage_error(shell, f"%neuron report {res1.execution_count}")
+    assert "no report for cell" in msg
+
+
+def test_reports_hold_no_tensors_so_del_frees_device_memory(shell):
+    run(shell, "import torch\nbig = torch.ones(1 << 16, device='neuron')\ny = torch.atan2(big, big)")
+    ref = weakref.ref(shell.user_ns["big"])
+    before = torch.neuron.memory_allocated()
+    run(shell, "del big, y")
+    gc.collect()
+    assert ref() is None
+    assert torch.neuron.memory_allocated() == before - 2 * (1 << 18)
+    assert len(session_of(shell).history) >= 2
+
+
+def test_nested_run_cell_is_part_of_the_outer_cell(shell):
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    hist = len(session_of(shell).history)
+    res, _ = run(shell, "%%capture captured\ny = torch.atan2(x, x)\nprint('hidden')")
+    assert len(session_of(shell).history) == hist + 1
+    r = last_report(shell)
+    assert r.cell == res.execution_count and r.fallback_calls == 1
+    assert session_of(shell)._depth == 0
+
+
+def test_silent_executions_are_not_cells(shell):
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    hist = list(session_of(shell).history)
+    shell.run_cell("y = torch.atan2(x, x)", silent=True)
+    assert list(session_of(shell).history) == hist
+
+
+def test_free_drops_ipython_references_and_reports_bytes(shell):
+    run(shell, "import torch\ntorch.ones(1 << 16, device='neuron')")  # displayed: held by Out, _ and _N
+    n = shell.execution_count - 1
+    run(shell, "def boom():\n    local = torch.ones(1 << 14, device='neuron')\n    raise ValueError('x')")
+    run(shell, "boom()", ok=False)
+    held = torch.neuron.memory_allocated()
+    res, cap = run(shell, "%neuron free")
+    fr = res.result
+    assert fr.freed == (1 << 18) + (1 << 16)
+    assert torch.neuron.memory_allocated() == held - fr.freed
+    holders = dict(fr.dropped)
+    assert holders[f"Out[{n}]"] == 1 << 18 and holders["_"] == 1 << 18
+    assert any(h.endswith("frames") and b == 1 << 16 for h, b in fr.dropped)
+    assert "freed 320.00 KiB" in str(fr)
+
+
+def test_track_gives_the_same_report_in_a_script():
+    x = torch.ones(8, device="neuron")
+    with neuron_lab.track() as report:
+        torch.atan2(x, x)
+        torch.atan2(x, x)
+    (row,) = report.fallbacks
+    assert row.count == 2
+    assert [(sc.site.filename, sc.count) for sc in row.sites] == [(__file__, 1), (__file__, 1)]
+    assert "aten::atan2.out" in str(report) and report.cell is None and report.title == "track"
+    with pytest.raises(ZeroDivisionError):
+        with neuron_lab.track() as failing:
+            print(1 / 0)
+    assert failing.error == "ZeroDivisionError: division by zero"
