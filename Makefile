@@ -28,6 +28,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/extension_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -56,11 +56,12 @@ class NeuronBackend(ABC):
 
         torch.neuron.synchronize()
 
-    def memory_stats(self) -> dict[str, int]:
-        """``torch.cuda.memory_stats``-style flat keys, read after a synchronize."""
+    def memory_stats(self, synchronize: bool = True) -> dict[str, int]:
+        """``torch.cuda.memory_stats``-style flat keys, read after a synchronize unless told not to."""
         import torch
 
-        self.synchronize()
+        if synchronize:
+            self.synchronize()
         return dict(torch.neuron.memory_stats())
 
     def memory_allocated(self) -> int:

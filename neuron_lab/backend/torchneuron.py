@@ -196,8 +196,9 @@ class TorchNeuronBackend(NeuronBackend):
         return int(torch.neuron.get_device_properties(0).total_memory)
 
     # -- memory: the allocator is asynchronous, so every read synchronizes first ---------------
-    def memory_stats(self) -> dict[str, int]:
-        self.synchronize()
+    def memory_stats(self, synchronize: bool = True) -> dict[str, int]:
+        if synchronize:
+            self.synchronize()
         return _flatten(dict(torch.neuron.memory_stats()))
 
     def memory_allocated(self) -> int:

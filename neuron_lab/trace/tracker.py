@@ -39,7 +39,7 @@ class Tracker:
 
     def start(self) -> Tracker:
         b = self.backend
-        stats = b.memory_stats()
+        stats = b.memory_stats(synchronize=False)  # the previous window ended synchronized
         self._mem_before = stats.get("allocated_bytes.all.current", 0)
         b.reset_peak_memory_stats()
         self._rss_before = _process.memory_info().rss

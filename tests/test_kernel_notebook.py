@@ -1,0 +1,268 @@
+"""The extension in a real Jupyter kernel: nbclient runs a notebook on ipykernel, the way a user's notebook runs.
+
+Unlike the in-process shell tests, this goes through ipykernel's execute path, its display publisher
+(the report arrives as a ``display_data`` message with text/plain and text/html), its cell file names
+(``/tmp/ipykernel_…/….py``) and its execution counts. The notebook is built here with nbformat and run
+once per module; each test checks one cell's outputs (or the kernel-side history the last cell prints).
+
+Under pytest-xdist the workers share one run: the first to get there executes the notebook, the others
+read its result (the pattern pytest-xdist documents for expensive session data).
+
+The kernel is the "python3" kernelspec, whose ``python`` jupyter_client replaces with the interpreter
+running pytest, so run it with the project's venv: ``.venv/bin/python -m pytest tests/test_kernel_notebook.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbclient
+import nbformat
+import pytest
+from filelock import FileLock  # a dependency of torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CELL_TIMEOUT = 300  # seconds per cell; the first torch.compile imports inductor
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+FALLBACK_SOURCE = "y = torch.atan2(x, x + 1)"
+IF_SOURCE = "if t.sum() > 0:"
+
+# Cell N of the notebook runs as In[N]: a fresh kernel counts from 1 and every cell stores history.
+CELLS = [
+    # In[1]
+    "%load_ext neuron_lab",
+    # In[2]
+    "import torch\n"
+    "%neuron device neuron\n"
+    "assert device == torch.device('neuron', 0), device\n"
+    "device",
+    # In[3]: the fallback is on line 2
+    "x = torch.randn(64, 2, device=device)\n"
+    f"{FALLBACK_SOURCE}",
+    # In[4]: the magic is line 1, the data-dependent `if` (a graph break) line 4
+    "%%neuron compile\n"
+    "class Net(torch.nn.Module):\n"
+    "    def forward(self, t):\n"
+    f"        {IF_SOURCE}\n"
+    "            return t * 2\n"
+    "        return t - 1\n"
+    "net = Net()\n"
+    "out = net(torch.ones(4, device=device))\n"
+    "out.sum().item() + 0.5",
+    # In[5]
+    "%neuron report all",
+    # In[6]: prints the history for the tests below, then checks it inside the kernel
+    """\
+import json, sys
+from neuron_lab.extension import session_of
+
+s = session_of(get_ipython())
+assert s is not None, "no session: the extension is not loaded"
+
+
+def summary(r):
+    return {
+        "title": r.title, "cell": r.cell, "device": r.device, "mode": r.mode, "error": r.error,
+        "touched_device": r.touched_device,
+        "ops_not_native": [[o.op, o.kind, o.count, [[sc.site.cell, sc.site.line, sc.site.source, sc.count]
+                                                    for sc in o.sites]] for o in r.ops_not_native],
+        "graphs": r.compiles.graphs, "recompiles": len(r.compiles.recompiles),
+        "breaks": [[b.site.cell, b.site.line, b.site.source] if b.site else None for b in r.compiles.breaks],
+        "break_reasons": [b.reason for b in r.compiles.breaks],
+    }
+
+
+t = s.totals
+print(json.dumps({
+    "executable": sys.executable,
+    "history": {str(k): summary(v) for k, v in s.history.items()},
+    "totals": [t.cells, t.fallback_calls, t.graph_breaks, t.recompiles],
+}))
+
+assert 3 in s.history and 4 in s.history, list(s.history)
+r = s.history[3]
+atan2 = [o for o in r.ops_not_native if o.op == "aten::atan2.out"]
+assert len(atan2) == 1 and atan2[0].count == 1, [(o.op, o.count) for o in r.ops_not_native]
+assert (r.title, r.cell) == ("In[3]", 3), (r.title, r.cell)
+site = atan2[0].sites[0].site
+assert (site.cell, site.line, site.source) == (3, 2, "y = torch.atan2(x, x + 1)"), site
+c = s.history[4].compiles
+assert len(c.breaks) == 1 and (c.breaks[0].site.cell, c.breaks[0].site.line) == (4, 4), c.breaks
+""",
+]
+
+
+def _notebook() -> Any:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    return nb
+
+
+def _execute(tmp: Path) -> Any:
+    """The notebook, executed in a fresh python3 kernel (errors stay in the outputs, for the tests)."""
+    notebook = _notebook()
+    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT, startup_timeout=120, kernel_name="python3",
+                                     allow_errors=True, resources={"metadata": {"path": str(ROOT)}})
+    # A private IPython profile: no user startup files or config, no writes to ~/.ipython.
+    client.execute(env={**os.environ, "IPYTHONDIR": str(tmp / "ipython")})
+    return notebook
+
+
+@pytest.fixture(scope="module")
+def nb(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        tmp = tmp_path_factory.mktemp("kernel_notebook")
+        notebook = _execute(tmp)
+        nbformat.write(notebook, tmp / "extension_smoke.ipynb")  # for a look when a test fails
+        return notebook
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, common to its workers
+    path = shared / "kernel_notebook" / "extension_smoke.ipynb"
+    with FileLock(str(shared / "kernel_notebook.lock")):
+        if not path.is_file():
+            path.parent.mkdir(exist_ok=True)
+            nbformat.write(_execute(path.parent), path)
+    return nbformat.read(path, as_version=4)
+
+
+def _cell(nb: Any, n: int) -> Any:
+    """Cell In[n], after checking it ran as In[n] and raised nothing."""
+    cell = nb.cells[n - 1]
+    errors = [ANSI.sub("", "\n".join(o.traceback)) for o in cell.outputs if o.output_type == "error"]
+    assert not errors, f"cell {n} raised:\n" + "\n".join(errors)
+    assert cell.execution_count == n
+    return cell
+
+
+def _of(cell: Any, kind: str) -> list[Any]:
+    return [o for o in cell.outputs if o.output_type == kind]
+
+
+def _stdout(cell: Any) -> str:
+    return "".join(o.text for o in _of(cell, "stream") if o.name == "stdout")
+
+
+def _report(cell: Any) -> tuple[list[str], str]:
+    """The one auto-report shown after the cell: its text/plain lines and its HTML."""
+    shown = _of(cell, "display_data")
+    assert len(shown) == 1, f"expected one report display, got {[o.data.keys() for o in shown]}"
+    data = shown[0].data
+    assert {"text/plain", "text/html"} <= set(data), sorted(data)
+    assert data["text/html"].startswith("<div class='neuron-lab-report'>")
+    return data["text/plain"].splitlines(), data["text/html"]
+
+
+def _printed(nb: Any) -> Any:
+    """What the last cell printed (before its own asserts)."""
+    out = _stdout(nb.cells[-1]).strip().splitlines()
+    assert out, "the last cell printed nothing"
+    return json.loads(out[-1])
+
+
+def test_kernel_runs_this_interpreter(nb: Any) -> None:
+    assert [c.execution_count for c in nb.cells] == list(range(1, len(CELLS) + 1))
+    printed = _printed(nb)
+    assert os.path.realpath(printed["executable"]) == os.path.realpath(sys.executable)
+
+
+def test_load_ext_prints_the_banner(nb: Any) -> None:
+    cell = _cell(nb, 1)
+    lines = _stdout(cell).splitlines()
+    assert len(lines) == 1, lines
+    banner = lines[0]
+    assert banner.startswith("neuron_lab 0.1.0: emulator backend"), banner
+    assert " · device neuron:0 · " in banner and banner.endswith(" · mode default"), banner
+    assert _of(cell, "display_data") == []  # loading touches no device: no report
+
+
+def test_device_magic_sets_the_notebook_device(nb: Any) -> None:
+    cell = _cell(nb, 2)  # the cell asserts `device == torch.device('neuron', 0)` itself
+    assert _stdout(cell) == "notebook device: neuron:0\n"
+    (result,) = _of(cell, "execute_result")
+    assert result.data["text/plain"] == "device(type='neuron', index=0)"
+    assert result.execution_count == 2
+    assert _of(cell, "display_data") == []  # nothing ran on the device: no report
+
+
+def test_fallback_report_names_op_cell_and_line(nb: Any) -> None:
+    cell = _cell(nb, 3)
+    n = cell.execution_count
+    text, html = _report(cell)
+    assert text[0].startswith(f"neuron_lab In[{n}] · neuron:0 · default · "), text[0]
+    assert "· 2 CPU fallback calls (2 ops) ·" in text[0], text[0]
+    assert [line for line in text if line.startswith("CPU fallbacks")] == [text[2]], text  # after the memory line
+    assert text[2].startswith("CPU fallbacks (2 ops, 2 calls, ") and text[2].endswith(" on the host):"), text[2]
+    rows = {line.split()[0]: i for i, line in enumerate(text) if line.startswith("  aten::")}
+    assert sorted(rows) == ["aten::atan2.out", "aten::normal_"], text
+    i = rows["aten::atan2.out"]
+    assert re.match(r"  aten::atan2\.out +1× ", text[i]), text[i]
+    assert text[i + 1].startswith("      why: ")
+    assert text[i + 2] == f"      at In[{n}] line 2: {FALLBACK_SOURCE}  (1×)"
+    j = rows["aten::normal_"]
+    assert text[j + 2] == f"      at In[{n}] line 1: x = torch.randn(64, 2, device=device)  (1×)"
+    assert f"neuron_lab In[{n}] · neuron:0 · default · " in html
+    assert "<code>aten::atan2.out</code>" in html
+    assert f"<code>In[{n}] line 2</code> {FALLBACK_SOURCE} (1×)" in html
+    assert _of(cell, "execute_result") == []
+
+
+def test_compile_cell_reports_the_graph_break_and_returns_the_value(nb: Any) -> None:
+    cell = _cell(nb, 4)
+    n = cell.execution_count
+    (result,) = _of(cell, "execute_result")
+    assert result.data["text/plain"] == "8.5"  # ones(4) * 2, summed, + 0.5: the `if` took the tensor's branch
+    assert result.execution_count == n
+    text, html = _report(cell)
+    head = text[0]
+    assert head.startswith(f"neuron_lab In[{n}] · neuron:0 · compile · "), head
+    assert "· no CPU fallbacks ·" in head and head.endswith(" · 2 graphs, 1 breaks, 0 recompiles"), head
+    breaks = [i for i, line in enumerate(text) if line.startswith("  graph break at ")]
+    assert len(breaks) == 1, text
+    assert text[breaks[0]] == f"  graph break at In[{n}] line 4: {IF_SOURCE}"
+    assert text[breaks[0] + 1].startswith("      why: ") and text[breaks[0] + 1].strip() != "why:"
+    assert f"<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">In[{n}] line 4</td>" in html
+    assert "if t.sum() &gt; 0:" in html and ">graph break<" in html
+
+
+def test_report_all_lists_every_reported_cell(nb: Any) -> None:
+    cell = _cell(nb, 5)
+    (result,) = _of(cell, "execute_result")
+    lines = result.data["text/plain"].splitlines()
+    # history keeps the cells that touched the device: not In[1] (loading) nor In[2] (choosing the device)
+    assert [line.split(" · ")[0] for line in lines] == ["neuron_lab In[3]", "neuron_lab In[4]"]
+    assert lines[0].startswith("neuron_lab In[3] · neuron:0 · default · ") and \
+        "· 2 CPU fallback calls (2 ops) ·" in lines[0], lines[0]
+    assert lines[1].startswith("neuron_lab In[4] · neuron:0 · compile · ") and \
+        lines[1].endswith(" · 2 graphs, 1 breaks, 0 recompiles"), lines[1]
+    html = result.data["text/html"]
+    assert html.count("<div style='font-family:monospace;font-size:12px'>neuron_lab In[") == 2
+    assert _of(cell, "display_data") == []  # reading reports touches no device
+
+
+def test_session_history_in_the_kernel(nb: Any) -> None:
+    printed = _printed(nb)
+    history = printed["history"]
+    assert list(history) == ["3", "4"]  # the cells that touched the device
+    for k, r in history.items():
+        assert (r["title"], r["cell"], r["device"], r["error"]) == (f"In[{k}]", int(k), "neuron:0", None)
+    assert [r["mode"] for r in history.values()] == ["default", "compile"]
+    assert [r["touched_device"] for r in history.values()] == [True, True]
+    assert sorted(history["3"]["ops_not_native"]) == [
+        ["aten::atan2.out", "fallback", 1, [[3, 2, FALLBACK_SOURCE, 1]]],
+        ["aten::normal_", "fallback", 1, [[3, 1, "x = torch.randn(64, 2, device=device)", 1]]],
+    ], history["3"]["ops_not_native"]
+    compiled = history["4"]
+    assert compiled["ops_not_native"] == []
+    assert compiled["breaks"] == [[4, 4, IF_SOURCE]]
+    assert compiled["break_reasons"][0], compiled["break_reasons"]
+    assert (compiled["graphs"], compiled["recompiles"]) == (2, 0)
+    assert history["3"]["breaks"] == [] and history["3"]["graphs"] == 0
+    # cells reported, CPU fallback calls (atan2 + normal_), graph breaks, recompiles
+    assert printed["totals"] == [2, 2, 1, 0]
+    _cell(nb, 6)  # and the kernel's own asserts on the history passed
