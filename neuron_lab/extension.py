@@ -62,8 +62,9 @@ def unload(shell: Any) -> None:
         if getattr(table.get("neuron"), "__self__", None) is magics:
             del table["neuron"]
     shell.magics_manager.registry.pop(type(magics).__name__, None)
-    if config in shell.configurables:
-        shell.configurables.remove(config)
+    for obj in (config, magics):  # register_magics lists the Magics instance as a configurable too
+        if obj in shell.configurables:
+            shell.configurables.remove(obj)
 
 
 def session_of(shell: Any) -> Any:

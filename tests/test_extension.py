@@ -116,7 +116,7 @@ def test_unload_undoes_everything_and_loading_again_works(shell):
     assert torch.get_default_device() == torch.device("cpu")
     assert "neuron" not in shell.magics_manager.magics["line"]
     assert "neuron" not in shell.magics_manager.magics["cell"]
-    assert not any(type(c).__name__ == "NeuronLab" for c in shell.configurables)
+    assert not any(type(c).__name__ in ("NeuronLab", "NeuronMagics") for c in shell.configurables)
     from torch._dynamo.callback import callback_handler
 
     assert not callback_handler.start_callbacks and not callback_handler.end_callbacks
@@ -138,7 +138,8 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
 # -- %neuron: parsing and bad input ----------------------------------------------------------------
 @pytest.mark.parametrize("line, message", [
     ("%neuron frobnicate", "invalid choice: 'frobnicate'"),
-    ("%neuron status --verbose", "unrecognized arguments: --verbose"),
+    ("%neuron status --verbose", "%neuron status: unrecognized arguments: --verbose\nusage: %neuron status"),
+    ("%neuron free now", "%neuron free: unrecognized arguments: now\nusage: %neuron free"),
     ("%neuron device tpu:0", "'tpu:0' is not a device string"),
     ("%neuron device cuda", "cuda is not available on this machine"),
     ("%neuron device neuron:3", "neuron:3 does not exist: this machine has 1 neuron device"),
@@ -218,7 +219,7 @@ model(torch.ones(2, 8)).sum().backward(); opt.step()
 batch = [torch.ones(16), {"y": torch.zeros(4)}]
 lonely = torch.ones(10)
 """)
-    _, cap = run(shell, "%neuron device neuron --move model opt batch")
+    _, cap = run(shell, "%neuron device neuron --move model opt batch batch")
     ns = shell.user_ns
     assert ns["model"].weight.device.type == "neuron"
     assert ns["w"] is ns["model"].weight  # parameters keep their identity
@@ -326,6 +327,7 @@ def test_compile_cell_reports_recompile_with_the_failed_guard(shell):
     run(shell, "%%neuron compile\nnet(torch.ones(5, 4, device='neuron'))")
     rc = last_report(shell).compiles.recompiles
     assert rc and "size mismatch" in rc[0].reason
+    assert rc[0].code == "forward" and rc[0].site.source == "def forward(self, x):"
 
 
 def test_cell_magic_tracebacks_point_at_the_cells_own_lines(shell):
@@ -382,6 +384,7 @@ def test_report_counts_fallbacks_exactly_with_their_cell_lines(shell):
     assert r.title == f"In[{n}]" and r.cell == n
     (row,) = r.fallbacks
     assert (row.op, row.kind, row.count) == ("aten::atan2.out", "fallback", 4)
+    assert r.ops == 9  # 3 adds, 4 atan2, the float64 copy and its sum
     assert row.shapes[0] == (64, 2) and row.dtypes[0] == "float32"
     assert [(sc.site.cell, sc.site.line, sc.site.source, sc.count) for sc in row.sites] == [
         (n, 3, "y = torch.atan2(x, x + 1)", 3), (n, 4, "z = torch.atan2(x, x)", 1)]
@@ -457,6 +460,16 @@ def test_auto_report_and_detail_follow_the_config(shell):
     assert config.device_variable == "device"
 
 
+def test_showing_a_value_or_a_traceback_is_not_counted_as_the_cells_work(shell):
+    run(shell, "import torch\nx = torch.ones(1000, device='neuron')")
+    run(shell, "y = x + 1\ny")  # the repr runs reductions and a copy to the host
+    r = last_report(shell)
+    assert r.ops == 1 and r.downcasts == [] and r.d2h_bytes == 0
+    run(shell, "z = x * 2\nraise ValueError(z)", ok=False)
+    r = last_report(shell)
+    assert r.ops == 1 and r.downcasts == [] and r.error.startswith("ValueError")
+
+
 def test_cells_that_do_not_touch_the_device_show_no_report(shell):
     _, cap = run(shell, "a = 1 + 1")
     assert "neuron_lab" not in cap.stdout
@@ -503,11 +516,14 @@ def test_nested_run_cell_is_part_of_the_outer_cell(shell):
     assert session_of(shell)._depth == 0
 
 
-def test_silent_executions_are_not_cells(shell):
+def test_silent_and_unhistoried_executions_are_not_cells(shell):
     run(shell, "import torch\nx = torch.ones(4, device='neuron')")
     hist = list(session_of(shell).history)
     shell.run_cell("y = torch.atan2(x, x)", silent=True)
+    with capture_output() as cap:
+        shell.run_cell("y = torch.atan2(x, x)", store_history=False)
     assert list(session_of(shell).history) == hist
+    assert "neuron_lab" not in cap.stdout
 
 
 def test_free_drops_ipython_references_and_reports_bytes(shell):
@@ -539,3 +555,23 @@ def test_track_gives_the_same_report_in_a_script():
         with neuron_lab.track() as failing:
             print(1 / 0)
     assert failing.error == "ZeroDivisionError: division by zero"
+
+
+def test_compile_mode_leaves_explicitly_compiled_functions_compiled(shell):
+    run(shell, MODEL)
+    run(shell, "%neuron mode compile")
+    run(shell, "g = torch.compile(lambda t: net(t) + 1, backend='neuron')\nz = g(x)")
+    r = last_report(shell)
+    assert r.compiles.frames >= 1  # g's own frame compiled, net called inside it is traced, not wrapped again
+    run(shell, "z = g(x)")
+    assert last_report(shell).compiles.frames == 0
+
+
+def test_fullgraph_compile_of_a_graph_break_is_a_clear_error_and_restores_state(shell):
+    run(shell, MODEL)
+    before = state(shell)
+    res, _ = run(shell, "%%neuron compile --fullgraph\nout = net(x)", ok=False)
+    err = res.error_in_exec
+    assert "Data-dependent branching" in str(err), str(err)[:300]
+    assert state(shell) == before and not modes.patched()
+    assert last_report(shell).error.startswith(type(err).__name__)

@@ -100,7 +100,7 @@ class NeuronMagics(Magics):
             print("\n".join(lines))
             return None
         dev = self._parse_device(args.device)
-        names = s.movable_names() if args.all else list(args.move)
+        names = s.movable_names() if args.all else list(dict.fromkeys(args.move))
         missing = [n for n in names if n not in s.shell.user_ns]
         if missing:
             raise UsageError(f"%neuron device: no variable named {', '.join(missing)}; nothing was moved\n"

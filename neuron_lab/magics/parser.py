@@ -96,8 +96,15 @@ def usage(p: NeuronArgumentParser, command: str) -> str:
 
 
 def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespace:
-    args = p.parse_argstring(line)
+    try:
+        args, extra = p.parse_argstring(line, partial=True)
+    except ValueError as e:  # shlex: an unclosed quote
+        raise UsageError(f"%neuron: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
     cmd = args.command
+    if extra:
+        where = f"%neuron {cmd}" if cmd else "%neuron"
+        raise UsageError(f"{where}: unrecognized arguments: {' '.join(extra)}\n"
+                         f"{usage(p, cmd) if cmd else p.format_usage().rstrip()}")
     if cell and cmd in LINE_ONLY:
         raise UsageError(f"%%neuron {cmd}: is a line magic; use `%neuron {cmd}` on a line of its own.\n"
                          "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "

@@ -230,7 +230,7 @@ def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveRepo
                 off = {str(p.device) for g in obj.param_groups for p in g["params"] if p.device != device}
                 if off:
                     report.stayed.append(Stayed(n, "its parameters", 0, ", ".join(sorted(off)),
-                                                "move the model that owns them too"))
+                                                "its step() will fail until the model that owns them moves too"))
             else:
                 if isinstance(obj, torch.Tensor) and id(obj) in moved_tensor_ids:
                     continue  # a parameter or buffer of a model that just moved, in place

@@ -3,8 +3,8 @@
 - ``compile``: the outermost ``nn.Module`` calls made while the mode is on run through
   ``torch.compile(backend=..., fullgraph=...)``. Calls made inside a compiled region, modules
   that are already compiled (``torch.compile(model)``, ``model.compile()``) and explicitly compiled
-  functions are left alone. Dynamo's code cache keeps the compiled code, so re-running a cell
-  does not recompile.
+  functions are left alone. Dynamo's code cache keeps the compiled code per module and options,
+  so re-running a cell does not recompile.
 - ``eager``: ``torch.compiler.set_stance("force_eager")``; explicitly compiled functions run eagerly.
 - ``default``: code runs as written.
 
@@ -40,10 +40,6 @@ _tls = threading.local()
 _original_call = None
 
 
-def _call_module(module: torch.nn.Module, args: tuple, kwargs: dict):
-    return module._call_impl(*args, **kwargs)
-
-
 def _compiling_call(self: torch.nn.Module, *args, **kwargs):
     opts = _stack[-1] if _stack else None
     if (opts is None or torch.compiler.is_compiling() or getattr(_tls, "depth", 0)
@@ -52,11 +48,13 @@ def _compiling_call(self: torch.nn.Module, *args, **kwargs):
         return _original_call(self, *args, **kwargs)
     fn = _compiled.get(opts)
     if fn is None:
-        fn = _compiled[opts] = torch.compile(_call_module, backend=observed(opts.backend),
+        # `Module._call_impl` itself, as `nn.Module.compile()` does: dynamo keeps its cache entries per
+        # module, so many modules do not count against one function's recompile limit
+        fn = _compiled[opts] = torch.compile(torch.nn.Module._call_impl, backend=observed(opts.backend),
                                              fullgraph=opts.fullgraph, dynamic=opts.dynamic)
     _tls.depth = 1
     try:
-        return fn(self, args, kwargs)
+        return fn(self, *args, **kwargs)
     finally:
         _tls.depth = 0
 

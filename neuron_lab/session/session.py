@@ -65,12 +65,41 @@ class Session:
     def start(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
+        # Formatting the cell's value or its traceback is IPython's work, not the cell's: a tensor's
+        # repr runs reductions and copies that would otherwise show up at the cell's last line.
+        self._excluding = []
+        targets = [(self.shell.display_formatter, "format"), (self.shell, "showtraceback"),
+                   (self.shell, "_format_exception_for_storage")]  # IPython 9 keeps a formatted copy
+        for obj, name in targets:
+            if not hasattr(obj, name):
+                continue
+            original = getattr(obj, name)
+            self._excluding.append((obj, name, name in obj.__dict__, original))
+            setattr(obj, name, self._excluded(original))
+
+    def _excluded(self, fn: Callable) -> Callable:
+        def run_outside_the_report(*args, **kwargs):
+            t = self._tracker
+            if t is None:
+                return fn(*args, **kwargs)
+            with t.excluded():
+                return fn(*args, **kwargs)
+
+        run_outside_the_report.__neuron_lab_wraps__ = fn
+        return run_outside_the_report
 
     def close(self) -> None:
         """Undo everything: events, an open cell (unloading from inside a cell), modes, default device."""
         for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
             if fn in self.shell.events.callbacks[name]:
                 self.shell.events.unregister(name, fn)
+        for obj, name, was_own, original in getattr(self, "_excluding", []):
+            if hasattr(obj.__dict__.get(name), "__neuron_lab_wraps__"):
+                if was_own:
+                    setattr(obj, name, original)
+                else:
+                    del obj.__dict__[name]  # the class's method shows through again
+        self._excluding = []
         if self._cell_modes is not None:
             self._cell_modes.close()
             self._cell_modes = None
@@ -88,6 +117,8 @@ class Session:
         self._depth += 1
         if self._depth > 1:
             return  # a run_cell inside a cell: part of the outer one
+        if not getattr(info, "store_history", True):
+            return  # not a cell of the notebook's history (a frontend's scratch execution)
         try:
             self._raw_cell = getattr(info, "raw_cell", "") or ""
             stack = ExitStack()

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,10 +66,13 @@ def observed(backend: str | Callable) -> Callable:
 class CompileTrace:
     """Collects :class:`Compiles` between :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, locator: Locator | None) -> None:
+    def __init__(self, locator: Locator | None, backend_metrics: Callable[[], list[dict]] | None = None) -> None:
         self.locator = locator
+        self._backend_metrics = backend_metrics  # get_dynamo_metrics()-shaped dicts, for lazy lowering time
         self._lock = threading.Lock()
-        self._t0: dict[str, float] = {}
+        self._t0: dict[str, tuple[float, int]] = {}
+        self._triggers: dict[str, Site | None] = {}  # compile id -> the user line whose call compiled it
+        self._lowering_inside_us = 0
         self._result = Compiles()
         self._observed_breaks: list[GraphBreak] = []
         self._seen_metrics: set[int] = set()
@@ -79,6 +83,7 @@ class CompileTrace:
         from torch._dynamo.utils import get_compilation_metrics
 
         self._seen_metrics = {id(m) for m in get_compilation_metrics()}
+        self._lowering_at_start = self._lowering_us()
         on_start = callback_handler.register_start_callback(self._on_start)
         on_end = callback_handler.register_end_callback(self._on_end)
         self._callbacks = (on_start, on_end)
@@ -101,19 +106,33 @@ class CompileTrace:
             self._callbacks = None
         new = [m for m in get_compilation_metrics() if id(m) not in self._seen_metrics and m.compile_id]
         self._from_metrics(new)
+        # Backends may lower a graph at its first call, after dynamo's window closed (the emulator's
+        # Inductor does); that time is compile time too. Lowering inside a window is counted once.
+        outside_us = self._lowering_us() - self._lowering_at_start - self._lowering_inside_us
+        self._result.compile_s += max(outside_us, 0) / 1e6
         return self._result
+
+    def _lowering_us(self) -> int:
+        if self._backend_metrics is None:
+            return 0
+        return sum(int(m.get("torch_neuronx_lower_us") or 0) for m in self._backend_metrics())
 
     # -- callbacks ----------------------------------------------------------------------------
     def _on_start(self, args: Any) -> None:
+        trigger = self.locator.locate(sys._getframe(1)) if self.locator is not None else None
+        lowering = self._lowering_us()
         with self._lock:
-            self._t0[str(args.compile_id)] = time.perf_counter()
+            self._t0[str(args.compile_id)] = (time.perf_counter(), lowering)
+            self._triggers[str(args.compile_id)] = trigger
             self._result.frames += 1
 
     def _on_end(self, args: Any) -> None:
+        lowering = self._lowering_us()
         with self._lock:
-            t0 = self._t0.pop(str(args.compile_id), None)
-            if t0 is not None:
-                self._result.compile_s += time.perf_counter() - t0
+            start = self._t0.pop(str(args.compile_id), None)
+            if start is not None:
+                self._result.compile_s += time.perf_counter() - start[0]
+                self._lowering_inside_us += lowering - start[1]
 
     def _on_graph(self, reason: Any) -> None:
         if reason is None or not getattr(reason, "graph_break", False):
@@ -142,8 +161,10 @@ class CompileTrace:
         last_restart: dict[str, str] = {}  # co_filename -> the latest restart reason seen in it
         for m in metrics:
             res.graphs += 1 if (m.graph_op_count or 0) > 0 else 0
+            code, where = self._code_and_site(m)
             if m.fail_reason:
-                res.failures.append(f"{m.co_name}: {short_reason(m.fail_reason)}")
+                at = f" (called at {where.label}: {where.source})" if where else ""
+                res.failures.append(f"{code}{at}: {short_reason(m.fail_reason)}")
             resumed = _RESUME.match(m.co_name or "")
             if resumed:
                 line = int(resumed["line"])
@@ -154,7 +175,17 @@ class CompileTrace:
             if m.restart_reasons:
                 last_restart[m.co_filename or ""] = short_reason(sorted(m.restart_reasons)[0])
             if m.recompile_reason:
-                line = int(resumed["line"]) if resumed else m.co_firstlineno
-                res.recompiles.append(Recompile(m.co_name or "?", m.recompile_reason.strip(),
-                                                self._site(m.co_filename, line)))
+                reason = m.recompile_reason.strip().split("\n")[0]
+                res.recompiles.append(Recompile(code, reason, where))
         res.breaks = list(breaks.values())
+
+    def _code_and_site(self, m: Any) -> tuple[str, Site | None]:
+        """What was compiled and the user line to show: its own, or the line whose call compiled it."""
+        trigger = self._triggers.get(str(m.compile_id))
+        resumed = _RESUME.match(m.co_name or "")
+        if m.co_filename and self.locator is not None and self.locator.is_user_file(m.co_filename):
+            line = int(resumed["line"]) if resumed else m.co_firstlineno
+            return m.co_name or "?", self._site(m.co_filename, line)
+        if m.co_name == "_call_impl":
+            return "module call", trigger
+        return m.co_name or "?", trigger or self._site(m.co_filename, m.co_firstlineno)

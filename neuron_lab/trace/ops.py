@@ -29,8 +29,11 @@ class OpTrace:
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str], OpRow] = {}
         self._sites: dict[tuple[str, str], dict[tuple[str, int], SiteCount]] = {}
+        self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
 
     def __call__(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
+        if self.paused:
+            return
         key = (event.qualified_name, event.kind)
         with self._lock:
             row = self._rows.get(key)

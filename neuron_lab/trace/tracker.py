@@ -33,9 +33,29 @@ class Tracker:
         self.report = Report(title, cell, device, mode, self.backend.description, callsites=callsites,
                              detail=detail)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
-        self._compiles = CompileTrace(locator)
+        self._compiles = CompileTrace(locator, self.backend.dynamo_metrics)
         self._unsubscribe = None
         self._running = False
+        self._excluded_calls = 0
+        self._excluded_transfers = (0, 0)
+
+    @contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Work inside the block is not the window's (rendering a cell's value or traceback)."""
+        if not self._running:
+            yield
+            return
+        b = self.backend
+        calls, (h2d, d2h) = b.op_calls(), b.transfer_bytes()
+        self._ops.paused += 1
+        try:
+            yield
+        finally:
+            self._ops.paused -= 1
+            h2d2, d2h2 = b.transfer_bytes()
+            self._excluded_calls += b.op_calls() - calls
+            eh, ed = self._excluded_transfers
+            self._excluded_transfers = (eh + max(h2d2 - h2d, 0), ed + max(d2h2 - d2h, 0))
 
     def start(self) -> Tracker:
         b = self.backend
@@ -67,13 +87,16 @@ class Tracker:
                                                         self._mem_before),
                           b.capacity(), _process.memory_info().rss - self._rss_before)
         r.wall_s = wall
-        r.ops = b.op_calls() - self._calls_before
+        r.ops = b.op_calls() - self._calls_before - self._excluded_calls
         h2d, d2h = b.transfer_bytes()
-        r.h2d_bytes = max(h2d - self._transfers_before[0], 0)  # a clear_op_tracking() resets the totals
-        r.d2h_bytes = max(d2h - self._transfers_before[1], 0)
+        # a clear_op_tracking() resets the totals, hence the floors
+        r.h2d_bytes = max(h2d - self._transfers_before[0] - self._excluded_transfers[0], 0)
+        r.d2h_bytes = max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0)
         r.ops_not_native = self._ops.rows()
-        if error is not None:
-            r.error = f"{type(error).__name__}: {error}".rstrip(": ")
+        if error is not None:  # formatted last: str() of an exception may format tensors (device work)
+            text = str(error).strip().split("\n")[0]
+            text = text if len(text) <= 200 else text[:199] + "…"
+            r.error = f"{type(error).__name__}: {text}".rstrip(": ")
         return r
 
 
