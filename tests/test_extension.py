@@ -513,6 +513,8 @@ def test_nested_run_cell_is_part_of_the_outer_cell(shell):
     assert len(session_of(shell).history) == hist + 1
     r = last_report(shell)
     assert r.cell == res.execution_count and r.fallback_calls == 1
+    (sc,) = r.fallbacks[0].sites
+    assert (sc.site.cell, sc.site.line, sc.site.source) == (res.execution_count, 2, "y = torch.atan2(x, x)")
     assert session_of(shell)._depth == 0
 
 

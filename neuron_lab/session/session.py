@@ -12,7 +12,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ class Session:
         self._tracker: Tracker | None = None
         self._cell_modes: ExitStack | None = None
         self._raw_cell = ""
+        self._nested: dict[str, int] = {}  # code name of a nested run_cell -> its line offset in the outer cell
         self._default_device_before: torch.device | None = None
         self.device = self._initial_device()
 
@@ -115,8 +116,9 @@ class Session:
     # -- events ---------------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         self._depth += 1
-        if self._depth > 1:
-            return  # a run_cell inside a cell: part of the outer one
+        if self._depth > 1:  # a run_cell inside a cell (%%capture): part of the outer one
+            self._note_nested(getattr(info, "raw_cell", "") or "")
+            return
         if not getattr(info, "store_history", True):
             return  # not a cell of the notebook's history (a frontend's scratch execution)
         try:
@@ -134,6 +136,35 @@ class Session:
             warnings.warn(f"neuron_lab could not start the cell report: {type(e).__name__}: {e}", RuntimeWarning,
                           stacklevel=1)
 
+    def _note_nested(self, raw: str) -> None:
+        """Remember where a nested cell's code sits in the outer cell, to report its lines as the outer's.
+
+        IPython names the nested code as another cell; the name is computed here the way IPython will.
+        """
+        outer = self._raw_cell
+        at = outer.find(raw.rstrip("\n")) if raw.strip() else -1
+        if at < 0:
+            return
+        try:
+            name = self.shell.compile.get_code_name(raw, self.shell.transform_cell(raw), self.shell.execution_count)
+        except Exception:
+            return
+        self._nested[name] = outer[:at].count("\n")
+
+    def _as_outer_cell(self, report: Report) -> None:
+        def fix(site):
+            if site is None or site.filename not in self._nested:
+                return site
+            return replace(site, cell=report.cell, line=site.line + self._nested[site.filename])
+
+        for row in report.ops_not_native:
+            for sc in row.sites:
+                sc.site = fix(sc.site)
+        c = report.compiles
+        c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
+        c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
+        self._nested.clear()
+
     def post_run_cell(self, result: Any) -> None:
         self._depth = max(self._depth - 1, 0)
         if self._depth:
@@ -148,6 +179,8 @@ class Session:
         report = tracker.stop(error)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
         report.cell, report.title = n, f"In[{n}]"
+        if self._nested:
+            self._as_outer_cell(report)
         self._keep(report)
         for fn in list(self.listeners):
             try:
