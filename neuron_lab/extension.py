@@ -21,9 +21,8 @@ def banner(session: Any) -> str:
     if not _backend.is_active():
         return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
     b = _backend.active()
-    what = f"TorchNeuron {b.version}" if b.kind == "torchneuron" else "emulator"
     profile = f", profile {b.profile.name}" if b.profile else ""
-    return (f"neuron_lab {__version__}: {what} backend{profile} · device {session.device} · "
+    return (f"neuron_lab {__version__}: {b.name} backend{profile} · device {session.device} · "
             f"{format_size(b.capacity())} · mode {session.mode}")
 
 

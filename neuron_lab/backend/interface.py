@@ -40,6 +40,11 @@ class NeuronBackend(ABC):
     def version(self) -> str: ...
 
     @property
+    def name(self) -> str:
+        """The short name status lines show ("emulator", "TorchNeuron 2.14.3.0")."""
+        return self.kind
+
+    @property
     def description(self) -> str:
         return f"{self.kind} {self.version}"
 

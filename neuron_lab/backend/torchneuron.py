@@ -189,6 +189,10 @@ class TorchNeuronBackend(NeuronBackend):
     def description(self) -> str:
         return f"TorchNeuron (torch-neuronx {self.version})"
 
+    @property
+    def name(self) -> str:
+        return f"TorchNeuron {self.version}"
+
     def device_count(self) -> int:
         return torch.neuron.device_count()
 

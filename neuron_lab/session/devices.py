@@ -87,14 +87,11 @@ def devices_of(obj: Any) -> set[str]:
 
 
 def kind_of(obj: Any) -> str:
+    """"parameter", "tensor", or the class name (``Linear``, ``AdamW``, ``list``)."""
     if isinstance(obj, torch.nn.Parameter):
         return "parameter"
     if isinstance(obj, torch.Tensor):
         return "tensor"
-    if isinstance(obj, torch.nn.Module):
-        return type(obj).__name__
-    if isinstance(obj, torch.optim.Optimizer):
-        return type(obj).__name__
     return type(obj).__name__
 
 
@@ -104,7 +101,7 @@ def movable(obj: Any) -> bool:
     if isinstance(obj, (list, tuple, dict)):
         try:
             items = obj.values() if isinstance(obj, dict) else obj
-            return bool(items) and all(isinstance(x, torch.Tensor) or movable(x) for x in items)
+            return bool(items) and all(movable(x) for x in items)
         except ReferenceError:
             return False
     return False

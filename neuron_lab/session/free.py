@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from neuron_lab import backend as _backend
 from neuron_lab.session.devices import footprint
 from neuron_lab.units import format_size
@@ -42,7 +44,8 @@ class FreeReport:
 
 
 def _holds(obj: Any, device_type: str) -> int:
-    return footprint(obj, device_type)[1] if footprint(obj, device_type)[0] else 0
+    """Bytes of ``device_type`` tensors that ``obj`` holds."""
+    return footprint(obj, device_type)[1]
 
 
 def _function_frames(tb: Any) -> list[Any]:
@@ -73,22 +76,24 @@ def release(shell: Any, device_type: str = "neuron") -> FreeReport:
 
     # the output cache: Out[N] and _N
     out = ns.get("Out", {})
-    for k in [k for k, v in out.items() if _holds(v, device_type)]:
-        report.dropped.append((f"Out[{k}]", _holds(out[k], device_type)))
+    for k, held in [(k, _holds(v, device_type)) for k, v in out.items()]:
+        if not held:
+            continue
+        report.dropped.append((f"Out[{k}]", held))
         del out[k]
         for space in (ns, hidden):
             space.pop(f"_{k}", None)
     # _, __, ___ (the namespace, its hidden copy and the display hook's own)
     dh = shell.displayhook
     for name in ("_", "__", "___"):
-        held = max((_holds(space.get(name), device_type) for space in (ns, hidden)), default=0)
-        held = max(held, _holds(getattr(dh, name, None), device_type))
+        in_spaces = [space for space in (ns, hidden) if _holds(space.get(name), device_type)]
+        in_hook = _holds(getattr(dh, name, None), device_type)
+        held = max([in_hook, *(_holds(space[name], device_type) for space in in_spaces)])
         if held:
             report.dropped.append((name, held))
-            for space in (ns, hidden):
-                if _holds(space.get(name), device_type):
-                    space[name] = ""
-            if _holds(getattr(dh, name, None), device_type):
+            for space in in_spaces:
+                space[name] = ""
+            if in_hook:
                 setattr(dh, name, "")
     # the last traceback's frames
     tbs = []
@@ -114,7 +119,7 @@ def release(shell: Any, device_type: str = "neuron") -> FreeReport:
                     pass
     gc.collect()
     b.synchronize()
-    empty = getattr(getattr(__import__("torch"), device_type, None), "empty_cache", None)
+    empty = getattr(getattr(torch, device_type, None), "empty_cache", None)
     if empty is not None:
         empty()
     report.allocated = b.memory_allocated()
