@@ -29,6 +29,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/extension_overhead.py
+	$(BIN)/python bench/widgets_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -39,6 +39,7 @@ import statistics
 import time
 
 import torch
+from workload import MODEL  # bench/ is the script directory
 
 import neuron_lab  # noqa: F401  (activates the emulator when autoload is off)
 from neuron_lab import extension
@@ -50,26 +51,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-class Net(torch.nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(width, width)
-        self.fc2 = torch.nn.Linear(width, width)
-        self.out = torch.nn.Linear(width, width)
-
-    def forward(self, x):
-        h = self.fc1(x)
-        h = torch.atan2(h, h.detach().abs() + 1.0)
-        h = self.fc2(h)
-        h = torch.atan2(h, h.detach().abs() + 1.0)
-        return self.out(h)
-
-torch.manual_seed(0)
-model = Net({width}).to("neuron")
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-x = torch.randn({batch}, {width}).to("neuron")
-y = torch.randn({batch}, {width}).to("neuron")
-"""
+""" + MODEL
 
 LOOP = """\
 _bench_t0, _bench_c0 = time.perf_counter(), time.process_time()

@@ -34,3 +34,52 @@ def track(**kwargs):
     from neuron_lab.trace import track as _track
 
     return _track(**kwargs)
+
+
+def dashboard(views=None):
+    """The live dashboard (memory, tensors, fallbacks, compiles) for the current IPython session.
+
+    Make it a cell's value, or ``display()`` it. Loads the extension if it is not loaded yet.
+    """
+    from IPython import get_ipython
+
+    from neuron_lab import extension, widgets
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("neuron_lab.dashboard() needs IPython or Jupyter; in a script use neuron_lab.track()")
+    if extension.session_of(shell) is None:
+        extension.load(shell)
+    return widgets.show(extension.session_of(shell), tuple(views) if views else widgets.VIEWS)
+
+
+def parity(fn, *args, **kwargs):
+    """``neuron_lab.parity(fn, *args, against="cpu", rtol=None, atol=None, seed=None, **kw)``: run ``fn`` as given,
+    then on copies of its arguments on ``against``, and compare what each run produced (``%%neuron parity``)."""
+    from neuron_lab.checks import api
+
+    return api.parity(fn, *args, _keep=_keep_in_cell, **kwargs)
+
+
+def compare(fn, *args, **kwargs):
+    """``neuron_lab.compare(fn, *args, warmup=1, runs=5, fullgraph=False, backend=None, **kw)``: time ``fn`` eager
+    and compiled on copies of its arguments and compare their outputs (``%%neuron compare``)."""
+    from neuron_lab.checks import api
+
+    return api.compare(fn, *args, _keep=_keep_in_cell, **kwargs)
+
+
+def _keep_in_cell(result) -> None:
+    """Called from inside a notebook cell, a check's result joins that cell's report too."""
+    import sys
+
+    if "neuron_lab.extension" not in sys.modules:
+        return
+    from IPython import get_ipython
+
+    from neuron_lab.extension import session_of
+
+    shell = get_ipython()
+    session = session_of(shell) if shell is not None else None
+    if session is not None and session.running is not None:
+        session.running.report.checks.append(result)

@@ -46,6 +46,9 @@ def load(shell: Any) -> None:
 
     session.listeners.append(show)
     session.start()
+    if config.auto_dashboard:
+        _attach_widgets(session)
+    config.observe(lambda change: change["new"] and _attach_widgets(session), names="auto_dashboard")
     _loaded[id(shell)] = (session, magics, config)
     print(banner(session))
 
@@ -55,6 +58,10 @@ def unload(shell: Any) -> None:
     if entry is None:
         return
     session, magics, config = entry
+    import sys
+
+    if "neuron_lab.widgets" in sys.modules:  # views exist only if one was shown
+        sys.modules["neuron_lab.widgets"].close(session)
     session.close()
     for kind in ("line", "cell"):
         table = shell.magics_manager.magics[kind]
@@ -64,6 +71,12 @@ def unload(shell: Any) -> None:
     for obj in (config, magics):  # register_magics lists the Magics instance as a configurable too
         if obj in shell.configurables:
             shell.configurables.remove(obj)
+
+
+def _attach_widgets(session: Any) -> None:
+    from neuron_lab import widgets
+
+    widgets.hub_of(session)
 
 
 def session_of(shell: Any) -> Any:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
+from shells import loaded_shell, run
 from traitlets.config import Config
 
 import neuron_lab
@@ -20,26 +21,8 @@ from neuron_lab.session import modes
 
 @pytest.fixture
 def shell():
-    c = Config()
-    c.HistoryAccessor.enabled = False
-    sh = InteractiveShell(config=c)
-    default_before = torch.get_default_device()
-    with capture_output():
-        sh.run_line_magic("load_ext", "neuron_lab")
-    yield sh
-    with capture_output():
-        sh.run_line_magic("unload_ext", "neuron_lab")
-    torch.set_default_device(default_before)
-    InteractiveShell.clear_instance()
-
-
-def run(sh, code: str, *, ok: bool = True):
-    """Run a cell as a frontend would; returns (result, captured output)."""
-    with capture_output() as cap:
-        res = sh.run_cell(code, store_history=True)
-    if ok:
-        assert res.success, f"cell failed: {res.error_in_exec or res.error_before_exec}\n{cap.stdout}"
-    return res, cap
+    with loaded_shell() as sh:
+        yield sh
 
 
 def usage_error(sh, line: str) -> str:
@@ -498,6 +481,7 @@ def test_report_history_subcommands(shell):
 def test_reports_hold_no_tensors_so_del_frees_device_memory(shell):
     run(shell, "import torch\nbig = torch.ones(1 << 16, device='neuron')\ny = torch.atan2(big, big)")
     ref = weakref.ref(shell.user_ns["big"])
+    gc.collect()  # earlier tests' cycles (their shells) would otherwise be freed inside the measurement
     before = torch.neuron.memory_allocated()
     run(shell, "del big, y")
     gc.collect()

@@ -32,10 +32,14 @@ class EmulatorBackend(NeuronBackend):
     def capacity(self) -> int:
         return self._rt.allocator.capacity
 
+    def memory_sample(self) -> tuple[int, int]:
+        a = self._rt.allocator  # two int reads: no lock, no stats dict
+        return a.allocated, a.peak
+
     def live_allocations(self) -> list[LiveAllocation]:
         now = time.monotonic_ns()
         return [LiveAllocation(a.nbytes, str(a.dtype).removeprefix("torch.") if a.dtype else None, a.shape,
-                               (now - a.created_ns) / 1e9, a.site) for a in self._rt.allocator.live()]
+                               (now - a.created_ns) / 1e9, a.site, a.ptr) for a in self._rt.allocator.live()]
 
     def record_allocation_sites(self, enabled: bool) -> None:
         self._rt.allocator.record_sites = enabled

@@ -25,6 +25,7 @@ class LiveAllocation:
     shape: tuple[int, ...] | None
     age_s: float
     site: tuple[str, ...] | None  # creation stack, when site recording is on
+    ptr: int  # the storage's data pointer, as ``t.untyped_storage().data_ptr()`` gives it
 
 
 class NeuronBackend(ABC):
@@ -74,6 +75,14 @@ class NeuronBackend(ABC):
 
     def max_memory_allocated(self) -> int:
         return self.memory_stats().get("allocated_bytes.all.peak", 0)
+
+    def memory_sample(self) -> tuple[int, int]:
+        """(allocated, peak) bytes as the allocator knows them now: no synchronize, safe from any thread.
+
+        Live views call it several times a second while a cell runs, from their refresh thread.
+        """
+        st = self.memory_stats(synchronize=False)
+        return st.get("allocated_bytes.all.current", 0), st.get("allocated_bytes.all.peak", 0)
 
     def reset_peak_memory_stats(self) -> None:
         import torch

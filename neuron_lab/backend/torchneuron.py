@@ -213,6 +213,10 @@ class TorchNeuronBackend(NeuronBackend):
         self.synchronize()
         return int(torch.neuron.max_memory_allocated())
 
+    def memory_sample(self) -> tuple[int, int]:
+        # what the caching allocator has counted so far; queued work may still allocate
+        return int(torch.neuron.memory_allocated()), int(torch.neuron.max_memory_allocated())
+
     # -- ops: TorchNeuron's sets are the truth; the observer adds counts while subscribed ------
     def get_fallback_ops(self) -> set[str]:
         self.synchronize()

@@ -67,6 +67,9 @@ class NeuronMagics(Magics):
     # -- cell forms -----------------------------------------------------------------------------
     def _cell(self, args, line: str, cell: str):
         __tracebackhide__ = True  # noqa: F841
+        if args.command in ("parity", "compare"):
+            options = self._check_options(args)
+            return self.session.run_check(args.command, cell, f"%%neuron {line}\n{cell}", options)
         mode = options = None
         device_text = args.device
         if args.command == "compile":
@@ -77,6 +80,33 @@ class NeuronMagics(Magics):
         device = self._parse_device(device_text, args.command) if device_text else None
         return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}", mode=mode, options=options,
                                           device=device)
+
+    def _check_options(self, args):
+        """Options of `%%neuron parity` / `compare`, checked before the cell runs."""
+        from neuron_lab.checks import CompareOptions, ParityOptions
+
+        cmd = args.command
+
+        def bad(why: str) -> UsageError:
+            return UsageError(f"%%neuron {cmd}: {why}\n{_subparser(cmd).format_usage().rstrip()}")
+
+        if cmd == "compare":
+            if args.warmup < 0 or args.runs < 1:
+                raise bad(f"--warmup must be >= 0 and --runs >= 1 (got --warmup {args.warmup} --runs {args.runs})")
+            return CompareOptions(args.warmup, args.runs, args.fullgraph, self.session.config.compile_backend)
+        if (args.rtol is None) != (args.atol is None):
+            raise bad("give both --rtol and --atol, or neither (as torch.testing.assert_close)")
+        if (args.rtol or 0) < 0 or (args.atol or 0) < 0:
+            raise bad("--rtol and --atol must be >= 0")
+        names = list(dict.fromkeys(args.vars))
+        odd = [n for n in names if not n.isidentifier()]
+        if odd:
+            raise bad(f"--vars takes variable names, not {', '.join(repr(n) for n in odd)}")
+        against = self._parse_device(args.against, cmd)
+        if against == self.session.device:
+            raise bad(f"the reference device is the notebook device ({against}); compare against another one, "
+                      f"e.g. --against cpu, or switch the notebook device with `%neuron device`")
+        return ParityOptions(against, args.rtol, args.atol, tuple(names), args.seed)
 
     # -- line forms -----------------------------------------------------------------------------
     def cmd_status(self, args):
@@ -177,6 +207,53 @@ class NeuronMagics(Magics):
 
     def cmd_free(self, args):
         return self.session.free()
+
+    # -- live views -------------------------------------------------------------------------------
+    def _show(self, views: list[str]):
+        from neuron_lab import widgets
+
+        return widgets.show(self.session, views)
+
+    def cmd_dashboard(self, args):
+        from neuron_lab.widgets import VIEWS
+
+        unknown = [v for v in args.views if v not in VIEWS]
+        if unknown:
+            raise UsageError(f"%neuron dashboard: unknown view {', '.join(unknown)}; views: {', '.join(VIEWS)}\n"
+                             f"{_subparser('dashboard').format_usage().rstrip()}")
+        return self._show(list(dict.fromkeys(args.views)) or list(VIEWS))
+
+    def cmd_memory(self, args):
+        return self._show(["memory"])
+
+    def cmd_tensors(self, args):
+        return self._show(["tensors"])
+
+    def cmd_fallbacks(self, args):
+        return self._show(["fallbacks"])
+
+    def cmd_compiles(self, args):
+        return self._show(["compiles"])
+
+    def cmd_profile(self, args):
+        from neuron_lab import backend
+        from neuron_lab.backend import profiles
+
+        if not backend.is_active():
+            raise UsageError(f"%neuron profile: no neuron backend ({backend.state().reason})")
+        b = backend.active()
+        if args.profile:
+            try:
+                b.set_profile(args.profile)
+            except NotImplementedError as e:
+                raise UsageError(f"%neuron profile: {e}") from None
+            except profiles.ProfileError as e:
+                raise UsageError(f"%neuron profile: {e}\n{_subparser('profile').format_usage().rstrip()}") from None
+        p = b.profile
+        if p is None:
+            return _Text(f"{b.name} reports which ops ran natively; it has no coverage profile")
+        return _Text(f"coverage profile: {p.name} ({p.source}, {p.date})\n"
+                     f"bundled: {', '.join(profiles.bundled())}; switch with `%neuron profile NAME|FILE`")
 
 
 def _subparser(name: str):

@@ -11,8 +11,9 @@ import argparse
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-LINE_ONLY = ("status", "mode", "report", "reset", "free")
-CELL_ONLY = ("compile", "eager")
+VIEWS = ("dashboard", "memory", "tensors", "fallbacks", "compiles")
+LINE_ONLY = ("status", "mode", "report", "reset", "free", "profile", *VIEWS)
+CELL_ONLY = ("compile", "eager", "parity", "compare")
 
 
 class NeuronArgumentParser(MagicArgumentParser):
@@ -72,6 +73,22 @@ def build() -> NeuronArgumentParser:
                    help="drop IPython's own references to device tensors (Out, _, _N, the last traceback) "
                         "and report the bytes freed")
 
+    v = sub.add_parser("dashboard", prog="%neuron dashboard", help="live views of memory, device tensors, CPU "
+                       "fallbacks and compiles, in tabs", description="A live panel that updates while cells run "
+                       "(a widget under a kernel; text elsewhere). Each view also shows alone: "
+                       "`%neuron memory`, `%neuron tensors`, `%neuron fallbacks`, `%neuron compiles`.")
+    v.add_argument("views", nargs="*", metavar="VIEW", help="only these views (memory, tensors, fallbacks, compiles)")
+    for name, what in (("memory", "device memory now, its timeline over the session and per-cell deltas, with a "
+                                  "free button"),
+                       ("tensors", "the live device tensors, the names that refer to them and what holds them"),
+                       ("fallbacks", "the CPU-fallback inspector: ops that did not run natively, with call sites"),
+                       ("compiles", "graphs, graph breaks, recompiles and compile time per cell")):
+        sub.add_parser(name, prog=f"%neuron {name}", help=f"live view: {what}")
+    pr = sub.add_parser("profile", prog="%neuron profile", help="show or switch the op-coverage profile",
+                        description="The coverage profile decides which ops the emulator runs natively and which "
+                                    "it reports as CPU fallbacks.")
+    pr.add_argument("profile", nargs="?", metavar="NAME|FILE", help="a bundled profile's name, or a profile JSON file")
+
     c = sub.add_parser("compile", prog="%%neuron compile", help="cell magic: run the cell with its outermost "
                        "nn.Module calls compiled by torch.compile")
     _compile_options(c)
@@ -79,6 +96,26 @@ def build() -> NeuronArgumentParser:
     e = sub.add_parser("eager", prog="%%neuron eager",
                        help="cell magic: run the cell eagerly, compiled functions included")
     _device_option(e)
+    pa = sub.add_parser("parity", prog="%%neuron parity", help="cell magic: run the cell on the notebook device, "
+                        "then on copies on a reference device, and compare what it produced",
+                        description="The device run is the real one; the reference run (eager, on deep copies of "
+                                    "what the cell reads) leaves nothing behind. Compared: new or changed tensors, "
+                                    "modules, optimizers, numbers and the last value, with torch.testing.assert_close"
+                                    "'s dtype tolerances unless --rtol/--atol are given.")
+    pa.add_argument("--against", metavar="cpu|DEVICE", default="cpu", help="the reference device (default cpu)")
+    pa.add_argument("--rtol", type=float, metavar="R", help="relative tolerance (with --atol)")
+    pa.add_argument("--atol", type=float, metavar="A", help="absolute tolerance (with --rtol)")
+    pa.add_argument("--vars", nargs="+", metavar="NAME", default=[], help="compare only these variables")
+    pa.add_argument("--seed", type=int, metavar="S", help="torch.manual_seed(S) before the device run; "
+                    "the reference starts "
+                    "from the same state (default: the generators as the cell finds them)")
+    co = sub.add_parser("compare", prog="%%neuron compare", help="cell magic: time the cell eager and compiled, on "
+                        "copies, and compare their outputs",
+                        description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
+                                    "copies of what the cell reads; then the cell runs once for real.")
+    co.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed runs after the first (default 1)")
+    co.add_argument("--runs", type=int, default=5, metavar="N", help="timed runs per mode (default 5)")
+    co.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True (fail on graph breaks)")
     return p
 
 
@@ -108,14 +145,19 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
     if cell and cmd in LINE_ONLY:
         raise UsageError(f"%%neuron {cmd}: is a line magic; use `%neuron {cmd}` on a line of its own.\n"
                          "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
-                         "%%neuron eager [--device DEVICE] | %%neuron device DEVICE")
+                         "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
+                         "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
+                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph]")
     if cell and cmd is None:
         raise UsageError("%%neuron: name what the cell runs with.\n"
                          "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
-                         "%%neuron eager [--device DEVICE] | %%neuron device DEVICE")
+                         "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
+                         "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
+                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph]")
     if not cell and cmd in CELL_ONLY:
-        raise UsageError(f"%neuron {cmd}: is a cell magic (`%%neuron {cmd}` on a cell's first line); "
-                         f"for the cells that follow use `%neuron mode {cmd}`.")
+        then = f"; for the cells that follow use `%neuron mode {cmd}`" if cmd in ("compile", "eager") else \
+            " (it checks that one cell)"
+        raise UsageError(f"%neuron {cmd}: is a cell magic (`%%neuron {cmd}` on a cell's first line){then}.")
     if cell and cmd == "device":
         if not args.device:
             raise UsageError("%%neuron device: needs a DEVICE, e.g. `%%neuron device cpu`")

@@ -76,6 +76,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
         rows += [["failure", "", "", escape(f)] for f in c.failures]
         if rows:
             parts.append(_folded("", ["event", "where", "code", "why"], rows))
+    parts += [c.html() if full else f"<div>check: {escape(c.summary_line())}</div>" for c in r.checks]
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
     return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"

@@ -117,6 +117,7 @@ class Report:
     error: str | None = None  # "ZeroDivisionError: division by zero" when the window raised
     callsites: bool = True  # whether call sites were being captured
     detail: str = "table"  # how renderers show it: "summary" (one line), "table", "full" (with stacks)
+    checks: list[Any] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
 
     # -- the views renderers use ----------------------------------------------------------
     @property

@@ -86,6 +86,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
             lines.append(f"  compile failed: {f}")
     if not r.callsites and r.fallbacks:
         lines.append("call sites are off (`%config NeuronLab.callsites = True` turns them on)")
+    lines += [str(c) if full else f"check: {c.summary_line()}" for c in r.checks]
     if r.error:
         lines.append(f"raised: {r.error}")
     return "\n".join(lines)

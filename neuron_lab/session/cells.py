@@ -35,6 +35,16 @@ class CellLocator(Locator):
         f = self.user_frame(sys._getframe(1))
         return None if f is None else self._cell_of(f.f_code.co_filename)
 
+    def newest_cell(self) -> int | None:
+        """The highest execution count compiled so far: the running cell, once its code is compiled.
+
+        Safe from another thread (a concurrent insert makes it answer None for that call).
+        """
+        try:
+            return max(self._map.values(), default=None)
+        except RuntimeError:  # the dict grew during the scan
+            return None
+
     def is_user_file(self, filename: str) -> bool:
         return self._cell_of(filename) is not None
 

@@ -22,6 +22,11 @@ class NeuronLab(Configurable):
                               ).tag(config=True)
     history_size = Int(500, help="Cell reports kept for `%neuron report`; the oldest go first.").tag(config=True)
     widget_refresh_hz = Float(4.0, help="How often live widgets refresh while a cell runs.").tag(config=True)
+    auto_dashboard = Bool(False, help="Show a compact live strip (memory bar, fallback count, mode) under each "
+                          "cell while it runs (widget frontends).").tag(config=True)
+    display_as = Enum(["auto", "widget", "static"], "auto",
+                      help="How the live views show: widgets (auto: under a kernel) or static text/HTML updated "
+                           "after each cell (auto: elsewhere).").tag(config=True)
     compile_backend = Unicode("neuron", help="The torch.compile backend of compile mode when none is given.",
                               ).tag(config=True)
 

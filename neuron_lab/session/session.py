@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +22,7 @@ from neuron_lab.report.model import Report
 from neuron_lab.session import devices, free, modes
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
+from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import Tracker
 from neuron_lab.units import format_size
 
@@ -44,7 +45,11 @@ class Session:
         self.compile_options = modes.CompileOptions(config.compile_backend)
         self.history: OrderedDict[int, Report] = OrderedDict()
         self.totals = Totals()
-        self.listeners: list[Callable[[Report], None]] = []
+        self.listeners: list[Callable[[Report], None]] = []  # called with each finished cell's report
+        self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
+        self.timeline = Timeline()
+        self._cell_start_s = 0.0
+        self._compiled_before: int | None = None
         self._depth = 0
         self._tracker: Tracker | None = None
         self._cell_modes: ExitStack | None = None
@@ -112,6 +117,7 @@ class Session:
             torch.set_default_device(self._default_device_before)
             self._default_device_before = None
         self.listeners.clear()
+        self.starting.clear()
 
     # -- events ---------------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
@@ -131,10 +137,15 @@ class Session:
             self._tracker = Tracker("In[?]", cell=None, device=str(self.device), mode=self.mode,
                                     locator=self.locator, callsites=c.callsites, stack_limit=c.callsite_stacks,
                                     stack_depth=c.stack_depth, detail=c.report_detail).start()
+            self._cell_start_s = self.timeline.now()
+            self._compiled_before = self.locator.newest_cell()
+            self.timeline.sample(self._tracker.memory_before, self._cell_start_s)
         except Exception as e:  # never break the user's cell
             self._tracker = None
             warnings.warn(f"neuron_lab could not start the cell report: {type(e).__name__}: {e}", RuntimeWarning,
                           stacklevel=1)
+            return
+        self._notify(self.starting, self)
 
     def _note_nested(self, raw: str) -> None:
         """Remember where a nested cell's code sits in the outer cell, to report its lines as the outer's.
@@ -181,13 +192,30 @@ class Session:
         report.cell, report.title = n, f"In[{n}]"
         if self._nested:
             self._as_outer_cell(report)
+        end_s = self.timeline.now()
+        self.timeline.sample(report.memory.after, end_s)
+        if report.touched_device:  # the timeline marks the cells that used the device
+            self.timeline.mark_cell(n, self._cell_start_s, end_s)
         self._keep(report)
-        for fn in list(self.listeners):
+        self._notify(self.listeners, report)
+
+    @staticmethod
+    def _notify(listeners: list[Callable], arg: Any) -> None:
+        for fn in list(listeners):
             try:
-                fn(report)
+                fn(arg)
             except Exception as e:
-                warnings.warn(f"neuron_lab report listener failed: {type(e).__name__}: {e}", RuntimeWarning,
-                              stacklevel=1)
+                warnings.warn(f"neuron_lab listener failed: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=1)
+
+    def running_cell(self) -> int | None:
+        """The running cell's number once IPython has compiled it (None before, or between cells)."""
+        n = self.locator.newest_cell()
+        return n if self._tracker is not None and n is not None and n != self._compiled_before else None
+
+    @property
+    def running(self) -> Tracker | None:
+        """The open cell's tracker while a cell runs (live views read its counters), else None."""
+        return self._tracker
 
     def _keep(self, report: Report) -> None:
         """History holds the cells that touched the device: `%neuron report --last` is the last of those."""
@@ -275,10 +303,27 @@ class Session:
             number = self.locator.current_cell()
             return run_body(self.shell, body, raw, self.shell.execution_count if number is None else number)
 
+    def run_check(self, kind: str, body: str, raw_cell: str, options: Any) -> Any:
+        """Run a ``%%neuron parity`` / ``compare`` body; the result joins the cell's report (and history)."""
+        __tracebackhide__ = True  # noqa: F841
+        from neuron_lab import checks
+
+        outer = self._raw_cell
+        raw = outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
+        number = self.locator.current_cell()
+        subject = checks.CellSubject(self.shell, body, raw, self.shell.execution_count if number is None else number,
+                                     self._hidden_names(),
+                                     self.config.device_variable)
+        t = self._tracker
+        return checks.run_check(kind, subject, self.device, options, locator=self.locator,
+                                exclude=t.excluded if t is not None else nullcontext,
+                                keep=t.report.checks.append if t is not None else None)
+
     # -- reports ----------------------------------------------------------------------------------
     def reset(self) -> None:
         self.history.clear()
         self.totals = Totals()
+        self.timeline.clear()
         _backend.active().reset_peak_memory_stats()
 
     def free(self) -> free.FreeReport:

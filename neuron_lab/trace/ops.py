@@ -30,6 +30,7 @@ class OpTrace:
         self._rows: dict[tuple[str, str], OpRow] = {}
         self._sites: dict[tuple[str, str], dict[tuple[str, int], SiteCount]] = {}
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
+        self.fallback_calls = 0  # CPU fallback and host calls so far: live views read it from their thread
 
     def __call__(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
         if self.paused:
@@ -43,6 +44,8 @@ class OpTrace:
                 self._sites[key] = {}
             row.count += 1
             row.host_ns += event.host_ns
+            if event.kind != DOWNCAST:
+                self.fallback_calls += 1
             if self.locator is None:
                 row.unattributed += 1
                 return

@@ -57,6 +57,17 @@ class Tracker:
             eh, ed = self._excluded_transfers
             self._excluded_transfers = (eh + max(h2d2 - h2d, 0), ed + max(d2h2 - d2h, 0))
 
+    def live(self) -> tuple[int, int, float]:
+        """(CPU fallback calls, ops, seconds) so far: plain counter reads, safe from any thread."""
+        if not self._running:
+            return self._ops.fallback_calls, self.report.ops, self.report.wall_s
+        return (self._ops.fallback_calls, self.backend.op_calls() - self._calls_before - self._excluded_calls,
+                time.perf_counter() - self._t0)
+
+    @property
+    def memory_before(self) -> int:
+        return self._mem_before
+
     def start(self) -> Tracker:
         b = self.backend
         stats = b.memory_stats(synchronize=False)  # the previous window ended synchronized

@@ -1,0 +1,62 @@
+"""The checks from plain Python: ``neuron_lab.parity(fn, *args)`` and ``neuron_lab.compare(fn, *args)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from neuron_lab.checks import compare as _compare
+from neuron_lab.checks import parity as _parity
+from neuron_lab.checks.compare import CompareOptions
+from neuron_lab.checks.parity import ParityOptions, device_of
+from neuron_lab.checks.runs import FunctionSubject
+from neuron_lab.report.checks import CompareResult, ParityResult
+from neuron_lab.trace.sites import FileLocator
+
+
+def _tolerances(rtol: float | None, atol: float | None) -> None:
+    if (rtol is None) != (atol is None):
+        raise ValueError("give both rtol and atol, or neither (as torch.testing.assert_close)")
+    if (rtol or 0) < 0 or (atol or 0) < 0:
+        raise ValueError("rtol and atol must be >= 0")
+
+
+def parity(fn: Callable, *args: Any, against: str | torch.device = "cpu", rtol: float | None = None,
+           atol: float | None = None, seed: int | None = None, _keep: Callable[[Any], None] | None = None,
+           **kwargs: Any) -> ParityResult:
+    """Run ``fn(*args, **kwargs)`` as given (the device run), then on copies of its arguments moved to
+    ``against``; compare the return value and the arguments (a model trained in place, an optimizer).
+
+    Returns the :class:`ParityResult`; if the device run raises, that exception propagates.
+    ``_keep`` gets the result as soon as it exists (also when that happens).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    from neuron_lab.session.devices import parse_device
+
+    _tolerances(rtol, atol)
+    reference = parse_device(str(against))
+    subject = FunctionSubject(fn, args, kwargs)
+    device = device_of(subject.namespace, torch.device("cpu"))
+    if device == reference:
+        raise ValueError(f"parity needs the arguments on another device than the reference ({reference}); "
+                         f"move them first, e.g. .to('neuron')")
+    return _parity.check(subject, device, ParityOptions(reference, rtol, atol, (), seed), locator=FileLocator(),
+                         keep=_keep)
+
+
+def compare(fn: Callable, *args: Any, warmup: int = 1, runs: int = 5, fullgraph: bool = False,
+            backend: str | None = None, _keep: Callable[[Any], None] | None = None, **kwargs: Any) -> CompareResult:
+    """Time ``fn(*args, **kwargs)`` eagerly and compiled (``torch.compile(fn)``, or compile mode for an
+    ``nn.Module``), each on fresh copies of the arguments, and compare their outputs. The arguments
+    are left as they were."""
+    from neuron_lab import backend as _backend
+
+    if warmup < 0 or runs < 1:
+        raise ValueError(f"warmup must be >= 0 and runs >= 1 (got warmup={warmup}, runs={runs})")
+    subject = FunctionSubject(fn, args, kwargs)
+    device = device_of(subject.namespace, torch.device("cpu"))
+    backend = backend or ("neuron" if _backend.is_active() else "inductor")
+    return _compare.check(subject, device, CompareOptions(warmup, runs, fullgraph, backend), locator=FileLocator(),
+                          keep=_keep)

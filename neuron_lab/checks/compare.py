@@ -1,0 +1,98 @@
+"""``%%neuron compare`` / ``neuron_lab.compare``: the code in eager mode against compile mode, timed.
+
+Every timed run works on fresh copies of what the code reads (made outside the timed window), with the
+random generators where the real run will find them, so each run does the same work and a training step is
+never applied twice. Each mode
+runs once cold (the compiled one compiles there), then ``warmup`` times untimed, then ``runs`` times
+timed, with the device synchronized before each clock read. Compile mode is the workbench's own
+(:mod:`neuron_lab.session.modes`), so the cell compiles exactly as under ``%%neuron compile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from neuron_lab import backend as _backend
+from neuron_lab.checks import agreement, copies, parity, runs
+from neuron_lab.report.checks import CompareResult, Timing
+from neuron_lab.session import modes
+from neuron_lab.trace.compiles import CompileTrace
+from neuron_lab.trace.sites import Locator
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    warmup: int = 1
+    runs: int = 5
+    fullgraph: bool = False
+    backend: str = "neuron"
+
+
+def _series(subject: runs.Subject, fresh: Callable[[], dict[str, Any]], device: torch.device, mode: str,
+            opts: modes.CompileOptions | None, options: CompareOptions, start: runs.RngState,
+            exclude: Callable[[], Any]) -> tuple[runs.Run, Timing | None]:
+    def once() -> runs.Run:
+        return runs.run(subject, rng=start.restore, ns=fresh(), device=device, source=device, mode=mode,
+                        options=opts, exclude=exclude, timed=True)
+
+    first = once()
+    if first.error is not None:
+        return first, None
+    for _ in range(options.warmup):
+        if once().error is not None:
+            return first, None
+    timing = Timing(first.seconds)
+    for _ in range(options.runs):
+        r = once()
+        if r.error is not None:
+            return first, None
+        timing.runs_s.append(r.seconds)
+    return first, timing
+
+
+def check(subject: runs.Subject, device: torch.device, options: CompareOptions, *, locator: Locator,
+          exclude: Callable[[], Any] = contextlib.nullcontext,
+          keep: Callable[[CompareResult], None] | None = None, then_run: bool = False) -> CompareResult:
+    """Time and compare ``subject`` eager and compiled on copies; ``then_run``: then run it for real, as a plain
+    run would (its errors propagate), after ``keep`` got the result."""
+    __tracebackhide__ = True  # noqa: F841
+    live = dict(subject.namespace)
+    names = subject.names()
+    shared: list[str] = []
+
+    def fresh() -> dict[str, Any]:
+        c = copies.copy_state(live, names, device, device)
+        shared[:] = c.shared
+        return {**live, **c.values}
+
+    downcasts = parity.Downcasts()
+    opts = modes.CompileOptions(options.backend, options.fullgraph)
+    with runs.rng_preserved({device.type}) as start:  # every run draws what the real run will draw
+        with downcasts.watching():
+            eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, exclude)
+        trace = CompileTrace(locator, _backend.active().dynamo_metrics if _backend.is_active() else None)
+        trace.start()
+        try:
+            with subject.compiled(opts):
+                compiled, compiled_t = _series(subject, fresh, device, modes.COMPILE, opts, options, start, exclude)
+        finally:
+            compiles = trace.stop()
+    a = agreement.build(subject, live, compiled, eager, ("compiled", "eager"))
+    a.shared = shared
+    result = CompareResult(str(device), options.backend, options.fullgraph, options.warmup, options.runs, a,
+                           eager_t, compiled_t, compiles.compile_s, compiles.frames, compiles.graphs,
+                           list(compiles.breaks), list(compiles.recompiles), list(compiles.failures),
+                           parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.profile_name())
+    if compiled_t is not None and compiles.frames == 0:
+        a.notes.append("nothing compiled in this check: the code calls no nn.Module, or dynamo's cache already "
+                       "held it, so the first compiled run shows no compile cost")
+    if keep is not None:
+        keep(result)
+    if then_run:
+        subject.execute()
+    return result

@@ -1,0 +1,158 @@
+"""``%%neuron parity`` / ``neuron_lab.parity``: the code on its device, then on a reference device, compared.
+
+The device run is the real one: it works on the user's objects and leaves what a plain run leaves.
+The reference run works on copies of everything the code reads, moved to the reference device, and
+runs eagerly; afterwards every name, and every random generator, is put back. The reference starts
+from the generator states the device run started from (``--seed S`` first seeds every device with
+``S``), with the device's generator replayed on the CPU's when the cell drew from the device's only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from neuron_lab import backend as _backend
+from neuron_lab.checks import agreement, copies, runs
+from neuron_lab.report.checks import ParityResult
+from neuron_lab.session import modes
+from neuron_lab.trace.sites import Locator
+
+DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
+
+
+@dataclass(frozen=True)
+class ParityOptions:
+    against: torch.device = torch.device("cpu")
+    rtol: float | None = None  # both or neither, as torch.testing.assert_close
+    atol: float | None = None
+    vars: tuple[str, ...] = ()  # compare only these names
+    seed: int | None = None  # torch.manual_seed(seed) before the device run; None: the generators as they are
+
+
+def downcast_emulated() -> bool:
+    return os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
+
+
+@dataclass
+class Downcasts:
+    """The 64-bit op calls a run made (the backend reports them as downcast events)."""
+
+    calls: int = 0
+    ops: dict[str, None] = field(default_factory=dict)
+
+    def __call__(self, event: Any, args: tuple, kwargs: dict) -> None:
+        self.calls += 1
+        self.ops.setdefault(event.name)
+
+    @contextlib.contextmanager
+    def watching(self):
+        if not _backend.is_active():
+            yield self
+            return
+        from neuron_lab.backend.events import DOWNCAST
+
+        unsubscribe = _backend.active().subscribe(self, frozenset({DOWNCAST}))
+        try:
+            yield self
+        finally:
+            unsubscribe()
+
+
+def profile_name() -> str | None:
+    if not _backend.is_active():
+        return None
+    p = _backend.active().profile
+    return p.name if p is not None else None
+
+
+def _op_calls() -> int:
+    return _backend.active().op_calls() if _backend.is_active() else 0
+
+
+def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *, locator: Locator,
+          exclude: Callable[[], Any] = contextlib.nullcontext,
+          keep: Callable[[ParityResult], None] | None = None) -> ParityResult:
+    """Run ``subject`` on ``device`` for real, then on copies on ``options.against``; compare.
+
+    ``keep`` gets the result as soon as it exists, also when the device run raised: that exception
+    then propagates, as it would from a plain run.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    reference = options.against
+    before = dict(subject.namespace)
+    copied = copies.copy_state(before, subject.names(), device, reference)
+    if options.seed is not None:
+        torch.manual_seed(options.seed)  # every device's generator
+    types = {device.type, reference.type}
+    start = runs.RngState.now(types)
+    downcasts = Downcasts()
+    with downcasts.watching():
+        try:
+            actual = runs.run(subject, locator=locator, exclude=exclude)
+        except Exception as e:
+            actual = runs.Run(dict(subject.namespace), error=e)
+    notes: list[str] = []
+    ops_before = _op_calls()
+    with runs.rng_preserved(types) as after:
+        cpu_state = _replay(start, after, device, reference, notes, seeded=options.seed is not None)
+        expected = runs.run(subject, rng=lambda: start.restore(cpu_state), ns={**before, **copied.values},
+                            device=reference, source=device, mode=modes.EAGER, locator=locator, exclude=exclude)
+    stray = _op_calls() - ops_before if reference.type != device.type and device.type == "neuron" else 0
+    a = agreement.build(subject, before, actual, expected, (str(device), str(reference)), names=options.vars,
+                        rtol=options.rtol, atol=options.atol)
+    a.shared = copied.shared
+    a.notes += notes
+    if stray:
+        var = f"the `{subject.device_variable}` variable" if subject.device_variable else "its arguments"
+        a.notes.append(f"the {reference} run still ran {stray:,} ops on {device.type}: the code names that device "
+                       f"itself instead of using {var}")
+    result = ParityResult(str(device), str(reference), options.seed, a, options.rtol, options.atol, actual.seconds,
+                          expected.seconds, downcast_emulated(), downcasts.calls, list(downcasts.ops),
+                          profile_name())
+    if keep is not None:
+        keep(result)
+    if actual.error is not None:
+        outcome = f"raised too: {a.expected_error}" if expected.error is not None else "ran without error"
+        actual.error.add_note(f"neuron_lab parity: the {device} run raised; the {reference} reference run {outcome}")
+        raise actual.error
+    return result
+
+
+def _replay(start: runs.RngState, after: runs.RngState, device: torch.device, reference: torch.device,
+            notes: list[str], seeded: bool) -> torch.Tensor | None:
+    """The CPU generator state that lets a CPU reference draw what the device run drew.
+
+    Draws from the device's generator in the device run come from the CPU generator in a CPU reference
+    run, so that one starts where the device's did, when only the device's was drawn from.
+    """
+    cpu_drawn, devs = start.drawn(after)
+    if reference.type != "cpu" or device.type not in devs:
+        return None
+    if cpu_drawn:
+        if not seeded:
+            notes.append(f"the cell drew random numbers from both the CPU's and {device.type}'s generators; the "
+                         f"{reference} run replays the CPU's only (`--seed S` starts both from one seed)")
+        return None
+    state = start.devices[device.type]
+    try:
+        with runs.rng_preserved(set()):
+            torch.set_rng_state(state)
+    except (RuntimeError, TypeError, ValueError):
+        notes.append(f"{device.type}'s random generator cannot be replayed on the CPU: random draws differ")
+        return None
+    return state
+
+
+def device_of(ns: dict[str, Any], default: torch.device) -> torch.device:
+    """The first non-CPU device among the tensors ``ns`` holds, else ``default``."""
+    for obj in ns.values():
+        for t in copies.tensors(obj):
+            if t.device.type != "cpu":
+                return t.device
+    return default

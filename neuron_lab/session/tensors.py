@@ -1,0 +1,286 @@
+"""The live device tensors, one row per storage, with every name that refers to it and who holds it.
+
+The data behind the Tensors view. A scan reads metadata only (no device op, no copy, nothing moved),
+holds tensors only while it runs, and accounts for every allocated byte: what it cannot name
+becomes an "unknown" row, so the table's total is the backend's ``memory_allocated()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+import torch
+
+from neuron_lab import backend as _backend
+from neuron_lab.session.devices import MAX_DEPTH
+from neuron_lab.units import format_size
+
+NAMESPACE = "namespace"
+OUTPUT_CACHE = "IPython output cache"
+TRACEBACK = "IPython traceback"
+AUTOGRAD = "autograd graph"
+UNKNOWN = "unknown"
+HELD_BY = (NAMESPACE, OUTPUT_CACHE, TRACEBACK, AUTOGRAD, UNKNOWN)  # a storage held several ways shows the first
+
+MAX_GRAPH_NODES = 20_000  # autograd nodes one scan visits
+MAX_GRAPH_NAMES = 3  # names a storage held only by graphs gets (one per saving node)
+_OUT_NAME = re.compile(r"_\d+|_{1,3}")
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One device storage: views of it are one row, their names merged."""
+
+    names: tuple[str, ...]
+    shape: tuple[int, ...] | None  # of the first tensor found viewing the whole storage
+    dtype: str | None
+    bytes: int
+    requires_grad: bool | None  # None where no tensor was found
+    held_by: str  # one of HELD_BY
+    ptr: int | None  # the storage's data pointer; None for the remainder nobody could list
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"names": list(self.names), "shape": list(self.shape) if self.shape is not None else None,
+                "dtype": self.dtype, "bytes": self.bytes, "requires_grad": self.requires_grad,
+                "held_by": self.held_by, "ptr": self.ptr}
+
+
+@dataclass
+class TensorTable:
+    device_type: str
+    allocated: int  # the backend's memory_allocated() at the scan
+    rows: list[TensorRow] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(r.bytes for r in self.rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device_type": self.device_type, "total": self.total, "allocated": self.allocated,
+                "rows": [r.as_dict() for r in self.rows]}
+
+    def _cells(self, r: TensorRow) -> list[str]:
+        grad = {True: "yes", False: "", None: "?"}[r.requires_grad]
+        shape = list(r.shape) if r.shape is not None else ""
+        return [format_size(r.bytes), r.held_by, r.dtype or "", str(shape), grad, ", ".join(r.names) or "-"]
+
+    def summary(self) -> str:
+        n = len(self.rows)
+        return (f"{n} {self.device_type} storage{'s' if n != 1 else ''}: {format_size(self.total)} "
+                f"(memory_allocated {format_size(self.allocated)})")
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        if self.rows:
+            lines.append(f"  {'bytes':>12}  {'held by':<20}  {'dtype':<9}  {'shape':<14}  {'grad':<4}  names")
+            for r in self.rows:
+                size, held, dtype, shape, grad, names = self._cells(r)
+                lines.append(f"  {size:>12}  {held:<20}  {dtype:<9}  {shape:<14}  {grad:<4}  {names}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        cell = 'style="padding:1px 8px;text-align:left;vertical-align:top"'
+        head = "".join(f"<th {cell}>{h}</th>" for h in ("bytes", "held by", "dtype", "shape", "grad", "names"))
+        body = "".join("<tr>" + "".join(f"<td {cell}>{escape(c)}</td>" for c in self._cells(r)) + "</tr>"
+                       for r in self.rows)
+        return (f"<div style='font-family:monospace;font-size:12px'>{escape(self.summary())}</div>"
+                f"<table style='border-collapse:collapse;font-size:12px'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>")
+
+
+# -- the scan ------------------------------------------------------------------------------------
+@dataclass
+class _Storage:
+    """What a scan learned about one storage; metadata only, never the tensor."""
+
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    requires_grad: bool
+    whole: bool  # the tensor described views all of the storage
+    rank: int  # index into HELD_BY
+    names: list[str] = field(default_factory=list)
+    graph_names: list[str] = field(default_factory=list)
+
+
+def _meta(t: torch.Tensor, nbytes: int) -> tuple[tuple[int, ...], str, bool, bool]:
+    return (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.requires_grad,
+            t.numel() * t.element_size() == nbytes)
+
+
+class _Scan:
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.storages: dict[int, _Storage] = {}
+        self.param_names: dict[int, str] = {}  # id(parameter) -> its module name, for optimizer state
+        self.roots: list[tuple[str, Any]] = []  # (name, grad_fn) of every tensor found
+        self.optimizers: list[tuple[str, torch.optim.Optimizer, str]] = []
+
+    def tensor(self, t: torch.Tensor, name: str, held_by: str, root: bool = True) -> None:
+        if root and t.grad_fn is not None:
+            self.roots.append((name, t.grad_fn))
+        if (t.is_leaf or t.retains_grad) and t.grad is not None:  # .grad of other non-leaves warns
+            self.tensor(t.grad, f"{name}.grad", held_by, root)
+        if t.device.type != self.device_type:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, nested, storage-less subclasses
+            return
+        ptr, nbytes = st.data_ptr(), st.nbytes()
+        rank = HELD_BY.index(held_by)
+        s = self.storages.get(ptr)
+        if s is None:
+            s = self.storages[ptr] = _Storage(nbytes, *_meta(t, nbytes), rank)
+        elif not s.whole and t.numel() * t.element_size() == nbytes:
+            s.shape, s.dtype, s.requires_grad, s.whole = _meta(t, nbytes)
+        s.rank = min(s.rank, rank)
+        names = s.graph_names if held_by == AUTOGRAD else s.names
+        if name not in names and (held_by != AUTOGRAD or len(names) < MAX_GRAPH_NAMES):
+            names.append(name)
+
+    def walk(self, obj: Any, name: str, held_by: str, depth: int = MAX_DEPTH) -> None:
+        """Name the tensors ``obj`` holds the way ``devices.tensors_in`` finds them."""
+        if isinstance(obj, torch.Tensor):
+            self.tensor(obj, name, held_by)
+        elif isinstance(obj, torch.nn.Module):
+            for n, p in obj.named_parameters(prefix=name, remove_duplicate=False):
+                self.param_names.setdefault(id(p), n)
+                self.tensor(p, n, held_by)
+            for n, b in obj.named_buffers(prefix=name, remove_duplicate=False):
+                self.tensor(b, n, held_by)
+        elif isinstance(obj, torch.optim.Optimizer):
+            self.optimizers.append((name, obj, held_by))  # after every module, so parameters have their names
+        elif depth > 0 and isinstance(obj, (list, tuple)):
+            for i, x in enumerate(obj):
+                self.walk(x, f"{name}[{i}]", held_by, depth - 1)
+        elif depth > 0 and isinstance(obj, Mapping):
+            for k, x in list(obj.items()):
+                self.walk(x, f"{name}[{k!r}]", held_by, depth - 1)
+
+    def walk_safely(self, obj: Any, name: str, held_by: str) -> None:
+        try:
+            self.walk(obj, name, held_by)
+        except Exception:  # noqa: BLE001  a user object that fails to answer (dead weakproxy, odd Mapping)
+            pass
+
+    def walk_optimizers(self) -> None:
+        for name, opt, held_by in self.optimizers:
+            pnames: dict[int, str] = {}
+            for gi, group in enumerate(opt.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    owner = self.param_names.get(id(p))
+                    pnames[id(p)] = owner or f"{name}.param_groups[{gi}].params[{pi}]"
+                    if owner is None:
+                        self.tensor(p, pnames[id(p)], held_by)
+            for p, state in list(opt.state.items()):
+                pname = pnames.get(id(p)) or self.param_names.get(id(p), "?")
+                for k, v in list(state.items()):
+                    if isinstance(v, torch.Tensor):
+                        self.tensor(v, f"{name}.state[{pname}].{k}", held_by)
+
+    def walk_graphs(self) -> None:
+        """Saved tensors of the autograd graphs behind every tensor found (``_saved_*``, leaves' variables)."""
+        seen: dict[int, Any] = {}  # keeps nodes alive while the scan runs, so their ids stay unique
+        queue = deque((name, fn, True) for name, fn in self.roots)
+        while queue and len(seen) < MAX_GRAPH_NODES:
+            root, fn, top = queue.popleft()
+            if fn is None or id(fn) in seen:
+                continue
+            seen[id(fn)] = fn
+            at = f"{root}.grad_fn" if top else f"{root}.grad_fn…{type(fn).__name__}"
+            for attr, value in _saved(fn):
+                if isinstance(value, torch.Tensor):
+                    self.tensor(value, f"{at}.{attr}", AUTOGRAD, root=False)
+                elif isinstance(value, (list, tuple)):
+                    for i, t in enumerate(value):
+                        if isinstance(t, torch.Tensor):
+                            self.tensor(t, f"{at}.{attr}[{i}]", AUTOGRAD, root=False)
+            queue.extend((root, nxt, False) for nxt, _ in fn.next_functions)
+
+    def walk_tracebacks(self, shell: Any) -> None:
+        """Locals of the last traceback's function frames (the cell's own frame is the namespace)."""
+        seen: set[int] = set()
+        for tb in (getattr(sys, "last_traceback", None),
+                   getattr(getattr(sys, "last_exc", None), "__traceback__", None),
+                   getattr(shell.InteractiveTB, "tb", None),
+                   getattr(getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
+                           "__traceback__", None)):
+            while tb is not None:
+                f = tb.tb_frame
+                if id(f) not in seen and f.f_code.co_flags & inspect.CO_OPTIMIZED:
+                    seen.add(id(f))
+                    for n, v in list(f.f_locals.items()):
+                        self.walk_safely(v, f"{f.f_code.co_qualname}.<locals>.{n}", TRACEBACK)
+                tb = tb.tb_next
+
+
+_SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
+def _saved(fn: Any) -> list[tuple[str, Any]]:
+    """(attribute, value) of what an autograd node keeps for backward; nothing once backward freed it."""
+    cls = type(fn)
+    attrs = _SAVED_ATTRS.get(cls)
+    if attrs is None:
+        attrs = _SAVED_ATTRS[cls] = tuple(a for a in dir(cls) if a.startswith("_saved_")
+                                          or a in ("saved_tensors", "variable"))
+    out = []
+    for a in attrs:
+        try:
+            out.append((a, getattr(fn, a)))
+        except RuntimeError:  # "Trying to backward through the graph a second time": freed by backward
+            pass
+    if isinstance(fn, torch.autograd.function.BackwardCFunction):  # a custom Function's ctx.<attr> = tensor
+        out += [(a, v) for a, v in vars(fn).items() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _hidden(ns: dict[str, Any], hidden: dict[str, Any], name: str) -> bool:
+    """IPython's own entries, as ``%who`` tells them: a hidden name still bound to the hidden value."""
+    return name in hidden and hidden[name] is ns[name]
+
+
+def device_tensors(shell: Any, device_type: str = "neuron") -> TensorTable:
+    """The live ``device_type`` storages and who holds them, biggest first; holds no tensor once it returns."""
+    scan = _Scan(device_type)
+    ns, hidden = shell.user_ns, shell.user_ns_hidden
+    items = list(ns.items())
+    for name, obj in items:
+        if not _hidden(ns, hidden, name):
+            scan.walk_safely(obj, name, NAMESPACE)
+    out = getattr(getattr(shell, "history_manager", None), "output_hist", None) or {}
+    for k, obj in list(out.items()):
+        scan.walk_safely(obj, f"Out[{k}]", OUTPUT_CACHE)
+    for name, obj in items:
+        if _OUT_NAME.fullmatch(name) and _hidden(ns, hidden, name):
+            scan.walk_safely(obj, name, OUTPUT_CACHE)
+    for name in ("_", "__", "___"):
+        obj = getattr(shell.displayhook, name, None)
+        if obj is not ns.get(name):
+            scan.walk_safely(obj, name, OUTPUT_CACHE)
+    scan.walk_tracebacks(shell)
+    scan.walk_optimizers()
+    scan.walk_graphs()
+
+    rows = [TensorRow(tuple(s.names or s.graph_names), s.shape, s.dtype, s.nbytes, s.requires_grad,
+                      HELD_BY[s.rank], ptr) for ptr, s in scan.storages.items()]
+    b = _backend.active()
+    allocated = b.memory_allocated()
+    rows += [TensorRow((), a.shape, a.dtype, a.nbytes, None, UNKNOWN, a.ptr)
+             for a in b.live_allocations() if a.ptr not in scan.storages]
+    rest = allocated - sum(r.bytes for r in rows)
+    if rest > 0:  # what the backend counts but cannot list (TorchNeuron), or a scan missed
+        rows.append(TensorRow((), None, None, rest, None, UNKNOWN, None))
+    rows.sort(key=lambda r: (-r.bytes, r.names))
+    return TensorTable(device_type, allocated, rows)

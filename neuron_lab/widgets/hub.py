@@ -1,0 +1,156 @@
+"""One hub per session: the open views, the refresh thread, and the cell hooks that feed them.
+
+Sampling is plain counter reads (``backend.memory_sample``, the tracker's counts); the thread
+only assigns widget traits, which ipykernel sends as comm messages from any thread. It never
+prints or displays, and it exists only while a live view is open.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from neuron_lab.widgets import snapshot
+
+MAX_STATIC = 16
+
+
+class Hub:
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.panels: weakref.WeakSet = weakref.WeakSet()
+        self.static: list[Any] = []  # StaticViews, updated after each cell (newest MAX_STATIC kept)
+        self.strips: list[tuple[Any, Any]] = []  # (panel, display handle) of this cell's auto-dashboard strip
+        self.error: BaseException | None = None  # the refresh thread's last failure (it never prints)
+        self._free_pending = False
+        self._lock = threading.Lock()  # guards ``panels``: the thread iterates while cells open views
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        session.starting.append(self._cell_started)
+        session.listeners.append(self._cell_done)
+
+    # -- views ----------------------------------------------------------------------------------
+    def show(self, views: list[str]) -> Any:
+        """A live widget where the frontend has widgets, else a static view updated after each cell."""
+        if _frontend(self.session) == "widget":
+            return self.open(views)
+        from neuron_lab.widgets.static import StaticView
+
+        view = StaticView(self, views)
+        self.static = [*self.static, view][-MAX_STATIC:]
+        return view
+
+    def open(self, views: list[str]) -> Any:
+        from neuron_lab.widgets.panel import Panel
+
+        panel = Panel(self, views)
+        with self._lock:
+            self.panels.add(panel)
+        panel.refresh()
+        self._ensure_thread()
+        return panel
+
+    def remove(self, panel: Any) -> None:
+        with self._lock:
+            self.panels.discard(panel)
+
+    def open_panels(self) -> list[Any]:
+        with self._lock:
+            return list(self.panels)
+
+    def refresh(self) -> None:
+        for p in self.open_panels():
+            p.refresh()
+
+    def free(self) -> None:
+        """What the memory view's button does: ``%neuron free``, then fresh data everywhere.
+
+        It clears frames and collects garbage, so it runs only on the main thread between cells; a click
+        delivered elsewhere (a kernel subshell, while a cell runs) waits for the end of the running or next cell.
+        """
+        if threading.current_thread() is not threading.main_thread() or self.session.running is not None:
+            self._free_pending = True
+            return
+        self._free_pending = False
+        text = str(self.session.free())
+        for p in self.open_panels():
+            p.freed = text
+        self.refresh()
+
+    # -- cell hooks (main thread) -----------------------------------------------------------------
+    def _cell_started(self, session: Any) -> None:
+        for p in self.open_panels():
+            p.set_live(snapshot.live(session))
+        if session.config.auto_dashboard and _frontend(session) == "widget":
+            from IPython.display import display
+
+            strip = self.open(["strip"])
+            self.strips.append((strip, display(strip, display_id=True)))
+
+    def _cell_done(self, report: Any) -> None:
+        if self._free_pending:
+            self.free()  # refreshes too
+        else:
+            self.refresh()
+        for view in self.static:
+            view.update()
+        strips, self.strips = self.strips, []
+        if strips:
+            from IPython.display import HTML
+
+            from neuron_lab.widgets import static
+
+            for strip, handle in strips:  # the cell's record: the final values, as HTML that outlives the widget
+                if handle is not None:
+                    handle.update(HTML(static.render_html(strip.data, strip.live, strip.views)))
+                strip.close()
+
+    # -- the refresh thread -----------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="neuron_lab-widgets", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0 / self.session.config.widget_refresh_hz):
+            if not self.open_panels():
+                self._thread = None
+                return
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001  (a thread must not print; keep it for inspection)
+                self.error = e
+
+    def tick(self) -> None:
+        """One live update: only while a cell runs (between cells nothing moves)."""
+        if self.session.running is None:
+            return
+        live = snapshot.live(self.session)
+        self.session.timeline.sample(live["allocated"], live["t"])
+        for p in self.open_panels():
+            p.set_live(live)
+
+    def close(self) -> None:
+        """Unload: stop the thread, close every view, unhook from the session."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+        self._thread = None
+        for p in self.open_panels():
+            p.close()
+        self.static.clear()
+        for fn, hooks in ((self._cell_started, self.session.starting), (self._cell_done, self.session.listeners)):
+            if fn in hooks:
+                hooks.remove(fn)
+
+
+def _frontend(session: Any) -> str:
+    """``widget`` under a kernel, ``static`` in a terminal; ``NeuronLab.display_as`` overrides."""
+    how = session.config.display_as
+    if how != "auto":
+        return how
+    return "widget" if getattr(session.shell, "kernel", None) is not None else "static"

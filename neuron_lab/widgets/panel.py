@@ -1,0 +1,74 @@
+"""The live view: one anywidget that shows any of the views, as tabs when there are several.
+
+The kernel sends data (``data``, rebuilt after each cell) and counters (``live``, a few times a
+second while a cell runs); ``panel.js`` draws them and keeps the UI state (tab, sort, filter,
+expanded rows) in the browser, because browser-to-kernel messages wait while a cell is busy.
+The one kernel action, "free", therefore runs between cells, and the button says so.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from neuron_lab.widgets import snapshot, static
+
+_HERE = Path(__file__).parent
+
+
+class Panel(anywidget.AnyWidget):
+    _esm = (_HERE / "panel.js").read_text()
+    _css = (_HERE / "panel.css").read_text()
+
+    views = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    data = traitlets.Dict().tag(sync=True)
+    live = traitlets.Dict().tag(sync=True)
+    uid = traitlets.Unicode().tag(sync=True)  # keys the browser-side UI state across re-renders
+
+    def __init__(self, hub: Any, views: list[str], **kwargs: Any) -> None:
+        super().__init__(views=list(views), uid=uuid.uuid4().hex, **kwargs)
+        self.hub = hub
+        self.sync_lock = threading.Lock()  # the refresh thread and the main thread both send
+        self.freed: str | None = None
+        self.on_msg(self._on_frontend_msg)
+
+    # -- kernel -> browser --------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Rebuild the data of every view (main thread: after a cell, on display, after free)."""
+        data = snapshot.build(self.hub.session, self.views)
+        if self.freed and "memory" in data:
+            data["memory"]["freed"] = self.freed
+        live = snapshot.live(self.hub.session)
+        with self.sync_lock, self.hold_sync():
+            self.data = data
+            self.live = live
+
+    def set_live(self, live: dict[str, Any]) -> None:
+        with self.sync_lock:
+            self.live = live  # an equal dict sends nothing
+
+    # -- browser -> kernel (between cells) ----------------------------------------------------
+    def _on_frontend_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("action") == "free":
+            self.hub.free()
+
+    # -- display ------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs: Any):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if data is not None:  # a frontend without widgets shows these instead
+            data["text/plain"] = static.render_text(self.data, self.live, self.views)
+            data["text/html"] = static.render_html(self.data, self.live, self.views)
+        return bundle
+
+    def close(self) -> None:
+        """Stop updating this view and drop its model."""
+        hub, self.hub = getattr(self, "hub", None), None
+        if hub is not None:
+            hub.remove(self)
+        super().close()

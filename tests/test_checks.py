@@ -1,0 +1,402 @@
+"""The trust checks in a real in-process InteractiveShell: `%%neuron parity` (device against CPU) and `%%neuron compare`
+(eager against compiled), and `neuron_lab.parity` / `neuron_lab.compare` from plain Python.
+
+Known-divergent cases use the emulator's 64-bit downcast (a child process with NEURON_LAB_EMULATE_DOWNCAST=1) and a
+kernel registered at PrivateUse1 for the test only, whose device path differs on purpose."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+
+from neuron_lab.extension import session_of
+from neuron_lab.report.checks import CompareResult, ParityResult
+from neuron_lab.session import modes
+
+
+@contextmanager
+def new_shell():
+    c = Config()
+    c.HistoryAccessor.enabled = False
+    sh = InteractiveShell(config=c)
+    default_before = torch.get_default_device()
+    with capture_output():
+        sh.run_line_magic("load_ext", "neuron_lab")
+    try:
+        yield sh
+    finally:
+        with capture_output():
+            sh.run_line_magic("unload_ext", "neuron_lab")
+        torch.set_default_device(default_before)
+        InteractiveShell.clear_instance()
+
+
+@pytest.fixture
+def shell():
+    with new_shell() as sh:
+        yield sh
+
+
+def run(sh, code: str, *, ok: bool = True):
+    """Run a cell as a frontend would; returns (result, captured output)."""
+    with capture_output() as cap:
+        res = sh.run_cell(code, store_history=True)
+    if ok:
+        assert res.success, f"cell failed: {res.error_in_exec or res.error_before_exec}\n{cap.stdout}"
+    return res, cap
+
+
+def last_report(sh):
+    return next(reversed(session_of(sh).history.values()))
+
+
+@contextmanager
+def skewed_atan2(offset: float = 0.5, index: int = 1, from_call: int = 1, fail: bool = False):
+    """A PrivateUse1 kernel for aten::atan2 that differs from the CPU on purpose (element ``index`` + ``offset``,
+    from the ``from_call``-th call on), or raises; the emulator's own path comes back afterwards."""
+    calls = []
+
+    def atan2(a, b):
+        calls.append(1)
+        if fail:
+            raise RuntimeError("atan2: no kernel for this shape on the device")
+        out = torch.atan2(a.cpu(), b.cpu())
+        if len(calls) >= from_call:
+            out.view(-1)[index] += offset
+        return out.to(a.device)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("atan2", atan2, "PrivateUse1")
+    try:
+        yield calls
+    finally:
+        lib._destroy()
+
+
+SETUP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(device)
+opt = torch.optim.Adam(model.parameters(), lr=0.05)
+x = torch.randn(16, 4).to(device)
+y = torch.randn(16, 1).to(device)
+losses = []
+"""
+
+TRAIN = """
+for step in range(3):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+"""
+
+
+def describe(v, ns):
+    """What a plain run must leave, exactly: values, devices, dtypes, grads, optimizer state, and which objects
+    are the same object (an optimizer's parameters are its model's)."""
+    if isinstance(v, torch.Tensor):
+        g = v.grad if v.is_leaf else None
+        return ("tensor", str(v.device), str(v.dtype), tuple(v.shape), v.requires_grad,
+                v.detach().cpu().tolist(), None if g is None else g.cpu().tolist())
+    if isinstance(v, torch.nn.Module):
+        return ("module", type(v).__name__, v.training,
+                [(k, describe(p, ns)) for k, p in v.named_parameters()],
+                [(k, describe(b, ns)) for k, b in v.named_buffers()])
+    if isinstance(v, torch.optim.Optimizer):
+        owners = {id(p): f"{n}.{k}" for n, m in ns.items() if isinstance(m, torch.nn.Module)
+                  for k, p in m.named_parameters()}
+        params = [p for g in v.param_groups for p in g["params"]]
+        state = [(owners.get(id(p), "?"), sorted((k, describe(s, ns)) for k, s in v.state[p].items()))
+                 for p in params if p in v.state]
+        return ("optimizer", type(v).__name__, [owners.get(id(p), "?") for p in params], state)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, [describe(x, ns) for x in v])
+    if isinstance(v, (int, float, str, bool, type(None), torch.device)):
+        return v
+    return type(v).__name__
+
+
+def fingerprint(sh) -> dict:
+    ns = sh.user_ns
+    hidden = {*sh.user_ns_hidden, "In", "Out", "exit", "quit", "get_ipython"}
+    out = {n: describe(v, ns) for n, v in sorted(ns.items()) if n not in hidden and not n.startswith("_")}
+    out["<rng>"] = (torch.get_rng_state().tolist(), torch.neuron.get_rng_state().tolist())
+    return out
+
+
+# -- parity: known-equal cases -----------------------------------------------------------------
+def test_parity_of_a_training_cell_agrees_and_steps_the_parameters_once(shell):
+    run(shell, SETUP)
+    w0 = shell.user_ns["model"][0].weight.detach().cpu().clone()
+    res, cap = run(shell, "%%neuron parity\n" + TRAIN.lstrip())
+    result = res.result
+    assert isinstance(result, ParityResult) and result.passed, str(result)
+    assert (result.device, result.reference, result.seed) == ("neuron:0", "cpu", None)
+    names = [i.name for i in result.agreement.items]
+    for name in ("model.0.weight", "model.2.bias", "opt.state[0].exp_avg", "opt.state[3].exp_avg_sq", "loss",
+                 "losses[2]", "x", "y"):
+        assert name in names
+    assert names.index("opt.state[0].exp_avg") < names.index("loss") < names.index("model.0.weight")  # cell order
+    assert result.agreement.steps == 3 and result.agreement.step_counts == (3, 3)
+    ns = shell.user_ns
+    assert len(ns["losses"]) == 3  # appended once per step, by the device run only
+    assert float(ns["opt"].state[ns["model"][0].weight]["step"]) == 3.0  # stepped once per step, not twice
+    assert all(p.device.type == "neuron" for p in ns["model"].parameters())
+    assert ns["opt"].param_groups[0]["params"][0] is ns["model"][0].weight
+    assert not torch.equal(ns["model"][0].weight.detach().cpu(), w0)
+    text = str(result)
+    assert text.startswith("neuron_lab parity neuron:0 vs cpu: agree (")
+    assert "coverage profile torchneuron-2.33" in text and "NEURON_LAB_EMULATE_DOWNCAST" in text
+    assert "training steps compared: 3" in text
+    r = last_report(shell)
+    assert r.checks == [result]  # kept with the cell's report, in the history
+    assert "check: parity neuron:0 vs cpu: agree" in str(r)
+    assert "check: parity neuron:0 vs cpu: agree" in cap.stdout  # the automatic report shows it
+
+
+def test_namespace_after_parity_is_exactly_a_plain_device_runs(shell):
+    cell = TRAIN + "w = model[0].weight.detach() * 2\nsmall = [torch.tanh(x[:2]), 3]\nloss.item()\n"
+    run(shell, SETUP)
+    res, _ = run(shell, "%%neuron parity\n" + cell.lstrip())
+    assert res.result.passed
+    assert [i.name for i in res.result.agreement.items][-1] == "last value"
+    with_parity = fingerprint(shell)
+    with new_shell() as plain:
+        run(plain, SETUP)
+        run(plain, cell)
+        assert fingerprint(plain) == with_parity
+
+
+def test_random_cell_with_a_seed_matches_a_plain_run_seeded_alike(shell):
+    cell = ("noise = torch.randn(3, 5, device=device)\n"
+            "mask = torch.nn.functional.dropout(torch.ones(4, 4, device=device))")
+    run(shell, "import torch")
+    res, _ = run(shell, "%%neuron parity --seed 7\n" + cell)
+    assert res.result.passed and res.result.seed == 7  # the CPU generator and the device's drew the same numbers
+    with_parity = fingerprint(shell)
+    with new_shell() as plain:
+        run(plain, "import torch")
+        run(plain, "torch.manual_seed(7)\n" + cell)
+        assert fingerprint(plain) == with_parity
+
+
+def test_parity_leaves_no_copies_behind_and_restores_the_device_variable(shell):
+    run(shell, SETUP)
+    before = set(shell.user_ns)
+    run(shell, "%%neuron parity\nz = model(x)\nhelper = 1")
+    assert {n for n in set(shell.user_ns) - before if not n.startswith("_")} == {"z", "helper"}
+    assert shell.user_ns["device"] == torch.device("neuron", 0) and session_of(shell).device.type == "neuron"
+    assert shell.user_ns["z"].device.type == "neuron"
+    assert torch.get_default_device() == torch.device("cpu") and not modes.patched()
+
+
+# -- parity: known-divergent cases ---------------------------------------------------------------
+def test_an_op_whose_device_path_differs_is_found_with_the_right_variable(shell):
+    run(shell, "import torch\nx = torch.linspace(0.1, 1, 6, device=device)\nb = torch.ones(6, device=device)")
+    with skewed_atan2(0.5, index=4):
+        res, cap = run(shell, "%%neuron parity\na = x * 2\nz = torch.atan2(x, b)\nw = z + a\nn = int(a.sum())")
+    result = res.result
+    assert not result.passed
+    by_name = {i.name: i for i in result.agreement.items}
+    assert by_name["a"].passed and by_name["n"].passed and by_name["x"].passed
+    z = by_name["z"]
+    assert not z.passed and z.worst == (4,) and z.mismatched == 1 and z.numel == 6
+    assert z.max_abs == pytest.approx(0.5, abs=1e-5)
+    assert z.actual_value - z.expected_value == pytest.approx(0.5, abs=1e-5)
+    assert (z.rtol, z.atol) == (1.3e-6, 1e-5) and z.actual_dtype == "float32"
+    assert not by_name["w"].passed
+    d = result.agreement.divergence
+    assert (d.var, d.item, d.line, d.step) == ("z", "z", 3, None)  # z is first in cell order; line 3 of the cell
+    assert result.summary_line() == ("parity neuron:0 vs cpu: FAIL (2 of 6 items over tolerance) · "
+                                     "first: variable z, line 3")
+    assert "first divergence: variable z, line 3" in str(result)
+    html = result._repr_html_()
+    assert "<table" in html and "FAIL" in html and "first divergence: variable z, line 3" in html
+    assert "check: parity neuron:0 vs cpu: FAIL (2 of 6 items over tolerance)" in cap.stdout
+
+
+def test_the_first_training_step_that_diverged_is_reported(shell):
+    run(shell, SETUP)
+    cell = TRAIN.replace("mse_loss(model(x), y)", "mse_loss(torch.atan2(model(x), y + 2), y)")
+    with skewed_atan2(0.25, index=0, from_call=2) as calls:
+        res, _ = run(shell, "%%neuron parity\n" + cell.lstrip())
+    assert len(calls) == 3  # the device run only
+    a = res.result.agreement
+    step = a.divergence.step
+    assert (step.step, step.passed) == (2, False)  # step 1 agreed; step 2 is where the loss parted
+    assert step.site.line == 5 and step.site.source == "loss.backward()"
+    assert step.actual != pytest.approx(step.expected)
+    assert "first divergence: step 2 (loss at In[" in str(res.result)
+    assert {i.name for i in a.failed} >= {"losses[1]", "losses[2]", "model.0.weight"}
+    assert next(i for i in a.items if i.name == "losses[0]").passed
+
+
+def test_a_failure_in_the_reference_run_only_is_a_finding(shell):
+    run(shell, "import torch\nx = torch.ones(3, device=device)")
+    res, _ = run(shell, "%%neuron parity\ny = x + 1\nif y.device.type == 'cpu':\n    raise ValueError('cpu only')\n")
+    a = res.result.agreement
+    assert not res.result.passed and a.expected_error == "ValueError: cpu only" and a.actual_error is None
+    assert res.result.summary_line() == "parity neuron:0 vs cpu: FAIL: the cpu run raised ValueError: cpu only"
+    assert shell.user_ns["y"].device.type == "neuron"
+
+
+def test_a_failing_device_run_raises_as_usual_and_the_finding_is_kept(shell):
+    run(shell, "import torch\nx = torch.ones(3, device=device)")
+    with skewed_atan2(fail=True):
+        res, _ = run(shell, "%%neuron parity\nbefore = x * 3\nz = torch.atan2(x, x)\nafter = 1", ok=False)
+    err = res.error_in_exec
+    assert isinstance(err, RuntimeError) and "no kernel for this shape" in str(err)
+    assert err.__notes__ == ["neuron_lab parity: the neuron:0 run raised; the cpu reference run ran without error"]
+    ns = shell.user_ns
+    assert ns["before"].device.type == "neuron" and "after" not in ns and "z" not in ns  # as a plain run leaves it
+    (check,) = last_report(shell).checks
+    assert check.agreement.actual_error.startswith("RuntimeError: atan2: no kernel")
+    assert last_report(shell).error.startswith("RuntimeError")
+
+
+def test_vars_limits_what_is_compared(shell):
+    run(shell, "import torch\nx = torch.ones(3, device=device)")
+    res, _ = run(shell, "%%neuron parity --vars b nothing\na = x + 1\nb = a * 2")
+    items = res.result.agreement.items
+    assert [(i.name, i.passed) for i in items] == [("b", True), ("nothing", False)]
+    assert items[1].problem == "not defined after either run"
+
+
+def test_given_tolerances_replace_the_dtype_defaults(shell):
+    run(shell, "import torch\nx = torch.linspace(0.1, 1, 6, device=device)")
+    with skewed_atan2(1e-3, index=2):
+        res, _ = run(shell, "%%neuron parity --rtol 0 --atol 0.01\nz = torch.atan2(x, x + 1)")
+    (z,) = [i for i in res.result.agreement.items if i.name == "z"]
+    assert z.passed and (z.rtol, z.atol) == (0.0, 0.01) and z.max_abs == pytest.approx(1e-3, rel=1e-3)
+    assert "rtol 0, atol 0.01" in str(res.result)
+
+
+def test_a_float64_computation_that_loses_precision_under_the_downcast_is_found(run_python):
+    out = run_python("""
+        import json
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        from traitlets.config import Config
+        c = Config(); c.HistoryAccessor.enabled = False
+        sh = InteractiveShell(config=c)
+        with capture_output():
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("import torch\\nx = torch.full((8,), 1 + 1e-6, dtype=torch.float64).to(device)",
+                        store_history=True)
+            res = sh.run_cell("%%neuron parity\\nk = x.float() * 2\\ny = (x - 1) * 1e6", store_history=True)
+        r = res.result
+        items = {i.name: [i.passed, i.max_abs, i.actual_dtype] for i in r.agreement.items}
+        print(json.dumps({"passed": r.passed, "first": r.agreement.divergence.var, "items": items,
+                          "emulated": r.downcast_emulation, "downcasts": r.downcasts, "ops": r.downcast_ops,
+                          "text": str(r)}))
+    """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
+    assert out["passed"] is False and out["first"] == "y"
+    assert out["items"]["x"][0] and out["items"]["k"][0]  # the copy to the device and the float32 math agree
+    passed, max_abs, dtype = out["items"]["y"]
+    assert not passed and dtype == "float64" and 0.01 < max_abs < 0.1  # 1e-6 is 1.0000000953… in float32
+    assert out["emulated"] is True and out["downcasts"] == 2 and out["ops"] == ["aten::sub", "aten::mul"]
+    assert "64-bit downcast emulated (NEURON_LAB_EMULATE_DOWNCAST=1: float64 computed in float32)" in out["text"]
+    assert "2 64-bit op calls (aten::sub, aten::mul)" in out["text"]
+
+
+def test_the_same_float64_cell_agrees_without_the_emulated_downcast(shell):
+    run(shell, "import torch\nx = torch.full((8,), 1 + 1e-6, dtype=torch.float64).to(device)")
+    res, _ = run(shell, "%%neuron parity\ny = (x - 1) * 1e6")
+    assert res.result.passed and res.result.downcast_emulation is False and res.result.downcasts == 2
+
+
+# -- bad flags -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("line, message", [
+    ("%%neuron parity --rtol 1e-3", "give both --rtol and --atol, or neither"),
+    ("%%neuron parity --rtol x --atol 1", "argument --rtol: invalid float value: 'x'"),
+    ("%%neuron parity --rtol -1 --atol 1", "--rtol and --atol must be >= 0"),
+    ("%%neuron parity --against neuron", "the reference device is the notebook device (neuron:0)"),
+    ("%%neuron parity --against tpu", "'tpu' is not a device string"),
+    ("%%neuron parity --vars 1x", "--vars takes variable names, not '1x'"),
+    ("%%neuron parity --seed 1.5", "argument --seed: invalid int value: '1.5'"),
+    ("%%neuron compare --runs 0", "--warmup must be >= 0 and --runs >= 1"),
+    ("%%neuron compare --warmup -1", "--warmup must be >= 0 and --runs >= 1"),
+    ("%%neuron compare --device cpu", "unrecognized arguments: --device cpu"),
+])
+def test_bad_flags_are_usage_errors_and_nothing_runs(shell, line, message):
+    run(shell, "import torch\ncount = 0")
+    state = (session_of(shell).device, session_of(shell).mode, shell.user_ns["device"], torch.get_default_device())
+    res, _ = run(shell, f"{line}\ncount += 1\n", ok=False)
+    assert isinstance(res.error_in_exec, UsageError), res.error_in_exec
+    assert message in str(res.error_in_exec)
+    assert "usage: %%neuron" in str(res.error_in_exec)
+    assert shell.user_ns["count"] == 0
+    assert state == (session_of(shell).device, session_of(shell).mode, shell.user_ns["device"],
+                     torch.get_default_device())
+    assert not modes.patched()
+
+
+def test_parity_and_compare_are_cell_magics_only(shell):
+    for cmd in ("parity", "compare"):
+        res, _ = run(shell, f"%neuron {cmd}", ok=False)
+        assert str(res.error_in_exec) == f"%neuron {cmd}: is a cell magic (`%%neuron {cmd}` on a cell's first line) " \
+                                         "(it checks that one cell)."
+    res, _ = run(shell, "%%neuron status\n1", ok=False)
+    assert "%%neuron parity [--against cpu|DEVICE]" in str(res.error_in_exec)
+    assert "%%neuron compare [--warmup W] [--runs N] [--fullgraph]" in str(res.error_in_exec)
+
+
+# -- compare ---------------------------------------------------------------------------------------
+BREAKING = """
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum() > 0:
+            return torch.relu(y)
+        return y
+torch.manual_seed(0)
+net = Net().to(device)
+opt = torch.optim.Adam(net.parameters(), lr=0.1)
+x = torch.randn(3, 4).to(device)
+"""
+
+
+@pytest.mark.xfail(reason="issue 5 in progress: the eager/compiled outputs of this cell do not agree yet", strict=False)
+def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(shell):
+    run(shell, BREAKING)
+    w0 = shell.user_ns["net"].fc.weight.detach().cpu().clone()
+    res, cap = run(shell, "%%neuron compare --warmup 1 --runs 3\nopt.zero_grad()\nout = net(x)\nout.sum().backward()"
+                          "\nopt.step()\nout.shape")
+    r = res.result
+    assert isinstance(r, CompareResult) and r.passed, str(r)
+    for t in (r.eager, r.compiled):
+        assert len(t.runs_s) == 3 and all(s > 0 for s in t.runs_s) and t.first_s > 0
+        assert t.min_s <= t.median_s <= t.max_s
+    assert r.speedup > 0 and r.compile_cost_s >= 0 and r.compile_s > 0 and r.frames >= 1 and r.graphs >= 1
+    assert r.break_even is None or r.break_even >= 1
+    model_cell = res.execution_count - 1
+    assert [(b.site.cell, b.site.line, b.site.source) for b in r.breaks] == [(model_cell, 9, "if y.sum() > 0:")]
+    assert {i.name for i in r.agreement.items} >= {"out", "net.fc.weight", "net.fc.bias"}
+    ns = shell.user_ns
+    p = ns["net"].fc.weight
+    assert float(ns["opt"].state[p]["step"]) == 1.0  # the real run stepped once; the 8 copy runs left it alone
+    assert not torch.equal(p.detach().cpu(), w0) and p.device.type == "neuron"
+    assert ns["out"].shape == (3, 4)
+    text = str(r)
+    assert text.startswith("neuron_lab compare eager ") and "graph break at In[" in text
+    assert "numeric agreement, compiled against eager: agree" in text
+    assert "<table" in r._repr_html_()
+    assert last_report(shell).checks == [r]
+    assert f"check: {r.summary_line()}" in cap.stdout
+    assert not modes.patched() and shell.user_ns["device"] == torch.device("neuron", 0)
+    data = json.loads(json.dumps(r.as_dict()))
+    assert data["kind"] == "compare" and len(data["eager"]["runs_s"]) == 3 and data["speedup"] > 0
+

@@ -1,0 +1,292 @@
+"""The live views without a browser: widget model state after known cells, live updates while a cell
+runs (counted on a recording comm), throttling, the free button's real message path, closing and
+unloading, and the text fallback where there is no widget frontend."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import comm
+import pytest
+from comm.base_comm import BaseComm
+from IPython.utils.capture import capture_output
+from shells import loaded_shell, run
+
+from neuron_lab import backend
+from neuron_lab.extension import session_of
+from neuron_lab.widgets.panel import Panel
+
+
+class RecordingComm(BaseComm):
+    """A comm that keeps what the kernel would send to the browser, with the time it was sent."""
+
+    sent: list[tuple[float, str, dict]] = []
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        RecordingComm.sent.append((time.perf_counter(), msg_type, data or {}))
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    RecordingComm.sent = []
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(**kw))
+    return RecordingComm.sent
+
+
+@pytest.fixture
+def shell(recording):
+    with loaded_shell(instance=True) as sh:
+        yield sh
+
+
+def widget_shell(sh):
+    run(sh, "%config NeuronLab.display_as = 'widget'")
+    return sh
+
+
+TRAIN = """\
+import torch
+x = torch.ones(1000, device='neuron')
+y = torch.atan2(x, x)
+"""
+
+
+def test_dashboard_widget_state_after_known_cells(shell):
+    sh = widget_shell(shell)
+    base = backend.active().memory_allocated()  # what earlier tests in this process left
+    run(sh, TRAIN)  # In[2]: x and y, 4000 bytes each; one atan2 fallback at line 3
+    run(sh, "panel = %neuron dashboard")
+    panel = sh.user_ns["panel"]
+    assert isinstance(panel, Panel)
+    assert panel.views == ["memory", "tensors", "fallbacks", "compiles"]
+    d = panel.data
+    row = [r for r in d["memory"]["rows"] if r["cell"] == 2]
+    assert row == [{"cell": 2, "before": base, "after": base + 8000, "delta": 8000, "peak": base + 8000,
+                    "wall_s": row[0]["wall_s"]}]
+    (op,) = d["fallbacks"]["all"]
+    assert (op["op"], op["kind"], op["count"]) == ("aten::atan2.out", "fallback", 1)
+    assert [(s["cell"], s["line"], s["source"], s["count"]) for s in op["sites"]] == [
+        (2, 3, "y = torch.atan2(x, x)", 1)]
+    assert op["shapes"] == [[1000], [1000], [1000]] and op["dtypes"] == ["float32"] * 3
+    assert d["fallbacks"]["last"] == 2 and d["fallbacks"]["cell"] == d["fallbacks"]["all"]
+    assert d["header"]["profile"] == backend.active().profile.name
+    assert "%neuron profile" in d["header"]["profile_hint"]
+    assert panel.live["allocated"] == base + 8000 == backend.active().memory_allocated()
+    assert panel.live["capacity"] == backend.active().capacity()
+    # the timeline has the cell's two exact samples and its span
+    cells = [c for c in d["memory"]["cells"] if c[0] == 2]
+    assert len(cells) == 1 and cells[0][1] <= cells[0][2]
+    assert [b for t, b in d["memory"]["points"] if cells[0][1] <= t <= cells[0][2]][-1] == base + 8000
+    # the next cell refreshes the data: a second atan2 call from another line
+    run(sh, "z = torch.atan2(x, x)\nw = torch.atan2(x, x)")
+    (op,) = panel.data["fallbacks"]["all"]
+    assert op["count"] == 3
+    assert [(s["cell"], s["line"]) for s in op["sites"]] == [(2, 3), (4, 1), (4, 2)]
+    assert panel.data["fallbacks"]["last"] == 4
+    assert [r["count"] for r in panel.data["fallbacks"]["cell"]] == [2]  # "this cell": In[4] only
+
+
+def test_single_views_and_bad_view_names(shell):
+    sh = widget_shell(shell)
+    for name in ("memory", "tensors", "fallbacks", "compiles"):
+        run(sh, f"v = %neuron {name}")
+        v = sh.user_ns["v"]
+        assert v.views == [name] and set(v.data) == {"header", name}
+    run(sh, "v = %neuron dashboard fallbacks memory")
+    assert sh.user_ns["v"].views == ["fallbacks", "memory"]
+    res, _ = run(sh, "%neuron dashboard gpu", ok=False)
+    assert "unknown view gpu; views: memory, tensors, fallbacks, compiles" in str(res.error_in_exec)
+    res, _ = run(sh, "%neuron memory --all", ok=False)
+    assert "unrecognized arguments: --all" in str(res.error_in_exec)
+
+
+def test_live_updates_move_while_the_cell_runs_and_are_throttled(shell, recording):
+    sh = widget_shell(shell)
+    run(sh, "%config NeuronLab.widget_refresh_hz = 4.0")
+    run(sh, "panel = %neuron memory")
+    panel = sh.user_ns["panel"]
+    mark = len(recording)
+    start = time.perf_counter()
+    res, _ = run(sh, """\
+import time, torch
+keep = []
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 1.5:
+    keep.append(torch.ones(256, device='neuron'))
+    torch.atan2(keep[-1], keep[-1])
+    time.sleep(0.002)
+""")
+    end = time.perf_counter()
+    during = [(t, d["state"]["live"]) for t, kind, d in recording[mark:]
+              if kind == "comm_msg" and "live" in d.get("state", {}) and t < end]
+    busy = [live for _, live in during if live.get("busy")]
+    # the values moved while the cell ran: memory and the fallback count grew between updates
+    assert len({live["allocated"] for live in busy}) >= 3, busy
+    assert len({live["fallback_calls"] for live in busy}) >= 3
+    assert {live["cell"] for live in busy} - {None} == {res.execution_count}  # None: not compiled yet
+    # at most ~4 per second, plus the cell's start and end updates
+    assert len(during) <= 4 * (end - start) + 3, len(during)
+    # one data refresh after the cell, sent as one message with the idle live state (hold_sync)
+    last = [d["state"] for _, kind, d in recording[mark:] if kind == "comm_msg" and "data" in d.get("state", {})]
+    assert len(last) == 1 and "live" in last[0] and last[0]["live"]["busy"] is False
+    assert panel.live["allocated"] == backend.active().memory_allocated()
+
+
+def test_refresh_rate_is_configurable(shell, recording):
+    sh = widget_shell(shell)
+    run(sh, "%config NeuronLab.widget_refresh_hz = 1.0")
+    run(sh, "panel = %neuron memory")
+    mark = len(recording)
+    run(sh, "import time, torch\nxs = []\nfor _ in range(30):\n    xs.append(torch.ones(64, device='neuron'))"
+            "\n    time.sleep(0.05)")
+    live = [d for _, kind, d in recording[mark:] if kind == "comm_msg" and "live" in d.get("state", {})
+            and d["state"]["live"].get("busy")]
+    assert 1 <= len(live) <= 4, len(live)  # 1.5 s at 1 Hz, plus the cell's start
+
+
+def test_closing_a_view_stops_its_updates_and_the_thread(shell, recording):
+    sh = widget_shell(shell)
+    run(sh, "panel = %neuron memory")
+    panel = sh.user_ns["panel"]
+    hub = panel.hub
+    assert any(t.name == "neuron_lab-widgets" for t in threading.enumerate())
+    panel.close()
+    assert panel.comm is None and panel not in hub.open_panels()
+    mark = len(recording)
+    run(sh, "import time, torch\nq = torch.ones(512, device='neuron')\ntime.sleep(0.8)")
+    assert [m for m in recording[mark:] if m[1] == "comm_msg"] == []
+    deadline = time.time() + 3
+    while any(t.name == "neuron_lab-widgets" for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "neuron_lab-widgets" for t in threading.enumerate())
+
+
+def test_unload_closes_every_view_and_stops_the_thread(shell, recording):
+    sh = widget_shell(shell)
+    run(sh, "a = %neuron dashboard\nb = %neuron fallbacks")
+    a, b = sh.user_ns["a"], sh.user_ns["b"]
+    session = session_of(sh)
+    with capture_output():
+        sh.run_line_magic("unload_ext", "neuron_lab")
+    assert a.comm is None and b.comm is None
+    assert not any(t.name == "neuron_lab-widgets" for t in threading.enumerate())
+    assert session.starting == [] and session.listeners == []
+    mark = len(recording)
+    run(sh, "import torch\nr = torch.atan2(torch.ones(3, device='neuron'), torch.ones(3, device='neuron'))")
+    assert [m for m in recording[mark:] if m[1] == "comm_msg"] == []
+    with capture_output():  # the fixture unloads again: loading again must start clean
+        sh.run_line_magic("load_ext", "neuron_lab")
+
+
+def test_free_button_drops_ipython_references_between_cells(shell):
+    sh = widget_shell(shell)
+    base = backend.active().memory_allocated()
+    run(sh, "import torch\nbig = torch.ones(1 << 16, device='neuron')")
+    run(sh, "big")  # Out[3], _ and _3 hold it
+    run(sh, "del big")
+    run(sh, "panel = %neuron memory")
+    panel = sh.user_ns["panel"]
+    assert backend.active().memory_allocated() == base + (1 << 18)
+    # the browser's click arrives as a custom comm message; ipywidgets routes it to the handler
+    panel._handle_msg({"content": {"data": {"method": "custom", "content": {"action": "free"}}}, "buffers": []})
+    assert backend.active().memory_allocated() == base
+    assert panel.live["allocated"] == base
+    assert panel.data["memory"]["freed"].startswith("freed 256.00 KiB of device memory")
+    assert "Out" in sh.user_ns and 3 not in sh.user_ns["Out"]
+
+
+def test_views_hold_no_tensor(shell):
+    sh = widget_shell(shell)
+    base = backend.active().memory_allocated()
+    run(sh, "import torch\nt = torch.ones(4096, device='neuron', requires_grad=True)\nu = (t * 2).sum()")
+    run(sh, "panel = %neuron dashboard")
+    run(sh, "del t, u")
+    assert backend.active().memory_allocated() == base
+
+
+def test_auto_dashboard_strip_lives_during_the_cell_and_leaves_html(shell, recording):
+    sh = widget_shell(shell)
+    run(sh, "%config NeuronLab.auto_dashboard = True")
+    seen = {}
+    code = ("import torch\nfrom neuron_lab.extension import session_of\nfrom neuron_lab import widgets\n"
+            "h = widgets.hub_of(session_of(get_ipython()))\nstrips = [p for p, _ in h.strips]\n"
+            "x = torch.atan2(torch.ones(8, device='neuron'), torch.ones(8, device='neuron'))")
+    res, cap = run(sh, code)
+    strips = sh.user_ns["strips"]
+    assert len(strips) == 1 and strips[0].views == ["strip"]
+    seen["strip"] = strips[0]
+    assert strips[0].comm is None  # closed after the cell
+    html = [o.data.get("text/html", "") for o in cap.outputs]
+    assert any("1 CPU fallback calls" in h for h in html), html
+    assert session_of(sh) is not None and not seen["strip"].hub
+
+
+def test_plain_ipython_gets_the_text_view(shell):
+    run(shell, TRAIN)
+    res, cap = run(shell, "%neuron dashboard")
+    text = cap.stdout
+    assert "aten::atan2.out" in text and "In[1] line 3: y = torch.atan2(x, x)" in text
+    assert "memory: peak" in text and "compiles: 0 frames" in text
+    res, cap = run(shell, "%neuron fallbacks")
+    assert "In[1] line 3" in cap.stdout and "memory: peak" not in cap.stdout
+
+
+def test_tensors_view_names_holders_and_matches_memory_allocated(shell):
+    sh = widget_shell(shell)
+    base = backend.active().memory_allocated()
+    run(sh, "import torch\nmodel = torch.nn.Linear(4, 2).to('neuron')\nopt = torch.optim.Adam(model.parameters())\n"
+            "model(torch.ones(3, 4, device='neuron')).sum().backward()\nopt.step()")
+    run(sh, "torch.ones(5, device='neuron')")  # shown, so Out[N] holds it
+    run(sh, "panel = %neuron tensors")
+    t = sh.user_ns["panel"].data["tensors"]
+    assert t["total"] == t["allocated"] == backend.active().memory_allocated() == base + 160 + 20
+    named = {n: (r["bytes"], r["held_by"]) for r in t["rows"] for n in r["names"]}
+    assert named["model.weight"] == (32, "namespace") and named["model.bias.grad"] == (8, "namespace")
+    assert named["opt.state[model.weight].exp_avg_sq"] == (32, "namespace")
+    assert named["Out[3]"] == (20, "IPython output cache")
+    assert [r["bytes"] for r in t["rows"]] == sorted((r["bytes"] for r in t["rows"]), reverse=True)
+
+
+def test_profile_magic_names_and_switches_the_coverage_profile(shell, tmp_path):
+    import json
+
+    b = backend.active()
+    before = b.profile
+    res, _ = run(shell, "%neuron profile")
+    assert str(res.result).startswith(f"coverage profile: {before.name} (")
+    assert "switch with `%neuron profile NAME|FILE`" in str(res.result)
+    res, _ = run(shell, "%neuron profile no-such-profile", ok=False)
+    assert "%neuron profile: no profile 'no-such-profile'" in str(res.error_in_exec)
+    assert b.profile is before
+    everything_native = tmp_path / "all-native.json"
+    everything_native.write_text(json.dumps({"schema_version": 1, "name": "all-native", "source": "test",
+                                             "date": "2026-12-02", "default": {"kind": "native"}}))
+    try:
+        res, _ = run(shell, f"%neuron profile {everything_native}")
+        assert str(res.result).startswith("coverage profile: all-native (test, 2026-12-02)")
+        run(shell, "%config NeuronLab.display_as = 'widget'")
+        run(shell, TRAIN)
+        res, _ = run(shell, "panel = %neuron fallbacks")
+        data = shell.user_ns["panel"].data
+        assert data["header"]["profile"] == "all-native" and data["fallbacks"]["all"] == []
+    finally:
+        b.set_profile(before.path if before.path and not before.path.startswith("<bundled>") else before.name)
+    assert b.profile.name == before.name
+
+
+def test_a_free_click_off_the_main_thread_waits_for_the_cell_end(shell):
+    """With kernel subshells a click may arrive on another thread, even mid-cell: it must not free then."""
+    sh = widget_shell(shell)
+    base = backend.active().memory_allocated()
+    run(sh, "import torch\ntorch.ones(1 << 10, device='neuron')")  # Out holds 4 KiB
+    run(sh, "panel = %neuron memory")
+    panel = sh.user_ns["panel"]
+    click = threading.Thread(target=panel._handle_msg, args=(
+        {"content": {"data": {"method": "custom", "content": {"action": "free"}}}, "buffers": []},))
+    click.start()
+    click.join()
+    assert backend.active().memory_allocated() == base + 4096  # not yet
+    run(sh, "pass")
+    assert backend.active().memory_allocated() == base
+    assert panel.data["memory"]["freed"].startswith("freed 4.00 KiB of device memory")
