@@ -12,45 +12,17 @@ from contextlib import contextmanager
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.utils.capture import capture_output
-from traitlets.config import Config
+from shells import loaded_shell, run
 
 from neuron_lab.extension import session_of
 from neuron_lab.report.checks import CompareResult, ParityResult
 from neuron_lab.session import modes
 
 
-@contextmanager
-def new_shell():
-    c = Config()
-    c.HistoryAccessor.enabled = False
-    sh = InteractiveShell(config=c)
-    default_before = torch.get_default_device()
-    with capture_output():
-        sh.run_line_magic("load_ext", "neuron_lab")
-    try:
-        yield sh
-    finally:
-        with capture_output():
-            sh.run_line_magic("unload_ext", "neuron_lab")
-        torch.set_default_device(default_before)
-        InteractiveShell.clear_instance()
-
-
 @pytest.fixture
 def shell():
-    with new_shell() as sh:
+    with loaded_shell() as sh:
         yield sh
-
-
-def run(sh, code: str, *, ok: bool = True):
-    """Run a cell as a frontend would; returns (result, captured output)."""
-    with capture_output() as cap:
-        res = sh.run_cell(code, store_history=True)
-    if ok:
-        assert res.success, f"cell failed: {res.error_in_exec or res.error_before_exec}\n{cap.stdout}"
-    return res, cap
 
 
 def last_report(sh):
@@ -170,7 +142,7 @@ def test_namespace_after_parity_is_exactly_a_plain_device_runs(shell):
     assert res.result.passed
     assert [i.name for i in res.result.agreement.items][-1] == "last value"
     with_parity = fingerprint(shell)
-    with new_shell() as plain:
+    with loaded_shell() as plain:
         run(plain, SETUP)
         run(plain, cell)
         assert fingerprint(plain) == with_parity
@@ -183,7 +155,7 @@ def test_random_cell_with_a_seed_matches_a_plain_run_seeded_alike(shell):
     res, _ = run(shell, "%%neuron parity --seed 7\n" + cell)
     assert res.result.passed and res.result.seed == 7  # the CPU generator and the device's drew the same numbers
     with_parity = fingerprint(shell)
-    with new_shell() as plain:
+    with loaded_shell() as plain:
         run(plain, "import torch")
         run(plain, "torch.manual_seed(7)\n" + cell)
         assert fingerprint(plain) == with_parity
