@@ -68,7 +68,7 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
     def fresh() -> dict[str, Any]:
         c = copies.copy_state(live, names, device, device)
         shared[:] = c.shared
-        return {**live, **c.values}
+        return {**subject.namespace, **c.values}  # now: with the globals earlier compiled runs installed
 
     downcasts = parity.Downcasts()
     opts = modes.CompileOptions(options.backend, options.fullgraph)

@@ -110,6 +110,9 @@ class CellSubject(Subject):
 
     @contextlib.contextmanager
     def swapped(self, ns: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The shell's namespace holds ``ns`` for the run, and what it held afterwards. Dunder names the run
+        added stay: dynamo installs the globals its compiled code calls (``__compiled_fn_…``, ``__resume_at_…``)
+        into the cell's globals, and the code cache outlives the run."""
         live = self.namespace
         saved = dict(live)
         live.clear()
@@ -117,8 +120,10 @@ class CellSubject(Subject):
         try:
             yield live
         finally:
+            compiled = {k: v for k, v in live.items() if k.startswith("__") and k not in saved}
             live.clear()
             live.update(saved)
+            live.update(compiled)
 
     def quiet(self) -> contextlib.AbstractContextManager:
         from IPython.utils.capture import capture_output
