@@ -376,3 +376,58 @@ def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(s
     res, _ = run(shell, "%%neuron compile\nnet(x)")
     torch.testing.assert_close(res.result, expected)
 
+
+
+def test_namespace_after_compare_is_exactly_a_plain_runs_and_the_compile_panel_shows_it(shell):
+    from neuron_lab.widgets import snapshot
+
+    run(shell, SETUP)
+    res, _ = run(shell, "%%neuron compare --warmup 0 --runs 2\n" + TRAIN.lstrip())
+    r = res.result
+    assert r.passed and r.agreement.steps == 3, str(r)  # the training steps of the two modes agree too
+    with_compare = fingerprint(shell)
+    with loaded_shell() as plain:
+        run(plain, SETUP)
+        run(plain, TRAIN)
+        assert fingerprint(plain) == with_compare  # copies ran 6 times; the user's model stepped 3 times
+    (row,) = [x for x in snapshot.compiles(session_of(shell))["rows"] if x["checks"]]
+    assert row["cell"] == res.execution_count and row["checks"][0].startswith("neuron_lab compare eager ")
+    assert "outputs agree (23 items, 3 steps)" in row["checks"][0]
+
+
+def test_a_fullgraph_compile_that_fails_is_a_finding_and_the_cell_still_runs(shell):
+    run(shell, BREAKING.lstrip())
+    res, _ = run(shell, "%%neuron compare --fullgraph --runs 1\nout = net(x)")
+    r = res.result
+    assert not r.passed and r.compiled is None and r.eager is not None
+    assert r.agreement.actual_error.startswith("Unsupported") or "graph break" in r.agreement.actual_error.lower()
+    assert r.summary_line().startswith("compare eager vs compiled (neuron): FAIL: the compiled run raised ")
+    assert shell.user_ns["out"].shape == (3, 4) and not modes.patched()  # the real run ran, in the cell's mode
+
+
+def test_parity_and_compare_from_plain_python_leave_the_arguments_alone():
+    import neuron_lab
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to("neuron")
+    x = torch.linspace(0.1, 1, 6).reshape(2, 3).to("neuron")
+    w0 = model.weight.detach().cpu().clone()
+
+    def head(m, t):
+        return torch.atan2(m(t), t[:, :2] + 2)
+
+    ok = neuron_lab.parity(head, model, x)
+    assert ok.passed and (ok.device, ok.reference) == ("neuron:0", "cpu")
+    assert [i.name for i in ok.agreement.items] == ["m.weight", "m.bias", "t", "last value"]
+    with skewed_atan2(0.5, index=3):
+        bad = neuron_lab.parity(head, model, x)
+    assert not bad.passed and bad.agreement.divergence.item == "last value"
+    (worst,) = bad.agreement.failed
+    assert worst.worst == (1, 1) and worst.max_abs == pytest.approx(0.5, abs=1e-5)
+    c = neuron_lab.compare(model, x, warmup=1, runs=3)
+    assert c.passed and len(c.eager.runs_s) == 3 and len(c.compiled.runs_s) == 3 and c.speedup > 0
+    assert torch.equal(model.weight.detach().cpu(), w0) and model.weight.device.type == "neuron"
+    with pytest.raises(ValueError, match="give both rtol and atol, or neither"):
+        neuron_lab.parity(head, model, x, rtol=1e-3)
+    with pytest.raises(ValueError, match="parity needs the arguments on another device than the reference"):
+        neuron_lab.parity(head, model.cpu(), x.cpu())

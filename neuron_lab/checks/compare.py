@@ -35,12 +35,12 @@ class CompareOptions:
 
 def _series(subject: runs.Subject, fresh: Callable[[], dict[str, Any]], device: torch.device, mode: str,
             opts: modes.CompileOptions | None, options: CompareOptions, start: runs.RngState,
-            exclude: Callable[[], Any]) -> tuple[runs.Run, Timing | None]:
-    def once() -> runs.Run:
+            locator: Locator, exclude: Callable[[], Any]) -> tuple[runs.Run, Timing | None]:
+    def once(locator: Locator | None = None) -> runs.Run:
         return runs.run(subject, rng=start.restore, ns=fresh(), device=device, source=device, mode=mode,
-                        options=opts, exclude=exclude, timed=True)
+                        options=opts, locator=locator, exclude=exclude, timed=True)
 
-    first = once()
+    first = once(locator)  # the run whose outputs and training steps are compared
     if first.error is not None:
         return first, None
     for _ in range(options.warmup):
@@ -74,12 +74,13 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
     opts = modes.CompileOptions(options.backend, options.fullgraph)
     with runs.rng_preserved({device.type}) as start:  # every run draws what the real run will draw
         with downcasts.watching():
-            eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, exclude)
+            eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, locator, exclude)
         trace = CompileTrace(locator, _backend.active().dynamo_metrics if _backend.is_active() else None)
         trace.start()
         try:
             with subject.compiled(opts):
-                compiled, compiled_t = _series(subject, fresh, device, modes.COMPILE, opts, options, start, exclude)
+                compiled, compiled_t = _series(subject, fresh, device, modes.COMPILE, opts, options, start, locator,
+                                                       exclude)
         finally:
             compiles = trace.stop()
     a = agreement.build(subject, live, compiled, eager, ("compiled", "eager"))
