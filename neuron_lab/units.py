@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# Binary multiples for every spelling, as NEURON_LAB_DEVICE_MEMORY has always read them ("2GB" is 2 GiB).
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
+
 
 def format_size(n: int) -> str:
     """Binary units, two decimals: ``format_size(3 * 2**20) == "3.00 MiB"``."""
@@ -21,3 +25,13 @@ def format_seconds(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.1f} ms"
     return f"{s * 1e6:.0f} µs"
+
+
+def parse_size(text: str) -> int:
+    """``"24GiB"``, ``"512m"``, ``"1048576"`` -> bytes."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    if not num or unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size (examples: 24GiB, 512MiB, 1048576)")
+    return int(float(num) * _UNITS[unit])

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab.session.devices import footprint
+from neuron_lab.session.devices import tensors_in
 from neuron_lab.units import format_size
 
 
@@ -43,9 +43,26 @@ class FreeReport:
         p.text(str(self))
 
 
+def _storages(objs: list[Any], device_type: str) -> dict[int, int]:
+    """Data pointer -> bytes of the ``device_type`` storages behind the tensors in ``objs``.
+
+    A view keeps its whole storage alive, so freeing it releases the storage's bytes, not the view's.
+    """
+    sizes: dict[int, int] = {}
+    for obj in objs:
+        try:
+            for t in tensors_in(obj):
+                if t.device.type == device_type:
+                    st = t.untyped_storage()
+                    sizes[st.data_ptr()] = st.nbytes()
+        except ReferenceError:  # a dead weakproxy somewhere in a container
+            pass
+    return sizes
+
+
 def _holds(obj: Any, device_type: str) -> int:
-    """Bytes of ``device_type`` tensors that ``obj`` holds."""
-    return footprint(obj, device_type)[1]
+    """Bytes of the ``device_type`` storages that ``obj`` holds."""
+    return sum(_storages([obj], device_type).values())
 
 
 def _function_frames(tb: Any) -> list[Any]:
@@ -59,13 +76,14 @@ def _function_frames(tb: Any) -> list[Any]:
 
 
 def _frames_bytes(frames: list[Any], device_type: str) -> int:
-    total = 0
+    """Bytes of the distinct device storages the frames hold (one tensor is often in several frames)."""
+    values: list[Any] = []
     for f in frames:
         try:
-            total += sum(_holds(v, device_type) for v in f.f_locals.values())
+            values += f.f_locals.values()
         except Exception:
             pass
-    return total
+    return sum(_storages(values, device_type).values())
 
 
 def release(shell: Any, device_type: str = "neuron") -> FreeReport:

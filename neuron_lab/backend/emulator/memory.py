@@ -18,13 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_lab.units import format_size
+from neuron_lab.units import format_size, parse_size
 
 DEFAULT_CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
 CAPACITY_ENV = "NEURON_LAB_DEVICE_MEMORY"
 BLOCK = 512  # reserved bytes are rounded like the CUDA caching allocator's blocks
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
-          "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
 
 _CPU = torch.device("cpu")
 
@@ -37,16 +35,6 @@ def capacity_from_env() -> int:
         return parse_size(env)
     except ValueError as e:
         raise ValueError(f"{CAPACITY_ENV}: {e}") from None
-
-
-def parse_size(text: str) -> int:
-    """``"24GiB"``, ``"512m"``, ``"1048576"`` -> bytes."""
-    s = text.strip().lower().replace(" ", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
-    if not num or unit not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size (examples: 24GiB, 512MiB, 1048576)")
-    return int(float(num) * _UNITS[unit])
 
 
 @dataclass
