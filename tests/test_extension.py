@@ -310,7 +310,18 @@ def test_compile_cell_reports_recompile_with_the_failed_guard(shell):
     run(shell, "%%neuron compile\nnet(torch.ones(5, 4, device='neuron'))")
     rc = last_report(shell).compiles.recompiles
     assert rc and "size mismatch" in rc[0].reason
-    assert rc[0].code == "forward" and rc[0].site.source == "def forward(self, x):"
+    # the outermost module call is the compiled frame, named after its class, at the line that called it
+    assert rc[0].code == "Net.__call__" and rc[0].site.source == "net(torch.ones(5, 4, device='neuron'))"
+
+
+def test_compile_cell_compiles_the_outermost_module_call_of_a_torch_nn_container(shell):
+    run(shell, "import torch\nseq = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))"
+               ".to('neuron')\nxs = torch.ones(3, 4).to('neuron')")
+    run(shell, "%%neuron compile\nseq(xs)")
+    c = last_report(shell).compiles
+    assert (c.frames, c.graphs, c.breaks, c.recompiles) == (1, 1, [], [])  # one graph, not one per layer
+    run(shell, "%%neuron compile\nseq(xs)")
+    assert not last_report(shell).compiles  # cached
 
 
 def test_cell_magic_tracebacks_point_at_the_cells_own_lines(shell):

@@ -15,6 +15,7 @@ previous one, also on exceptions and KeyboardInterrupt.
 from __future__ import annotations
 
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,9 +36,30 @@ class CompileOptions:
 
 
 _stack: list[CompileOptions | None] = []  # the innermost mode's compile options; None: not compiling
-_compiled: dict[CompileOptions, object] = {}
+_compiled: dict[tuple[CompileOptions, type], object] = {}
 _tls = threading.local()
 _original_call = None
+
+
+def _module_call(self: torch.nn.Module, *args, **kwargs):
+    return _original_call(self, *args, **kwargs)
+
+
+def _compiled_call(opts: CompileOptions, cls: type) -> object:
+    """``torch.compile`` of a copy of :func:`_module_call` made for ``cls``, named ``cls.__name__``.
+
+    Dynamo keeps compiled code, and counts recompiles against its limit, per code object: a copy per
+    module class gives each class its own cache, and reports say ``PolarNet.__call__`` recompiled.
+    (``Module._call_impl`` itself cannot be the compiled frame: dynamo skips torch.nn's frames at top
+    level and would compile the leaf modules one by one instead of the outermost call.)
+    """
+    fn = _compiled.get((opts, cls))
+    if fn is None:
+        code = _module_call.__code__.replace(co_name=f"{cls.__name__}.__call__")
+        copy = types.FunctionType(code, _module_call.__globals__, code.co_name)
+        fn = _compiled[(opts, cls)] = torch.compile(copy, backend=observed(opts.backend), fullgraph=opts.fullgraph,
+                                                    dynamic=opts.dynamic)
+    return fn
 
 
 def _compiling_call(self: torch.nn.Module, *args, **kwargs):
@@ -46,12 +68,7 @@ def _compiling_call(self: torch.nn.Module, *args, **kwargs):
             or isinstance(self, torch._dynamo.eval_frame.OptimizedModule)
             or getattr(self, "_compiled_call_impl", None) is not None):
         return _original_call(self, *args, **kwargs)
-    fn = _compiled.get(opts)
-    if fn is None:
-        # `Module._call_impl` itself, as `nn.Module.compile()` does: dynamo keeps its cache entries per
-        # module, so many modules do not count against one function's recompile limit
-        fn = _compiled[opts] = torch.compile(torch.nn.Module._call_impl, backend=observed(opts.backend),
-                                             fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+    fn = _compiled_call(opts, type(self))
     _tls.depth = 1
     try:
         return fn(self, *args, **kwargs)

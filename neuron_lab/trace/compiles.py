@@ -186,6 +186,4 @@ class CompileTrace:
         if m.co_filename and self.locator is not None and self.locator.is_user_file(m.co_filename):
             line = int(resumed["line"]) if resumed else m.co_firstlineno
             return m.co_name or "?", self._site(m.co_filename, line)
-        if m.co_name == "_call_impl":
-            return "module call", trigger
         return m.co_name or "?", trigger or self._site(m.co_filename, m.co_firstlineno)
