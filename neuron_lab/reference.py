@@ -1,0 +1,137 @@
+"""The README's reference blocks, generated from the code they describe so the two cannot drift.
+
+Every magic and flag comes from the ``%neuron`` parser (the same one that parses and prints
+``%neuron?``), every setting from the ``NeuronLab`` configurable, every environment variable from
+``neuron-lab doctor``'s list. ``python -m neuron_lab.reference --write README.md`` rewrites the
+blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``; ``--check`` fails
+when they are stale (the test suite runs the same comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+PIPE = " \\| "  # a | inside a Markdown table cell or list item
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser, str]]:
+    """(name, parser, one-line help) of each command, in the parser's order."""
+    action = p._subparsers._group_actions[0]
+    helps = {a.dest: a.help for a in action._choices_actions}
+    return [(name, sp, helps.get(name, "")) for name, sp in action.choices.items()]
+
+
+def _usage(sp: argparse.ArgumentParser) -> str:
+    text = " ".join(sp.format_usage().split())
+    return text.removeprefix("usage: ").replace(" [-h]", "")
+
+
+def _flag(a: argparse.Action) -> str:
+    if not a.option_strings:
+        return a.metavar or a.dest
+    name = a.option_strings[-1]
+    if a.nargs == 0:
+        return name
+    metavar = a.metavar or a.dest.upper()
+    return f"{name} {metavar} ..." if a.nargs in ("+", "*") else f"{name} {metavar}"
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text + ("" if text.endswith(".") else ".")
+
+
+def magics() -> str:
+    """Every ``%neuron`` / ``%%neuron`` command with its usage, what it does, and each argument."""
+    from neuron_lab.magics.parser import CELL_ONLY, LINE_ONLY, build
+
+    p = build()
+    lines = [f"`{_usage(p)}`: {p.description}", ""]
+    for name, sp, short in _subparsers(p):
+        kind = "cell magic" if name in CELL_ONLY else "line magic" if name in LINE_ONLY else "line or cell magic"
+        what = _sentence(sp.description or short.removeprefix("cell magic: "))
+        lines.append(f"- **`{_usage(sp)}`** ({kind}): {what}")
+        for a in sp._actions:
+            if isinstance(a, argparse._HelpAction) or not a.help:
+                continue
+            choices = f" ({PIPE.join(a.choices)})" if a.choices and not a.option_strings else ""
+            default = ""
+            if a.option_strings and a.default not in (None, False, [], argparse.SUPPRESS) \
+                    and "default" not in a.help:
+                default = f" Default: `{a.default}`."
+            lines.append(f"  - `{_flag(a)}`{choices}: {_sentence(a.help)}{default}")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", PIPE.strip())
+
+
+def settings() -> str:
+    """The ``%config NeuronLab.*`` settings: name, default, meaning."""
+    from neuron_lab.session.config import NeuronLab
+
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for name, trait in NeuronLab.class_traits(config=True).items():
+        values = getattr(trait, "values", None)
+        kind = f" One of {', '.join(f'`{v!r}`' for v in values)}." if values else ""
+        rows.append(f"| `{name}` | `{trait.default_value!r}` | {_cell(trait.help)}{kind} |")
+    return "\n".join(rows)
+
+
+def environment() -> str:
+    """The environment variables ``neuron-lab doctor`` lists."""
+    from neuron_lab.cli import ENV_VARS
+
+    rows = ["| variable | meaning |", "|---|---|"]
+    rows += [f"| `{name}` | {_cell(_sentence(meaning))} |" for name, meaning in ENV_VARS]
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"magics": magics, "settings": settings, "environment": environment}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- reference:{name} -->\n)(.*?)(<!-- /reference:{name} -->)", re.S)
+
+
+def render(text: str) -> str:
+    """``text`` with every reference block regenerated; a missing marker pair is an error."""
+    for name, make in BLOCKS.items():
+        pat = _pattern(name)
+        if not pat.search(text):
+            raise ValueError(f"no <!-- reference:{name} --> ... <!-- /reference:{name} --> block")
+        text = pat.sub(lambda m, body=make(): m.group(1) + body + "\n" + m.group(3), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m neuron_lab.reference", description=__doc__.splitlines()[0])
+    ap.add_argument("file", type=Path, help="the Markdown file with reference blocks (README.md)")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="regenerate the blocks in place")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a block is stale")
+    args = ap.parse_args(argv)
+    old = args.file.read_text(encoding="utf-8")
+    try:
+        new = render(old)
+    except ValueError as e:
+        print(f"{args.file}: {e}", file=sys.stderr)
+        return 2
+    if args.write:
+        args.file.write_text(new, encoding="utf-8")
+        return 0
+    if new != old:
+        print(f"{args.file}: reference blocks are stale; run `python -m neuron_lab.reference --write {args.file}`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
