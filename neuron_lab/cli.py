@@ -1,4 +1,4 @@
-"""``neuron-lab``: ``doctor`` and ``coverage`` from a shell, with no notebook."""
+"""``neuron-lab``: ``doctor``, ``coverage`` and ``run`` (a notebook headless) from a shell."""
 
 from __future__ import annotations
 
@@ -127,7 +127,15 @@ def coverage_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def run(args: argparse.Namespace) -> int:
+    from neuron_lab.runner import main
+
+    return main.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from neuron_lab.runner import options as run_options
+
     parser = argparse.ArgumentParser(prog="neuron-lab", description="neuron_lab command line")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="which backend is active and why, devices, profile, environment").set_defaults(
@@ -141,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("profile", nargs="?", default=None, help="bundled name or path")
     show.add_argument("--all", action="store_true", help="list every op, native ones included")
     show.set_defaults(func=coverage_show)
+    run_parser = sub.add_parser("run", help="run a notebook or script headless: reports, summary, CI gates, exports",
+                                description=run_options.DESCRIPTION, epilog=run_options.EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_options.add_arguments(run_parser)
+    run_parser.set_defaults(func=run)
     return parser
 
 

@@ -215,7 +215,7 @@ def _context(downcast_emulation: bool, downcasts: int, downcast_ops: list[str], 
     return " · ".join(parts)
 
 
-@dataclass
+@dataclass(repr=False)  # a generated __repr__ would shadow _Rendered._repr_pretty_ in IPython
 class ParityResult(_Rendered):
     """``%%neuron parity``: the cell on the notebook device against a reference device."""
 
@@ -292,7 +292,7 @@ class Timing:
                 f"n={len(self.runs_s)}), first run {format_seconds(self.first_s)}")
 
 
-@dataclass
+@dataclass(repr=False)  # a generated __repr__ would shadow _Rendered._repr_pretty_ in IPython
 class CompareResult(_Rendered):
     """``%%neuron compare``: the cell in eager mode against compile mode, on copies."""
 

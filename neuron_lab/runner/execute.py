@@ -1,0 +1,178 @@
+"""Run a :class:`~neuron_lab.runner.inputs.Program` in a fresh ipykernel through nbclient, cell by cell.
+
+Before the first cell a silent execution loads the extension (``kernel.install``); after each cell
+another fetches that cell's report (``kernel.take``), so the records of the cells before a kernel
+death are already here when it happens. Silent executions store no history, fire no cell events
+and add no output, so the executed notebook is what the user would have seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import math
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+import nbclient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+from neuron_lab.runner import kernel
+from neuron_lab.runner.inputs import Program
+from neuron_lab.runner.records import DIED, ERROR, OK, TIMEOUT, CellRecord
+
+STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HOOK = "__import__('neuron_lab.runner.kernel', fromlist=['kernel'])"
+_RETRIES = 50  # times a silent request the kernel aborted is sent again (0.1 s apart)
+_STDERR_TAIL = 20  # lines of the kernel process's own stderr kept for a kernel failure
+_TCP_WARNING = "[IPKernelApp] WARNING | Kernel is running over TCP"  # every local kernel says it; not news
+_QUIET = logging.getLogger("neuron_lab.runner.nbclient")  # nbclient's log lines repeat what the runner says
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+class KernelFailed(RuntimeError):
+    """The kernel could not start, could not load neuron_lab, or died."""
+
+
+@dataclass
+class Outcome:
+    cells: list[CellRecord]
+    info: dict[str, Any] = field(default_factory=dict)  # what kernel.install returned: banner, backend, profile
+    kernel_error: str | None = None  # why the kernel failed, when it did
+    kernel_stderr: str = ""  # the last lines the kernel process wrote to its stderr (shown when it failed)
+    seconds: float = 0.0
+
+
+def run(program: Program, env: dict[str, str], timeout: float | None,
+        on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> Outcome:
+    return asyncio.run(_run(program, env, timeout, on_cell, on_ready))
+
+
+async def _run(program: Program, env: dict[str, str], timeout: float | None,
+               on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> Outcome:
+    code = program.code_cells
+    outcome = Outcome([CellRecord(index, k) for k, index in enumerate(code, 1)])
+    if program.kind == "script":
+        for rec, line in zip(outcome.cells, program.first_lines):
+            rec.where = f"{program.path}:{line}"
+    client = nbclient.NotebookClient(program.nb, kernel_name="python3", startup_timeout=STARTUP_TIMEOUT,
+                                     timeout=None if timeout is None else math.ceil(timeout), log=_QUIET,
+                                     resources={"metadata": {"path": str(program.path.parent.resolve())}})
+    start = time.monotonic()
+    started = False
+    # The kernel's own stderr (its launcher's log, a crash's last words) goes to a file, not between our lines.
+    with tempfile.TemporaryFile() as kernel_stderr:
+        try:
+            async with client.async_setup_kernel(env=env, stderr=kernel_stderr):
+                started = True
+                reply = await _reply(client, await nbclient.util.ensure_async(client.kc.kernel_info()))
+                if "language_info" in reply["content"]:
+                    program.nb.metadata["language_info"] = reply["content"]["language_info"]
+                script = None
+                if program.kind == "script":
+                    script = {"path": str(program.path), "file": str(program.path.resolve()),
+                              "first_lines": program.first_lines}
+                outcome.info = await _ask(client, f"{_HOOK}.install(get_ipython(), {script!r})")
+                on_ready(outcome.info)
+                for rec in outcome.cells:
+                    await _cell(client, program, rec, timeout)
+                    on_cell(rec)
+                    if rec.status != OK:
+                        if rec.status == DIED:
+                            outcome.kernel_error = f"the kernel died while running cell [{rec.number}/{len(code)}]"
+                        break
+        except KernelFailed as e:
+            outcome.kernel_error = str(e)
+        except DeadKernelError:
+            outcome.kernel_error = "the kernel died while loading neuron_lab"
+        except Exception as e:  # the kernel did not start: jupyter_client raises RuntimeError, TimeoutError...
+            if started:
+                raise
+            # nbclient already cleaned up, but left its exit hook behind, which would fail on the cleaned client.
+            atexit.unregister(client._cleanup_kernel)
+            outcome.kernel_error = f"the kernel did not start: {type(e).__name__}: {e}"
+        kernel_stderr.seek(0)
+        lines = kernel_stderr.read().decode("utf-8", "replace").splitlines()
+        outcome.kernel_stderr = "\n".join([x for x in lines if not x.startswith(_TCP_WARNING)][-_STDERR_TAIL:])
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellRecord, timeout: float | None) -> None:
+    cell = program.nb.cells[rec.index]
+    t0 = time.monotonic()
+    try:
+        await client.async_execute_cell(cell, rec.index, execution_count=client.code_cells_executed + 1)
+        rec.status = OK
+    except CellExecutionError as e:
+        rec.status, rec.error = ERROR, _error_of(cell, e.ename, e.evalue)
+    except CellTimeoutError:
+        rec.status = TIMEOUT
+        rec.error = {"ename": "CellTimeoutError", "evalue": f"the cell ran past --timeout {timeout:g} s",
+                     "traceback": ""}
+        await nbclient.util.ensure_async(client.km.interrupt_kernel())  # the kernel finishes the cell's report
+    except DeadKernelError:
+        rec.status = DIED
+    rec.seconds = time.monotonic() - t0
+    rec.execution_count = cell.get("execution_count")
+    if rec.status == DIED:
+        return
+    try:
+        taken = await asyncio.wait_for(_ask(client, f"{_HOOK}.take()"), 60)
+    except (KernelFailed, DeadKernelError, asyncio.TimeoutError):
+        return
+    if taken:  # one per cell; a nested run_cell belongs to its outer cell
+        last = taken[-1]
+        rec.report, rec.text, rec.touched_device = last["report"], last["text"], last["touched_device"]
+        rec.execution_count = rec.report.get("cell") or rec.execution_count
+
+
+def _error_of(cell: Any, ename: str, evalue: str) -> dict[str, Any]:
+    tb = next((o.get("traceback", []) for o in cell.get("outputs", []) if o.get("output_type") == "error"), [])
+    return {"ename": ename, "evalue": evalue, "traceback": _ANSI.sub("", "\n".join(tb))}
+
+
+async def _ask(client: nbclient.NotebookClient, expression: str) -> Any:
+    """Evaluate ``expression`` in the kernel silently; its :class:`kernel.Payload`'s data.
+
+    A request that reached the kernel while a cell was failing (the one sent after a ``--timeout``
+    interrupt) is aborted with the cell, as ipykernel aborts every queued request after an error: ask again.
+    """
+    for _ in range(_RETRIES):
+        msg_id = await nbclient.util.ensure_async(
+            client.kc.execute("", silent=True, store_history=False, user_expressions={"value": expression}))
+        reply = await _reply(client, msg_id)
+        if reply["content"].get("status") != "aborted":
+            break
+        await asyncio.sleep(0.1)
+    value = reply["content"].get("user_expressions", {}).get("value", {})
+    if value.get("status") != "ok":
+        raise KernelFailed(f"the kernel could not run neuron_lab's runner hook: {value.get('ename', 'error')}: "
+                           f"{value.get('evalue', reply['content'].get('evalue', ''))}")
+    return json.loads(value["data"][kernel.MIME])
+
+
+async def _reply(client: nbclient.NotebookClient, msg_id: str) -> dict[str, Any]:
+    """The shell reply to ``msg_id``, however long it takes, unless the kernel dies.
+
+    Not ``client.async_wait_for_reply``: that applies the cells' ``--timeout`` to the runner's own requests
+    (loading the extension imports torch) and, without a cell, fails on an assertion instead of timing out.
+    """
+    while True:
+        try:
+            msg = await nbclient.util.ensure_async(client.kc.shell_channel.get_msg(timeout=1))
+        except Empty:
+            if not await nbclient.util.ensure_async(client.km.is_alive()):
+                raise DeadKernelError("Kernel died") from None
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg

@@ -1,0 +1,37 @@
+"""The files ``neuron-lab run`` writes: the executed notebook (.ipynb), its HTML, and the run as JSON.
+
+The executed notebook already holds each cell's report inline: the extension displays it under the
+cell (text/plain and text/html), and nbclient keeps that output like any other, so the HTML export
+shows the reports where Jupyter shows them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+SCHEMA = "neuron_lab.run/1"
+
+
+def _target(path: str) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def write_notebook(nb: Any, path: str) -> None:
+    nbformat.write(nb, _target(path))
+
+
+def write_html(nb: Any, path: str) -> None:
+    from nbconvert import HTMLExporter  # imports jinja2 and the templates: only when asked for
+
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    _target(path).write_text(body, encoding="utf-8")
+
+
+def write_json(doc: dict[str, Any], path: str) -> None:
+    _target(path).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")

@@ -1,0 +1,125 @@
+"""``neuron-lab run PATH``: load the input, run it in a fresh kernel, print progress and a summary, gate, export.
+
+The exit code says what happened (``options.MEANINGS``); every file asked for is written whatever
+happened, except for bad usage (exit 2), so a CI job keeps the report of a run that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from neuron_lab.runner import execute, export, gates, inputs, options, progress, summary
+from neuron_lab.runner.records import ERROR, TIMEOUT
+
+
+def parser() -> argparse.ArgumentParser:
+    """The parser of ``neuron-lab run`` on its own (``neuron_lab.cli`` adds the same arguments as a subcommand)."""
+    p = argparse.ArgumentParser(prog="neuron-lab run", description=options.DESCRIPTION, epilog=options.EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def kernel_env(args: argparse.Namespace) -> dict[str, str]:
+    """The runner's environment with ``--backend`` and ``--profile`` set; a profile that cannot load is bad input."""
+    from neuron_lab.backend import profiles
+
+    env = dict(os.environ)
+    if args.backend:
+        env["NEURON_LAB_BACKEND"] = args.backend
+    if args.profile:
+        try:
+            profiles.load(args.profile)
+        except profiles.ProfileError as e:
+            raise inputs.InputError(f"--profile: {e}") from None
+        # The kernel runs in the input's folder: a profile file named relative to here must still be found.
+        bundled = args.profile in profiles.bundled()
+        env["NEURON_LAB_PROFILE"] = args.profile if bundled else str(Path(args.profile).expanduser().resolve())
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        program = inputs.load(Path(args.path))
+        env = kernel_env(args)
+    except inputs.InputError as e:
+        print(f"neuron-lab run: {e}", file=sys.stderr)
+        return options.EXIT_USAGE
+    total = len(program.code_cells)
+    _say(progress.starting(program))
+    outcome = execute.run(program, env, args.timeout,
+                          on_cell=lambda rec: _say(*progress.cell(rec, total)),
+                          on_ready=lambda info: _say(progress.ready(info)))
+    result = summary.summarize(outcome.cells, outcome.seconds)
+    checked = gates.evaluate(summary.reports(outcome.cells), args)
+    code = exit_code(outcome, checked)
+    _say(*summary.render(result))
+    if checked:
+        _say("gates:", *(f"  {g.line}" for g in checked))
+    if outcome.kernel_error:
+        _say(f"kernel failed: {outcome.kernel_error}")
+        if outcome.kernel_stderr:
+            _say("  the kernel's stderr ended with:", *(f"    {line}" for line in outcome.kernel_stderr.splitlines()))
+    code = _write(args, program, outcome, result, checked, code)
+    _say(f"exit {code}: {options.MEANINGS[code]}")
+    return code
+
+
+def exit_code(outcome: execute.Outcome, checked: list[gates.GateResult]) -> int:
+    """A dead kernel outranks a failed cell, which outranks a failed gate: fix the first, then see the next."""
+    if outcome.kernel_error:
+        return options.EXIT_KERNEL
+    if any(c.status in (ERROR, TIMEOUT) for c in outcome.cells):
+        return options.EXIT_CELL_ERROR
+    if any(not g.passed for g in checked):
+        return options.EXIT_GATE
+    return options.EXIT_OK
+
+
+def document(args: argparse.Namespace, program: inputs.Program, outcome: execute.Outcome,
+             result: summary.Summary, checked: list[gates.GateResult], code: int) -> dict[str, Any]:
+    """The ``--json`` file: everything the run printed, as data (the cells' reports are ``Report.as_dict()``)."""
+    return {"schema": export.SCHEMA, "input": str(program.path), "kind": program.kind, "backend": outcome.info,
+            "options": {k: v for k, v in vars(args).items() if k not in ("path", "func", "command")},
+            "cells": [c.as_dict() for c in outcome.cells], "summary": result.as_dict(),
+            "gates": [g.as_dict() for g in checked], "exit_code": code, "kernel_error": outcome.kernel_error,
+            "kernel_stderr": outcome.kernel_stderr if outcome.kernel_error else None}
+
+
+def _write(args: argparse.Namespace, program: inputs.Program, outcome: execute.Outcome, result: summary.Summary,
+           checked: list[gates.GateResult], code: int) -> int:
+    """Write the files asked for; one that cannot be written is reported, and turns a success into exit 2."""
+    def attempt(what: str, path: str, write: Any) -> bool:
+        try:
+            write()
+        except Exception as e:  # OSError, or nbconvert failing on an output: the other files still get written
+            print(f"neuron-lab run: cannot write {what} {path}: {type(e).__name__}: {e}", file=sys.stderr)
+            return False
+        _say(f"wrote {path}")
+        return True
+
+    ok = True
+    if args.output_file:
+        ok &= attempt("--output", args.output_file, lambda: export.write_notebook(program.nb, args.output_file))
+    if args.html_file:
+        ok &= attempt("--html", args.html_file, lambda: export.write_html(program.nb, args.html_file))
+    if not ok and code == options.EXIT_OK:
+        code = options.EXIT_USAGE
+    if args.json_file:
+        doc = document(args, program, outcome, result, checked, code)
+        if not attempt("--json", args.json_file, lambda: export.write_json(doc, args.json_file)) \
+                and code == options.EXIT_OK:
+            code = options.EXIT_USAGE
+    return code
+
+
+def _say(*lines: str) -> None:
+    print(*lines, sep="\n", flush=True)

@@ -1,0 +1,89 @@
+"""``neuron-lab run`` options, the exit codes it documents, and the spellings its gates accept."""
+
+from __future__ import annotations
+
+import argparse
+
+from neuron_lab.units import parse_size
+
+EXIT_OK = 0  # every cell ran, every gate passed
+EXIT_CELL_ERROR = 1  # a cell raised (or ran past --timeout); the run stops there
+EXIT_USAGE = 2  # bad usage or bad input: unknown option, bad size, missing or unreadable file
+EXIT_GATE = 3  # every cell ran, but a gate failed (--fail-on-fallback, --max-peak-memory, ...)
+EXIT_KERNEL = 4  # the kernel died, or could not start or load neuron_lab
+
+DESCRIPTION = """\
+Run a notebook or a `# %%` script headless in a fresh kernel with neuron_lab loaded: print each
+cell's report and a summary, apply the CI gates, write the executed notebook, its HTML and JSON."""
+
+MEANINGS = {
+    EXIT_OK: "every cell ran and every gate passed",
+    EXIT_CELL_ERROR: "a cell raised or timed out (the run stops at that cell)",
+    EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script)",
+    EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break",
+    EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
+}
+
+EPILOG = "exit codes:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in MEANINGS.items()) + f"""\
+A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both.
+--json, --html and --output are written in every case but {EXIT_USAGE}, with the cells that ran.
+
+A script (.py) runs as one cell per `# %%` chunk (a script without markers is one cell);
+its call sites are reported as FILE:LINE.
+
+example (CI):
+  neuron-lab run train.ipynb --fail-on-fallback --allow-fallback atan2 --max-peak-memory 2GiB --json run.json
+"""
+
+
+def size(text: str) -> int:
+    """argparse type: ``"512MiB"`` -> bytes (KB/MB/GB mean KiB/MiB/GiB, as NEURON_LAB_DEVICE_MEMORY reads them)."""
+    try:
+        n = parse_size(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1048576)")
+    return n
+
+
+def seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = -1.0
+    if s <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return s
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a notebook (.ipynb) or a Python script (.py)")
+    p.add_argument("--backend", choices=("auto", "emulator"), default=None,
+                   help="NEURON_LAB_BACKEND in the kernel (default: the environment's, else auto)")
+    p.add_argument("--profile", metavar="NAME|FILE", default=None,
+                   help="NEURON_LAB_PROFILE in the kernel: a bundled coverage profile or a profile file")
+    p.add_argument("--timeout", type=seconds, metavar="S", default=None, help="seconds each cell may run")
+    p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
+    p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
+    p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")
+    g = p.add_argument_group("gates (exit code 3 when one fails)")
+    g.add_argument("--fail-on-fallback", action="store_true", help="fail on any CPU fallback")
+    g.add_argument("--allow-fallback", metavar="OP", action="append", default=[],
+                   help="exempt an op from --fail-on-fallback: atan2, aten::atan2 or aten::atan2.out (repeatable)")
+    g.add_argument("--max-peak-memory", type=size, metavar="SIZE", default=None,
+                   help="fail when a cell's peak device memory exceeds SIZE (512MiB, 2GiB)")
+    g.add_argument("--fail-on-graph-break", action="store_true", help="fail on any torch.compile graph break")
+
+
+def op_matches(spec: str, op: str) -> bool:
+    """Whether ``--allow-fallback spec`` covers ``op``: ``atan2`` and ``aten::atan2`` cover every overload of
+    ``aten::atan2``; ``aten::atan2.out`` (or ``atan2.out``) only that overload."""
+    def split(name: str) -> tuple[str, str, str | None]:
+        ns, _, rest = name.strip().rpartition("::")
+        base, _, overload = rest.partition(".")
+        return ns or "aten", base, overload or None
+
+    s_ns, s_base, s_overload = split(spec)
+    o_ns, o_base, o_overload = split(op)
+    return (s_ns, s_base) == (o_ns, o_base) and s_overload in (None, o_overload)

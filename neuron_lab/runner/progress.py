@@ -1,0 +1,50 @@
+"""The lines ``neuron-lab run`` prints while it runs: the start, the kernel's banner, one line per cell.
+
+A cell that touched the device is followed by its report as the extension rendered it in the
+kernel (the text under the cell in Jupyter); a failed cell by its traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_lab.runner.inputs import Program
+from neuron_lab.runner.records import ERROR, TIMEOUT, CellRecord
+from neuron_lab.runner.summary import count, op_line
+from neuron_lab.units import format_seconds
+
+INDENT = "    "
+OPS_SHOWN = 3  # ops named on a cell's line
+
+
+def starting(program: Program) -> str:
+    n = len(program.code_cells)
+    return f"neuron-lab run {program.path} ({program.kind}, {count(n, 'code cell')}): starting a kernel"
+
+
+def ready(info: dict[str, Any]) -> str:
+    return f"kernel ready · {info.get('banner') or info.get('description') or info.get('backend')}"
+
+
+def cell(rec: CellRecord, total: int) -> list[str]:
+    """``[3/9] In[3] ok 420.0 ms · 6 CPU fallback calls: aten::atan2.out ×5 at In[3] line 7, ...`` and what follows."""
+    parts = [f"[{rec.number}/{total}] {rec.label} {rec.status} {format_seconds(rec.seconds)}"]
+    report = rec.as_report()
+    if report is not None:
+        rows = report.fallbacks
+        if rows:
+            shown = ", ".join(op_line(r, sites=1) for r in rows[:OPS_SHOWN])
+            more = f", {len(rows) - OPS_SHOWN} more ops" if len(rows) > OPS_SHOWN else ""
+            parts.append(f"{count(report.fallback_calls, 'CPU fallback call')}: {shown}{more}")
+        c = report.compiles
+        if c:
+            at = f" at {', '.join(b.site.label for b in c.breaks if b.site)}" if c.breaks else ""
+            parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'graph break')}{at}")
+    if rec.status in (ERROR, TIMEOUT) and rec.error:
+        parts.append(f"{rec.error['ename']}: {rec.error['evalue']}")
+    lines = [" · ".join(parts)]
+    if rec.touched_device and rec.text:
+        lines += [INDENT + line for line in rec.text.splitlines()]
+    if rec.status == ERROR and rec.error and rec.error.get("traceback"):
+        lines += [INDENT + line for line in rec.error["traceback"].splitlines()]
+    return lines

@@ -1,0 +1,61 @@
+"""One executed cell as the runner keeps it, and the kernel's ``Report.as_dict()`` read back into a Report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_lab.report.model import Compiles, GraphBreak, Memory, OpRow, Recompile, Report, Site, SiteCount
+
+OK, ERROR, TIMEOUT, DIED, NOT_RUN = "ok", "error", "timeout", "kernel died", "not run"
+
+
+@dataclass
+class CellRecord:
+    index: int  # position in the notebook (0-based, markdown cells included)
+    number: int  # 1-based among the cells that execute: the [k/n] of the progress line
+    status: str = NOT_RUN
+    execution_count: int | None = None
+    seconds: float = 0.0
+    report: dict[str, Any] | None = None  # Report.as_dict(), from the kernel
+    text: str | None = None  # the extension's text rendering of that same Report
+    touched_device: bool = False
+    error: dict[str, Any] | None = None  # {"ename", "evalue", "traceback"}
+    where: str | None = None  # a script chunk's "path:line", known before the cell runs
+
+    @property
+    def label(self) -> str:
+        """How messages name the cell: its report's title (``In[3]``, ``train.py:12``), else the best guess.
+
+        A fresh kernel numbers the cells it runs 1, 2, ..., so a cell that died before reporting is ``In[number]``.
+        """
+        if self.report is not None:
+            return self.report["title"]
+        return self.where or f"In[{self.execution_count or self.number}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "number": self.number, "label": self.label,
+                "execution_count": self.execution_count, "status": self.status, "seconds": round(self.seconds, 4),
+                "touched_device": self.touched_device, "report": self.report, "error": self.error}
+
+    def as_report(self) -> Report | None:
+        return None if self.report is None else report_from_dict(self.report)
+
+
+def _site(d: dict[str, Any] | None) -> Site | None:
+    return None if d is None else Site(d["filename"], d["line"], d["source"], d.get("cell"))
+
+
+def report_from_dict(d: dict[str, Any]) -> Report:
+    """The inverse of :meth:`Report.as_dict` for everything but ``checks`` (their results stay data)."""
+    rows = [OpRow(r["op"], r["kind"], r["reason"], r["count"], r["host_ns"], tuple(tuple(s) for s in r["shapes"]),
+                  tuple(r["dtypes"]),
+                  [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]]) for sc in r["sites"]],
+                  r["unattributed"]) for r in d["ops_not_native"]]
+    c = d["compiles"]
+    compiles = Compiles(c["frames"], c["graphs"], c["compile_s"],
+                        [GraphBreak(b["reason"], _site(b["site"])) for b in c["breaks"]],
+                        [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
+                        list(c["failures"]))
+    return Report(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"], d["h2d_bytes"],
+                  d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"], d["detail"])

@@ -1,0 +1,138 @@
+"""The whole run as one window: the cells' reports merged into one :class:`Report`, plus what only a run has.
+
+The run's Report (fallbacks by op over every cell with their lines, memory, copies, compiles) is
+rendered by the same text renderer as a cell's, so the summary and the cell reports read alike; its
+op rows come from the fallback inspector's :func:`merge_rows`, so "3× at In[2] line 3" here is the
+count the cell's own report shows. The run adds which cell reached the peak, which cell failed, and
+the total time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_lab.report.aggregate import merge_rows
+from neuron_lab.report.model import Compiles, Memory, OpRow, Report, Site
+from neuron_lab.report.text import render_text
+from neuron_lab.runner.records import ERROR, NOT_RUN, TIMEOUT, CellRecord
+from neuron_lab.units import format_seconds, format_size
+
+SITES_SHOWN = 3  # call sites an op_line lists; the JSON has all
+
+
+@dataclass
+class Summary:
+    cells: int  # code cells in the input
+    ran: int  # cells that started (the last may have failed)
+    seconds: float  # the whole run, kernel start included
+    total: Report  # every cell's report merged: the run as one window
+    peak_at: str | None = None  # the cell that reached the run's peak device memory
+    errors: list[CellRecord] = field(default_factory=list)  # the cell that raised or timed out
+
+    def as_dict(self) -> dict[str, Any]:
+        m = self.total.memory
+        return {"cells": self.cells, "ran": self.ran, "seconds": round(self.seconds, 3),
+                "fallback_calls": self.total.fallback_calls,
+                "fallbacks": [_row_dict(r) for r in self.total.fallbacks],
+                "downcasts": [_row_dict(r) for r in self.total.downcasts],
+                "peak_memory": {"bytes": m.peak, "cell": self.peak_at, "capacity": m.capacity},
+                "compiles": {"graphs": self.total.compiles.graphs, "breaks": len(self.total.compiles.breaks),
+                             "recompiles": len(self.total.compiles.recompiles),
+                             "compile_s": round(self.total.compiles.compile_s, 4)},
+                "errors": [{"cell": e.label, "number": e.number, "status": e.status, **_error(e)}
+                           for e in self.errors],
+                "report": self.total.as_dict()}
+
+
+def reports(cells: list[CellRecord]) -> list[Report]:
+    return [r for r in (c.as_report() for c in cells) if r is not None]
+
+
+def merge(rs: list[Report]) -> Report:
+    """One Report for many consecutive windows: counts and times summed, memory from first to last, peak the max."""
+    modes = {r.mode for r in rs}
+    total = Report("run", None, rs[-1].device if rs else "?", modes.pop() if len(modes) == 1 else "mixed",
+                   rs[0].backend if rs else "", ops_not_native=merge_rows(rs), callsites=all(r.callsites for r in rs))
+    if not rs:
+        return total
+    total.memory = Memory(rs[0].memory.before, rs[-1].memory.after, max(r.memory.peak for r in rs),
+                          max(r.memory.capacity for r in rs), sum(r.memory.host_rss_delta for r in rs))
+    c = total.compiles = Compiles()
+    for r in rs:
+        total.wall_s += r.wall_s
+        total.ops += r.ops
+        total.h2d_bytes += r.h2d_bytes
+        total.d2h_bytes += r.d2h_bytes
+        c.frames += r.compiles.frames
+        c.graphs += r.compiles.graphs
+        c.compile_s += r.compiles.compile_s
+        c.breaks += r.compiles.breaks
+        c.recompiles += r.compiles.recompiles
+        c.failures += r.compiles.failures
+    return total
+
+
+def summarize(cells: list[CellRecord], seconds: float) -> Summary:
+    rs = reports(cells)
+    peak = max(rs, key=lambda r: r.memory.peak, default=None)  # the first cell that reached it
+    return Summary(len(cells), sum(c.status != NOT_RUN for c in cells), seconds, merge(rs),
+                   peak.title if peak is not None else None, [c for c in cells if c.status in (ERROR, TIMEOUT)])
+
+
+def count(n: int, noun: str) -> str:
+    """``count(1, "graph break") == "1 graph break"``, ``count(3, "op") == "3 ops"``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def op_line(row: OpRow, sites: int = SITES_SHOWN) -> str:
+    """``aten::atan2.out ×5 at In[3] line 7 (3×), In[4] line 2 (2×)``: one op with its first call sites."""
+    where = [f"{sc.site.label} ({sc.count:,}×)" if len(row.sites) > 1 else sc.site.label for sc in row.sites[:sites]]
+    if len(row.sites) > sites:
+        where.append(count(len(row.sites) - sites, "more site"))
+    if row.unattributed:
+        where.append(f"{row.unattributed:,}× without a user line")
+    host = " (host op)" if row.kind == "host" else ""
+    return f"{row.op}{host} ×{row.count:,}" + (f" at {', '.join(where)}" if where else "")
+
+
+def render(s: Summary) -> list[str]:
+    lines = [f"summary: {s.ran} of {s.cells} cells ran in {format_seconds(s.seconds)} (kernel start included)"]
+    if s.peak_at is None:
+        return lines + ["  the input has no code cells" if not s.cells else "  no cell reported"] + _errors(s)
+    lines += [f"  {line}" for line in render_text(s.total, "table").splitlines()]
+    if not s.total.fallbacks:
+        lines.append("  CPU fallbacks: none")
+    if not s.total.compiles:
+        lines.append("  torch.compile: not used")
+    m = s.total.memory
+    share = ""
+    if m.capacity:
+        share = f" ({m.peak / m.capacity:.1%})" if m.peak >= m.capacity / 1000 else " (<0.1%)"
+    lines.append(f"  peak device memory: {format_size(m.peak)} of {format_size(m.capacity)}{share}, in {s.peak_at}")
+    return lines + _errors(s)
+
+
+def _errors(s: Summary) -> list[str]:
+    lines = [f"  error in {e.label} [{e.number}/{s.cells}]: {_error(e)['ename']}: {_error(e)['evalue']}"
+             for e in s.errors] or ["  errors: none"]
+    if s.ran < s.cells:
+        first = s.ran + 1
+        lines.append(f"  not run: {count(s.cells - s.ran, 'cell')} ([{first}/{s.cells}]"
+                     + (f" to [{s.cells}/{s.cells}])" if first < s.cells else ")"))
+    return lines
+
+
+def _site_dict(site: Site) -> dict[str, Any]:
+    return {"at": site.label, "filename": site.filename, "line": site.line, "cell": site.cell, "source": site.source}
+
+
+def _row_dict(r: OpRow) -> dict[str, Any]:
+    """An op row with its sites' labels (``In[2] line 3``), for CI scripts that read the JSON."""
+    return {"op": r.op, "kind": r.kind, "count": r.count, "unattributed": r.unattributed,
+            "sites": [{**_site_dict(sc.site), "count": sc.count} for sc in r.sites]}
+
+
+def _error(e: CellRecord) -> dict[str, str]:
+    err = e.error or {}
+    return {"ename": err.get("ename", "?"), "evalue": err.get("evalue", "")}

@@ -1,0 +1,298 @@
+"""`neuron-lab run`: a notebook or `# %%` script headless in a real kernel, as a CI job runs it.
+
+Each kernel test runs the real command (``python -m neuron_lab run ...``) on a tiny notebook or script
+written here, and checks what a user or a CI job relies on: the progress and summary lines, the exit
+code, and the --json/--output/--html files. Bad input never starts a kernel, so those cases call
+``main`` in-process. Each kernel start costs seconds, so one run checks several things.
+
+Tensors are made on the CPU and moved with ``.to(device)``: random creation on the device is an
+``aten::normal_`` fallback of its own, and the counts asserted here are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from neuron_lab.runner import execute, gates, main, options
+from neuron_lab.runner.records import CellRecord, report_from_dict
+
+RUN_TIMEOUT = 300  # seconds for one whole `neuron-lab run`; the first torch.compile imports inductor
+CONSOLE = Path(sys.executable).parent / "neuron-lab"
+
+SETUP = "import torch\nx = torch.ones(64, 2).to(device)"
+FALLBACK = "for _ in range(3):\n    y = torch.atan2(x, x + 1)\nprint('sum', y.sum().item())"  # line 2, 3 calls
+BREAK = ("%%neuron compile\n"
+         "class Net(torch.nn.Module):\n"
+         "    def forward(self, t):\n"
+         "        if t.sum() > 0:\n"  # line 4: a data-dependent branch is a graph break
+         "            return t * 2\n"
+         "        return t - 1\n"
+         "out = Net()(torch.ones(4).to(device))")
+
+
+def notebook(path: Path, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# a tiny notebook")] + [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, path)
+    return path
+
+
+def run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``neuron-lab run ARGS`` in a new process, with a private IPython profile (no user startup files)."""
+    env = {**os.environ, "IPYTHONDIR": str(tmp / "ipython"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "neuron_lab", "run", *args], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, env=env, cwd=tmp)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
+    nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK)
+    out = tmp_path / "out" / "deeper"  # parent folders are created
+    r = run(tmp_path, str(nb), "--backend", "emulator", "--profile", "torchneuron-2.33", "--fail-on-fallback",
+            "--allow-fallback", "atan2", "--max-peak-memory", "1GiB", "--json", str(out / "run.json"),
+            "--output", str(out / "run.ipynb"), "--html", str(out / "run.html"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = r.stdout
+    assert "kernel ready · neuron_lab 0.1.0: emulator backend, profile torchneuron-2.33 · device neuron:0" in text
+    assert re.search(r"^\[1/3\] In\[1\] ok \S+ \S+$", text, re.M), text
+    assert re.search(r"^\[2/3\] In\[2\] ok \S+ \S+ · 3 CPU fallback calls: aten::atan2\.out ×3 at In\[2\] line 2$",
+                     text, re.M), text
+    assert re.search(r"^\[3/3\] In\[3\] ok .* · 2 graphs, 1 graph break at In\[3\] line 4$", text, re.M), text
+    # The cell's own report follows its line, as under the cell in Jupyter.
+    assert "\n          at In[2] line 2: y = torch.atan2(x, x + 1)  (3×)\n" in text
+    summary = text[text.index("summary: 3 of 3 cells ran"):]
+    assert re.search(r"^    aten::atan2\.out +3× ", summary, re.M), summary
+    assert "\n        at In[2] line 2: y = torch.atan2(x, x + 1)  (3×)\n" in summary
+    assert "\n    graph break at In[3] line 4: if t.sum() > 0:\n" in summary
+    assert re.search(r"^  peak device memory: \S+ \S+ of 24\.00 GiB \(<0\.1%\), in In\[\d\]$", summary, re.M)
+    assert "\n  errors: none\n" in summary
+    assert "  pass  --fail-on-fallback: only allowed CPU fallbacks; allowed: aten::atan2.out ×3\n" in summary
+    assert "  pass  --max-peak-memory 1.00 GiB: the highest peak was " in summary
+    assert text.rstrip().endswith("exit 0: every cell ran and every gate passed")
+
+    doc = load(out / "run.json")
+    assert (doc["schema"], doc["input"], doc["kind"], doc["exit_code"], doc["kernel_error"]) == (
+        "neuron_lab.run/1", str(nb), "notebook", 0, None)
+    assert doc["backend"]["backend"] == "emulator" and doc["backend"]["profile"] == "torchneuron-2.33"
+    assert doc["options"]["allow_fallback"] == ["atan2"] and doc["options"]["max_peak_memory"] == 2**30
+    assert [(c["index"], c["label"], c["status"]) for c in doc["cells"]] == [
+        (1, "In[1]", "ok"), (2, "In[2]", "ok"), (3, "In[3]", "ok")]
+    row = doc["cells"][1]["report"]["ops_not_native"]
+    assert [(o["op"], o["count"], [(s["site"]["cell"], s["site"]["line"], s["count"]) for s in o["sites"]])
+            for o in row] == [("aten::atan2.out", 3, [(2, 2, 3)])]
+    assert [(f["op"], f["count"], [(s["at"], s["count"]) for s in f["sites"]]) for f in doc["summary"]["fallbacks"]] \
+        == [("aten::atan2.out", 3, [("In[2] line 2", 3)])]
+    assert doc["summary"]["compiles"]["breaks"] == 1 and doc["summary"]["errors"] == []
+    assert [(g["gate"], g["passed"]) for g in doc["gates"]] == [
+        ("--fail-on-fallback", True), ("--max-peak-memory 1.00 GiB", True)]
+
+    executed = nbformat.read(out / "run.ipynb", as_version=4)
+    nbformat.validate(executed)
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == [1, 2, 3]
+    outputs = code[1].outputs
+    assert any(o.output_type == "stream" and o.text.startswith("sum ") for o in outputs)
+    shown = [o for o in outputs if o.output_type == "display_data" and "neuron-lab-report" in o.data["text/html"]]
+    assert len(shown) == 1 and "at In[2] line 2: y = torch.atan2(x, x + 1)  (3×)" in shown[0].data["text/plain"]
+    html = (out / "run.html").read_text()
+    assert "neuron-lab-report" in html and "aten::atan2.out" in html and "In[2] line 2" in html
+
+
+def test_each_failing_gate_exits_3_and_says_why(tmp_path):
+    nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK)
+    # Options before and after PATH.
+    r = run(tmp_path, "--fail-on-fallback", str(nb), "--max-peak-memory", "1KiB", "--fail-on-graph-break",
+            "--json", "run.json")
+    assert r.returncode == options.EXIT_GATE, r.stdout + r.stderr
+    text = r.stdout
+    assert ("  FAIL  --fail-on-fallback: 1 op ran on the CPU (3 calls): aten::atan2.out ×3 at In[2] line 2 "
+            "(exempt one with --allow-fallback OP)\n") in text
+    assert re.search(r"^  FAIL  --max-peak-memory 1\.00 KiB: \d cells? peaked above it: In\[2\] \S+ KiB", text, re.M)
+    assert ("  FAIL  --fail-on-graph-break: 1 graph break: In[3] line 4: if t.sum() > 0: (generic_jump "
+            in text)
+    assert text.rstrip().endswith("exit 3: a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break")
+    doc = load(tmp_path / "run.json")
+    assert doc["exit_code"] == 3 and [g["passed"] for g in doc["gates"]] == [False, False, False]
+
+    # Each gate decides alone, on this run's own reports: the same evaluation the command made.
+    cells = [CellRecord(c["index"], c["number"], c["status"], report=c["report"]) for c in doc["cells"]]
+    reports = [report_from_dict(c.report) for c in cells]
+
+    def code(*argv: str) -> int:
+        args = main.parser().parse_args([str(nb), *argv])
+        return main.exit_code(execute.Outcome(cells), gates.evaluate(reports, args))
+
+    assert code() == 0
+    assert code("--fail-on-fallback") == 3
+    assert code("--fail-on-fallback", "--allow-fallback", "aten::atan2") == 0
+    assert code("--fail-on-fallback", "--allow-fallback", "aten::atan2.out") == 0
+    assert code("--fail-on-fallback", "--allow-fallback", "atan2.default") == 3  # another overload only
+    assert code("--max-peak-memory", "1KiB") == 3
+    assert code("--max-peak-memory", "1GiB") == 0
+    assert code("--fail-on-graph-break") == 3
+
+
+def test_a_cell_that_raises_stops_the_run_and_outranks_gates(tmp_path):
+    nb = notebook(tmp_path / "err.ipynb", SETUP + "\ny = torch.atan2(x, x)", "raise ValueError('boom')",
+                  "print('after')")
+    r = run(tmp_path, str(nb), "--fail-on-fallback", "--json", "run.json")
+    assert r.returncode == options.EXIT_CELL_ERROR, r.stdout + r.stderr
+    text = r.stdout
+    assert re.search(r"^\[2/3\] In\[2\] error \S+ \S+ · ValueError: boom$", text, re.M), text
+    assert "----> 1 raise ValueError('boom')" in text  # the traceback, under the cell's line
+    assert not re.search(r"^\[3/3\]", text, re.M) and "after" not in text
+    assert "\n  error in In[2] [2/3]: ValueError: boom\n" in text
+    assert "\n  not run: 1 cell ([3/3])\n" in text
+    assert "  FAIL  --fail-on-fallback: 1 op ran on the CPU (1 call): aten::atan2.out ×1 at In[1] line 3" in text
+    doc = load(tmp_path / "run.json")
+    assert [c["status"] for c in doc["cells"]] == ["ok", "error", "not run"]
+    assert doc["summary"]["errors"] == [{"cell": "In[2]", "number": 2, "status": "error", "ename": "ValueError",
+                                         "evalue": "boom"}]
+    assert doc["exit_code"] == 1 and doc["gates"][0]["passed"] is False
+
+
+def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
+    nb = notebook(tmp_path / "die.ipynb", SETUP + "\ny = torch.atan2(x, x)", "import os; os._exit(1)", "print(1)")
+    out = tmp_path / "out"
+    r = run(tmp_path, str(nb), "--json", str(out / "run.json"), "--output", str(out / "run.ipynb"),
+            "--html", str(out / "run.html"))
+    assert r.returncode == options.EXIT_KERNEL, r.stdout + r.stderr
+    assert re.search(r"^\[2/3\] In\[2\] kernel died ", r.stdout, re.M), r.stdout
+    assert "kernel failed: the kernel died while running cell [2/3]" in r.stdout
+    doc = load(out / "run.json")
+    assert doc["exit_code"] == 4 and doc["kernel_error"] == "the kernel died while running cell [2/3]"
+    assert [c["status"] for c in doc["cells"]] == ["ok", "kernel died", "not run"]
+    rows = doc["cells"][0]["report"]["ops_not_native"]
+    assert [(o["op"], o["count"], o["sites"][0]["site"]["line"]) for o in rows] == [("aten::atan2.out", 1, 3)]
+    assert doc["summary"]["fallback_calls"] == 1
+    executed = nbformat.read(out / "run.ipynb", as_version=4)
+    assert executed.cells[1].outputs and not executed.cells[2].outputs
+    assert "aten::atan2.out" in (out / "run.html").read_text()
+
+
+def test_a_kernel_that_cannot_start_exits_4_with_its_stderr(tmp_path):
+    spec = tmp_path / "jupyter" / "kernels" / "python3"  # JUPYTER_PATH comes before the built-in python3 kernel
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", "import sys; sys.exit('no kernel here')", "{connection_file}"],
+        "display_name": "broken", "language": "python"}))
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    r = run(tmp_path, str(nb), "--json", "run.json", env={"JUPYTER_PATH": str(tmp_path / "jupyter")})
+    assert r.returncode == options.EXIT_KERNEL, r.stdout + r.stderr
+    assert "kernel failed: the kernel did not start: " in r.stdout and "    no kernel here" in r.stdout
+    assert "Traceback" not in r.stderr
+    doc = load(tmp_path / "run.json")
+    assert doc["kernel_error"].startswith("the kernel did not start") and "no kernel here" in doc["kernel_stderr"]
+    assert [c["status"] for c in doc["cells"]] == ["not run"]
+
+
+def test_a_script_reports_file_lines_and_a_timeout_stops_it(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text('"""A training script."""\n'   # 1
+                      "import torch\n"                # 2
+                      "\n"                            # 3
+                      "# %% move\n"                   # 4
+                      "x = torch.ones(8).to(device)\n"  # 5
+                      "\n"                            # 6
+                      "# %% fallback\n"               # 7
+                      "z = x * 2\n"                   # 8
+                      "y = torch.atan2(z, x)\n"       # 9
+                      "# %%\n"                        # 10
+                      "import time\n"                 # 11
+                      "time.sleep(60)\n"              # 12
+                      "# %%\n"                        # 13
+                      "print('after')\n")             # 14
+    r = run(tmp_path, "script.py", "--timeout", "2", "--json", "run.json")
+    assert r.returncode == options.EXIT_CELL_ERROR, r.stdout + r.stderr
+    text = r.stdout
+    assert "neuron-lab run script.py (script, 5 code cells): starting a kernel" in text
+    assert re.search(r"^\[3/5\] script\.py:7 ok \S+ \S+ · 1 CPU fallback call: aten::atan2\.out ×1 at script\.py:9$",
+                     text, re.M), text
+    assert "at script.py:9: y = torch.atan2(z, x)  (1×)" in text
+    assert re.search(r"^\[4/5\] script\.py:10 timeout .* · CellTimeoutError: the cell ran past --timeout 2 s$",
+                     text, re.M), text
+    assert "\n  error in script.py:10 [4/5]: CellTimeoutError: the cell ran past --timeout 2 s\n" in text
+    assert "after" not in text
+    doc = load(tmp_path / "run.json")
+    assert doc["kind"] == "script" and doc["exit_code"] == 1
+    assert [(s["at"], s["line"]) for s in doc["summary"]["fallbacks"][0]["sites"]] == [("script.py:9", 9)]
+    assert doc["cells"][3]["status"] == "timeout"
+    assert doc["cells"][3]["report"]["error"].startswith("KeyboardInterrupt")  # the interrupted cell still reports
+
+
+def _bad(tmp_path: Path, name: str) -> Path:
+    p = tmp_path / name
+    contents = {"notes.txt": "hello", "bad.ipynb": "{not json", "nocells.ipynb": json.dumps({"metadata": {}})}
+    if name in contents:
+        p.write_text(contents[name])
+    return p
+
+
+@pytest.mark.parametrize(("name", "extra", "message"), [
+    ("missing.ipynb", [], "neuron-lab run: {path}: no such file"),
+    ("notes.txt", [], "neuron-lab run: {path}: not a notebook (.ipynb) or a Python script (.py)"),
+    ("bad.ipynb", [], "neuron-lab run: {path}: not a notebook: invalid JSON at line 1 column 2: "
+                      "Expecting property name enclosed in double quotes"),
+    ("nocells.ipynb", [], "neuron-lab run: {path}: not a notebook: the JSON has no 'cells'"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, name, extra, message):
+    path = _bad(tmp_path, name)
+    assert main.main([str(path), *extra, "--json", str(tmp_path / "run.json")]) == options.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == message.format(path=path) + "\n"
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_a_profile_that_cannot_load_is_bad_input(tmp_path, capsys):
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    assert main.main([str(nb), "--profile", "no-such-profile"]) == options.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("neuron-lab run: --profile: no profile 'no-such-profile'") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["{nb}", "--bogus"], "neuron-lab run: error: unrecognized arguments: --bogus"),
+    (["{nb}", "--max-peak-memory", "lots"],
+     "neuron-lab run: error: argument --max-peak-memory: cannot read 'lots' as a size (examples: 512MiB, 2GiB, "
+     "1048576)"),
+    (["{nb}", "--timeout", "0"], "neuron-lab run: error: argument --timeout: '0' is not a positive number of seconds"),
+])
+def test_bad_options_exit_2_through_argparse(tmp_path, capsys, argv, message):
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    with pytest.raises(SystemExit) as e:
+        main.main([a.format(nb=nb) for a in argv])
+    assert e.value.code == options.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == message and "Traceback" not in err
+
+
+def test_the_console_script_documents_exit_codes_and_rejects_unknown_options(tmp_path):
+    assert CONSOLE.exists(), "the neuron-lab console script is not installed in this venv"
+    help_ = subprocess.run([str(CONSOLE), "run", "--help"], capture_output=True, text=True, timeout=120)
+    assert help_.returncode == 0
+    for code, meaning in options.MEANINGS.items():
+        assert f"\n  {code}  {meaning}\n" in help_.stdout
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    bad = subprocess.run([str(CONSOLE), "run", str(nb), "--bogus"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == "neuron-lab: error: unrecognized arguments: --bogus"
+
+
+def test_allow_fallback_spellings():
+    """``--allow-fallback`` names an op by its base name (every overload) or one overload."""
+    assert options.op_matches("atan2", "aten::atan2.out")
+    assert options.op_matches("aten::atan2", "aten::atan2")
+    assert options.op_matches("aten::atan2.out", "aten::atan2.out")
+    assert not options.op_matches("aten::atan2.out", "aten::atan2")
+    assert not options.op_matches("atan", "aten::atan2.out")
