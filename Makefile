@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo lab test lint bench readme clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,9 +15,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
+# The quickstart notebook, executed headless on whatever backend this machine has; the summary is printed and
+# the executed notebook and its HTML land in out/. tests/test_make.py runs this exact command.
+DEMO := $(BIN)/neuron-lab run notebooks/01_quickstart.ipynb --output out/01_quickstart.ipynb \
+	--html out/01_quickstart.html --json out/01_quickstart.json
+
 demo: $(STAMP)
-	$(BIN)/python -m neuron_lab doctor
-	$(BIN)/python -m neuron_lab.demo
+	$(DEMO)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
 
 test: $(STAMP)
 	$(BIN)/ruff check neuron_lab tests bench
@@ -30,6 +37,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/extension_overhead.py
 	$(BIN)/python bench/widgets_overhead.py
+	$(BIN)/python bench/checks_overhead.py --steps 50
+
+# Regenerates README.md's reference blocks (magics, settings, environment) from the code.
+readme: $(STAMP)
+	$(BIN)/python -m neuron_lab.reference --write README.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info out

@@ -1,0 +1,38 @@
+"""`make demo` executes the quickstart notebook headless: the exact command the Makefile runs, run here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demo_command() -> str:
+    """The recipe `make demo` runs, as make prints it (the venv counts as installed)."""
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "demo"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    (line,) = [x for x in out.splitlines() if "neuron-lab run" in x]
+    return line
+
+
+def test_make_demo_runs_the_quickstart_and_leaves_its_outputs_in_out(tmp_path):
+    command = _demo_command()
+    assert shlex.split(command)[:3] == [".venv/bin/neuron-lab", "run", "notebooks/01_quickstart.ipynb"]
+    # the same relative paths, from a directory whose out/ is this test's own
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    r = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "aten::atan2" in r.stdout and "summary" in r.stdout.lower()
+    nb = nbformat.read(tmp_path / "out" / "01_quickstart.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count for c in code) and any(c.outputs for c in code)
+    html = (tmp_path / "out" / "01_quickstart.html").read_text(encoding="utf-8")
+    assert "<html" in html and "aten::atan2" in html
+    data = json.loads((tmp_path / "out" / "01_quickstart.json").read_text(encoding="utf-8"))
+    assert data["schema"] == "neuron_lab.run/1" and data["exit_code"] == 0

@@ -1,0 +1,379 @@
+"""The example notebooks in notebooks/: each one runs top to bottom in a real python3 kernel on the emulator,
+and shows its reader what its prose says it shows.
+
+Each notebook is executed once, by nbclient, the way ``jupyter nbconvert --execute`` runs it: a cell that
+raises stops the run unless it is tagged ``raises-exception`` (the tag JupyterLab honours too). Cells are
+found by their tags, never by position; the facts are read from what a reader sees: printed text, a cell's
+value, and the neuron_lab report under it (its text/plain). Every notebook needs an entry in ``CHECKS``:
+a new notebook without assertions fails ``test_every_notebook_has_checks``.
+
+Run with the project's venv (the "python3" kernelspec runs the interpreter running pytest):
+``.venv/bin/python -m pytest tests/test_notebooks.py -n 2``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nbclient
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT = 180  # seconds per cell; the first torch.compile imports inductor
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Settings that change what the notebooks show; a notebook that needs one sets it itself (03: %env).
+EMULATOR_SETTINGS = ("NEURON_LAB_PROFILE", "NEURON_LAB_DEVICE_MEMORY", "NEURON_LAB_EMULATE_DOWNCAST",
+                     "NEURON_LAB_COMPILE_LOWERING")
+
+
+def _execute(path: Path, tmp: Path) -> Any:
+    """The notebook, run in a fresh kernel from its own folder, as Jupyter runs it."""
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, startup_timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    env = {k: v for k, v in os.environ.items() if k not in EMULATOR_SETTINGS}
+    # the emulator whatever is installed; a private IPython profile: no user startup files, no ~/.ipython
+    env.update(NEURON_LAB_BACKEND="emulator", IPYTHONDIR=str(tmp / "ipython"))
+    try:
+        client.execute(env=env)
+    except nbclient.exceptions.CellExecutionError as e:
+        pytest.fail(f"{path.name} stopped at a cell that raised:\n{ANSI.sub('', str(e))[-4000:]}")
+    return nb
+
+
+class Ran:
+    """An executed notebook, read by tag."""
+
+    def __init__(self, nb: Any) -> None:
+        self.nb = nb
+
+    def tagged(self, tag: str) -> list[Any]:
+        return [c for c in self.nb.cells if tag in c.metadata.get("tags", [])]
+
+    def cell(self, tag: str) -> Any:
+        cells = self.tagged(tag)
+        assert len(cells) == 1, f"{len(cells)} cells tagged {tag!r}"
+        return cells[0]
+
+    def n(self, tag: str) -> int:
+        """The cell's In[N]."""
+        return self.cell(tag).execution_count
+
+    def line(self, tag: str, text: str) -> int:
+        """The 1-based line of the cell's source holding ``text`` (exactly one)."""
+        hits = [i for i, s in enumerate(self.cell(tag).source.splitlines(), 1) if text in s]
+        assert len(hits) == 1, (tag, text, hits)
+        return hits[0]
+
+    def stdout(self, tag: str) -> str:
+        return "".join(o.text for o in self.cell(tag).outputs if o.output_type == "stream" and o.name == "stdout")
+
+    def value(self, tag: str) -> str:
+        """The text/plain of the cell's value (its Out[N])."""
+        (out,) = [o for o in self.cell(tag).outputs if o.output_type == "execute_result"]
+        return out.data["text/plain"]
+
+    def report(self, tag: str) -> list[str]:
+        """The lines of the neuron_lab report shown under the cell."""
+        shown = [o.data["text/plain"] for o in self.cell(tag).outputs
+                 if o.output_type == "display_data" and o.data.get("text/plain", "").startswith("neuron_lab In[")]
+        assert len(shown) == 1, f"{tag}: {len(shown)} reports"
+        return shown[0].splitlines()
+
+    def has_report(self, tag: str) -> bool:
+        return any(o.output_type == "display_data" for o in self.cell(tag).outputs)
+
+    def says(self, *texts: str) -> None:
+        """The prose states each of ``texts`` (so the numbers it quotes are the ones the outputs show)."""
+        prose = " ".join(" ".join(c.source.split()) for c in self.nb.cells if c.cell_type == "markdown")
+        missing = [t for t in texts if " ".join(t.split()) not in prose]
+        assert not missing, f"the markdown no longer says {missing}"
+
+
+def _ops(report: list[str], section: str) -> dict[str, tuple[int, list[str]]]:
+    """A report section ("CPU fallbacks", "64-bit downcasts") as op -> (calls, ["In[N] line L: source  (k×)"])."""
+    ops: dict[str, tuple[int, list[str]]] = {}
+    inside, op = False, None
+    for line in report:
+        if not line.startswith(" "):
+            inside = line.startswith(section + " (")
+        elif inside and re.match(r"  \S", line):
+            op, count = re.match(r"  (\S+) +([\d,]+)× ", line).groups()
+            ops[op] = (int(count.replace(",", "")), [])
+        elif inside and line.startswith("      at "):
+            ops[op][1].append(line.removeprefix("      at "))
+    return ops
+
+
+def _calls(report: list[str], section: str = "CPU fallbacks") -> dict[str, int]:
+    return {op: count for op, (count, _) in _ops(report, section).items()}
+
+
+# -- 01: quickstart ------------------------------------------------------------------------------------
+def check_quickstart(r: Ran) -> None:
+    assert r.stdout("load").startswith("neuron_lab "), r.stdout("load")
+    assert "emulator backend, profile torchneuron-2.33 · device neuron:0 · 24.00 GiB" in r.stdout("load")
+    assert "  model                PolarNet                520 B  from cpu" in r.stdout("move")
+
+    # the fallback report: both ops, with the cell and line behind each
+    n, model = r.n("check-fallback"), r.n("model")
+    line = r.line("model", "return torch.atan2(")
+    rep = r.report("check-fallback")
+    assert rep[0].startswith(f"neuron_lab In[{n}] · neuron:0 · default · "), rep[0]
+    assert "· 6 CPU fallback calls (2 ops) ·" in rep[0], rep[0]
+    assert _ops(rep, "CPU fallbacks") == {
+        "aten::atan2.out": (5, [f"In[{model}] line {line}: return torch.atan2(xy[:, 1:], xy[:, :1])  (5×)"]),
+        "aten::normal_": (1, [f"In[{n}] line 1: xy = torch.randn(256, 2, device=device)  (1×)"]),
+    }, rep
+    r.says("6 CPU fallback calls of 2 ops", "`aten::atan2.out`, 5 calls", f"`In[{model}] line {line}`",
+           "`aten::normal_`, 1 call")
+
+    # the fix: checked against atan2 on the CPU, touching no device tensor, so no report
+    assert r.stdout("fix") == "polar_angle matches torch.atan2\n"
+    assert not r.has_report("fix")
+    clean = r.report("check-clean")
+    assert "· no CPU fallbacks ·" in clean[0] and _ops(clean, "CPU fallbacks") == {}, clean
+    assert "copies: host→device 2.00 KiB, device→host 4 B" in clean, clean  # xy, moved once
+    losses = [float(re.search(r"loss (\d+\.\d+)", r.stdout(t)).group(1))
+              for t in ("check-fallback", "check-clean", "check-compile")]
+    assert losses == sorted(losses, reverse=True), losses  # the training the notebook shows goes down
+
+    # the compile cell
+    comp = r.report("check-compile")
+    assert f"In[{r.n('check-compile')}] · neuron:0 · compile · " in comp[0], comp[0]
+    assert "· no CPU fallbacks ·" in comp[0] and comp[0].endswith(" · 1 graphs, 0 breaks, 0 recompiles"), comp[0]
+    assert any(x.startswith("compile: ") and " 1 graphs, " in x for x in comp), comp
+
+    # the dashboard: a widget, with the same views as text for frontends without widgets
+    (shown,) = [o for o in r.cell("check-dashboard").outputs if o.output_type == "execute_result"]
+    assert "application/vnd.jupyter.widget-view+json" in shown.data, sorted(shown.data)
+    text = shown.data["text/plain"]
+    assert text.startswith("neuron_lab · neuron:0 · mode default · "), text
+    assert f"0 CPU fallback calls · In[{r.n('check-dashboard')}] running " in text.splitlines()[0]
+    assert "CPU fallbacks, all cells" in text and f"In[{model}] line {line}: return torch.atan2(" in text
+    assert "  model.inp.weight" in text and f"  In[{r.n('check-compile')}] 1 graphs, compile " in text, text
+
+
+# -- 02: finding fallbacks ------------------------------------------------------------------------------------
+def _host(stdout: str, when: str) -> tuple[int, float]:
+    calls, ms = re.search(rf"^{when}: (\d+) CPU fallback calls, (\d+\.\d+) ms on the host$", stdout, re.M).groups()
+    return int(calls), float(ms)
+
+
+def check_finding_fallbacks(r: Ran) -> None:
+    model, data = r.n("model"), r.n("data")
+    assert _ops(r.report("data"), "CPU fallbacks") == {
+        "aten::random_.from": (2, [f"In[{data}] line 4: src = torch.randint(0, n_nodes, (n_edges,), device=device)"
+                                   "  (1×)",
+                                   f"In[{data}] line 5: dst = (src + torch.randint(1, n_nodes, (n_edges,), "
+                                   "device=device)) % n_nodes  (1×)"]),
+        "aten::normal_": (1, [f"In[{data}] line 3: pos = torch.randn(n_nodes, 3, device=device)  (1×)"]),
+    }
+    r.says("`aten::normal_` for `torch.randn`", "`aten::random_.from` for each `torch.randint`, 3 calls")
+
+    # before: the four geometric ops, each at its line
+    calls_before, ms_before = _host(r.stdout("check-before"), "before")
+    assert calls_before == 50 and ms_before > 0
+    rep, n = r.report("check-before"), r.n("check-before")
+    assert "· 50 CPU fallback calls (4 ops) ·" in rep[0], rep[0]
+    ops = _ops(rep, "CPU fallbacks")
+    assert {op: count for op, (count, _) in ops.items()} == {
+        "aten::linalg_cross.out": 20, "aten::acos.out": 10, "aten::atan2.out": 10, "aten::scatter_reduce.two_out": 10}
+    assert ops["aten::linalg_cross.out"][1] == [
+        f"In[{model}] line {r.line('model', 'torch.linalg.cross(')}: "
+        "normal = torch.linalg.cross(unit, axis, dim=1)  (10×)",
+        f"In[{n}] line {r.line('check-before', 'loss.backward()')}: loss.backward()  (10×)"]
+    assert ops["aten::acos.out"][1] == [f"In[{model}] line {r.line('model', 'torch.acos(')}: "
+                                        "theta = torch.acos((unit * axis).sum(1).clamp(-0.999, 0.999))  (10×)"]
+    assert ops["aten::scatter_reduce.two_out"][1] == [
+        f"In[{model}] line {r.line('model', '.scatter_reduce(')}: "
+        'return nodes.scatter_reduce(0, index, msg, "mean", include_self=False)  (10×)']
+    r.says("counts 50 calls of 4 ops")
+    assert r.value("report").splitlines() == rep  # %neuron report: the last report again
+
+    everything = r.value("fallbacks-view")
+    for op in ("aten::linalg_cross.out", "aten::acos.out", "aten::atan2.out", "aten::scatter_reduce.two_out",
+               "aten::random_.from", "aten::normal_"):
+        assert f"    {op} " in everything, (op, everything)
+    by_time = [line.split()[0] for line in r.stdout("by-time").splitlines()]
+    assert sorted(by_time) == ["aten::acos.out", "aten::atan2.out", "aten::linalg_cross.out",
+                               "aten::scatter_reduce.two_out"], by_time
+
+    # after the rewrites: the same ten steps, no fallback at all
+    assert r.stdout("equivalence").startswith("NativeEdgeNet matches EdgeNet\n")
+    calls_after, ms_after = _host(r.stdout("check-after"), "after")
+    assert (calls_after, ms_after) == (0, 0.0)
+    after = r.report("check-after")
+    assert "· no CPU fallbacks ·" in after[0] and _ops(after, "CPU fallbacks") == {}, after
+    summary = r.stdout("check-summary").splitlines()
+    assert summary[0] == "CPU fallback calls: 50 -> 0", summary
+    before_ms, after_ms = map(float, re.fullmatch(r"host time in fallbacks: (\S+) ms -> (\S+) ms", summary[1]).groups())
+    assert before_ms > after_ms == 0.0, summary
+
+
+# -- 03: memory -----------------------------------------------------------------------------------------
+def check_memory(r: Ran) -> None:
+    assert " · device neuron:0 · 64.00 MiB · " in r.stdout("check-capacity"), r.stdout("check-capacity")
+    train = r.report("train")
+    assert any(x.startswith("memory: 4.01 MiB → 12.02 MiB (+8.01 MiB), peak ") for x in train), train
+    r.says("grows by 8.01 MiB", "model's 4.01 MiB")
+    assert r.stdout("check-stats").splitlines()[-1].split() == ["num_ooms", "0"]
+
+    # a displayed slice keeps its batch alive through Out/_; its autograd graph keeps the input alive
+    out = r.n("out-value")
+    assert r.stdout("check-del") == "freed by del: 0 bytes\n"
+    rows = r.value("check-tensors-out").splitlines()
+    assert f"     8.00 MiB  2048×1024      float32   IPython output cache Out[{out}], _, _{out}" in rows, rows
+    assert (f"     4.00 MiB  2048×512       float32   autograd graph       Out[{out}].grad_fn…AddmmBackward0."
+            "_saved_mat1") in rows, rows
+    r.says(f"(`Out[{out}]`, `_`, `_{out}`)", "keeps the 4 MiB input batch")
+
+    # the failing cell raised, and its traceback holds the function's locals
+    (err,) = [o for o in r.cell("check-traceback").outputs if o.output_type == "error"]
+    assert "raises-exception" in r.cell("check-traceback").metadata["tags"]
+    assert (err.ename, err.evalue) == ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied "
+                                                       "(2048x1024 and 2048x512)")
+    held = {line.split("IPython traceback    ")[1].split(",")[0]: line.split()[0]
+            for line in r.value("check-tensors-tb").splitlines() if "IPython traceback    " in line}
+    assert held == {"evaluate.<locals>.h": "8.00", "evaluate.<locals>.x": "4.00"}, held
+    assert f"IPython output cache Out[{out}], __, _{out}" in r.value("check-tensors-tb")
+
+    # %neuron free
+    freed = r.value("check-free").splitlines()
+    assert freed[0] == "freed 24.00 MiB of device memory; 12.02 MiB still allocated", freed
+    dropped = [x.split() for x in freed[2:5]]
+    assert freed[1] == "dropped IPython's references:" and dropped == [
+        [f"Out[{out}]", "8.00", "MiB"], ["___", "8.00", "MiB"], ["sys.last_traceback", "frames", "12.00", "MiB"]], freed
+    assert "mem 12.02 MiB (-24.00 MiB, " in r.report("check-free")[0]
+    r.says("24 MiB came back", "the traceback's 12 MiB", "12.02 MiB, is the model")
+
+    # out of memory, caught: the batch halves until it fits, and nothing stays behind
+    lines = r.stdout("check-oom").splitlines()
+    assert [x.split(":")[0] for x in lines[:3]] == ["batch 16384", "batch 8192", "batch 4096"], lines
+    assert all(" neuron:0 out of memory (emulated): tried to allocate " in x for x in lines[:3]), lines
+    assert lines[3].startswith("trained with batch 2048, loss "), lines
+    allocated, baseline, ooms = re.fullmatch(r"allocated ([\d,]+) bytes \(baseline ([\d,]+)\); num_ooms (\d+)",
+                                             lines[4]).groups()
+    assert allocated == baseline == "12,601,344" and int(ooms) == 3, lines[4]
+    r.says("Batches of 16384, 8192 and 4096", "2048 trained", "counts the 3 failures")
+    assert "memory:  12.02 MiB allocated" in r.value("status")
+
+
+# -- 04: eager against compiled ----------------------------------------------------------------------------------
+def check_eager_vs_compile(r: Ran) -> None:
+    model = r.n("model-break")
+    line = r.line("model-break", "if h.mean() > 0.5:")
+    rep = r.report("check-break")
+    assert " · compile · " in rep[0] and rep[0].endswith(" · 2 graphs, 1 breaks, 0 recompiles"), rep[0]
+    i = rep.index(f"  graph break at In[{model}] line {line}: if h.mean() > 0.5:")
+    assert rep[i + 1] == "      why: generic_jump TensorVariable()", rep[i + 1]
+    r.says("2 graphs and 1 graph break", f"`In[{model}] line {line}`, the `if`", "`generic_jump TensorVariable()`")
+
+    fixed = r.report("check-nobreak")
+    assert " · compile · " in fixed[0] and fixed[0].endswith(" · 1 graphs, 0 breaks, 0 recompiles"), fixed[0]
+    assert not any("graph break" in x for x in fixed), fixed
+
+    assert r.stdout("mode-compile") == "mode for the cells that follow: compile\n"
+    mode = r.report("check-mode")[0]  # compiled again: the cache is per module class and compile options
+    assert " · compile · " in mode and mode.endswith(" · 1 graphs, 0 breaks, 0 recompiles"), mode
+    eager = r.report("check-eager")[0]
+    assert " · eager · " in eager and " · 7 ops · " in eager, eager
+    r.says("shows `GatedMLP` compiled once more, to 1 graph", "counts the 7 ops")
+    assert r.stdout("mode-default") == "mode for the cells that follow: default\n"
+
+    # compare: the table of both modes, the compile it measured, agreement
+    cmp = r.value("check-compare").splitlines()
+    assert cmp[0].startswith("neuron_lab compare eager ") and cmp[0].endswith(" · outputs agree (14 items)"), cmp[0]
+    assert cmp[1].split() == ["mode", "median", "min–max", "first", "run", "runs"], cmp[1]
+    assert [x.split()[0] for x in cmp[2:4]] == ["eager", "compiled"], cmp
+    assert all(x.endswith("5 after 1 warm-up") for x in cmp[2:4]), cmp
+    assert "(dynamo and backend " in cmp[4] and ", 1 frame compiles, 1 graphs)" in cmp[4], cmp[4]
+    assert "numeric agreement, compiled against eager: agree (14 items)" in cmp
+    assert not any(x.startswith("nothing compiled") for x in cmp), cmp
+    assert any(x.startswith("check: compare eager ") for x in r.report("check-compare"))
+    r.says("14 items")
+
+    par = r.value("check-parity").splitlines()
+    assert par[0] == "neuron_lab parity neuron:0 vs cpu: agree (6 items)", par[0]
+    items = {x.split()[0]: x.split()[1] for x in par if x.startswith("  ") and not x.startswith("  item ")}
+    assert items == dict.fromkeys(["y", "model.up.weight", "model.up.bias", "model.down.weight", "model.down.bias",
+                                   "x"], "ok"), items
+    assert "check: parity neuron:0 vs cpu: agree (6 items)" in r.report("check-parity")
+    r.says("6 items, all in agreement")
+
+
+# -- 05: on Trainium ------------------------------------------------------------------------------------------
+def check_on_trainium(r: Ran) -> None:
+    doctor = r.stdout("check-doctor").splitlines()
+    assert doctor[0].startswith("neuron_lab ") and doctor[0].endswith(" doctor"), doctor
+    facts = {x.split()[0]: " ".join(x.split()[1:]) for x in doctor[1:] if re.match(r"  \w", x)}
+    assert facts["backend"] == "emulator: NEURON_LAB_BACKEND=emulator", facts
+    assert facts["devices"].startswith("1 (neuron:0)") and facts["problems"] == "none", facts
+    assert r.stdout("check-backend").splitlines()[1] == \
+        "on the emulator: cells marked 'on hardware only' will say so"
+
+    hardware_only = r.tagged("hardware-only")
+    assert len(hardware_only) == 2
+    for c in hardware_only:
+        assert "if on_hardware:" in c.source
+        out = "".join(o.text for o in c.outputs if o.output_type == "stream")
+        assert out.startswith("on hardware only: "), out
+    r.says("marked **on hardware only**")
+
+    specs = json.loads("[" + r.stdout("check-kernelspec").replace("}\n{", "},\n{") + "]")
+    assert [s["env"] for s in specs] == [{"NEURON_RT_VISIBLE_CORES": "0-1"}, {"NEURON_RT_VISIBLE_CORES": "2-3"}]
+    assert all(s["argv"][1:] == ["-m", "ipykernel_launcher", "-f", "{connection_file}"] for s in specs)
+    assert "allocated 2,097,152 bytes" in r.stdout("check-sync")
+
+    n = r.n("check-fallback-ops")
+    assert r.value("check-fallback-ops") == "['aten::atan2']"
+    assert _ops(r.report("check-fallback-ops"), "CPU fallbacks") == {
+        "aten::atan2.out": (1, [f"In[{n}] line 2: angle = torch.atan2(w[:, 1], w[:, 0])  (1×)"])}
+    r.says("`['aten::atan2']`")
+
+
+CHECKS: dict[str, Callable[[Ran], None]] = {
+    "01_quickstart.ipynb": check_quickstart,
+    "02_finding_fallbacks.ipynb": check_finding_fallbacks,
+    "03_memory.ipynb": check_memory,
+    "04_eager_vs_compile.ipynb": check_eager_vs_compile,
+    "05_on_trainium.ipynb": check_on_trainium,
+}
+
+
+def test_every_notebook_has_checks() -> None:
+    assert NOTEBOOKS, "no notebooks found"
+    assert set(CHECKS) == {p.name for p in NOTEBOOKS}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_and_shows_what_it_says(path: Path, tmp_path: Path) -> None:
+    check = CHECKS.get(path.name)
+    assert check is not None, f"{path.name} has no checks in CHECKS"
+    check(Ran(_execute(path, tmp_path)))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_has_no_outputs(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code
+    assert [i for i, c in enumerate(code) if c.outputs or c.execution_count is not None] == []
+    assert "widgets" not in nb.metadata
+    assert [i for i, c in enumerate(nb.cells) if "execution" in c.metadata] == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_the_python3_kernel_and_ends_on_a_trn_instance(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    last = nb.cells[-1]  # the closing section: what a user on Trainium sees differently
+    assert last.cell_type == "markdown" and last.source.startswith("## On a Trn instance"), last.source[:80]
