@@ -156,7 +156,8 @@ def check_quickstart(r: Ran) -> None:
     assert "application/vnd.jupyter.widget-view+json" in shown.data, sorted(shown.data)
     text = shown.data["text/plain"]
     assert text.startswith("neuron_lab · neuron:0 · mode default · "), text
-    assert f"0 CPU fallback calls · In[{r.n('check-dashboard')}] running " in text.splitlines()[0]
+    assert f"· In[{r.n('check-dashboard')}] running " in text.splitlines()[0]
+    assert text.splitlines()[0].endswith(": 0 CPU fallback calls so far")
     assert "CPU fallbacks, all cells" in text and f"In[{model}] line {line}: return torch.atan2(" in text
     assert "  model.inp.weight" in text and f"  In[{r.n('check-compile')}] 1 graphs, compile " in text, text
 

@@ -154,6 +154,21 @@ def test_a_local_of_the_last_traceback(shell):
     assert ptr not in {r.ptr for r in scan(shell).rows}
 
 
+def test_an_op_that_raises_on_the_device_shows_and_holds_like_a_native_kernel(shell):
+    import re
+
+    res, cap = run(shell, "import torch\n"
+                          "def evaluate():\n"
+                          "    a = torch.ones(2, 3).to('neuron')\n"
+                          "    return a @ a\n"
+                          "evaluate()", ok=False)
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+    assert "----> 4     return a @ a" in tb and "skipping hidden 3 frame" in tb  # the emulator's dispatch frames
+    assert "emulator/ops.py" not in tb
+    rows = scan(shell).rows
+    assert [r.names for r in rows if r.held_by == "IPython traceback"] == [("evaluate.<locals>.a",)]
+
+
 def test_what_the_scan_cannot_name_is_unknown_and_the_total_is_memory_allocated(shell):
     run(shell, "import torch\n"
                "class Box:\n"

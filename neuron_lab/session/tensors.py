@@ -8,6 +8,7 @@ becomes an "unknown" row, so the table's total is the backend's ``memory_allocat
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sys
 from collections import deque
@@ -125,6 +126,7 @@ class _Scan:
         self.param_names: dict[int, str] = {}  # id(parameter) -> its module name, for optimizer state
         self.roots: list[tuple[str, Any]] = []  # (name, grad_fn) of every tensor found
         self.optimizers: list[tuple[str, torch.optim.Optimizer, str]] = []
+        self.fallback_names = False  # walking frames that hide from tracebacks: name only what nothing else names
 
     def tensor(self, t: torch.Tensor, name: str, held_by: str, root: bool = True) -> None:
         if root and t.grad_fn is not None:
@@ -146,6 +148,8 @@ class _Scan:
             s.shape, s.dtype, s.requires_grad, s.whole = _meta(t, nbytes)
         s.rank = min(s.rank, rank)
         names = s.graph_names if held_by == AUTOGRAD else s.names
+        if self.fallback_names and (s.names or s.graph_names):
+            return
         if name not in names and (held_by != AUTOGRAD or len(names) < MAX_GRAPH_NAMES):
             names.append(name)
 
@@ -209,8 +213,13 @@ class _Scan:
             queue.extend((root, nxt, False) for nxt, _ in fn.next_functions)
 
     def walk_tracebacks(self, shell: Any) -> None:
-        """Locals of the last traceback's function frames (the cell's own frame is the namespace)."""
+        """Locals of the last traceback's function frames (the cell's own frame is the namespace).
+
+        Library frames (torch's, neuron_lab's: the emulator's op dispatch, which also hides from IPython's
+        tracebacks) come last and only name storages that no frame of the user's holds.
+        """
         seen: set[int] = set()
+        frames: list[Any] = []
         for tb in (getattr(sys, "last_traceback", None),
                    getattr(getattr(sys, "last_exc", None), "__traceback__", None),
                    getattr(shell.InteractiveTB, "tb", None),
@@ -220,9 +229,21 @@ class _Scan:
                 f = tb.tb_frame
                 if id(f) not in seen and f.f_code.co_flags & inspect.CO_OPTIMIZED:
                     seen.add(id(f))
-                    for n, v in list(f.f_locals.items()):
-                        self.walk_safely(v, f"{f.f_code.co_qualname}.<locals>.{n}", TRACEBACK)
+                    frames.append(f)
                 tb = tb.tb_next
+        frames.sort(key=_library_frame)
+        for f in frames:
+            self.fallback_names = _library_frame(f)
+            for n, v in list(f.f_locals.items()):
+                self.walk_safely(v, f"{f.f_code.co_qualname}.<locals>.{n}", TRACEBACK)
+        self.fallback_names = False
+
+
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["neuron_lab"]))
+
+
+def _library_frame(f: Any) -> bool:
+    return bool(f.f_locals.get("__tracebackhide__")) or f.f_code.co_filename.startswith(_LIBRARIES)
 
 
 _SAVED_ATTRS: dict[type, tuple[str, ...]] = {}

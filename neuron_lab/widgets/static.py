@@ -19,12 +19,15 @@ def _strip_line(data: dict, live: dict) -> str:
     h = data.get("header", {})
     cap = live.get("capacity") or 0
     pct = f" ({100 * live.get('allocated', 0) / cap:.1f}%)" if cap else ""
-    cell = live.get("cell") or "?"
-    state = (f"In[{cell}] running {format_seconds(live.get('elapsed_s', 0))}" if live.get("busy")
-             else f"In[{live.get('cell')}] {format_seconds(live.get('elapsed_s', 0))}" if live.get("cell") else "idle")
+    calls = f"{live.get('fallback_calls', 0):,} CPU fallback calls"
+    if live.get("busy"):  # the count is the running cell's, so it says whose
+        state = f"In[{live.get('cell') or '?'}] running {format_seconds(live.get('elapsed_s', 0))}: {calls} so far"
+    elif live.get("cell"):
+        state = f"In[{live.get('cell')}] {format_seconds(live.get('elapsed_s', 0))}: {calls}"
+    else:
+        state = "idle"
     return (f"neuron_lab · {live.get('device', h.get('device'))} · mode {live.get('mode', h.get('mode'))} · "
-            f"{format_size(live.get('allocated', 0))} of {format_size(cap)}{pct} · "
-            f"{live.get('fallback_calls', 0):,} CPU fallback calls · {state}")
+            f"{format_size(live.get('allocated', 0))} of {format_size(cap)}{pct} · {state}")
 
 
 def _spark(points: list) -> str:

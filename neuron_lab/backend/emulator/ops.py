@@ -114,6 +114,7 @@ class Executor:
 
     # -- the fallback ------------------------------------------------------------------------
     def fallback(self, op, *args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841
         native = self.native.get(op._schema.name)
         if native is not None:
             return native(op, *args, **kwargs)
@@ -141,6 +142,7 @@ class Executor:
 
     def run(self, op, args: tuple, kwargs: dict):
         """Compute ``op`` on host aliases of its device arguments and report it."""
+        __tracebackhide__ = True  # noqa: F841  (an op's error shows at the user's line, as a native kernel's does)
         plan = self._plans.get(op) or self.plan(op)
         dtypes: list[torch.dtype] = []
         conv = self._host_arg
@@ -181,6 +183,7 @@ class Executor:
         return self._results(out, plan, args, kwargs)
 
     def _call(self, op, plan: _Plan, hargs: list, hkwargs: dict, args: tuple, kwargs: dict):
+        __tracebackhide__ = True  # noqa: F841
         if plan.implicit_rng:
             return self._with_device_rng(op, hargs, hkwargs)
         try:
@@ -283,6 +286,7 @@ class Executor:
         run = self.run
 
         def k(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
             return run(op, args, kwargs)
 
         k.__name__ = f"neuron_{op._schema.name.split('::')[-1]}"
