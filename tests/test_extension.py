@@ -324,6 +324,16 @@ def test_compile_cell_compiles_the_outermost_module_call_of_a_torch_nn_container
     assert not last_report(shell).compiles  # cached
 
 
+def test_a_compiled_training_step_is_one_frame_compile_whose_backward_time_counts(shell):
+    run(shell, "import torch\nm = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))"
+               ".to('neuron')\nxs = torch.ones(16, 4).to('neuron')\nopt = torch.optim.SGD(m.parameters(), lr=0.1)")
+    run(shell, "%%neuron compile\nfor _ in range(3):\n    opt.zero_grad()\n    loss = m(xs).pow(2).mean()\n"
+               "    loss.backward()\n    opt.step()")
+    c = last_report(shell).compiles
+    # dynamo compiled one frame; aot_autograd's lazily compiled backward is that frame's compile time
+    assert (c.frames, c.graphs, c.breaks, c.recompiles, c.failures) == (1, 1, [], [], []) and c.compile_s > 0
+
+
 def test_cell_magic_tracebacks_point_at_the_cells_own_lines(shell):
     res, cap = run(shell, "%%neuron eager\na = 1\nb = 2\nc = 1 / 0\n", ok=False)
     err = res.error_in_exec

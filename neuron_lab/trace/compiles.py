@@ -124,7 +124,9 @@ class CompileTrace:
         with self._lock:
             self._t0[str(args.compile_id)] = (time.perf_counter(), lowering)
             self._triggers[str(args.compile_id)] = trigger
-            self._result.frames += 1
+            # a lazily compiled backward is compile time of the same frame, not another frame
+            if getattr(args.callback_trigger, "name", None) != "LAZY_BACKWARD":
+                self._result.frames += 1
 
     def _on_end(self, args: Any) -> None:
         lowering = self._lowering_us()
