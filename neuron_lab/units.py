@@ -27,6 +27,11 @@ def format_seconds(s: float) -> str:
     return f"{s * 1e6:.0f} µs"
 
 
+def count(n: int, noun: str) -> str:
+    """``count(1, "graph break") == "1 graph break"``, ``count(3, "op") == "3 ops"``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def parse_size(text: str) -> int:
     """``"24GiB"``, ``"512m"``, ``"1048576"`` -> bytes."""
     s = text.strip().lower().replace(" ", "")

@@ -221,7 +221,7 @@ def test_compile_cell_reports_the_graph_break_and_returns_the_value(nb: Any) -> 
     text, html = _report(cell)
     head = text[0]
     assert head.startswith(f"neuron_lab In[{n}] · neuron:0 · compile · "), head
-    assert "· no CPU fallbacks ·" in head and head.endswith(" · 2 graphs, 1 breaks, 0 recompiles"), head
+    assert "· no CPU fallbacks ·" in head and head.endswith(" · 2 graphs, 1 break, 0 recompiles"), head
     breaks = [i for i, line in enumerate(text) if line.startswith("  graph break at ")]
     assert len(breaks) == 1, text
     assert text[breaks[0]] == f"  graph break at In[{n}] line 4: {IF_SOURCE}"
@@ -239,7 +239,7 @@ def test_report_all_lists_every_reported_cell(nb: Any) -> None:
     assert lines[0].startswith("neuron_lab In[3] · neuron:0 · default · ") and \
         "· 2 CPU fallback calls (2 ops) ·" in lines[0], lines[0]
     assert lines[1].startswith("neuron_lab In[4] · neuron:0 · compile · ") and \
-        lines[1].endswith(" · 2 graphs, 1 breaks, 0 recompiles"), lines[1]
+        lines[1].endswith(" · 2 graphs, 1 break, 0 recompiles"), lines[1]
     html = result.data["text/html"]
     assert html.count("<div style='font-family:monospace;font-size:12px'>neuron_lab In[") == 2
     assert _of(cell, "display_data") == []  # reading reports touches no device

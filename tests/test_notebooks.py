@@ -148,8 +148,8 @@ def check_quickstart(r: Ran) -> None:
     # the compile cell
     comp = r.report("check-compile")
     assert f"In[{r.n('check-compile')}] · neuron:0 · compile · " in comp[0], comp[0]
-    assert "· no CPU fallbacks ·" in comp[0] and comp[0].endswith(" · 1 graphs, 0 breaks, 0 recompiles"), comp[0]
-    assert any(x.startswith("compile: ") and " 1 graphs, " in x for x in comp), comp
+    assert "· no CPU fallbacks ·" in comp[0] and comp[0].endswith(" · 1 graph, 0 breaks, 0 recompiles"), comp[0]
+    assert any(x.startswith("compile: ") and " 1 graph, " in x for x in comp), comp
 
     # the dashboard: a widget, with the same views as text for frontends without widgets
     (shown,) = [o for o in r.cell("check-dashboard").outputs if o.output_type == "execute_result"]
@@ -159,7 +159,7 @@ def check_quickstart(r: Ran) -> None:
     assert f"· In[{r.n('check-dashboard')}] running " in text.splitlines()[0]
     assert text.splitlines()[0].endswith(": 0 CPU fallback calls so far")
     assert "CPU fallbacks, all cells" in text and f"In[{model}] line {line}: return torch.atan2(" in text
-    assert "  model.inp.weight" in text and f"  In[{r.n('check-compile')}] 1 graphs, compile " in text, text
+    assert "  model.inp.weight" in text and f"  In[{r.n('check-compile')}] 1 graph, compile " in text, text
 
 
 # -- 02: finding fallbacks ------------------------------------------------------------------------------------
@@ -272,18 +272,18 @@ def check_eager_vs_compile(r: Ran) -> None:
     model = r.n("model-break")
     line = r.line("model-break", "if h.mean() > 0.5:")
     rep = r.report("check-break")
-    assert " · compile · " in rep[0] and rep[0].endswith(" · 2 graphs, 1 breaks, 0 recompiles"), rep[0]
+    assert " · compile · " in rep[0] and rep[0].endswith(" · 2 graphs, 1 break, 0 recompiles"), rep[0]
     i = rep.index(f"  graph break at In[{model}] line {line}: if h.mean() > 0.5:")
     assert rep[i + 1] == "      why: generic_jump TensorVariable()", rep[i + 1]
     r.says("2 graphs and 1 graph break", f"`In[{model}] line {line}`, the `if`", "`generic_jump TensorVariable()`")
 
     fixed = r.report("check-nobreak")
-    assert " · compile · " in fixed[0] and fixed[0].endswith(" · 1 graphs, 0 breaks, 0 recompiles"), fixed[0]
+    assert " · compile · " in fixed[0] and fixed[0].endswith(" · 1 graph, 0 breaks, 0 recompiles"), fixed[0]
     assert not any("graph break" in x for x in fixed), fixed
 
     assert r.stdout("mode-compile") == "mode for the cells that follow: compile\n"
     mode = r.report("check-mode")[0]  # compiled again: the cache is per module class and compile options
-    assert " · compile · " in mode and mode.endswith(" · 1 graphs, 0 breaks, 0 recompiles"), mode
+    assert " · compile · " in mode and mode.endswith(" · 1 graph, 0 breaks, 0 recompiles"), mode
     eager = r.report("check-eager")[0]
     assert " · eager · " in eager and " · 7 ops · " in eager, eager
     r.says("shows `GatedMLP` compiled once more, to 1 graph", "counts the 7 ops")
@@ -295,7 +295,7 @@ def check_eager_vs_compile(r: Ran) -> None:
     assert cmp[1].split() == ["mode", "median", "min–max", "first", "run", "runs"], cmp[1]
     assert [x.split()[0] for x in cmp[2:4]] == ["eager", "compiled"], cmp
     assert all(x.endswith("5 after 1 warm-up") for x in cmp[2:4]), cmp
-    assert "(dynamo and backend " in cmp[4] and ", 1 frame compiles, 1 graphs)" in cmp[4], cmp[4]
+    assert "(dynamo and backend " in cmp[4] and ", 1 frame compile, 1 graph)" in cmp[4], cmp[4]
     assert "numeric agreement, compiled against eager: agree (14 items)" in cmp
     assert not any(x.startswith("nothing compiled") for x in cmp), cmp
     assert any(x.startswith("check: compare eager ") for x in r.report("check-compare"))

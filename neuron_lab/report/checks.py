@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from neuron_lab.report.model import GraphBreak, Recompile, Site
-from neuron_lab.units import format_seconds
+from neuron_lab.units import count, format_seconds
 
 FOLD = 12  # item rows shown before the rest are summarised
 
@@ -362,7 +362,7 @@ class CompareResult(_Rendered):
                  "never breaks even" if be is None else f"breaks even after {be:,} runs",
                  f"outputs {self.agreement.verdict()}"]
         if self.breaks or self.recompiles:
-            parts.append(f"{len(self.breaks)} graph breaks, {len(self.recompiles)} recompiles")
+            parts.append(f"{count(len(self.breaks), 'graph break')}, {count(len(self.recompiles), 'recompile')}")
         return " · ".join(parts)
 
     def _table(self) -> list[list[str]]:
@@ -380,8 +380,8 @@ class CompareResult(_Rendered):
         out = []
         if self.speedup is not None:
             out.append(f"speedup {self.speedup:.2f}× · compile cost {format_seconds(self.compile_cost_s or 0.0)} "
-                       f"(dynamo and backend {format_seconds(self.compile_s)}, {self.frames} frame compiles, "
-                       f"{self.graphs} graphs) · " +
+                       f"(dynamo and backend {format_seconds(self.compile_s)}, {count(self.frames, 'frame compile')}, "
+                       f"{count(self.graphs, 'graph')}) · " +
                        ("never breaks even" if be is None else f"breaks even after {be:,} runs"))
         out.append(f"backend {self.backend}" + (", fullgraph" if self.fullgraph else "") + " · " +
                    _context(self.downcast_emulation, self.downcasts, self.downcast_ops, self.profile))

@@ -9,7 +9,7 @@ from html import escape
 
 from neuron_lab.report.model import OpRow, Report
 from neuron_lab.report.text import FOLD, summary_line
-from neuron_lab.units import format_delta, format_seconds, format_size
+from neuron_lab.units import count, format_delta, format_seconds, format_size
 
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
 _CELL = 'style="padding:1px 8px;text-align:left;vertical-align:top"'
@@ -68,7 +68,8 @@ def render_html(r: Report, detail: str | None = None) -> str:
     c = r.compiles
     if c:
         timing = f"{format_seconds(c.compile_s)} compiling, {format_seconds(r.run_s)} running"
-        parts.append(f"<div><b>compile</b>: {c.frames} frame compiles, {c.graphs} graphs, {escape(timing)}</div>")
+        what = f"{count(c.frames, 'frame compile')}, {count(c.graphs, 'graph')}"
+        parts.append(f"<div><b>compile</b>: {what}, {escape(timing)}</div>")
         rows = [["graph break", escape(b.site.label) if b.site else "?", escape(b.site.source) if b.site else "",
                  escape(b.reason)] for b in c.breaks]
         rows += [["recompile", escape(x.site.label) if x.site else "?", escape(x.code), escape(x.reason)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from neuron_lab.report.model import OpRow, Report
-from neuron_lab.units import format_delta, format_seconds, format_size
+from neuron_lab.units import count, format_delta, format_seconds, format_size
 
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
 
@@ -27,7 +27,8 @@ def summary_line(r: Report) -> str:
     parts.append(f"mem {format_size(m.after)} ({format_delta(m.delta)}, peak {format_size(m.peak)})")
     if r.compiles:
         c = r.compiles
-        parts.append(f"{c.graphs} graphs, {len(c.breaks)} breaks, {len(c.recompiles)} recompiles")
+        parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'break')}, "
+                     f"{count(len(c.recompiles), 'recompile')}")
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
     return "neuron_lab " + " · ".join(parts)
@@ -74,7 +75,8 @@ def render_text(r: Report, detail: str | None = None) -> str:
         _rows(lines, "64-bit downcasts", r.downcasts, full)
     c = r.compiles
     if c:
-        lines.append(f"compile: {c.frames} frame compiles, {c.graphs} graphs, {format_seconds(c.compile_s)} "
+        lines.append(f"compile: {count(c.frames, 'frame compile')}, {count(c.graphs, 'graph')}, "
+                     f"{format_seconds(c.compile_s)} "
                      f"compiling, {format_seconds(r.run_s)} running")
         for b in c.breaks if full else c.breaks[:FOLD]:
             where = f"{b.site.label}: {b.site.source}" if b.site else "unknown line"

@@ -13,8 +13,8 @@ from typing import Any
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Report
 from neuron_lab.runner.options import op_matches
-from neuron_lab.runner.summary import count, op_line
-from neuron_lab.units import format_size
+from neuron_lab.runner.summary import op_line
+from neuron_lab.units import count, format_size
 
 
 @dataclass

@@ -10,8 +10,8 @@ from typing import Any
 
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import ERROR, TIMEOUT, CellRecord
-from neuron_lab.runner.summary import count, op_line
-from neuron_lab.units import format_seconds
+from neuron_lab.runner.summary import op_line
+from neuron_lab.units import count, format_seconds
 
 INDENT = "    "
 OPS_SHOWN = 3  # ops named on a cell's line

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from neuron_lab.units import format_delta, format_seconds, format_size
+from neuron_lab.units import count, format_delta, format_seconds, format_size
 
 ROWS = 20  # rows per table in the static views
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -80,10 +80,10 @@ def render_text(data: dict, live: dict, views: list[str]) -> str:
     if "compiles" in views and "compiles" in data:
         c = data["compiles"]
         tot = c["totals"]
-        lines.append(f"compiles: {tot['compiles']} frames, {tot['graph_breaks']} graph breaks, "
-                     f"{tot['recompiles']} recompiles")
+        lines.append(f"compiles: {count(tot['compiles'], 'frame')}, {count(tot['graph_breaks'], 'graph break')}, "
+                     f"{count(tot['recompiles'], 'recompile')}")
         for r in c["rows"][-ROWS:]:
-            lines.append(f"  In[{r['cell']}] {r['graphs']} graphs, compile {format_seconds(r['compile_s'])}, "
+            lines.append(f"  In[{r['cell']}] {count(r['graphs'], 'graph')}, compile {format_seconds(r['compile_s'])}, "
                          f"run {format_seconds(r['run_s'])}")
             lines += [f"    break at {_site_text(b['site'])}: {b['reason']}" for b in r["breaks"]]
             lines += [f"    recompile of {x['code']} ({_site_text(x['site'])}): {x['reason']}" for x in r["recompiles"]]
