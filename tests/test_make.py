@@ -36,3 +36,11 @@ def test_make_demo_runs_the_quickstart_and_leaves_its_outputs_in_out(tmp_path):
     assert "<html" in html and "aten::atan2" in html
     data = json.loads((tmp_path / "out" / "01_quickstart.json").read_text(encoding="utf-8"))
     assert data["schema"] == "neuron_lab.run/1" and data["exit_code"] == 0
+
+
+def test_make_lab_opens_jupyterlab_on_the_notebooks():
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "lab"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()
+    assert out[-1] == ".venv/bin/jupyter lab notebooks/"
+    version = subprocess.run([str(ROOT / ".venv/bin/jupyter"), "lab", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.strip()[0].isdigit(), version.stderr
