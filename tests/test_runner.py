@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -180,6 +182,32 @@ def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
     executed = nbformat.read(out / "run.ipynb", as_version=4)
     assert executed.cells[1].outputs and not executed.cells[2].outputs
     assert "aten::atan2.out" in (out / "run.html").read_text()
+
+
+def test_ctrl_c_stops_at_the_running_cell_exits_130_and_keeps_its_report(tmp_path):
+    nb = notebook(tmp_path / "slow.ipynb", SETUP + "\ny = torch.atan2(x, x)",
+                  "y = torch.atan2(x, x)\nimport time\nfor _ in range(600):\n    time.sleep(0.1)", "print('never')")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", str(nb), "--json", "run.json"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:  # Ctrl-C once cell 1 is done and cell 2 is sleeping
+        seen.append(line)
+        if line.startswith("[1/3]"):
+            time.sleep(2)
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, err = proc.communicate(timeout=RUN_TIMEOUT)
+    text = "".join(seen) + rest
+    assert proc.returncode == options.EXIT_INTERRUPTED, text + err
+    assert "interrupted: stopping at the running cell" in text
+    assert re.search(r"^\[2/3\] In\[2\] interrupted \S+ \S+ · 1 CPU fallback call: aten::atan2.out ×1 at "
+                     r"In\[2\] line 1 · KeyboardInterrupt", text, re.M), text
+    assert not re.search(r"^\[3/3\]", text, re.M) and text.rstrip().endswith("exit 130: " + options.MEANINGS[130])
+    doc = load(tmp_path / "run.json")
+    assert [c["status"] for c in doc["cells"]] == ["ok", "interrupted", "not run"]
+    assert doc["cells"][1]["report"]["ops_not_native"][0]["count"] == 1  # the interrupted cell's report came back
+    assert doc["exit_code"] == 130 and doc["kernel_error"] is None
 
 
 def test_a_kernel_that_cannot_start_exits_4_with_its_stderr(tmp_path):

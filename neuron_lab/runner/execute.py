@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import re
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 from neuron_lab.runner import kernel
 from neuron_lab.runner.inputs import Program
-from neuron_lab.runner.records import DIED, ERROR, OK, TIMEOUT, CellRecord
+from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, TIMEOUT, CellRecord
 
 STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,6 +50,7 @@ class Outcome:
     info: dict[str, Any] = field(default_factory=dict)  # what kernel.install returned: banner, backend, profile
     kernel_error: str | None = None  # why the kernel failed, when it did
     kernel_stderr: str = ""  # the last lines the kernel process wrote to its stderr (shown when it failed)
+    interrupted: bool = False  # Ctrl-C (SIGINT): the running cell was interrupted and the run stopped there
     seconds: float = 0.0
 
 
@@ -74,6 +76,7 @@ async def _run(program: Program, env: dict[str, str], timeout: float | None,
         try:
             async with client.async_setup_kernel(env=env, stderr=kernel_stderr):
                 started = True
+                _on_ctrl_c(client, outcome)
                 reply = await _reply(client, await nbclient.util.ensure_async(client.kc.kernel_info()))
                 if "language_info" in reply["content"]:
                     program.nb.metadata["language_info"] = reply["content"]["language_info"]
@@ -84,10 +87,12 @@ async def _run(program: Program, env: dict[str, str], timeout: float | None,
                 outcome.info = await _ask(client, f"{_HOOK}.install(get_ipython(), {script!r})")
                 on_ready(outcome.info)
                 for rec in outcome.cells:
-                    await _cell(client, program, rec, timeout)
+                    await _cell(client, program, rec, timeout, outcome)
                     on_cell(rec)
-                    if rec.status != OK:
-                        if rec.status == DIED:
+                    if rec.status != OK or outcome.interrupted:
+                        if rec.status == DIED and outcome.interrupted:
+                            outcome.kernel_error = "interrupted twice: the kernel was shut down"
+                        elif rec.status == DIED:
                             outcome.kernel_error = f"the kernel died while running cell [{rec.number}/{len(code)}]"
                         break
         except KernelFailed as e:
@@ -107,14 +112,33 @@ async def _run(program: Program, env: dict[str, str], timeout: float | None,
     return outcome
 
 
-async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellRecord, timeout: float | None) -> None:
+def _on_ctrl_c(client: nbclient.NotebookClient, outcome: Outcome) -> None:
+    """Ctrl-C interrupts the running cell, as Jupyter's stop button does, so its report and the files still come;
+    a second Ctrl-C shuts the kernel down (nbclient's own handler, which this one replaces)."""
+    def interrupt() -> None:
+        if outcome.interrupted:
+            asyncio.ensure_future(client._async_cleanup_kernel())
+            return
+        outcome.interrupted = True
+        print("interrupted: stopping at the running cell (Ctrl-C again shuts the kernel down)", flush=True)
+        asyncio.ensure_future(nbclient.util.ensure_async(client.km.interrupt_kernel()))
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupt)
+    except (RuntimeError, NotImplementedError):  # not the main thread, or Windows: nbclient's handling stays
+        pass
+
+
+async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellRecord, timeout: float | None,
+                outcome: Outcome) -> None:
     cell = program.nb.cells[rec.index]
     t0 = time.monotonic()
     try:
         await client.async_execute_cell(cell, rec.index, execution_count=client.code_cells_executed + 1)
         rec.status = OK
     except CellExecutionError as e:
-        rec.status, rec.error = ERROR, _error_of(cell, e.ename, e.evalue)
+        interrupted = outcome.interrupted and e.ename == "KeyboardInterrupt"
+        rec.status, rec.error = INTERRUPTED if interrupted else ERROR, _error_of(cell, e.ename, e.evalue)
     except CellTimeoutError:
         rec.status = TIMEOUT
         rec.error = {"ename": "CellTimeoutError", "evalue": f"the cell ran past --timeout {timeout:g} s",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_lab.runner import execute, export, gates, inputs, options, progress, summary
-from neuron_lab.runner.records import ERROR, TIMEOUT
+from neuron_lab.runner.records import FAILED
 
 
 def parser() -> argparse.ArgumentParser:
@@ -74,10 +74,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def exit_code(outcome: execute.Outcome, checked: list[gates.GateResult]) -> int:
-    """A dead kernel outranks a failed cell, which outranks a failed gate: fix the first, then see the next."""
+    """A dead kernel outranks a failed cell, which outranks a failed gate: fix the first, then see the next.
+    Ctrl-C says so whatever else happened: the user stopped the run."""
+    if outcome.interrupted:
+        return options.EXIT_INTERRUPTED
     if outcome.kernel_error:
         return options.EXIT_KERNEL
-    if any(c.status in (ERROR, TIMEOUT) for c in outcome.cells):
+    if any(c.status in FAILED for c in outcome.cells):
         return options.EXIT_CELL_ERROR
     if any(not g.passed for g in checked):
         return options.EXIT_GATE

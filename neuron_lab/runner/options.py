@@ -11,6 +11,7 @@ EXIT_CELL_ERROR = 1  # a cell raised (or ran past --timeout); the run stops ther
 EXIT_USAGE = 2  # bad usage or bad input: unknown option, bad size, missing or unreadable file
 EXIT_GATE = 3  # every cell ran, but a gate failed (--fail-on-fallback, --max-peak-memory, ...)
 EXIT_KERNEL = 4  # the kernel died, or could not start or load neuron_lab
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 
 DESCRIPTION = """\
 Run a notebook or a `# %%` script headless in a fresh kernel with neuron_lab loaded: print each
@@ -22,10 +23,11 @@ MEANINGS = {
     EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script)",
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break",
     EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
 
 EPILOG = "exit codes:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in MEANINGS.items()) + f"""\
-A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both.
+A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both; Ctrl-C (130) all.
 --json, --html and --output are written in every case but {EXIT_USAGE}, with the cells that ran.
 
 A script (.py) runs as one cell per `# %%` chunk (a script without markers is one cell);

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_lab.runner.inputs import Program
-from neuron_lab.runner.records import ERROR, TIMEOUT, CellRecord
+from neuron_lab.runner.records import FAILED, CellRecord
 from neuron_lab.runner.summary import op_line
 from neuron_lab.units import count, format_seconds
 
@@ -40,11 +40,11 @@ def cell(rec: CellRecord, total: int) -> list[str]:
         if c:
             at = f" at {', '.join(b.site.label for b in c.breaks if b.site)}" if c.breaks else ""
             parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'graph break')}{at}")
-    if rec.status in (ERROR, TIMEOUT) and rec.error:
+    if rec.status in FAILED and rec.error:
         parts.append(f"{rec.error['ename']}: {rec.error['evalue']}")
     lines = [" · ".join(parts)]
     if rec.touched_device and rec.text:
         lines += [INDENT + line for line in rec.text.splitlines()]
-    if rec.status == ERROR and rec.error and rec.error.get("traceback"):
+    if rec.status in FAILED and rec.error and rec.error.get("traceback"):
         lines += [INDENT + line for line in rec.error["traceback"].splitlines()]
     return lines

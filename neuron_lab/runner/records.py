@@ -7,7 +7,9 @@ from typing import Any
 
 from neuron_lab.report.model import Compiles, GraphBreak, Memory, OpRow, Recompile, Report, Site, SiteCount
 
-OK, ERROR, TIMEOUT, DIED, NOT_RUN = "ok", "error", "timeout", "kernel died", "not run"
+OK, ERROR, TIMEOUT, INTERRUPTED = "ok", "error", "timeout", "interrupted"
+DIED, NOT_RUN = "kernel died", "not run"
+FAILED = (ERROR, TIMEOUT, INTERRUPTED)  # the cell ran and did not finish: its error is kept
 
 
 @dataclass
