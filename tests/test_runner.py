@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -324,3 +325,13 @@ def test_allow_fallback_spellings():
     assert options.op_matches("aten::atan2.out", "aten::atan2.out")
     assert not options.op_matches("aten::atan2.out", "aten::atan2")
     assert not options.op_matches("atan", "aten::atan2.out")
+
+
+def test_a_reader_that_leaves_early_is_no_traceback_and_the_files_still_come(tmp_path):
+    nb = notebook(tmp_path / "one.ipynb", "print(1)", "print(2)")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
+    r = subprocess.run(f"{shlex.quote(sys.executable)} -m neuron_lab run {nb} --json run.json | head -1", shell=True,
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.stdout.startswith("neuron-lab run ") and r.stdout.count("\n") == 1
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert load(tmp_path / "run.json")["exit_code"] == 0

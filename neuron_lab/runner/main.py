@@ -125,4 +125,7 @@ def _write(args: argparse.Namespace, program: inputs.Program, outcome: execute.O
 
 
 def _say(*lines: str) -> None:
-    print(*lines, sep="\n", flush=True)
+    try:
+        print(*lines, sep="\n", flush=True)
+    except BrokenPipeError:  # `neuron-lab run ... | head`: the reader left; the run goes on and still writes its files
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
