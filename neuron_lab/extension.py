@@ -32,9 +32,9 @@ def load(shell: Any) -> None:
     from IPython.display import display
 
     from neuron_lab.magics import NeuronMagics
-    from neuron_lab.session import NeuronLab, Session
+    from neuron_lab.session import Session, settings_of
 
-    config = NeuronLab(parent=shell)
+    config, problems = settings_of(shell)
     shell.configurables.append(config)
     session = Session(shell, config)
     magics = NeuronMagics(shell, session)
@@ -51,6 +51,8 @@ def load(shell: Any) -> None:
     config.observe(lambda change: change["new"] and _attach_widgets(session), names="auto_dashboard")
     _loaded[id(shell)] = (session, magics, config)
     print(banner(session))
+    for problem in problems:
+        print(f"neuron_lab: {problem}")
 
 
 def unload(shell: Any) -> None:

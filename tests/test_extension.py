@@ -131,6 +131,7 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
     ("%neuron mode turbo", "invalid choice: 'turbo'"),
     ("%neuron mode eager --fullgraph", "--fullgraph, --backend and --dynamic go with `compile`"),
     ("%neuron mode compile --backend nonesuch", "unknown torch.compile backend 'nonesuch'"),
+    ("%neuron mode compile --dynamic", "%neuron mode: torch.compile(backend='neuron') rejects dynamic=True"),
     ("%neuron report 999", "no report for cell 999"),
     ("%neuron report seven", "CELL must be a cell number or `all`"),
     ("%neuron compile", "is a cell magic"),
@@ -145,12 +146,21 @@ def test_bad_input_is_a_usage_error_that_changes_nothing(shell, line, message):
 
 def test_bad_cell_magic_forms_are_usage_errors_and_the_body_does_not_run(shell):
     for first in ("%%neuron status", "%%neuron", "%%neuron device", "%%neuron device cpu --move x",
-                  "%%neuron compile --bogus", "%%neuron device nowhere"):
+                  "%%neuron compile --bogus", "%%neuron device nowhere", "%%neuron compile --dynamic"):
         before = state(shell)
         res, _ = run(shell, f"{first}\nran = True", ok=False)
         assert not res.success, first
         assert "ran" not in shell.user_ns, first
         assert state(shell) == before
+
+
+def test_a_bad_config_value_is_dropped_with_a_message_and_the_extension_still_loads(shell):
+    run(shell, "%config NeuronLab.report_detail = 'bogus'", ok=False)
+    run(shell, "%unload_ext neuron_lab")
+    _, cap = run(shell, "%load_ext neuron_lab")
+    assert "neuron_lab: NeuronLab.report_detail = 'bogus' ignored: The 'report_detail' trait" in cap.stdout
+    assert session_of(shell) is not None and session_of(shell).config.report_detail == "table"
+    assert shell.find_line_magic("neuron") is not None
 
 
 def test_help_lists_every_subcommand(shell):

@@ -168,6 +168,11 @@ class NeuronMagics(Magics):
         if backend not in known:
             raise UsageError(f"%neuron {args.command}: unknown torch.compile backend {backend!r}; known: "
                              f"{', '.join(sorted(known))}\n{_subparser(args.command).format_usage().rstrip()}")
+        prefix = "%%" if args.command == "compile" else "%"
+        if args.dynamic and backend == "neuron":
+            raise UsageError(f"{prefix}neuron {args.command}: torch.compile(backend='neuron') rejects dynamic=True, "
+                             "as TorchNeuron does; --dynamic needs another --backend (inductor, eager)\n"
+                             f"{_subparser(args.command).format_usage().rstrip()}")
         return modes.CompileOptions(backend, bool(args.fullgraph), True if args.dynamic else None)
 
     def cmd_report(self, args):

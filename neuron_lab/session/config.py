@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
@@ -49,3 +51,22 @@ class NeuronLab(Configurable):
         if not 0.1 <= v <= 60:
             raise TraitError(f"NeuronLab.widget_refresh_hz must be between 0.1 and 60, not {v}")
         return v
+
+
+def settings_of(shell: Any) -> tuple[NeuronLab, list[str]]:
+    """The shell's ``NeuronLab`` settings, and what was wrong with them.
+
+    A value that does not validate (``%config NeuronLab.report_detail = 'bogus'``, a typo in
+    ipython_config.py) is dropped from the shell's config with a message, instead of failing the load.
+    """
+    section = shell.config.get("NeuronLab", {})
+    probe = NeuronLab()
+    problems = []
+    for name in list(section):
+        try:
+            setattr(probe, name, section[name])
+        except (TraitError, AttributeError) as e:
+            problems.append(f"NeuronLab.{name} = {section[name]!r} ignored: {e}")
+            del section[name]
+    return NeuronLab(parent=shell), problems
+

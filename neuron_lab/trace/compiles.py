@@ -32,6 +32,8 @@ def short_reason(text: str) -> str:
     if not lines:
         return "graph break"
     head = lines[0]
+    if head.endswith(":") and len(lines) > 1:  # "backend='neuron' raised:" says what raised; the next line says what
+        head = f"{head} {lines[1]}"
     for ln in lines[1:]:
         if ln.startswith("Explanation:"):
             return f"{head}: {ln.removeprefix('Explanation:').strip()}"
@@ -58,7 +60,7 @@ def observed(backend: str | Callable) -> Callable:
                 t._on_graph(reason)
             return inner(gm, example_inputs, **kwargs)
 
-        wrapper.__name__ = f"observed_{getattr(inner, '__name__', 'backend')}"
+        wrapper.__name__ = getattr(inner, "__name__", "backend")  # dynamo's errors name it: say the user's backend
         _observed[key] = wrapper
     return wrapper
 
