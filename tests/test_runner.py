@@ -145,23 +145,34 @@ def test_each_failing_gate_exits_3_and_says_why(tmp_path):
     assert code("--max-peak-memory", "1KiB") == 3
     assert code("--max-peak-memory", "1GiB") == 0
     assert code("--fail-on-graph-break") == 3
+    # the last line names the gates that failed, not every gate there is
+    one = [gates.GateResult("--max-peak-memory 1.00 KiB", False, "1 cell peaked above it"),
+           gates.GateResult("--fail-on-fallback", True, "no CPU fallbacks")]
+    assert main._why(3, 3, one) == "a gate failed: --max-peak-memory"
 
 
 def test_a_cell_that_raises_stops_the_run_and_outranks_gates(tmp_path):
     nb = notebook(tmp_path / "err.ipynb", SETUP + "\ny = torch.atan2(x, x)", "raise ValueError('boom')",
                   "print('after')")
+    allowed = nbformat.v4.new_code_cell("raise KeyError('expected')", metadata={"tags": ["raises-exception"]})
+    book = nbformat.read(nb, as_version=4)
+    book.cells.insert(2, allowed)  # a cell that may raise: the run goes on, and says it raised
+    nbformat.write(book, nb)
     r = run(tmp_path, str(nb), "--fail-on-fallback", "--json", "run.json")
     assert r.returncode == options.EXIT_CELL_ERROR, r.stdout + r.stderr
     text = r.stdout
-    assert re.search(r"^\[2/3\] In\[2\] error \S+ \S+ · ValueError: boom$", text, re.M), text
+    assert re.search(r"^\[2/4\] In\[2\] ok \S+ \S+ · raised KeyError: 'expected' \(tagged raises-exception: the run "
+                     r"goes on\)$", text, re.M), text
+    assert re.search(r"^\[3/4\] In\[3\] error \S+ \S+ · ValueError: boom$", text, re.M), text
     assert "----> 1 raise ValueError('boom')" in text  # the traceback, under the cell's line
-    assert not re.search(r"^\[3/3\]", text, re.M) and "after" not in text
-    assert "\n  error in In[2] [2/3]: ValueError: boom\n" in text
-    assert "\n  not run: 1 cell ([3/3])\n" in text
+    assert not re.search(r"^\[4/4\]", text, re.M) and "after" not in text
+    assert "\n  error in In[3] [3/4]: ValueError: boom\n" in text
+    assert "\n  not run: 1 cell ([4/4])\n" in text
     assert "  FAIL  --fail-on-fallback: 1 op ran on the CPU (1 call): aten::atan2.out ×1 at In[1] line 3" in text
     doc = load(tmp_path / "run.json")
-    assert [c["status"] for c in doc["cells"]] == ["ok", "error", "not run"]
-    assert doc["summary"]["errors"] == [{"cell": "In[2]", "number": 2, "status": "error", "ename": "ValueError",
+    assert [c["status"] for c in doc["cells"]] == ["ok", "ok", "error", "not run"]
+    assert doc["cells"][1]["error"]["ename"] == "KeyError"
+    assert doc["summary"]["errors"] == [{"cell": "In[3]", "number": 3, "status": "error", "ename": "ValueError",
                                          "evalue": "boom"}]
     assert doc["exit_code"] == 1 and doc["gates"][0]["passed"] is False
 
@@ -174,12 +185,13 @@ def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
     assert r.returncode == options.EXIT_KERNEL, r.stdout + r.stderr
     assert re.search(r"^\[2/3\] In\[2\] kernel died ", r.stdout, re.M), r.stdout
     assert "kernel failed: the kernel died while running cell [2/3]" in r.stdout
+    assert "\n  error in In[2] [2/3]: kernel died: the kernel process ended while the cell ran\n" in r.stdout
     doc = load(out / "run.json")
     assert doc["exit_code"] == 4 and doc["kernel_error"] == "the kernel died while running cell [2/3]"
     assert [c["status"] for c in doc["cells"]] == ["ok", "kernel died", "not run"]
     rows = doc["cells"][0]["report"]["ops_not_native"]
     assert [(o["op"], o["count"], o["sites"][0]["site"]["line"]) for o in rows] == [("aten::atan2.out", 1, 3)]
-    assert doc["summary"]["fallback_calls"] == 1
+    assert doc["summary"]["fallback_calls"] == 1 and doc["summary"]["errors"][0]["ename"] == "kernel died"
     executed = nbformat.read(out / "run.ipynb", as_version=4)
     assert executed.cells[1].outputs and not executed.cells[2].outputs
     assert "aten::atan2.out" in (out / "run.html").read_text()

@@ -136,6 +136,9 @@ async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellReco
     try:
         await client.async_execute_cell(cell, rec.index, execution_count=client.code_cells_executed + 1)
         rec.status = OK
+        raised = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+        if raised is not None:  # a cell tagged raises-exception: it may raise, and the run goes on; say that it did
+            rec.error = _error_of(cell, raised.get("ename", "?"), raised.get("evalue", ""))
     except CellExecutionError as e:
         interrupted = outcome.interrupted and e.ename == "KeyboardInterrupt"
         rec.status, rec.error = INTERRUPTED if interrupted else ERROR, _error_of(cell, e.ename, e.evalue)
@@ -146,6 +149,7 @@ async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellReco
         await nbclient.util.ensure_async(client.km.interrupt_kernel())  # the kernel finishes the cell's report
     except DeadKernelError:
         rec.status = DIED
+        rec.error = {"ename": "kernel died", "evalue": "the kernel process ended while the cell ran", "traceback": ""}
     rec.seconds = time.monotonic() - t0
     rec.execution_count = cell.get("execution_count")
     if rec.status == DIED:

@@ -68,9 +68,18 @@ def run(args: argparse.Namespace) -> int:
         _say(f"kernel failed: {outcome.kernel_error}")
         if outcome.kernel_stderr:
             _say("  the kernel's stderr ended with:", *(f"    {line}" for line in outcome.kernel_stderr.splitlines()))
-    code = _write(args, program, outcome, result, checked, code)
-    _say(f"exit {code}: {options.MEANINGS[code]}")
-    return code
+    wrote = _write(args, program, outcome, result, checked, code)
+    _say(f"exit {wrote}: {_why(wrote, code, checked)}")
+    return wrote
+
+
+def _why(code: int, before_writing: int, checked: list[gates.GateResult]) -> str:
+    """The exit code's meaning, for this run: which gates failed, or that a file could not be written."""
+    if code == options.EXIT_GATE:
+        return "a gate failed: " + ", ".join(g.gate.split()[0] for g in checked if not g.passed)
+    if code == options.EXIT_USAGE and before_writing != code:
+        return "every cell ran and every gate passed, but an output file could not be written (see above)"
+    return options.MEANINGS[code]
 
 
 def exit_code(outcome: execute.Outcome, checked: list[gates.GateResult]) -> int:

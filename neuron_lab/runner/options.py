@@ -20,7 +20,8 @@ cell's report and a summary, apply the CI gates, write the executed notebook, it
 MEANINGS = {
     EXIT_OK: "every cell ran and every gate passed",
     EXIT_CELL_ERROR: "a cell raised or timed out (the run stops at that cell)",
-    EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script)",
+    EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script, a "
+                "profile that does not load), or an output file that cannot be written",
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break",
     EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",

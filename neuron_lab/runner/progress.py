@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_lab.runner.inputs import Program
-from neuron_lab.runner.records import FAILED, CellRecord
+from neuron_lab.runner.records import FAILED, OK, CellRecord
 from neuron_lab.runner.summary import op_line
 from neuron_lab.units import count, format_seconds
 
@@ -40,7 +40,9 @@ def cell(rec: CellRecord, total: int) -> list[str]:
         if c:
             at = f" at {', '.join(b.site.label for b in c.breaks if b.site)}" if c.breaks else ""
             parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'graph break')}{at}")
-    if rec.status in FAILED and rec.error:
+    if rec.error and rec.status == OK:
+        parts.append(f"raised {rec.error['ename']}: {rec.error['evalue']} (tagged raises-exception: the run goes on)")
+    elif rec.error:
         parts.append(f"{rec.error['ename']}: {rec.error['evalue']}")
     lines = [" · ".join(parts)]
     if rec.touched_device and rec.text:

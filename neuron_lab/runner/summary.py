@@ -15,7 +15,7 @@ from typing import Any
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Compiles, Memory, OpRow, Report, Site
 from neuron_lab.report.text import render_text
-from neuron_lab.runner.records import FAILED, NOT_RUN, CellRecord
+from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, CellRecord
 from neuron_lab.units import count, format_seconds, format_size
 
 SITES_SHOWN = 3  # call sites an op_line lists; the JSON has all
@@ -28,7 +28,7 @@ class Summary:
     seconds: float  # the whole run, kernel start included
     total: Report  # every cell's report merged: the run as one window
     peak_at: str | None = None  # the cell that reached the run's peak device memory
-    errors: list[CellRecord] = field(default_factory=list)  # the cell that raised or timed out
+    errors: list[CellRecord] = field(default_factory=list)  # the cell that raised, timed out or died
 
     def as_dict(self) -> dict[str, Any]:
         m = self.total.memory
@@ -77,7 +77,8 @@ def summarize(cells: list[CellRecord], seconds: float) -> Summary:
     rs = reports(cells)
     peak = max(rs, key=lambda r: r.memory.peak, default=None)  # the first cell that reached it
     return Summary(len(cells), sum(c.status != NOT_RUN for c in cells), seconds, merge(rs),
-                   peak.title if peak is not None else None, [c for c in cells if c.status in FAILED])
+                   peak.title if peak is not None else None,
+                   [c for c in cells if c.status in (*FAILED, DIED)])
 
 
 def op_line(row: OpRow, sites: int = SITES_SHOWN) -> str:
