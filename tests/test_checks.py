@@ -237,7 +237,8 @@ def test_a_failing_device_run_raises_as_usual_and_the_finding_is_kept(shell):
 
 def test_vars_limits_what_is_compared(shell):
     run(shell, "import torch\nx = torch.ones(3, device=device)")
-    res, _ = run(shell, "%%neuron parity --vars b nothing\na = x + 1\nb = a * 2")
+    # `nothing` is assigned only on a branch neither run takes: a finding, not a bad flag
+    res, _ = run(shell, "%%neuron parity --vars b nothing\na = x + 1\nb = a * 2\nif a.sum() < 0:\n    nothing = 1")
     items = res.result.agreement.items
     assert [(i.name, i.passed) for i in items] == [("b", True), ("nothing", False)]
     assert items[1].problem == "not defined after either run"
@@ -292,8 +293,9 @@ def test_the_same_float64_cell_agrees_without_the_emulated_downcast(shell):
     ("%%neuron parity --rtol x --atol 1", "argument --rtol: invalid float value: 'x'"),
     ("%%neuron parity --rtol -1 --atol 1", "--rtol and --atol must be >= 0"),
     ("%%neuron parity --against neuron", "the reference device is the notebook device (neuron:0)"),
-    ("%%neuron parity --against tpu", "'tpu' is not a device string"),
     ("%%neuron parity --vars 1x", "--vars takes variable names, not '1x'"),
+    ("%%neuron parity --vars nosuch count", "--vars nosuch: no such variable, and the cell does not assign it"),
+    ("%%neuron parity --against tpu", "%%neuron parity: 'tpu' is not a device string"),
     ("%%neuron parity --seed 1.5", "argument --seed: invalid int value: '1.5'"),
     ("%%neuron compare --runs 0", "--warmup must be >= 0 and --runs >= 1"),
     ("%%neuron compare --warmup -1", "--warmup must be >= 0 and --runs >= 1"),
@@ -431,3 +433,22 @@ def test_parity_and_compare_from_plain_python_leave_the_arguments_alone():
         neuron_lab.parity(head, model, x, rtol=1e-3)
     with pytest.raises(ValueError, match="parity needs the arguments on another device than the reference"):
         neuron_lab.parity(head, model.cpu(), x.cpu())
+
+
+def test_the_plain_python_checks_refuse_bad_arguments_before_running(shell):
+    import neuron_lab
+
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        return t * 2
+
+    x = torch.ones(3).to("neuron")
+    with pytest.raises(ValueError, match="unknown torch.compile backend 'nosuch'"):
+        neuron_lab.compare(fn, x, backend="nosuch")
+    with pytest.raises(ValueError, match="warmup must be >= 0 and runs >= 1"):
+        neuron_lab.compare(fn, x, runs=0)
+    assert calls == []
+    r = neuron_lab.parity(fn, x)
+    assert repr(r) == "<ParityResult: parity neuron:0 vs cpu: agree (2 items)>"

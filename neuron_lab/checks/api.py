@@ -58,5 +58,10 @@ def compare(fn: Callable, *args: Any, warmup: int = 1, runs: int = 5, fullgraph:
     subject = FunctionSubject(fn, args, kwargs)
     device = device_of(subject.namespace, torch.device("cpu"))
     backend = backend or ("neuron" if _backend.is_active() else "inductor")
+    from torch._dynamo.backends.registry import list_backends
+
+    known = set(list_backends(exclude_tags=())) | {"inductor", "eager", "aot_eager"}
+    if backend not in known:
+        raise ValueError(f"unknown torch.compile backend {backend!r}; known: {', '.join(sorted(known))}")
     return _compare.check(subject, device, CompareOptions(warmup, runs, fullgraph, backend), locator=FileLocator(),
                           keep=_keep)

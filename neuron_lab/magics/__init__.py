@@ -5,6 +5,7 @@ Every bad input is a ``UsageError`` raised before anything changes.
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
 from neuron_lab.magics import parser as _parser
+from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
 from neuron_lab.report.text import summary_line
 from neuron_lab.session import Session, devices, modes
@@ -68,7 +70,7 @@ class NeuronMagics(Magics):
     def _cell(self, args, line: str, cell: str):
         __tracebackhide__ = True  # noqa: F841
         if args.command in ("parity", "compare"):
-            options = self._check_options(args)
+            options = self._check_options(args, cell)
             return self.session.run_check(args.command, cell, f"%%neuron {line}\n{cell}", options)
         mode = options = None
         device_text = args.device
@@ -81,7 +83,7 @@ class NeuronMagics(Magics):
         return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}", mode=mode, options=options,
                                           device=device)
 
-    def _check_options(self, args):
+    def _check_options(self, args, cell: str):
         """Options of `%%neuron parity` / `compare`, checked before the cell runs."""
         from neuron_lab.checks import CompareOptions, ParityOptions
 
@@ -102,11 +104,32 @@ class NeuronMagics(Magics):
         odd = [n for n in names if not n.isidentifier()]
         if odd:
             raise bad(f"--vars takes variable names, not {', '.join(repr(n) for n in odd)}")
+        assigned = self._assigned(cell)
+        unknown = [] if assigned is None else [n for n in names if n not in self.shell.user_ns and n not in assigned]
+        if unknown:
+            raise bad(f"--vars {' '.join(unknown)}: no such variable, and the cell does not assign "
+                      f"{'it' if len(unknown) == 1 else 'them'}")
         against = self._parse_device(args.against, cmd)
         if against == self.session.device:
             raise bad(f"the reference device is the notebook device ({against}); compare against another one, "
                       f"e.g. --against cpu, or switch the notebook device with `%neuron device`")
         return ParityOptions(against, args.rtol, args.atol, tuple(names), args.seed)
+
+    def _assigned(self, cell: str) -> set[str] | None:
+        """Names the cell binds (assignments, defs, imports, loop targets); None when it does not parse."""
+        try:
+            tree = ast.parse(self.shell.transform_cell(cell))
+        except SyntaxError:
+            return None
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+        return names
 
     # -- line forms -----------------------------------------------------------------------------
     def cmd_status(self, args):
@@ -117,7 +140,8 @@ class NeuronMagics(Magics):
             return devices.parse_device(text)
         except devices.DeviceError as e:
             sub = _subparser(command)
-            raise UsageError(f"%neuron {command}: {e}\n{sub.format_usage().rstrip()}") from None
+            prefix = "%%" if command in CELL_ONLY else "%"
+            raise UsageError(f"{prefix}neuron {command}: {e}\n{sub.format_usage().rstrip()}") from None
 
     def cmd_device(self, args):
         s = self.session

@@ -169,7 +169,7 @@ def _agreement_lines(a: Agreement) -> list[str]:
     lines = _divergence(a)
     if a.items:
         rows = _item_rows(a)
-        shown = rows if len(rows) <= FOLD else [r for r in rows if r[1] != "ok"][:FOLD]
+        shown = ([r for r in rows if r[1] != "ok"] + [r for r in rows if r[1] == "ok"])[:FOLD]  # failures first
         widths = [max(len(r[k]) for r in [_header(a), *shown]) for k in range(len(rows[0]))]
         for r in [_header(a), *shown]:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -192,6 +192,9 @@ def _agreement_html(a: Agreement) -> str:
 
 class _Rendered:
     """The IPython display protocol over ``__str__`` / ``html()``."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.summary_line()}>"
 
     def _repr_pretty_(self, p, cycle: bool) -> None:
         p.text(str(self))
