@@ -198,8 +198,10 @@ def test_device_switch_sets_the_variable_and_default_device(shell):
     assert torch.get_default_device() == torch.device("neuron", 0)
     assert "also torch's default device" in cap.stdout
     run(shell, "%config NeuronLab.device_variable = 'dev'")
+    assert shell.user_ns["dev"] == torch.device("neuron", 0)  # the new name holds the device at once
     run(shell, "%neuron device cpu")
     assert shell.user_ns["dev"] == torch.device("cpu")
+    assert shell.user_ns["device"] == torch.device("neuron", 0)  # the old name is the user's variable now
 
 
 def test_move_models_optimizers_tensors_and_containers_with_bytes(shell):

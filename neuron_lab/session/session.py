@@ -69,6 +69,7 @@ class Session:
         return dev
 
     def start(self) -> None:
+        self.config.observe(self._device_variable_renamed, names="device_variable")
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
         # Formatting the cell's value or its traceback is IPython's work, not the cell's: a tensor's
@@ -94,8 +95,14 @@ class Session:
         run_outside_the_report.__neuron_lab_wraps__ = fn
         return run_outside_the_report
 
+    def _device_variable_renamed(self, change: dict) -> None:
+        """``%config NeuronLab.device_variable = 'dev'``: the new name holds the notebook device from now on
+        (the old one is left as it is: it is the user's variable now)."""
+        self.shell.user_ns[change["new"]] = self.device
+
     def close(self) -> None:
         """Undo everything: events, an open cell (unloading from inside a cell), modes, default device."""
+        self.config.unobserve(self._device_variable_renamed, names="device_variable")
         for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
             if fn in self.shell.events.callbacks[name]:
                 self.shell.events.unregister(name, fn)
