@@ -238,6 +238,9 @@ def test_move_all_moves_everything_movable(shell):
     assert t.device.type == "neuron" and t.is_leaf and t.requires_grad
     assert shell.user_ns["name"] == "x"
     assert "still elsewhere" not in cap.stdout
+    run(shell, "opt = torch.optim.SGD(m.parameters(), lr=0.1)")
+    _, cap = run(shell, "%neuron device neuron --all")  # again: nothing is listed as moved from where it is
+    assert cap.stdout.splitlines()[1:] == ["nothing moved to neuron:0", "already on neuron:0: m, opt, t"]
 
 
 def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):

@@ -130,6 +130,7 @@ class MoveReport:
     device: str
     moved: list[Moved] = field(default_factory=list)
     stayed: list[Stayed] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)  # names whose tensors were all on the device already
 
     def __str__(self) -> str:
         from neuron_lab.units import format_size
@@ -141,6 +142,8 @@ class MoveReport:
             lines += [f"  {m.name:<20} {m.kind:<16} {format_size(m.nbytes):>12}  from {m.source}" for m in self.moved]
         else:
             lines.append(f"nothing moved to {self.device}")
+        if self.already:
+            lines.append(f"already on {self.device}: {', '.join(self.already)}")
         if self.stayed:
             lines.append(f"still elsewhere ({format_size(sum(s.nbytes for s in self.stayed))}):")
             lines += [f"  {s.name:<20} {s.kind:<16} {format_size(s.nbytes):>12}  on {s.where}: {s.why}"
@@ -207,7 +210,12 @@ def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveRepo
     try:
         for n in order:
             obj = ns[n]
-            src = ", ".join(sorted(devices_of(obj))) or "-"
+            on = devices_of(obj)
+            if on == {str(device)} and not isinstance(obj, torch.optim.Optimizer):  # an optimizer's params are checked
+                report.already.append(n)
+                continue
+            src = ", ".join(sorted(on)) or "-"
+            off: set[str] = set()
             if isinstance(obj, torch.nn.Module):
                 first = next(iter(tensors_in(obj)), None)
                 before = first.device if first is not None else None
@@ -234,7 +242,10 @@ def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveRepo
                 nbytes = footprint(obj)[1]
                 ns[n] = _move_container(obj, device, memo)
                 undo.append(lambda n=n, o=obj: ns.__setitem__(n, o))
-            report.moved.append(Moved(n, kind_of(obj), nbytes, src))
+            if isinstance(obj, torch.optim.Optimizer) and nbytes == 0 and not off:
+                report.already.append(n)  # its state is where PyTorch keeps it for this device already
+            else:
+                report.moved.append(Moved(n, kind_of(obj), nbytes, src))
     except BaseException:
         for fn in reversed(undo):
             fn()
