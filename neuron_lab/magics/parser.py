@@ -165,7 +165,8 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
             raise UsageError("%%neuron device: --move, --all and --default are line-magic options; "
                              "use `%neuron device DEVICE --move NAME` on a line of its own.")
     if not cell and cmd == "device" and (args.move or args.all) and not args.device:
-        raise UsageError(f"%neuron device: --move and --all need a DEVICE to move to\n{usage(p, 'device')}")
+        raise UsageError("%neuron device: --move and --all need a DEVICE to move to; put it first, "
+                         f"as in `%neuron device cpu --move x`\n{usage(p, 'device')}")
     if not cell and cmd == "device" and args.move and args.all:
         raise UsageError(f"%neuron device: give either --move NAME ... or --all, not both\n{usage(p, 'device')}")
     return args
