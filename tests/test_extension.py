@@ -186,7 +186,7 @@ def test_status_shows_backend_device_mode_memory_and_totals(shell):
     assert "device:  neuron:0 (variable `device`)" in text
     assert "mode:    default" in text
     assert "capacity 24.00 GiB" in text and "allocated" in text
-    assert "1 CPU fallback calls" in text
+    assert "1 CPU fallback call," in text
 
 
 def test_device_switch_sets_the_variable_and_default_device(shell):
@@ -417,7 +417,7 @@ def test_report_counts_fallbacks_exactly_with_their_cell_lines(shell):
     assert r.ops >= 6
     out = cap.stdout
     assert f"neuron_lab In[{n}] · neuron:0 · default" in out
-    assert "4 CPU fallback calls (1 ops)" in out
+    assert "4 CPU fallback calls (1 op)" in out
     assert f"at In[{n}] line 3: y = torch.atan2(x, x + 1)  (3×)" in out
     html = r._repr_html_()
     assert "aten::atan2.out" in html and f"In[{n}] line 3" in html and "<table" in html
@@ -471,7 +471,7 @@ def test_auto_report_and_detail_follow_the_config(shell):
     run(shell, "%config NeuronLab.auto_report = True")
     run(shell, "%config NeuronLab.report_detail = 'summary'")
     _, cap = run(shell, "y = torch.atan2(x, x)")
-    assert len(cap.stdout.strip().splitlines()) == 1 and "1 CPU fallback calls" in cap.stdout
+    assert len(cap.stdout.strip().splitlines()) == 1 and "1 CPU fallback call " in cap.stdout
     config = session_of(shell).config
     run(shell, "%config NeuronLab.report_detail = 'loud'")  # %config logs the TraitError and keeps the value
     assert config.report_detail == "summary"

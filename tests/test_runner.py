@@ -113,6 +113,25 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
     assert "neuron-lab-report" in html and "aten::atan2.out" in html and "In[2] line 2" in html
 
 
+def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_path):
+    # Nothing of neuron_lab (not even torch) is imported before the notebook's own %load_ext: the %env
+    # before it still decides the emulated capacity, as in Jupyter.
+    nb = notebook(tmp_path / "own.ipynb", "%env NEURON_LAB_DEVICE_MEMORY=1MiB", "%load_ext neuron_lab",
+                  "import torch\n" + SETUP + "\ny = torch.atan2(x, x)")
+    r = run(tmp_path, str(nb), "--json", "run.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("kernel ready · the notebook loads neuron_lab itself (%load_ext neuron_lab)")
+    at = lines.index(next(x for x in lines if x.startswith("neuron_lab loaded by the notebook · ")))
+    assert lines[at - 1].startswith("[2/3] In[2] ok ") and "· 1.00 MiB ·" in lines[at]
+    assert re.search(r"^\[3/3\] In\[3\] ok .* · 1 CPU fallback call: aten::atan2.out ×1 at In\[3\] line 4$",
+                     r.stdout, re.M), r.stdout
+    doc = load(tmp_path / "run.json")
+    assert "1.00 MiB" in doc["backend"]["banner"] and doc["backend"]["by_notebook"] is True
+    assert [c["report"] is not None for c in doc["cells"]] == [False, False, True]
+    assert doc["summary"]["peak_memory"]["capacity"] == 2**20
+
+
 def test_each_failing_gate_exits_3_and_says_why(tmp_path):
     nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK)
     # Options before and after PATH.

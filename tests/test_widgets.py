@@ -218,7 +218,7 @@ def test_auto_dashboard_strip_lives_during_the_cell_and_leaves_html(shell, recor
     seen["strip"] = strips[0]
     assert strips[0].comm is None  # closed after the cell
     html = [o.data.get("text/html", "") for o in cap.outputs]
-    assert any("1 CPU fallback calls" in h for h in html), html
+    assert any("1 CPU fallback call" in h for h in html), html
     assert session_of(sh) is not None and not seen["strip"].hub
 
 

@@ -18,11 +18,12 @@ def summary_line(r: Report) -> str:
     parts = [r.title, r.device, r.mode, format_seconds(r.wall_s)]
     if r.compiles.compile_s:
         parts[-1] += f" (compile {format_seconds(r.compiles.compile_s)}, run {format_seconds(r.run_s)})"
-    parts.append(f"{r.ops:,} ops")
+    parts.append(count(r.ops, "op"))
     fb = r.fallbacks
-    parts.append(f"{r.fallback_calls:,} CPU fallback calls ({len(fb)} ops)" if fb else "no CPU fallbacks")
+    parts.append(f"{count(r.fallback_calls, 'CPU fallback call')} ({count(len(fb), 'op')})" if fb
+                 else "no CPU fallbacks")
     if r.downcasts:
-        parts.append(f"{sum(x.count for x in r.downcasts):,} 64-bit downcasts")
+        parts.append(count(sum(x.count for x in r.downcasts), "64-bit downcast"))
     m = r.memory
     parts.append(f"mem {format_size(m.after)} ({format_delta(m.delta)}, peak {format_size(m.peak)})")
     if r.compiles:
@@ -37,7 +38,7 @@ def summary_line(r: Report) -> str:
 def _rows(lines: list[str], title: str, rows: list[OpRow], full: bool) -> None:
     total = sum(x.count for x in rows)
     host = sum(x.host_ns for x in rows) / 1e9
-    lines.append(f"{title} ({len(rows)} ops, {total:,} calls, {format_seconds(host)} on the host):")
+    lines.append(f"{title} ({count(len(rows), 'op')}, {count(total, 'call')}, {format_seconds(host)} on the host):")
     shown = rows if full else rows[:FOLD]
     for row in shown:
         lines.append(f"  {row.op:<32} {row.count:>7,}×  {format_seconds(row.host_ns / 1e9):>9}  {_shape(row)}")

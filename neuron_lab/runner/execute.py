@@ -32,6 +32,9 @@ from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, TIMEOUT, Cel
 STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOOK = "__import__('neuron_lab.runner.kernel', fromlist=['kernel'])"
+# After each cell; until the notebook has loaded the extension it imports nothing (None comes back).
+_AFTER_CELL = f"{_HOOK}.after_cell(get_ipython()) if 'neuron_lab.extension' in __import__('sys').modules else None"
+_LOADS_ITSELF = re.compile(r"^\s*%(re)?load_ext\s+neuron_lab\b", re.M)
 _RETRIES = 50  # times a silent request the kernel aborted is sent again (0.1 s apart)
 _STDERR_TAIL = 20  # lines of the kernel process's own stderr kept for a kernel failure
 _TCP_WARNING = "[IPKernelApp] WARNING | Kernel is running over TCP"  # every local kernel says it; not news
@@ -84,11 +87,17 @@ async def _run(program: Program, env: dict[str, str], timeout: float | None,
                 if program.kind == "script":
                     script = {"path": str(program.path), "file": str(program.path.resolve()),
                               "first_lines": program.first_lines}
-                outcome.info = await _ask(client, f"{_HOOK}.install(get_ipython(), {script!r})")
-                on_ready(outcome.info)
+                if loads_itself(program):
+                    on_ready({"loads_itself": True})
+                else:
+                    outcome.info = await _ask(client, f"{_HOOK}.install(get_ipython(), {script!r})")
+                    on_ready(outcome.info)
                 for rec in outcome.cells:
-                    await _cell(client, program, rec, timeout, outcome)
+                    loaded = await _cell(client, program, rec, timeout, outcome)
                     on_cell(rec)
+                    if loaded:
+                        outcome.info = {**loaded, "by_notebook": True}
+                        on_ready(outcome.info)
                     if rec.status != OK or outcome.interrupted:
                         if rec.status == DIED and outcome.interrupted:
                             outcome.kernel_error = "interrupted twice: the kernel was shut down"
@@ -129,8 +138,15 @@ def _on_ctrl_c(client: nbclient.NotebookClient, outcome: Outcome) -> None:
         pass
 
 
+def loads_itself(program: Program) -> bool:
+    """A notebook with its own ``%load_ext neuron_lab``: the runner loads nothing before that cell runs."""
+    return program.kind == "notebook" and any(_LOADS_ITSELF.search(program.nb.cells[i].source)
+                                              for i in program.code_cells)
+
+
 async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellRecord, timeout: float | None,
-                outcome: Outcome) -> None:
+                outcome: Outcome) -> dict[str, Any] | None:
+    """Run one cell and fetch its report; what the kernel said about neuron_lab when this cell loaded it."""
     cell = program.nb.cells[rec.index]
     t0 = time.monotonic()
     try:
@@ -153,15 +169,18 @@ async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellReco
     rec.seconds = time.monotonic() - t0
     rec.execution_count = cell.get("execution_count")
     if rec.status == DIED:
-        return
+        return None
     try:
-        taken = await asyncio.wait_for(_ask(client, f"{_HOOK}.take()"), 60)
+        after = await asyncio.wait_for(_ask(client, _AFTER_CELL), 60)
     except (KernelFailed, DeadKernelError, asyncio.TimeoutError):
-        return
-    if taken:  # one per cell; a nested run_cell belongs to its outer cell
-        last = taken[-1]
+        return None
+    if after is None:  # neuron_lab is not loaded yet
+        return None
+    if after["reports"]:  # one per cell; a nested run_cell belongs to its outer cell
+        last = after["reports"][-1]
         rec.report, rec.text, rec.touched_device = last["report"], last["text"], last["touched_device"]
         rec.execution_count = rec.report.get("cell") or rec.execution_count
+    return after["loaded"]
 
 
 def _error_of(cell: Any, ename: str, evalue: str) -> dict[str, Any]:
@@ -186,7 +205,8 @@ async def _ask(client: nbclient.NotebookClient, expression: str) -> Any:
     if value.get("status") != "ok":
         raise KernelFailed(f"the kernel could not run neuron_lab's runner hook: {value.get('ename', 'error')}: "
                            f"{value.get('evalue', reply['content'].get('evalue', ''))}")
-    return json.loads(value["data"][kernel.MIME])
+    data = value.get("data", {})
+    return json.loads(data[kernel.MIME]) if kernel.MIME in data else None
 
 
 async def _reply(client: nbclient.NotebookClient, msg_id: str) -> dict[str, Any]:

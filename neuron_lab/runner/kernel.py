@@ -1,9 +1,14 @@
 """The runner's half inside the kernel: load the extension, keep each cell's report, hand them over on request.
 
 ``neuron-lab run`` sends two kinds of silent executions (no history, no cell events, no output) that
-evaluate a user expression here: :func:`install` once before the first cell, :func:`take` after every
-cell. Reports travel as data (``Report.as_dict()``) with the text the extension's renderer made of
-the same Report, so the runner needs no second copy of the model or of its renderers.
+evaluate a user expression here: :func:`install` once before the first cell, :func:`after_cell` after
+every cell. A notebook that loads the extension itself (``%load_ext neuron_lab``) gets no
+:func:`install`: its first cells may set what the backend reads when it starts
+(``%env NEURON_LAB_DEVICE_MEMORY=...``), so nothing of neuron_lab, not even torch, is imported before
+it; :func:`after_cell` attaches once the notebook has loaded it.
+
+Reports travel as data (``Report.as_dict()``) with the text the extension's renderer made of the
+same Report, so the runner needs no second copy of the model or of its renderers.
 """
 
 from __future__ import annotations
@@ -41,27 +46,44 @@ def install(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     prints "already loaded".
     """
     global _script
-    from neuron_lab import backend, extension
+    from neuron_lab import extension
 
     out = io.StringIO()
     with redirect_stdout(out):
         extension.load(shell)
-    session = extension.session_of(shell)
-    session.listeners.insert(0, _keep)  # first: script lines are set before the extension shows the report
     _script = script
     if script is not None:
         shell.user_ns["__file__"] = script["file"]
-    profile = backend.active().profile if backend.is_active() else None
-    return Payload({"banner": out.getvalue().strip(), "backend": backend.state().kind,
-                    "description": backend.active().description if backend.is_active() else backend.state().reason,
-                    "profile": profile.name if profile is not None else None})
+    _attach(extension.session_of(shell))
+    return Payload(_info(out.getvalue().strip()))
 
 
-def take() -> Payload:
-    """The reports of the cells that finished since the last call, oldest first."""
+def after_cell(shell: Any) -> Payload:
+    """The reports of the cells that finished since the last call, oldest first, and, the first time the
+    extension is found loaded by the notebook itself, what :func:`install` would have said."""
+    from neuron_lab import extension
+
+    session = extension.session_of(shell)
+    loaded = None
+    if session is not None and _keep not in session.listeners:
+        _attach(session)
+        loaded = _info(extension.banner(session))
     out = list(_taken)
     _taken.clear()
-    return Payload(out)
+    return Payload({"loaded": loaded, "reports": out})
+
+
+def _attach(session: Any) -> None:
+    session.listeners.insert(0, _keep)  # first: script lines are set before the extension shows the report
+
+
+def _info(banner: str) -> dict[str, Any]:
+    from neuron_lab import backend
+
+    profile = backend.active().profile if backend.is_active() else None
+    return {"banner": banner, "backend": backend.state().kind,
+            "description": backend.active().description if backend.is_active() else backend.state().reason,
+            "profile": profile.name if profile is not None else None}
 
 
 def _keep(report: Report) -> None:

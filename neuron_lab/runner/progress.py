@@ -23,7 +23,12 @@ def starting(program: Program) -> str:
 
 
 def ready(info: dict[str, Any]) -> str:
-    return f"kernel ready · {info.get('banner') or info.get('description') or info.get('backend')}"
+    """The line when the kernel is ready, or when the notebook's own ``%load_ext neuron_lab`` has run."""
+    if info.get("loads_itself"):
+        return ("kernel ready · the notebook loads neuron_lab itself (%load_ext neuron_lab); "
+                "its cells report from then on")
+    what = info.get("banner") or info.get("description") or info.get("backend")
+    return f"neuron_lab loaded by the notebook · {what}" if info.get("by_notebook") else f"kernel ready · {what}"
 
 
 def cell(rec: CellRecord, total: int) -> list[str]:

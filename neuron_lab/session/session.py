@@ -24,7 +24,7 @@ from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import Tracker
-from neuron_lab.units import format_size
+from neuron_lab.units import count, format_size
 
 
 @dataclass
@@ -361,8 +361,9 @@ class Status:
         self.lines.append(f"device:  {s.device} (variable `{s.config.device_variable}`)")
         self.lines.append(f"mode:    {mode}")
         t = s.totals
-        self.lines.append(f"session: {t.cells} cells reported, {t.fallback_calls:,} CPU fallback calls, "
-                          f"{t.compiles} compiles, {t.graph_breaks} graph breaks, {t.recompiles} recompiles")
+        self.lines.append(f"session: {count(t.cells, 'cell')} reported, "
+                          f"{count(t.fallback_calls, 'CPU fallback call')}, {count(t.compiles, 'compile')}, "
+                          f"{count(t.graph_breaks, 'graph break')}, {count(t.recompiles, 'recompile')}")
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
