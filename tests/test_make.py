@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -12,10 +13,16 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _dry_run(target: str) -> str:
+    """What `make TARGET` would run (the venv counts as installed), also from inside `make test`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    return subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", target], cwd=ROOT,
+                          capture_output=True, text=True, check=True, env=env).stdout
+
+
 def _demo_command() -> str:
     """The recipe `make demo` runs, as make prints it (the venv counts as installed)."""
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "demo"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    out = _dry_run("demo")
     (line,) = [x for x in out.splitlines() if "neuron-lab run" in x]
     return line
 
@@ -39,8 +46,6 @@ def test_make_demo_runs_the_quickstart_and_leaves_its_outputs_in_out(tmp_path):
 
 
 def test_make_lab_opens_jupyterlab_on_the_notebooks():
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "lab"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip().splitlines()
-    assert out[-1] == ".venv/bin/jupyter lab notebooks/"
+    assert _dry_run("lab").strip().splitlines() == [".venv/bin/jupyter lab notebooks/"]
     version = subprocess.run([str(ROOT / ".venv/bin/jupyter"), "lab", "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.strip()[0].isdigit(), version.stderr
