@@ -349,6 +349,17 @@ def test_a_compiled_training_step_is_one_frame_compile_whose_backward_time_count
     assert (c.frames, c.graphs, c.breaks, c.recompiles, c.failures) == (1, 1, [], [], []) and c.compile_s > 0
 
 
+def test_each_cell_has_its_own_peak_and_the_users_peak_counter_is_left_alone(shell):
+    run(shell, "import torch\nbase = torch.neuron.memory_allocated()")
+    run(shell, "big = torch.ones(1024, 1024).to('neuron')\ndel big")  # 4 MiB, freed within the cell
+    assert last_report(shell).memory.peak - shell.user_ns["base"] == 4 * 2**20
+    run(shell, "small = torch.ones(256).to('neuron')")
+    r = last_report(shell)
+    assert r.memory.peak == r.memory.after  # this cell's own peak, not the previous cell's
+    res, _ = run(shell, "torch.neuron.max_memory_allocated() - base")
+    assert res.result == 4 * 2**20  # what the user reads is the session's peak, as without the extension
+
+
 def test_cell_magic_tracebacks_point_at_the_cells_own_lines(shell):
     res, cap = run(shell, "%%neuron eager\na = 1\nb = 2\nc = 1 / 0\n", ok=False)
     err = res.error_in_exec

@@ -36,6 +36,12 @@ class EmulatorBackend(NeuronBackend):
         a = self._rt.allocator  # two int reads: no lock, no stats dict
         return a.allocated, a.peak
 
+    def open_peak_window(self) -> object:
+        return self._rt.allocator.open_window()
+
+    def close_peak_window(self, window: object) -> int:
+        return self._rt.allocator.close_window(window)
+
     def live_allocations(self) -> list[LiveAllocation]:
         now = time.monotonic_ns()
         return [LiveAllocation(a.nbytes, str(a.dtype).removeprefix("torch.") if a.dtype else None, a.shape,

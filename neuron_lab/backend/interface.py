@@ -89,6 +89,19 @@ class NeuronBackend(ABC):
 
         torch.neuron.reset_peak_memory_stats()
 
+    def open_peak_window(self) -> object:
+        """Start measuring a window's peak allocated bytes (a cell's), for :meth:`close_peak_window`.
+
+        TorchNeuron's allocator keeps one peak counter, so here it is reset: on the real device
+        ``torch.neuron.max_memory_allocated()`` counts from the start of the current cell. The emulator
+        keeps windows of its own and leaves the user's peak alone.
+        """
+        self.reset_peak_memory_stats()
+        return None
+
+    def close_peak_window(self, window: object) -> int:
+        return self.memory_stats(synchronize=False).get("allocated_bytes.all.peak", 0)
+
     def live_allocations(self) -> list[LiveAllocation]:
         return []
 

@@ -72,7 +72,7 @@ class Tracker:
         b = self.backend
         stats = b.memory_stats(synchronize=False)  # the previous window ended synchronized
         self._mem_before = stats.get("allocated_bytes.all.current", 0)
-        b.reset_peak_memory_stats()
+        self._peak_window = b.open_peak_window()  # the user's own peak counter stays as it was (emulator)
         self._rss_before = _process.memory_info().rss
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_bytes()
@@ -94,8 +94,8 @@ class Tracker:
         r.compiles = self._compiles.stop()
         stats = b.memory_stats()  # the one synchronize
         after = stats.get("allocated_bytes.all.current", 0)
-        r.memory = Memory(self._mem_before, after, max(stats.get("allocated_bytes.all.peak", 0), after,
-                                                        self._mem_before),
+        peak = b.close_peak_window(self._peak_window)
+        r.memory = Memory(self._mem_before, after, max(peak, after, self._mem_before),
                           b.capacity(), _process.memory_info().rss - self._rss_before)
         r.wall_s = wall
         r.ops = b.op_calls() - self._calls_before - self._excluded_calls

@@ -63,6 +63,8 @@ class Allocator:
         # frees another storage (``_free``) on the same thread.
         self._lock = threading.RLock()
         self._live: dict[int, Allocation] = {}
+        self._windows: dict[int, int] = {}  # open peak windows: id -> the highest `allocated` since it opened
+        self._next_window = 0
         self._reset_all()
 
     def _reset_all(self) -> None:
@@ -117,6 +119,9 @@ class Allocator:
             self.n_alloc += 1
             if self.allocated > self.peak:
                 self.peak = self.allocated
+            for w, p in self._windows.items():
+                if self.allocated > p:
+                    self._windows[w] = self.allocated
             if self.reserved > self.peak_reserved:
                 self.peak_reserved = self.reserved
             if len(self._live) > self.peak_count:
@@ -145,6 +150,18 @@ class Allocator:
             return sorted(self._live.values(), key=lambda a: a.created_ns)
 
     # -- statistics ------------------------------------------------------------------------
+    def open_window(self) -> int:
+        """Start a peak of its own, leaving ``peak`` (what ``max_memory_allocated`` says) alone."""
+        with self._lock:
+            self._next_window += 1
+            self._windows[self._next_window] = self.allocated
+            return self._next_window
+
+    def close_window(self, window: int) -> int:
+        """The highest allocated bytes since ``window`` opened; the window ends."""
+        with self._lock:
+            return max(self._windows.pop(window, 0), self.allocated)
+
     def reset_peak(self) -> None:
         with self._lock:
             self.peak = self.allocated
