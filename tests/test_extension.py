@@ -360,6 +360,14 @@ def test_each_cell_has_its_own_peak_and_the_users_peak_counter_is_left_alone(she
     assert res.result == 4 * 2**20  # what the user reads is the session's peak, as without the extension
 
 
+def test_clearing_the_op_tracking_mid_cell_keeps_the_cells_copies(shell):
+    run(shell, "import torch, neuron_lab\nb = neuron_lab.backend.active()")
+    run(shell, "a = torch.ones(256).to('neuron')\nb.clear_op_tracking()\nc = torch.ones(128).to('neuron')")
+    r = last_report(shell)
+    assert (r.h2d_bytes, r.d2h_bytes) == (1536, 0)  # both copies, the one before the clear too
+    assert shell.user_ns["b"].transfer_bytes() == (512, 0)  # the user's own counter did clear
+
+
 def test_cell_magic_tracebacks_point_at_the_cells_own_lines(shell):
     res, cap = run(shell, "%%neuron eager\na = 1\nb = 2\nc = 1 / 0\n", ok=False)
     err = res.error_in_exec

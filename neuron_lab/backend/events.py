@@ -90,8 +90,9 @@ class OpRecorder:
         self._subscribers: list[tuple[Callable[[OpEvent, tuple, dict], None], frozenset[str]]] = []
         self._wanted: frozenset[str] = frozenset()  # kinds some subscriber wants
         self.calls = 0  # ops recorded since the process started (downcast notes excluded); never cleared
-        self.h2d_bytes = 0
+        self.h2d_bytes = 0  # since the last clear()
         self.d2h_bytes = 0
+        self.transfers_total = (0, 0)  # (h2d, d2h) since the process started; never cleared: windows diff it
 
     # -- recording -------------------------------------------------------------------------
     def record(self, name: str, overload: str, kind: str, reason: str, args: tuple, kwargs: dict, host_ns: int) -> None:
@@ -123,6 +124,8 @@ class OpRecorder:
         with self._lock:
             self.h2d_bytes += h2d
             self.d2h_bytes += d2h
+            th, td = self.transfers_total
+            self.transfers_total = (th + h2d, td + d2h)
 
     # -- subscription ------------------------------------------------------------------------
     def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],

@@ -145,6 +145,10 @@ class NeuronBackend(ABC):
         """(host-to-device, device-to-host) bytes copied since the last clear."""
         return self.recorder.h2d_bytes, self.recorder.d2h_bytes
 
+    def transfer_totals(self) -> tuple[int, int]:
+        """The same since the process started: :meth:`clear_op_tracking` leaves it, so windows can diff it."""
+        return self.recorder.transfers_total
+
     # -- compile -------------------------------------------------------------------------------
     def dynamo_metrics(self) -> list[dict[str, Any]]:
         import torch

@@ -46,13 +46,13 @@ class Tracker:
             yield
             return
         b = self.backend
-        calls, (h2d, d2h) = b.op_calls(), b.transfer_bytes()
+        calls, (h2d, d2h) = b.op_calls(), b.transfer_totals()
         self._ops.paused += 1
         try:
             yield
         finally:
             self._ops.paused -= 1
-            h2d2, d2h2 = b.transfer_bytes()
+            h2d2, d2h2 = b.transfer_totals()
             self._excluded_calls += b.op_calls() - calls
             eh, ed = self._excluded_transfers
             self._excluded_transfers = (eh + max(h2d2 - h2d, 0), ed + max(d2h2 - d2h, 0))
@@ -75,7 +75,7 @@ class Tracker:
         self._peak_window = b.open_peak_window()  # the user's own peak counter stays as it was (emulator)
         self._rss_before = _process.memory_info().rss
         self._calls_before = b.op_calls()
-        self._transfers_before = b.transfer_bytes()
+        self._transfers_before = b.transfer_totals()
         self._unsubscribe = b.subscribe(self._ops, KINDS)
         self._compiles.start()
         self._running = True
@@ -99,8 +99,7 @@ class Tracker:
                           b.capacity(), _process.memory_info().rss - self._rss_before)
         r.wall_s = wall
         r.ops = b.op_calls() - self._calls_before - self._excluded_calls
-        h2d, d2h = b.transfer_bytes()
-        # a clear_op_tracking() resets the totals, hence the floors
+        h2d, d2h = b.transfer_totals()
         r.h2d_bytes = max(h2d - self._transfers_before[0] - self._excluded_transfers[0], 0)
         r.d2h_bytes = max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0)
         r.ops_not_native = self._ops.rows()
