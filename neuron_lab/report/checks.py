@@ -211,7 +211,7 @@ def _context(downcast_emulation: bool, downcasts: int, downcast_ops: list[str], 
     if downcast_emulation:
         parts.append("64-bit downcast emulated (NEURON_LAB_EMULATE_DOWNCAST=1: float64 computed in float32)")
     else:
-        parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=0)")
+        parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=1 emulates it)")
     if downcasts:
         ops = ", ".join(downcast_ops[:4]) + (" …" if len(downcast_ops) > 4 else "")
         parts.append(f"{downcasts:,} 64-bit op calls ({ops})")
