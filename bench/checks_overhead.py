@@ -24,7 +24,8 @@ import statistics
 import time
 
 import torch
-from workload import MODEL  # bench/ is the script directory
+from extension_overhead import make_shell  # bench/ is the script directory
+from workload import MODEL
 
 import neuron_lab  # noqa: F401  (activates the emulator when autoload is off)
 
@@ -40,15 +41,6 @@ for _ in range({steps}):
 """
 PLAIN, PARITY, COMPARE = "plain", "parity", "compare"
 HEADS = {PLAIN: "", PARITY: "%%neuron parity\n", COMPARE: "%%neuron compare --warmup 0 --runs 2\n"}
-
-
-def make_shell():
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    c = Config()
-    c.HistoryAccessor.enabled = False
-    return InteractiveShell.instance(config=c)
 
 
 def run(shell, source: str) -> tuple[float, object]:

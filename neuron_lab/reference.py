@@ -18,13 +18,6 @@ from pathlib import Path
 PIPE = " \\| "  # a | inside a Markdown table cell or list item
 
 
-def _subparsers(p: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser, str]]:
-    """(name, parser, one-line help) of each command, in the parser's order."""
-    action = p._subparsers._group_actions[0]
-    helps = {a.dest: a.help for a in action._choices_actions}
-    return [(name, sp, helps.get(name, "")) for name, sp in action.choices.items()]
-
-
 def _usage(sp: argparse.ArgumentParser) -> str:
     text = " ".join(sp.format_usage().split())
     return text.removeprefix("usage: ").replace(" [-h]", "")
@@ -47,11 +40,11 @@ def _sentence(text: str) -> str:
 
 def magics() -> str:
     """Every ``%neuron`` / ``%%neuron`` command with its usage, what it does, and each argument."""
-    from neuron_lab.magics.parser import CELL_ONLY, LINE_ONLY, build
+    from neuron_lab.magics.parser import CELL_ONLY, LINE_ONLY, build, commands
 
     p = build()
     lines = [f"`{_usage(p)}`: {p.description}", ""]
-    for name, sp, short in _subparsers(p):
+    for name, sp, short in commands(p):
         kind = "cell magic" if name in CELL_ONLY else "line magic" if name in LINE_ONLY else "line or cell magic"
         what = _sentence(sp.description or short.removeprefix("cell magic: "))
         lines.append(f"- **`{_usage(sp)}`** ({kind}): {what}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from neuron_lab import reference
-from neuron_lab.magics.parser import build
+from neuron_lab.magics.parser import build, commands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -23,7 +23,7 @@ def test_readme_reference_blocks_are_what_the_code_generates():
 def test_every_magic_and_every_flag_is_in_the_readme():
     text = README.read_text(encoding="utf-8")
     p = build()
-    for name, sp, _ in reference._subparsers(p):
+    for name, sp, _ in commands(p):
         assert f"**`{reference._usage(sp)}`**" in text, name
         for a in sp._actions:
             for flag in a.option_strings:

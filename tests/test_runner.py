@@ -24,8 +24,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from neuron_lab.report.model import Report
 from neuron_lab.runner import execute, gates, main, options
-from neuron_lab.runner.records import CellRecord, report_from_dict
+from neuron_lab.runner.records import CellRecord
 
 RUN_TIMEOUT = 300  # seconds for one whole `neuron-lab run`; the first torch.compile imports inductor
 CONSOLE = Path(sys.executable).parent / "neuron-lab"
@@ -150,7 +151,7 @@ def test_each_failing_gate_exits_3_and_says_why(tmp_path):
 
     # Each gate decides alone, on this run's own reports: the same evaluation the command made.
     cells = [CellRecord(c["index"], c["number"], c["status"], report=c["report"]) for c in doc["cells"]]
-    reports = [report_from_dict(c.report) for c in cells]
+    reports = [Report.from_dict(c.report) for c in cells]
 
     def code(*argv: str) -> int:
         args = main.parser().parse_args([str(nb), *argv])

@@ -119,12 +119,17 @@ def build() -> NeuronArgumentParser:
     return p
 
 
+def commands(p: NeuronArgumentParser) -> list[tuple[str, NeuronArgumentParser, str]]:
+    """(name, parser, one-line help) of every command, in the parser's order (``%neuron?``, the README)."""
+    action = p._subparsers._group_actions[0]
+    helps = {a.dest: a.help for a in action._choices_actions}
+    return [(name, sp, helps.get(name, "")) for name, sp in action.choices.items()]
+
+
 def help_text(p: NeuronArgumentParser) -> str:
     """The whole help: the overview, then every command's usage and options (``%neuron?``)."""
     parts = [p.format_help().rstrip()]
-    for action in p._subparsers._group_actions:
-        for name, sp in action.choices.items():
-            parts.append(f"--- {name} ---\n{sp.format_help().rstrip()}")
+    parts += [f"--- {name} ---\n{sp.format_help().rstrip()}" for name, sp, _ in commands(p)]
     return "\n\n".join(parts)
 
 

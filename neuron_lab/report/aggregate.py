@@ -1,10 +1,10 @@
-"""Many windows as one: the session-wide rows the fallback inspector shows for "all cells"."""
+"""Many windows as one: the session-wide rows the fallback inspector shows for "all cells", and a run's Report."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from neuron_lab.report.model import OpRow, Report, SiteCount
+from neuron_lab.report.model import Compiles, Memory, OpRow, Report, SiteCount
 
 _ORDER = {"fallback": 0, "host": 1, "downcast": 2}
 
@@ -37,3 +37,27 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
     for m in rows.values():
         m.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
     return sorted(rows.values(), key=lambda r: (_ORDER.get(r.kind, 3), -r.count, r.op))
+
+
+def merge_reports(rs: list[Report]) -> Report:
+    """One Report for many consecutive windows: counts and times summed, memory from first to last, peak the max."""
+    modes = {r.mode for r in rs}
+    total = Report("run", None, rs[-1].device if rs else "?", modes.pop() if len(modes) == 1 else "mixed",
+                   rs[0].backend if rs else "", ops_not_native=merge_rows(rs), callsites=all(r.callsites for r in rs))
+    if not rs:
+        return total
+    total.memory = Memory(rs[0].memory.before, rs[-1].memory.after, max(r.memory.peak for r in rs),
+                          max(r.memory.capacity for r in rs), sum(r.memory.host_rss_delta for r in rs))
+    c = total.compiles = Compiles()
+    for r in rs:
+        total.wall_s += r.wall_s
+        total.ops += r.ops
+        total.h2d_bytes += r.h2d_bytes
+        total.d2h_bytes += r.d2h_bytes
+        c.frames += r.compiles.frames
+        c.graphs += r.compiles.graphs
+        c.compile_s += r.compiles.compile_s
+        c.breaks += r.compiles.breaks
+        c.recompiles += r.compiles.recompiles
+        c.failures += r.compiles.failures
+    return total

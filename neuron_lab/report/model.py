@@ -149,6 +149,22 @@ class Report:
         d["run_s"] = self.run_s
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        """The inverse of :meth:`as_dict` for everything but ``checks`` (their results stay data)."""
+        rows = [OpRow(r["op"], r["kind"], r["reason"], r["count"], r["host_ns"],
+                      tuple(tuple(s) for s in r["shapes"]), tuple(r["dtypes"]),
+                      [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
+                       for sc in r["sites"]], r["unattributed"]) for r in d["ops_not_native"]]
+        c = d["compiles"]
+        compiles = Compiles(c["frames"], c["graphs"], c["compile_s"],
+                            [GraphBreak(b["reason"], _site(b["site"])) for b in c["breaks"]],
+                            [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
+                            list(c["failures"]))
+        return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
+                   d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
+                   d["detail"])
+
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:
         from neuron_lab.report.text import render_text
@@ -162,3 +178,7 @@ class Report:
         from neuron_lab.report.html import render_html
 
         return render_html(self)
+
+
+def _site(d: dict[str, Any] | None) -> Site | None:
+    return None if d is None else Site(d["filename"], d["line"], d["source"], d.get("cell"))

@@ -1,11 +1,11 @@
-"""One executed cell as the runner keeps it, and the kernel's ``Report.as_dict()`` read back into a Report."""
+"""One executed cell as the runner keeps it: its status, time, error, and its report as the kernel sent it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_lab.report.model import Compiles, GraphBreak, Memory, OpRow, Recompile, Report, Site, SiteCount
+from neuron_lab.report.model import Report
 
 OK, ERROR, TIMEOUT, INTERRUPTED = "ok", "error", "timeout", "interrupted"
 DIED, NOT_RUN = "kernel died", "not run"
@@ -41,23 +41,4 @@ class CellRecord:
                 "touched_device": self.touched_device, "report": self.report, "error": self.error}
 
     def as_report(self) -> Report | None:
-        return None if self.report is None else report_from_dict(self.report)
-
-
-def _site(d: dict[str, Any] | None) -> Site | None:
-    return None if d is None else Site(d["filename"], d["line"], d["source"], d.get("cell"))
-
-
-def report_from_dict(d: dict[str, Any]) -> Report:
-    """The inverse of :meth:`Report.as_dict` for everything but ``checks`` (their results stay data)."""
-    rows = [OpRow(r["op"], r["kind"], r["reason"], r["count"], r["host_ns"], tuple(tuple(s) for s in r["shapes"]),
-                  tuple(r["dtypes"]),
-                  [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]]) for sc in r["sites"]],
-                  r["unattributed"]) for r in d["ops_not_native"]]
-    c = d["compiles"]
-    compiles = Compiles(c["frames"], c["graphs"], c["compile_s"],
-                        [GraphBreak(b["reason"], _site(b["site"])) for b in c["breaks"]],
-                        [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
-                        list(c["failures"]))
-    return Report(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"], d["h2d_bytes"],
-                  d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"], d["detail"])
+        return None if self.report is None else Report.from_dict(self.report)

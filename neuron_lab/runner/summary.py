@@ -1,6 +1,6 @@
 """The whole run as one window: the cells' reports merged into one :class:`Report`, plus what only a run has.
 
-The run's Report (fallbacks by op over every cell with their lines, memory, copies, compiles) is
+The run's Report (``report.aggregate.merge_reports``: fallbacks by op with their lines, memory, copies, compiles) is
 rendered by the same text renderer as a cell's, so the summary and the cell reports read alike; its
 op rows come from the fallback inspector's :func:`merge_rows`, so "3× at In[2] line 3" here is the
 count the cell's own report shows. The run adds which cell reached the peak, which cell failed, and
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_lab.report.aggregate import merge_rows
-from neuron_lab.report.model import Compiles, Memory, OpRow, Report, Site
+from neuron_lab.report.aggregate import merge_reports
+from neuron_lab.report.model import OpRow, Report, Site
 from neuron_lab.report.text import render_text
 from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, CellRecord
 from neuron_lab.units import count, format_seconds, format_size
@@ -49,34 +49,10 @@ def reports(cells: list[CellRecord]) -> list[Report]:
     return [r for r in (c.as_report() for c in cells) if r is not None]
 
 
-def merge(rs: list[Report]) -> Report:
-    """One Report for many consecutive windows: counts and times summed, memory from first to last, peak the max."""
-    modes = {r.mode for r in rs}
-    total = Report("run", None, rs[-1].device if rs else "?", modes.pop() if len(modes) == 1 else "mixed",
-                   rs[0].backend if rs else "", ops_not_native=merge_rows(rs), callsites=all(r.callsites for r in rs))
-    if not rs:
-        return total
-    total.memory = Memory(rs[0].memory.before, rs[-1].memory.after, max(r.memory.peak for r in rs),
-                          max(r.memory.capacity for r in rs), sum(r.memory.host_rss_delta for r in rs))
-    c = total.compiles = Compiles()
-    for r in rs:
-        total.wall_s += r.wall_s
-        total.ops += r.ops
-        total.h2d_bytes += r.h2d_bytes
-        total.d2h_bytes += r.d2h_bytes
-        c.frames += r.compiles.frames
-        c.graphs += r.compiles.graphs
-        c.compile_s += r.compiles.compile_s
-        c.breaks += r.compiles.breaks
-        c.recompiles += r.compiles.recompiles
-        c.failures += r.compiles.failures
-    return total
-
-
 def summarize(cells: list[CellRecord], seconds: float) -> Summary:
     rs = reports(cells)
     peak = max(rs, key=lambda r: r.memory.peak, default=None)  # the first cell that reached it
-    return Summary(len(cells), sum(c.status != NOT_RUN for c in cells), seconds, merge(rs),
+    return Summary(len(cells), sum(c.status != NOT_RUN for c in cells), seconds, merge_reports(rs),
                    peak.title if peak is not None else None,
                    [c for c in cells if c.status in (*FAILED, DIED)])
 

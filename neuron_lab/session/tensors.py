@@ -231,9 +231,8 @@ class _Scan:
                     seen.add(id(f))
                     frames.append(f)
                 tb = tb.tb_next
-        frames.sort(key=_library_frame)
-        for f in frames:
-            self.fallback_names = _library_frame(f)
+        for library, f in sorted(((_library_frame(f), f) for f in frames), key=lambda lf: lf[0]):
+            self.fallback_names = library
             for n, v in list(f.f_locals.items()):
                 self.walk_safely(v, f"{f.f_code.co_qualname}.<locals>.{n}", TRACEBACK)
         self.fallback_names = False
