@@ -4,36 +4,54 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo lab test lint bench readme clean
+.PHONY: demo lab test test-fast lint bench readme core clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. The package is then installed
+# without build isolation, so the compiled core is built against this torch (never a second one).
+$(STAMP): $(BIN)/python pyproject.toml setup.py
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 ninja 'setuptools>=68' wheel
+	NEURON_LAB_BUILD_CORE=0 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e '.[test]'
 	touch $(STAMP)
+
+# The emulator's compiled core, built in place by the package's own setup.py (ninja, both cores of the machine).
+CORE := $(VENV)/.core
+$(CORE): $(STAMP) setup.py $(wildcard neuron_lab/backend/emulator/csrc/*)
+	MAX_JOBS=2 $(BIN)/python setup.py -q build_ext --inplace
+	touch $(CORE)
+
+core: $(CORE)
 
 # The quickstart notebook, executed headless on whatever backend this machine has; the summary is printed and
 # the executed notebook and its HTML land in out/. tests/test_make.py runs this exact command.
 DEMO := $(BIN)/neuron-lab run notebooks/01_quickstart.ipynb --output out/01_quickstart.ipynb \
 	--html out/01_quickstart.html --json out/01_quickstart.json
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(DEMO)
 
-lab: $(STAMP)
+lab: $(CORE)
 	$(BIN)/jupyter lab notebooks/
 
-test: $(STAMP)
+# Everything on the compiled core, then the backend tests and the OpInfo sweep again on the pure-Python core.
+BACKEND_TESTS := tests/test_device.py tests/test_memory.py tests/test_op_reporting.py tests/test_serialization.py \
+	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py
+test: $(CORE)
 	$(BIN)/ruff check neuron_lab tests bench
 	$(BIN)/python -m pytest -n 2 tests
+	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 $(BACKEND_TESTS)
+
+# A quick loop: no kernels, browsers or `make demo`, compiled core only.
+test-fast: $(CORE)
+	$(BIN)/python -m pytest -n 2 -m "not slow" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check neuron_lab tests bench
 
-bench: $(STAMP)
+bench: $(CORE)
+	$(BIN)/python bench/cores.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/extension_overhead.py
 	$(BIN)/python bench/widgets_overhead.py
@@ -44,4 +62,4 @@ readme: $(STAMP)
 	$(BIN)/python -m neuron_lab.reference --write README.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info out
+	rm -rf $(VENV) .pytest_cache build *.egg-info out neuron_lab/backend/emulator/_core*.so

@@ -10,12 +10,18 @@ from importlib import metadata
 ENV_VARS = (
     ("NEURON_LAB_BACKEND", "auto|emulator|off: which backend serves `neuron`"),
     ("NEURON_LAB_PROFILE", "coverage profile name or path"),
-    ("NEURON_LAB_DEVICE_MEMORY", "emulated device capacity (default 24GiB)"),
+    ("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (default: the instance's HBM per logical core)"),
+    ("NEURON_LAB_CORE", "auto|compiled|python: which emulator core runs (auto: compiled when it loads)"),
+    ("NEURON_LAB_INSTANCE", "trn2.3xlarge (default), trn2.48xlarge, trn1.2xlarge or trn1.32xlarge: the emulated "
+                            "instance's devices"),
+    ("NEURON_LOGICAL_NC_CONFIG", "1|2: logical NeuronCore size (LNC) of the emulated instance"),
+    ("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the compiled core"),
     ("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does"),
     ("NEURON_LAB_COMPILE_LOWERING", "inductor|eager: how the emulator runs compiled graphs"),
     ("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload"),
     ("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back"),
-    ("NEURON_RT_VISIBLE_CORES", "TorchNeuron: NeuronCores this process may use"),
+    ("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)"),
+    ("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)"),
 )
 
 
@@ -49,7 +55,10 @@ def doctor(_args: argparse.Namespace) -> int:
         b, status = None, 1
     if b is not None:
         print(f"  active       {b.description}")
-        print(f"  devices      {b.device_count()} (neuron:0{'' if b.device_count() == 1 else '..'})"
+        if getattr(b, "core", None):
+            print(f"  core         {b.core}: {b.core_reason}")
+        n = b.device_count()
+        print(f"  devices      {n} (neuron:0{'' if n == 1 else f'..neuron:{n - 1}'})"
               f"; capacity {format_size(b.capacity())} per device")
         p = b.profile
         if p is not None:

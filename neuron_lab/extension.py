@@ -22,8 +22,9 @@ def banner(session: Any) -> str:
         return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
     b = _backend.active()
     profile = f", profile {b.profile.name}" if b.profile else ""
+    detail = f" · {b.detail}" if b.detail else ""
     return (f"neuron_lab {__version__}: {b.name} backend{profile} · device {session.device} · "
-            f"{format_size(b.capacity())} · mode {session.mode}")
+            f"{format_size(b.capacity())} · mode {session.mode}{detail}")
 
 
 def load(shell: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 # Binary multiples for every spelling, as NEURON_LAB_DEVICE_MEMORY has always read them ("2GB" is 2 GiB).
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
@@ -33,10 +35,17 @@ def count(n: int, noun: str) -> str:
 
 
 def parse_size(text: str) -> int:
-    """``"24GiB"``, ``"512m"``, ``"1048576"`` -> bytes."""
+    """``"24GiB"``, ``"512m"``, ``"1048576"`` -> bytes; ValueError for anything else, ``inf`` and ``1e999`` included."""
+    bad = ValueError(f"cannot read {text!r} as a size (examples: 24GiB, 512MiB, 1048576)")
     s = text.strip().lower().replace(" ", "")
     num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(num):]
     if not num or unit not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size (examples: 24GiB, 512MiB, 1048576)")
-    return int(float(num) * _UNITS[unit])
+        raise bad
+    try:
+        value = float(num) * _UNITS[unit]
+    except ValueError:
+        raise bad from None
+    if not math.isfinite(value):
+        raise bad
+    return int(value)

@@ -28,3 +28,16 @@ def run_python() -> Callable[..., Any]:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which emulator core this run tests (``make test`` runs the backend tests on both)."""
+    return f"neuron_lab emulator core requested: {os.environ.get('NEURON_LAB_CORE', 'auto')}"
+
+
+def core() -> str:
+    """The core serving `neuron` in this test process: "compiled" or "python"."""
+    import neuron_lab  # noqa: F401  (installs the backend)
+    from neuron_lab.backend.emulator import runtime
+
+    return runtime.get().core

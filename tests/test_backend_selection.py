@@ -42,8 +42,8 @@ print(_json.dumps({
 """
 EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
 FAKE_MODULE = "torch_neuronx.neuron"
-INSTALL_FAILURE = ("the emulator failed to install: ValueError: NEURON_LAB_DEVICE_MEMORY: "
-                   "cannot read 'garbage' as a size (examples: 24GiB, 512MiB, 1048576)")
+INSTALL_FAILURE = ("the emulator failed to install: ProfileError: no profile '/nonexistent/p.json': not a bundled "
+                   "profile (torchneuron-2.33) nor a file")
 
 
 def probe_after(*scenario: str, **extra: str) -> str:
@@ -87,8 +87,9 @@ def test_import_torch_alone_provides_the_emulator():
     assert s["rc"] == 0
     d = doctor_lines(s["doctor"])
     assert d["backend"] == "emulator: torch-neuronx is not installed: using the bundled emulator"
-    assert d["active"].startswith("emulator (neuron_lab, pure-Python PrivateUse1")
-    assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"
+    assert d["active"].startswith("emulator (neuron_lab, compiled core; trn2.3xlarge at LNC=2: 4 device(s)")
+    assert d["core"] == "compiled: compiled core loaded"
+    assert d["devices"] == "4 (neuron:0..neuron:3); capacity 24.00 GiB per device"  # a trn2.3xlarge
     assert d["autoload"] == "entry point neuron_lab = neuron_lab.backend.autoload:_autoload: ran"
     assert d["problems"] == "none"
 
@@ -117,7 +118,7 @@ def test_native_torchneuronx_is_deferred_to(order):
     d = doctor_lines(s["doctor"])
     assert d["backend"] == "torchneuron: torch-neuronx 2.14.3.0 is installed (native TorchNeuron backend)"
     assert d["active"] == "TorchNeuron (torch-neuronx 2.14.3.0)"
-    assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"
+    assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"  # the fake's one device
     assert d["profile"] == "none: the real device reports its own fallbacks"
     assert d["problems"] == "none"
 
@@ -182,15 +183,24 @@ def test_configuration_problems_are_noted_and_auto_is_used(tmp_path):
 
 
 def test_failed_activation_warns_and_doctor_lists_the_problem():
-    """The emulator cannot install (bad capacity setting): `import torch` inside doctor still works, with a warning."""
-    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_DEVICE_MEMORY": "garbage"})
+    """The emulator cannot install (a missing profile): `import torch` inside doctor still works, with a warning."""
+    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_PROFILE": "/nonexistent/p.json"})
     assert r.rc == 1
     assert f"RuntimeWarning: neuron_lab: {INSTALL_FAILURE} (run `neuron-lab doctor` for details)" in r.err
     d = doctor_lines(r.out)
     assert d["torch"].startswith("2.")  # torch imported and works
     assert d["backend"] == f"none: {INSTALL_FAILURE}"
     assert problems_of(r.out) == [INSTALL_FAILURE]
-    assert "NEURON_LAB_DEVICE_MEMORY" in r.out and "'garbage'" in r.out  # the environment section shows the cause
+    assert "NEURON_LAB_PROFILE" in r.out and "/nonexistent/p.json" in r.out  # the environment section shows the cause
+
+
+def test_a_bad_capacity_setting_is_a_problem_and_the_default_is_used():
+    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_DEVICE_MEMORY": "garbage"})
+    problem = ("NEURON_LAB_DEVICE_MEMORY: 'garbage' is not a size (cannot read 'garbage' as a size (examples: 24GiB, "
+               "512MiB, 1048576)); using 24.00 GiB")
+    assert r.rc == 0 and problems_of(r.out) == [problem]
+    assert f"RuntimeWarning: neuron_lab: {problem} (run `neuron-lab doctor` for details)" in r.err
+    assert doctor_lines(r.out)["devices"].endswith("capacity 24.00 GiB per device")
 
 
 def test_autoload_hook_never_raises():
@@ -235,3 +245,78 @@ def test_privateuse1_taken_by_another_backend_keeps_neuron_lab_off():
     assert d["backend"] == f"none: {reason}"
     assert d["autoload"] == "disabled by TORCH_DEVICE_BACKEND_AUTOLOAD=0; `import neuron_lab` installs the backend"
 
+
+
+# -- broken torch-neuronx installs: `import torch` still works, and doctor says why there is no backend -------------
+# The fake is installed without its own torch.backends entry point: with one, PyTorch imports the package itself
+# and reports (or dies of) its failure before or after neuron_lab's hook, which no code of neuron_lab can change.
+# Without it, every import of torch_neuronx in the process is neuron_lab's (as with autoload off and
+# `import neuron_lab`), and that one must never end `import torch`.
+def broken_site(tmp_path, prelude: str | None = None, metadata_bytes: bytes | None = None):
+    """The fake site whose torch_neuronx runs ``prelude`` first thing at import, or whose METADATA is replaced."""
+    site = make_site(tmp_path, entry_points=False)
+    if prelude is not None:
+        init = site / "torch_neuronx" / "__init__.py"
+        future = "from __future__ import annotations\n"
+        init.write_text(init.read_text().replace(future, future + textwrap.dedent(prelude), 1))
+    if metadata_bytes is not None:
+        meta = next(site.glob("*.dist-info")) / "METADATA"
+        meta.write_bytes(meta.read_bytes().replace(b"Summary: ", b"Summary: " + metadata_bytes, 1))
+    return site
+
+
+LOAD_FAILED = "torch-neuronx 2.14.3.0 is installed, but loading it failed: "
+UNREADABLE = ("torch-neuronx is installed but its metadata cannot be read (UnicodeDecodeError: 'utf-8' codec can't "
+              "decode byte 0xff in position {pos}: invalid start byte); reinstall it")
+
+
+@pytest.mark.parametrize(("prelude", "metadata_bytes", "problem"), [
+    ("import sys\nsys.exit(3)\n", None, LOAD_FAILED + "importing torch_neuronx called sys.exit(3)"),
+    ("import sys\nsys.exit()\n", None, LOAD_FAILED + "importing torch_neuronx called sys.exit(None)"),
+    ("raise KeyboardInterrupt\n", None,
+     LOAD_FAILED + "importing torch_neuronx raised KeyboardInterrupt (no Ctrl-C was pressed)"),
+    ("raise ImportError('libnrt.so.1: cannot open shared object file')\n", None,
+     LOAD_FAILED + "ImportError: libnrt.so.1: cannot open shared object file"),
+    (None, b"\xff\xfe caf\xe9 ", UNREADABLE),
+], ids=["sys.exit(3)", "sys.exit()", "KeyboardInterrupt", "ImportError", "METADATA not UTF-8"])
+def test_a_broken_torchneuronx_never_breaks_import_torch(tmp_path, prelude, metadata_bytes, problem):
+    site = broken_site(tmp_path, prelude, metadata_bytes)
+    r = run("import torch\nprint('ok', torch.ones(2).sum().item())", site=site)
+    assert (r.rc, r.out) == (0, "ok 2.0\n"), r.err
+    assert "Traceback" not in r.err and "Failed to load the backend extension" not in r.err
+    if metadata_bytes is not None:
+        problem = problem.format(pos=next(site.glob("*.dist-info/METADATA")).read_bytes().index(b"\xff"))
+    assert f"RuntimeWarning: neuron_lab: {problem} (run `neuron-lab doctor` for details)" in r.err
+    doctor = run(argv=[str(BIN / "neuron-lab"), "doctor"], site=site)
+    assert doctor.rc == 1 and "Traceback" not in doctor.err  # no neuron device, and doctor says why
+    d = doctor_lines(doctor.out)
+    assert d["torch"].startswith("2.")
+    assert d["backend"].startswith(f"none: {problem}")
+    assert d["devices"].startswith(f"none (no neuron backend is active: {problem}")
+    assert problems_of(doctor.out) == [problem]
+
+
+def test_an_unreadable_torchneuronx_install_still_allows_the_emulator_when_asked(tmp_path):
+    site = broken_site(tmp_path, metadata_bytes=b"\xff ")
+    s = run("import torch\n" + PROBE, site=site, env={"NEURON_LAB_BACKEND": "emulator"}).json()
+    assert s["kind"] == "emulator" and s["device"] == "neuron:0"
+    assert len([p for p in s["problems"] if "torch-neuronx is installed but its metadata cannot be read" in p]) == 1
+
+
+def test_a_ctrl_c_pressed_while_torchneuronx_imports_still_interrupts(tmp_path):
+    """Only a KeyboardInterrupt the package raised by itself is a problem for doctor: a real SIGINT stops the import,
+    as the user meant."""
+    site = broken_site(tmp_path, """\
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    """)
+    r = run("import torch\nprint('ok')", site=site, timeout=60)
+    assert r.rc != 0 and r.out == "" and "KeyboardInterrupt" in r.err
+    assert "no Ctrl-C was pressed" not in r.err
+
+
+def test_warnings_as_errors_do_not_break_import_torch(tmp_path):
+    site = broken_site(tmp_path, "import sys\nsys.exit(3)\n")
+    r = run(argv=[str(BIN / "python"), "-W", "error", "-c", "import torch\nprint('ok')"], site=site)
+    assert (r.rc, r.out) == (0, "ok\n"), r.err

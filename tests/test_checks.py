@@ -291,14 +291,27 @@ def test_the_same_float64_cell_agrees_without_the_emulated_downcast(shell):
 @pytest.mark.parametrize("line, message", [
     ("%%neuron parity --rtol 1e-3", "give both --rtol and --atol, or neither"),
     ("%%neuron parity --rtol x --atol 1", "argument --rtol: invalid float value: 'x'"),
-    ("%%neuron parity --rtol -1 --atol 1", "--rtol and --atol must be >= 0"),
+    ("%%neuron parity --rtol -1 --atol 1", "--rtol must be a finite number >= 0 (got -1.0)"),
+    ("%%neuron parity --rtol nan --atol nan", "--rtol must be a finite number >= 0 (got nan)"),
+    ("%%neuron parity --rtol 0 --atol inf", "--atol must be a finite number >= 0 (got inf)"),
+    ("%%neuron parity --rtol=-inf --atol 0", "--rtol must be a finite number >= 0 (got -inf)"),
+    ("%%neuron parity --seed 99999999999999999999999",
+     "--seed must be a whole number from 0 to 2**64-1 = 18446744073709551615 (got 99999999999999999999999), as "
+     "torch.manual_seed keeps it"),
+    ("%%neuron parity --seed -1", "--seed must be a whole number from 0 to 2**64-1 = 18446744073709551615 (got -1)"),
+    ("%%neuron parity --seed 18446744073709551616", "(got 18446744073709551616)"),
     ("%%neuron parity --against neuron", "the reference device is the notebook device (neuron:0)"),
     ("%%neuron parity --vars 1x", "--vars takes variable names, not '1x'"),
     ("%%neuron parity --vars nosuch count", "--vars nosuch: no such variable, and the cell does not assign it"),
     ("%%neuron parity --against tpu", "%%neuron parity: 'tpu' is not a device string"),
     ("%%neuron parity --seed 1.5", "argument --seed: invalid int value: '1.5'"),
-    ("%%neuron compare --runs 0", "--warmup must be >= 0 and --runs >= 1"),
-    ("%%neuron compare --warmup -1", "--warmup must be >= 0 and --runs >= 1"),
+    ("%%neuron compare --runs 0", "--runs must be a whole number from 1 to 10,000 (got 0)"),
+    ("%%neuron compare --warmup -1", "--warmup must be a whole number from 0 to 10,000 (got -1)"),
+    ("%%neuron compare --runs 99999999999999999999", "--runs must be a whole number from 1 to 10,000 "
+                                                     "(got 99999999999999999999)"),
+    ("%%neuron compare --runs 10001", "--runs must be a whole number from 1 to 10,000 (got 10001)"),
+    ("%%neuron compare --warmup 99999999999999999999", "--warmup must be a whole number from 0 to 10,000 "
+                                                       "(got 99999999999999999999)"),
     ("%%neuron compare --device cpu", "unrecognized arguments: --device cpu"),
 ])
 def test_bad_flags_are_usage_errors_and_nothing_runs(shell, line, message):
@@ -447,8 +460,16 @@ def test_the_plain_python_checks_refuse_bad_arguments_before_running(shell):
     x = torch.ones(3).to("neuron")
     with pytest.raises(ValueError, match="unknown torch.compile backend 'nosuch'"):
         neuron_lab.compare(fn, x, backend="nosuch")
-    with pytest.raises(ValueError, match="warmup must be >= 0 and runs >= 1"):
+    with pytest.raises(ValueError, match=r"^runs must be a whole number from 1 to 10,000 \(got 0\)$"):
         neuron_lab.compare(fn, x, runs=0)
+    with pytest.raises(ValueError, match=rf"^warmup must be a whole number from 0 to 10,000 \(got {10**20}\)$"):
+        neuron_lab.compare(fn, x, warmup=10**20)
+    with pytest.raises(ValueError, match=r"^rtol must be a finite number >= 0 \(got nan\)$"):
+        neuron_lab.parity(fn, x, rtol=float("nan"), atol=float("nan"))
+    with pytest.raises(ValueError, match=r"^atol must be a finite number >= 0 \(got inf\)$"):
+        neuron_lab.parity(fn, x, rtol=0, atol=float("inf"))
+    with pytest.raises(ValueError, match=r"^seed must be a whole number from 0 to 2\*\*64-1"):
+        neuron_lab.parity(fn, x, seed=2**64)
     assert calls == []
     r = neuron_lab.parity(fn, x)
     assert repr(r) == "<ParityResult: parity neuron:0 vs cpu: agree (2 items)>"

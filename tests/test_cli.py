@@ -17,7 +17,7 @@ def test_doctor_reports_backend_devices_profile_and_env():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "backend      emulator: torch-neuronx is not installed: using the bundled emulator" in out
-    assert "devices      1 (neuron:0); capacity 24.00 GiB per device" in out
+    assert "devices      4 (neuron:0..neuron:3); capacity 24.00 GiB per device" in out  # a trn2.3xlarge
     assert "profile      torchneuron-2.33" in out
     assert "NEURON_LAB_DEVICE_MEMORY" in out and "TORCH_DEVICE_BACKEND_AUTOLOAD" in out
     assert "problems     none" in out

@@ -146,7 +146,7 @@ def test_atan2_is_listed_in_fallback_nodes_and_options_name_the_model() -> None:
     torch.testing.assert_close(out.cpu(), f(y, x))
     (m,) = torch.neuron.get_dynamo_metrics()
     assert m["model_name"] == "equiformer" and m["graph_name"].startswith("equiformer_")
-    reason = runtime.get().executor.profile.classify("aten::atan2", frozenset({"float32"}))[1]
+    reason = runtime.get().profile.classify("aten::atan2", frozenset({"float32"}))[1]
     assert m["fallback_nodes"] == [{"node": "atan2", "op": "aten::atan2", "kind": "fallback", "reason": reason}]
 
 
@@ -264,3 +264,24 @@ def test_inductor_failure_falls_back_to_eager_on_the_device() -> None:
     assert m["lowering"] == "eager"
     assert m["lowering_reason"].startswith("host Inductor failed: ")
     assert "device_scaled is traced for neuron tensors only" in m["lowering_reason"]
+
+
+def test_compile_cells_work_with_neuron_as_the_default_device() -> None:
+    """`%neuron device neuron --default` is the natural notebook set-up; compiled cells must run under it."""
+    from shells import loaded_shell, run
+
+    with loaded_shell() as sh:
+        run(sh, "%neuron device neuron --default")
+        try:
+            run(sh, "import torch\nnet = torch.nn.Linear(4, 2)\nx = torch.ones(3, 4)")
+            run(sh, "%%neuron compile\ny = net(x).relu().sum(0)")
+            run(sh, "%neuron mode compile")
+            run(sh, "z = (net(x) * 2).sum()")
+            run(sh, "%neuron mode eager")
+            ns = sh.user_ns
+            assert ns["x"].device.type == "neuron" and ns["y"].device.type == "neuron"
+            ones = torch.ones(3, 4, device="cpu")
+            want = torch.nn.functional.linear(ones, ns["net"].weight.cpu(), ns["net"].bias.cpu())
+            assert torch.allclose(ns["y"].cpu(), want.relu().sum(0)) and torch.allclose(ns["z"].cpu(), (want * 2).sum())
+        finally:
+            torch.set_default_device(None)

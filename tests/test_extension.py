@@ -3,6 +3,7 @@ bad input, `%%neuron` cells, the per-cell report's exact contents, leaks, re-ent
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import weakref
@@ -57,7 +58,7 @@ def test_load_prints_one_line_and_loading_twice_is_harmless():
         lines = cap.stdout.strip().splitlines()
         assert len(lines) == 1
         assert lines[0].startswith("neuron_lab 0.1.0: emulator backend, profile torchneuron-2.33 · device neuron:0")
-        assert "GiB" in lines[0] and lines[0].endswith("mode default")
+        assert "GiB" in lines[0] and lines[0].endswith("mode default · compiled core")
         with capture_output() as cap:
             sh.run_line_magic("load_ext", "neuron_lab")
             neuron_lab.load_ipython_extension(sh)  # a direct second call, too
@@ -125,7 +126,7 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
     ("%neuron free now", "%neuron free: unrecognized arguments: now\nusage: %neuron free"),
     ("%neuron device tpu:0", "'tpu:0' is not a device string"),
     ("%neuron device cuda", "cuda is not available on this machine"),
-    ("%neuron device neuron:3", "neuron:3 does not exist: this machine has 1 neuron device"),
+    ("%neuron device neuron:9", "neuron:9 does not exist: this machine has 4 neuron devices"),
     ("%neuron device neuron --move no_such_name", "no variable named no_such_name; nothing was moved"),
     ("%neuron device --all", "--move and --all need a DEVICE"),
     ("%neuron mode turbo", "invalid choice: 'turbo'"),
@@ -262,6 +263,70 @@ def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):
     assert "OutOfMemoryError" in out["error"]
     assert out["small"] == "cpu" and out["big"] == "cpu"
     assert out["allocated"] == 0
+
+
+def test_a_failed_move_frees_its_partial_copies_at_once(run_python):
+    """The copies made before the move ran out of memory are freed when it fails, not when the next exception
+    replaces this one in IPython's last-traceback slots (no gc.collect() here: the user does not call it either)."""
+    out = run_python("""
+        import json, torch
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        sh = InteractiveShell()
+        with capture_output():
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("import torch\\nkept = torch.ones(1024, device='neuron')\\nm = torch.nn.Linear(512, 512)\\n"
+                        "a = torch.ones(1 << 20)\\nb = torch.ones(1 << 20)\\nc = torch.ones(1 << 20)",
+                        store_history=True)
+            before = torch.neuron.memory_allocated()
+            res = sh.run_cell("%neuron device neuron --move m a b c", store_history=True)
+        ns = sh.user_ns
+        print(json.dumps({"error": str(res.error_in_exec), "type": type(res.error_in_exec).__name__,
+                          "where": [str(ns[n].device) for n in "abc"] + [str(ns["m"].weight.device)],
+                          "before": before, "after": torch.neuron.memory_allocated()}))
+    """, {"NEURON_LAB_DEVICE_MEMORY": "10MiB"})
+    assert out["type"] == "UsageError"
+    assert out["error"].startswith("%neuron device: moving to neuron:0 failed, and everything was put back where it "
+                                   "was: OutOfMemoryError: neuron:0 out of memory")
+    assert "\n" not in out["error"] and out["where"] == ["cpu"] * 4
+    assert out["before"] == 4096 and out["after"] == out["before"]  # m (1 MiB), a and b (4 MiB each) freed
+
+
+def test_move_keeps_a_dicts_own_type_defaultdict_included(shell):
+    run(shell, """
+import collections, torch
+d = collections.defaultdict(list)
+d["a"] = torch.ones(2)
+od = collections.OrderedDict(b=torch.ones(3), a=torch.zeros(1))
+""")
+    _, cap = run(shell, "%neuron device neuron --move d od")
+    d, od = shell.user_ns["d"], shell.user_ns["od"]
+    assert type(d) is collections.defaultdict and d.default_factory is list and d["a"].device.type == "neuron"
+    assert type(od) is collections.OrderedDict and list(od) == ["b", "a"]
+    assert {t.device.type for t in od.values()} == {"neuron"}
+    assert "d                    defaultdict" in cap.stdout
+    run(shell, "%neuron device cpu --move d")
+    assert type(shell.user_ns["d"]) is collections.defaultdict and shell.user_ns["d"]["a"].device.type == "cpu"
+
+
+def test_a_dict_that_cannot_be_rebuilt_is_a_usage_error_and_nothing_moves(shell):
+    run(shell, """
+import torch
+class Strict(dict):
+    def __init__(self, owner, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+    def __reduce_ex__(self, protocol):
+        raise TypeError("Strict cannot be copied")
+t = torch.ones(3)
+s = Strict("me", w=torch.ones(2))
+""")
+    s, t = shell.user_ns["s"], shell.user_ns["t"]
+    msg = usage_error(shell, "%neuron device neuron --move t s")
+    assert msg == ("%neuron device: moving to neuron:0 failed, and everything was put back where it was: TypeError: "
+                   "Strict.__init__() missing 1 required positional argument: 'owner'")
+    assert shell.user_ns["s"] is s and s["w"].device.type == "cpu" and shell.user_ns["t"] is t
+    assert session_of(shell).device == torch.device("neuron", 0)
 
 
 # -- modes ----------------------------------------------------------------------------------------------

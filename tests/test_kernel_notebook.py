@@ -177,7 +177,7 @@ def test_load_ext_prints_the_banner(nb: Any) -> None:
     assert len(lines) == 1, lines
     banner = lines[0]
     assert banner.startswith("neuron_lab 0.1.0: emulator backend"), banner
-    assert " · device neuron:0 · " in banner and banner.endswith(" · mode default"), banner
+    assert " · device neuron:0 · " in banner and banner.endswith(" · mode default · compiled core"), banner
     assert _of(cell, "display_data") == []  # loading touches no device: no report
 
 

@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 import torch
+from conftest import core
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,8 +87,9 @@ def test_resize_grows_by_reallocating_and_shrinks_in_place() -> None:
     assert alloc() == base - 400
 
 
-@pytest.mark.xfail(strict=True, reason="pure Python cannot resize a StorageImpl in place: a growing resize_ "
-                                       "gives the resized tensor a new storage and leaves its views on the old one")
+@pytest.mark.xfail(core() == "python", strict=True,
+                   reason="pure Python cannot resize a StorageImpl in place: a growing resize_ gives the resized "
+                          "tensor a new storage and leaves its views on the old one (the compiled core can)")
 def test_resize_of_a_view_grows_the_shared_storage() -> None:
     a = torch.zeros(4, device="neuron")
     b = a.view(4)
@@ -133,10 +135,16 @@ def test_memory_stats_count_allocations_and_frees() -> None:
     del t, u
     s1 = torch.neuron.memory_stats()
     for key, delta in (("allocated_bytes.all.allocated", 460), ("allocated_bytes.all.freed", 460),
-                       ("active_bytes.all.allocated", 460), ("reserved_bytes.all.allocated", 1024),
-                       ("reserved_bytes.all.freed", 1024), ("allocation.all.allocated", 2),
+                       ("active_bytes.all.allocated", 460), ("allocation.all.allocated", 2),
                        ("allocation.all.freed", 2), ("allocated_bytes.all.current", 0)):
         assert s1[key] - s0[key] == delta, key
+    if core() == "python":  # reserved in 512 B blocks, returned at once
+        assert s1["reserved_bytes.all.allocated"] - s0["reserved_bytes.all.allocated"] == 1024
+        assert s1["reserved_bytes.all.freed"] - s0["reserved_bytes.all.freed"] == 1024
+    else:  # size classes 448 B and 256 B (or cached segments reused); freed blocks stay reserved, cached
+        assert 0 <= s1["reserved_bytes.all.allocated"] - s0["reserved_bytes.all.allocated"] <= 448 + 256
+        assert s1["reserved_bytes.all.freed"] == s0["reserved_bytes.all.freed"]
+        assert s1["reserved_bytes.all.current"] >= s1["allocated_bytes.all.current"]
 
 
 # -- the live-allocation registry ------------------------------------------------------------------------
@@ -284,8 +292,14 @@ def test_going_past_the_emulated_capacity_is_a_clean_oom(run_python) -> None:
     assert r["capacity"] == 1024**2 and r["memory_info"][1] == 1024**2
     assert all(r["messages"]), r["messages"]  # every attempt raised torch.OutOfMemoryError
     first = r["messages"][0]
-    assert first == ("neuron:0 out of memory (emulated): tried to allocate 1.14 MiB; 3.91 KiB of 1.00 MiB already "
-                     "allocated, 1020.09 KiB free. The emulated capacity is set by NEURON_LAB_DEVICE_MEMORY.")
+    if core() == "python":
+        assert first == ("neuron:0 out of memory (emulated): tried to allocate 1.14 MiB; 3.91 KiB of 1.00 MiB "
+                         "already allocated, 1020.09 KiB free. The emulated capacity is set by "
+                         "NEURON_LAB_DEVICE_MEMORY.")
+    else:  # free is what the caching allocator has not reserved: 4000 B took a 4 KiB segment
+        assert first == ("neuron:0 out of memory (emulated): tried to allocate 1.14 MiB; 3.91 KiB of 1.00 MiB "
+                         "already allocated, 1020.00 KiB free (96 B reserved by the caching allocator). The "
+                         "emulated capacity is set by NEURON_LAB_DEVICE_MEMORY.")
     assert r["num_ooms"] == 6
     assert r["leaked_forward"] == 0 and r["leaked_backward"] == 0, r
     assert r["keep"] == [[1000], 2000.0]  # the failed resize_ left the tensor as it was

@@ -316,7 +316,7 @@ def check_on_trainium(r: Ran) -> None:
     assert doctor[0].startswith("neuron_lab ") and doctor[0].endswith(" doctor"), doctor
     facts = {x.split()[0]: " ".join(x.split()[1:]) for x in doctor[1:] if re.match(r"  \w", x)}
     assert facts["backend"] == "emulator: NEURON_LAB_BACKEND=emulator", facts
-    assert facts["devices"].startswith("1 (neuron:0)") and facts["problems"] == "none", facts
+    assert facts["devices"].startswith("4 (neuron:0..neuron:3)") and facts["problems"] == "none", facts
     assert r.stdout("check-backend").splitlines()[1] == \
         "on the emulator: cells marked 'on hardware only' will say so"
 

@@ -275,16 +275,16 @@ def test_a_script_reports_file_lines_and_a_timeout_stops_it(tmp_path):
                       "time.sleep(60)\n"              # 12
                       "# %%\n"                        # 13
                       "print('after')\n")             # 14
-    r = run(tmp_path, "script.py", "--timeout", "2", "--json", "run.json")
+    r = run(tmp_path, "script.py", "--timeout", "6", "--json", "run.json")
     assert r.returncode == options.EXIT_CELL_ERROR, r.stdout + r.stderr
     text = r.stdout
     assert "neuron-lab run script.py (script, 5 code cells): starting a kernel" in text
     assert re.search(r"^\[3/5\] script\.py:7 ok \S+ \S+ · 1 CPU fallback call: aten::atan2\.out ×1 at script\.py:9$",
                      text, re.M), text
     assert "at script.py:9: y = torch.atan2(z, x)  (1×)" in text
-    assert re.search(r"^\[4/5\] script\.py:10 timeout .* · CellTimeoutError: the cell ran past --timeout 2 s$",
+    assert re.search(r"^\[4/5\] script\.py:10 timeout .* · CellTimeoutError: the cell ran past --timeout 6 s$",
                      text, re.M), text
-    assert "\n  error in script.py:10 [4/5]: CellTimeoutError: the cell ran past --timeout 2 s\n" in text
+    assert "\n  error in script.py:10 [4/5]: CellTimeoutError: the cell ran past --timeout 6 s\n" in text
     assert "after" not in text
     doc = load(tmp_path / "run.json")
     assert doc["kind"] == "script" and doc["exit_code"] == 1
@@ -323,12 +323,57 @@ def test_a_profile_that_cannot_load_is_bad_input(tmp_path, capsys):
     assert err.startswith("neuron-lab run: --profile: no profile 'no-such-profile'") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(("contents", "message"), [
+    (b"\x89PNG\r\n\x1a\n\xff", "not a JSON text file (byte 0x89 at offset 0 is not UTF-8)"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid profile: its JSON is nested too deeply"),
+    (json.dumps({"schema_version": 1, "name": "x", "source": "s", "date": "d", "ops": [1]}).encode(),
+     "ops: expected an object mapping op names (such as \"aten::add\") to rules, got a list"),
+])
+def test_a_broken_profile_file_is_a_one_line_usage_error(tmp_path, capsys, contents, message):
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    profile = tmp_path / "profile.json"
+    profile.write_bytes(contents)
+    assert main.main([str(nb), "--profile", str(profile), "--json", str(tmp_path / "run.json")]) == options.EXIT_USAGE
+    assert capsys.readouterr().err == f"neuron-lab run: --profile: {profile}: {message}\n"
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_the_console_script_refuses_bad_numbers_and_profiles_with_exit_2_and_no_traceback(tmp_path):
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe")
+    for args in (["--timeout", "nan"], ["--timeout", "inf"], ["--max-peak-memory", "1e999"],
+                 ["--profile", str(tmp_path / "bin.json")]):
+        r = subprocess.run([str(CONSOLE), "run", str(nb), *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == options.EXIT_USAGE, (args, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == "", (args, r.stderr)
+        last = r.stderr.splitlines()[-1]
+        assert last.startswith(("neuron-lab run: error: argument", "neuron-lab run: --profile: ")), (args, last)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["{nb}", "--bogus"], "neuron-lab run: error: unrecognized arguments: --bogus"),
     (["{nb}", "--max-peak-memory", "lots"],
      "neuron-lab run: error: argument --max-peak-memory: cannot read 'lots' as a size (examples: 512MiB, 2GiB, "
      "1048576)"),
-    (["{nb}", "--timeout", "0"], "neuron-lab run: error: argument --timeout: '0' is not a positive number of seconds"),
+    (["{nb}", "--timeout", "0"], "neuron-lab run: error: argument --timeout: '0' is not a positive number of seconds "
+                                 "(at most 1e+06)"),
+    (["{nb}", "--timeout", "nan"], "neuron-lab run: error: argument --timeout: 'nan' is not a positive number of "
+                                   "seconds (at most 1e+06)"),
+    (["{nb}", "--timeout", "inf"], "neuron-lab run: error: argument --timeout: 'inf' is not a positive number of "
+                                   "seconds (at most 1e+06)"),
+    (["{nb}", "--timeout", "1e999"], "neuron-lab run: error: argument --timeout: '1e999' is not a positive number of "
+                                     "seconds (at most 1e+06)"),
+    (["{nb}", "--timeout", "-5"], "neuron-lab run: error: argument --timeout: '-5' is not a positive number of "
+                                  "seconds (at most 1e+06)"),
+    (["{nb}", "--max-peak-memory", "1e999"],
+     "neuron-lab run: error: argument --max-peak-memory: cannot read '1e999' as a size (examples: 512MiB, 2GiB, "
+     "1048576)"),
+    (["{nb}", "--max-peak-memory", "infGiB"],
+     "neuron-lab run: error: argument --max-peak-memory: cannot read 'infGiB' as a size (examples: 512MiB, 2GiB, "
+     "1048576)"),
+    (["{nb}", "--max-peak-memory", "nan"],
+     "neuron-lab run: error: argument --max-peak-memory: cannot read 'nan' as a size (examples: 512MiB, 2GiB, "
+     "1048576)"),
 ])
 def test_bad_options_exit_2_through_argparse(tmp_path, capsys, argv, message):
     nb = notebook(tmp_path / "nb.ipynb", "print(1)")

@@ -7,12 +7,12 @@ Nothing here imports IPython.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import warnings
 
 import torch
 
+from neuron_lab.backend import foreign
 from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 from neuron_lab.backend.selection import EMULATOR, NONE, TORCHNEURON, Decision, decide
 
@@ -26,7 +26,8 @@ class BackendUnavailable(RuntimeError):
 
 
 def activate() -> Decision:
-    """Choose and set up the backend; idempotent. Never raises: a failure becomes the decision.
+    """Choose and set up the backend; idempotent. Never raises: a failure becomes the decision (only a
+    Ctrl-C the user presses meanwhile interrupts, as it should).
 
     The emulator is installed when chosen. For TorchNeuron, ``torch_neuronx`` is imported (a no-op
     when its own autoload ran first), so ``import neuron_lab`` provides `neuron` with autoload off.
@@ -36,24 +37,33 @@ def activate() -> Decision:
     with _lock:
         if _decision is not None:
             return _decision
-        d = decide()
+        try:
+            d = decide()
+        except Exception as e:  # an unreadable install, or a bug: no backend, and the reason for `doctor`
+            why = f"choosing the neuron backend failed: {type(e).__name__}: {e}"
+            d = Decision(NONE, why, None, [why])
         try:
             if d.kind == EMULATOR:
                 from neuron_lab.backend import emulator
 
-                emulator.install()
+                d.problems.extend(emulator.install().problems)
             elif d.kind == TORCHNEURON:
-                importlib.import_module("torch_neuronx")
+                foreign.import_module("torch_neuronx")  # its sys.exit() or own KeyboardInterrupt: an error
                 if torch._C._get_privateuse1_backend_name() != "neuron":
                     raise RuntimeError("it imported but did not register the 'neuron' device")
         except Exception as e:
             what = ("the emulator failed to install" if d.kind == EMULATOR
                     else f"torch-neuronx {d.torchneuron_version} is installed, but loading it failed")
-            why = f"{what}: {type(e).__name__}: {e}"
+            detail = str(e) if isinstance(e, foreign.ForeignImportError) else f"{type(e).__name__}: {e}"
+            why = f"{what}: {detail}"
             d = Decision(NONE, why, d.torchneuron_version, [*d.problems, why])
         _decision = d
     for problem in d.problems:
-        warnings.warn(f"neuron_lab: {problem} (run `neuron-lab doctor` for details)", RuntimeWarning, stacklevel=2)
+        try:
+            warnings.warn(f"neuron_lab: {problem} (run `neuron-lab doctor` for details)", RuntimeWarning,
+                          stacklevel=2)
+        except Exception:  # `-W error`: the warning would end `import torch`; `doctor` still lists the problem
+            pass
     return d
 
 

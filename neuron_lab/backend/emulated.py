@@ -23,41 +23,58 @@ class EmulatorBackend(NeuronBackend):
         return f"neuron_lab {__version__}"
 
     @property
+    def core(self) -> str:
+        """Which core runs the device: "compiled" or "python"."""
+        return self._rt.core
+
+    @property
+    def core_reason(self) -> str:
+        return self._rt.core_reason
+
+    @property
+    def detail(self) -> str:
+        return "compiled core" if self._rt.core == "compiled" else f"pure-Python core ({self._rt.core_reason})"
+
+    @property
     def description(self) -> str:
-        return f"emulator (neuron_lab, pure-Python PrivateUse1; profile {self.profile.name})"
+        core = "compiled core" if self._rt.core == "compiled" else "pure-Python core"
+        return f"emulator (neuron_lab, {core}; {self._rt.topology.summary}; profile {self.profile.name})"
 
     def device_count(self) -> int:
-        return 1
+        return self._rt.devices.device_count()
 
     def capacity(self) -> int:
-        return self._rt.allocator.capacity
+        return self._rt.memory.capacity_of(self._rt.devices.current_device())
 
     def memory_sample(self) -> tuple[int, int]:
-        a = self._rt.allocator  # two int reads: no lock, no stats dict
-        return a.allocated, a.peak
+        return self._rt.memory.sample(self._rt.devices.current_device())
 
     def open_peak_window(self) -> object:
-        return self._rt.allocator.open_window()
+        return self._rt.memory.open_window()
 
     def close_peak_window(self, window: object) -> int:
-        return self._rt.allocator.close_window(window)
+        return self._rt.memory.close_window(window)
 
     def live_allocations(self) -> list[LiveAllocation]:
         now = time.monotonic_ns()
         return [LiveAllocation(a.nbytes, str(a.dtype).removeprefix("torch.") if a.dtype else None, a.shape,
-                               (now - a.created_ns) / 1e9, a.site, a.ptr) for a in self._rt.allocator.live()]
+                               (now - a.created_ns) / 1e9, a.site, a.ptr) for a in self._rt.memory.live()]
 
     def record_allocation_sites(self, enabled: bool) -> None:
-        self._rt.allocator.record_sites = enabled
+        self._rt.memory.set_record_sites(enabled)
 
     @property
     def profile(self) -> profiles.Profile:
-        return self._rt.executor.profile
+        return self._rt.profile
 
     def set_profile(self, name_or_path: str) -> profiles.Profile:
         p = profiles.load(name_or_path)
-        self._rt.executor.set_profile(p)
+        self._rt.set_profile(p)
         return p
+
+    def summary(self) -> dict:
+        return {**super().summary(), "core": self._rt.core, "core_reason": self._rt.core_reason,
+                "topology": self._rt.topology.summary}
 
     def dynamo_metrics(self) -> list[dict]:
         return [dict(m) for m in self._rt.dynamo_metrics]

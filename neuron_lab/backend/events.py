@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor as _Tensor
 
@@ -24,9 +24,8 @@ MAX_SIGNATURES = 4  # distinct (shapes, dtypes) kept per op
 SIGNATURE_PROBES = 256  # calls per op that are inspected for a new signature
 
 
-@dataclass(frozen=True)
-class OpEvent:
-    """One op call as a subscriber sees it."""
+class OpEvent(NamedTuple):
+    """One op call as a subscriber sees it (a tuple: made once per reported call, so it must be cheap)."""
 
     name: str  # "aten::atan2"
     overload: str  # "out", "" for the default overload
@@ -138,14 +137,19 @@ class OpRecorder:
         with self._lock:
             self._subscribers.append(entry)
             self._wanted = frozenset().union(*(k for _, k in self._subscribers))
+            self._wanted_changed()
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._subscribers:
                     self._subscribers.remove(entry)
                 self._wanted = frozenset().union(*(k for _, k in self._subscribers))
+                self._wanted_changed()
 
         return unsubscribe
+
+    def _wanted_changed(self) -> None:
+        """Hook for recorders whose producer must know which kinds to deliver."""
 
     # -- reading -----------------------------------------------------------------------------
     def stats(self, kind: str | None = None) -> list[OpStats]:

@@ -49,6 +49,11 @@ class NeuronBackend(ABC):
     def description(self) -> str:
         return f"{self.kind} {self.version}"
 
+    @property
+    def detail(self) -> str:
+        """What else a status line should say about this backend (the emulator: which core runs)."""
+        return ""
+
     # -- device and memory ---------------------------------------------------------------------
     @abstractmethod
     def device_count(self) -> int: ...

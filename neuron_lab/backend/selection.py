@@ -35,12 +35,22 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+class UnreadableInstall(RuntimeError):
+    """``torch-neuronx`` is installed, but its distribution metadata cannot be read."""
+
+
 def installed_torchneuron() -> str | None:
-    """The installed ``torch-neuronx`` version, None when not installed, "" when its metadata has none."""
+    """The installed ``torch-neuronx`` version, None when not installed, "" when its metadata has none.
+
+    Raises :class:`UnreadableInstall` when the metadata cannot be read (not UTF-8, unreadable file).
+    """
     try:
         return metadata.version("torch-neuronx") or ""
     except metadata.PackageNotFoundError:
         return None
+    except Exception as e:
+        raise UnreadableInstall(f"torch-neuronx is installed but its metadata cannot be read "
+                                f"({type(e).__name__}: {e}); reinstall it") from e
 
 
 def _privateuse1_owner() -> str:
@@ -56,7 +66,14 @@ def decide(env: dict[str, str] | None = None) -> Decision:
     if choice not in CHOICES:
         problems.append(f"{BACKEND_ENV}={env.get(BACKEND_ENV)!r} is not one of {', '.join(CHOICES)}; using auto")
         choice = "auto"
-    version = installed_torchneuron()
+    try:
+        version = installed_torchneuron()
+    except UnreadableInstall as e:
+        if choice == "auto":  # it may be a working TorchNeuron: the emulator must not take its device
+            return Decision(NONE, f"{e}; neuron_lab stays off (NEURON_LAB_BACKEND=emulator uses the emulator)",
+                            None, [*problems, str(e)])
+        problems.append(str(e))
+        version = None
     if version == "":
         problems.append("torch-neuronx is installed but its metadata has no Version (a broken install?); "
                         "treating it as the legacy XLA library")

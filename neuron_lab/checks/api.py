@@ -16,13 +16,6 @@ from neuron_lab.report.checks import CompareResult, ParityResult
 from neuron_lab.trace.sites import FileLocator
 
 
-def _tolerances(rtol: float | None, atol: float | None) -> None:
-    if (rtol is None) != (atol is None):
-        raise ValueError("give both rtol and atol, or neither (as torch.testing.assert_close)")
-    if (rtol or 0) < 0 or (atol or 0) < 0:
-        raise ValueError("rtol and atol must be >= 0")
-
-
 def parity(fn: Callable, *args: Any, against: str | torch.device = "cpu", rtol: float | None = None,
            atol: float | None = None, seed: int | None = None, _keep: Callable[[Any], None] | None = None,
            **kwargs: Any) -> ParityResult:
@@ -35,15 +28,14 @@ def parity(fn: Callable, *args: Any, against: str | torch.device = "cpu", rtol: 
     __tracebackhide__ = True  # noqa: F841
     from neuron_lab.session.devices import parse_device
 
-    _tolerances(rtol, atol)
     reference = parse_device(str(against))
+    options = ParityOptions(reference, rtol, atol, (), seed)  # a ValueError (limits.OptionError) when out of bounds
     subject = FunctionSubject(fn, args, kwargs)
     device = device_of(subject.namespace, torch.device("cpu"))
     if device == reference:
         raise ValueError(f"parity needs the arguments on another device than the reference ({reference}); "
                          f"move them first, e.g. .to('neuron')")
-    return _parity.check(subject, device, ParityOptions(reference, rtol, atol, (), seed), locator=FileLocator(),
-                         keep=_keep)
+    return _parity.check(subject, device, options, locator=FileLocator(), keep=_keep)
 
 
 def compare(fn: Callable, *args: Any, warmup: int = 1, runs: int = 5, fullgraph: bool = False,
@@ -53,8 +45,7 @@ def compare(fn: Callable, *args: Any, warmup: int = 1, runs: int = 5, fullgraph:
     are left as they were."""
     from neuron_lab import backend as _backend
 
-    if warmup < 0 or runs < 1:
-        raise ValueError(f"warmup must be >= 0 and runs >= 1 (got warmup={warmup}, runs={runs})")
+    CompareOptions(warmup, runs)  # a ValueError (limits.OptionError) when out of bounds, before anything runs
     subject = FunctionSubject(fn, args, kwargs)
     device = device_of(subject.namespace, torch.device("cpu"))
     backend = backend or ("neuron" if _backend.is_active() else "inductor")

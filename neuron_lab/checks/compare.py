@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab.checks import agreement, copies, parity, runs
+from neuron_lab import interrupts
+from neuron_lab.checks import agreement, copies, limits, parity, runs
 from neuron_lab.report.checks import CompareResult, Timing
 from neuron_lab.session import modes
 from neuron_lab.trace.compiles import CompileTrace
@@ -31,6 +32,10 @@ class CompareOptions:
     runs: int = 5
     fullgraph: bool = False
     backend: str = "neuron"
+
+    def __post_init__(self) -> None:
+        limits.count("warmup", self.warmup, 0, limits.MAX_WARMUP)
+        limits.count("runs", self.runs, 1, limits.MAX_RUNS)
 
 
 def _series(subject: runs.Subject, fresh: Callable[[], dict[str, Any]], device: torch.device, mode: str,
@@ -55,6 +60,7 @@ def _series(subject: runs.Subject, fresh: Callable[[], dict[str, Any]], device: 
     return first, timing
 
 
+@interrupts.guard
 def check(subject: runs.Subject, device: torch.device, options: CompareOptions, *, locator: Locator,
           exclude: Callable[[], Any] = contextlib.nullcontext,
           keep: Callable[[CompareResult], None] | None = None, then_run: bool = False) -> CompareResult:
@@ -95,5 +101,5 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
     if keep is not None:
         keep(result)
     if then_run:
-        subject.execute()
+        interrupts.user_code(subject.execute)
     return result

@@ -78,7 +78,7 @@ def compare(name: str, var: str, actual: Any, expected: Any, rtol: float | None 
     if isinstance(actual, numbers) and isinstance(expected, numbers) and type(actual) is type(expected):
         exact, judged = {complex: (torch.complex128, _PY_COMPLEX), float: (torch.float64, _PY_FLOAT)}.get(
             type(actual), (torch.int64, torch.int64))
-        a, e = torch.tensor(actual, dtype=exact), torch.tensor(expected, dtype=exact)
+        a, e = torch.tensor(actual, dtype=exact, device="cpu"), torch.tensor(expected, dtype=exact, device="cpu")
         if rtol is None or atol is None:
             rtol, atol = default_tolerances(judged)
         item = _tensors(name, var, a, e, rtol, atol)
@@ -130,7 +130,8 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
     if diff.numel():
         excess = torch.where(bad, diff - allowed, torch.full_like(diff, -1.0)) if item.mismatched else diff
         flat = int(excess.reshape(-1).argmax())
-        item.worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.dim() else ()
+        flat_index = torch.tensor(flat, device="cpu")
+        item.worst = tuple(int(i) for i in torch.unravel_index(flat_index, diff.shape)) if diff.dim() else ()
         item.max_abs = float(diff.max())
         item.max_rel = float(rel.max())
         item.actual_value = _scalar(a.reshape(-1)[flat])

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab.checks import agreement, copies, runs
+from neuron_lab import interrupts
+from neuron_lab.checks import agreement, copies, limits, runs
 from neuron_lab.report.checks import ParityResult
 from neuron_lab.session import modes
 from neuron_lab.trace.sites import Locator
@@ -33,6 +34,10 @@ class ParityOptions:
     atol: float | None = None
     vars: tuple[str, ...] = ()  # compare only these names
     seed: int | None = None  # torch.manual_seed(seed) before the device run; None: the generators as they are
+
+    def __post_init__(self) -> None:
+        limits.tolerances(self.rtol, self.atol)
+        limits.seed(self.seed)
 
 
 def downcast_emulated() -> bool:
@@ -75,6 +80,7 @@ def _op_calls() -> int:
     return _backend.active().op_calls() if _backend.is_active() else 0
 
 
+@interrupts.guard
 def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *, locator: Locator,
           exclude: Callable[[], Any] = contextlib.nullcontext,
           keep: Callable[[ParityResult], None] | None = None) -> ParityResult:

@@ -3,7 +3,9 @@
 A :class:`Subject` is what a check runs: a notebook cell (its namespace is the shell's) or a function
 with its arguments (its namespace is the bound arguments). A run on copies swaps the copies in for the
 duration of the run, so the notebook's own functions, which read the shell's globals, see them too,
-and puts every name back afterwards, whatever happens.
+and puts every name back afterwards, whatever happens. The user's code runs through
+:func:`neuron_lab.interrupts.user_code`, the only place inside a check where Ctrl-C lands at once: the
+checks are :func:`neuron_lab.interrupts.guard`-ed, so no Ctrl-C can cut a restore short.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from neuron_lab import interrupts
 from neuron_lab.checks import copies
 from neuron_lab.report.model import Site
 from neuron_lab.session import modes
@@ -114,10 +117,10 @@ class CellSubject(Subject):
         added stay: dynamo installs the globals its compiled code calls (``__compiled_fn_…``, ``__resume_at_…``)
         into the cell's globals, and the code cache outlives the run."""
         live = self.namespace
-        saved = dict(live)
-        live.clear()
-        live.update(ns)
+        saved = dict(live)  # the restore plan, made before anything changes
         try:
+            live.clear()
+            live.update(ns)
             yield live
         finally:
             compiled = {k: v for k, v in live.items() if k.startswith("__") and k not in saved}
@@ -335,7 +338,7 @@ def run(subject: Subject, *, rng: Callable[[], None] | None = None, ns: dict[str
             synchronize(device)
         t0 = time.perf_counter()
         try:
-            out.value = subject.execute()
+            out.value = interrupts.user_code(subject.execute)
             if timed and device is not None:
                 synchronize(device)
         except Exception as e:

@@ -84,22 +84,28 @@ class NeuronMagics(Magics):
                                           device=device)
 
     def _check_options(self, args, cell: str):
-        """Options of `%%neuron parity` / `compare`, checked before the cell runs."""
-        from neuron_lab.checks import CompareOptions, ParityOptions
+        """Options of `%%neuron parity` / `compare`, checked before the cell runs. Their bounds are the option
+        objects' own (:mod:`neuron_lab.checks.limits`); an ``OptionError`` becomes a UsageError here, spelled
+        with the flags' names."""
+        from neuron_lab.checks import CompareOptions
+        from neuron_lab.checks.limits import OptionError
 
         cmd = args.command
 
         def bad(why: str) -> UsageError:
             return UsageError(f"%%neuron {cmd}: {why}\n{_subparser(cmd).format_usage().rstrip()}")
 
-        if cmd == "compare":
-            if args.warmup < 0 or args.runs < 1:
-                raise bad(f"--warmup must be >= 0 and --runs >= 1 (got --warmup {args.warmup} --runs {args.runs})")
-            return CompareOptions(args.warmup, args.runs, args.fullgraph, self.session.config.compile_backend)
-        if (args.rtol is None) != (args.atol is None):
-            raise bad("give both --rtol and --atol, or neither (as torch.testing.assert_close)")
-        if (args.rtol or 0) < 0 or (args.atol or 0) < 0:
-            raise bad("--rtol and --atol must be >= 0")
+        try:
+            if cmd == "compare":
+                return CompareOptions(args.warmup, args.runs, args.fullgraph, self.session.config.compile_backend)
+            return self._parity_options(args, cell, bad)
+        except OptionError as e:
+            raise bad(e.spelled(lambda name: f"--{name}")) from None
+
+    def _parity_options(self, args, cell: str, bad):
+        from neuron_lab.checks import ParityOptions
+
+        cmd = args.command
         names = list(dict.fromkeys(args.vars))
         odd = [n for n in names if not n.isidentifier()]
         if odd:
@@ -165,13 +171,15 @@ class NeuronMagics(Magics):
             raise UsageError(f"%neuron device: cannot move {kinds}: only tensors, nn.Modules, optimizers and "
                              f"lists/tuples/dicts of tensors move; nothing was moved\n"
                              f"{_subparser('device').format_usage().rstrip()}")
-        report = None
+        report = failure = None
         if names:
             try:
                 report = s.move(names, dev)
-            except (RuntimeError, torch.OutOfMemoryError) as e:
-                raise UsageError(f"%neuron device: moving to {dev} failed, and everything was put back where it "
-                                 f"was: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+            except Exception as e:  # out of memory, or an object that cannot be rebuilt on the device
+                failure = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}".rstrip(": ")
+        if failure is not None:  # raised here, not in the handler: no __context__ keeps the failed move's frames
+            raise UsageError(f"%neuron device: moving to {dev} failed, and everything was put back where it "
+                             f"was: {failure}")
         s.set_device(dev, default=args.default)
         head = f"notebook device: {dev}" + (" (also torch's default device)" if args.default else "")
         print(head + ("\n" + str(report) if report is not None else ""))

@@ -11,6 +11,8 @@ import argparse
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from neuron_lab.checks import limits
+
 VIEWS = ("dashboard", "memory", "tensors", "fallbacks", "compiles")
 LINE_ONLY = ("status", "mode", "report", "reset", "free", "profile", *VIEWS)
 CELL_ONLY = ("compile", "eager", "parity", "compare")
@@ -103,18 +105,20 @@ def build() -> NeuronArgumentParser:
                                     "modules, optimizers, numbers and the last value, with torch.testing.assert_close"
                                     "'s dtype tolerances unless --rtol/--atol are given.")
     pa.add_argument("--against", metavar="cpu|DEVICE", default="cpu", help="the reference device (default cpu)")
-    pa.add_argument("--rtol", type=float, metavar="R", help="relative tolerance (with --atol)")
-    pa.add_argument("--atol", type=float, metavar="A", help="absolute tolerance (with --rtol)")
+    pa.add_argument("--rtol", type=float, metavar="R", help="relative tolerance, a finite number >= 0 (with --atol)")
+    pa.add_argument("--atol", type=float, metavar="A", help="absolute tolerance, a finite number >= 0 (with --rtol)")
     pa.add_argument("--vars", nargs="+", metavar="NAME", default=[], help="compare only these variables")
-    pa.add_argument("--seed", type=int, metavar="S", help="torch.manual_seed(S) before the device run; "
-                    "the reference starts "
-                    "from the same state (default: the generators as the cell finds them)")
+    pa.add_argument("--seed", type=int, metavar="S", help="torch.manual_seed(S), S from 0 to 2**64-1, before the "
+                    "device run; the reference starts from the same state (default: the generators as the cell "
+                    "finds them)")
     co = sub.add_parser("compare", prog="%%neuron compare", help="cell magic: time the cell eager and compiled, on "
                         "copies, and compare their outputs",
                         description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
                                     "copies of what the cell reads; then the cell runs once for real.")
-    co.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed runs after the first (default 1)")
-    co.add_argument("--runs", type=int, default=5, metavar="N", help="timed runs per mode (default 5)")
+    co.add_argument("--warmup", type=int, default=1, metavar="W",
+                    help=f"untimed runs after the first, 0 to {limits.MAX_WARMUP:,} (default 1)")
+    co.add_argument("--runs", type=int, default=5, metavar="N",
+                    help=f"timed runs per mode, 1 to {limits.MAX_RUNS:,} (default 5)")
     co.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True (fail on graph breaks)")
     return p
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from neuron_lab.units import parse_size
 
@@ -50,13 +51,17 @@ def size(text: str) -> int:
     return n
 
 
+MAX_TIMEOUT_S = 1e6  # about 11 days: nbclient and ZeroMQ take the timeout as whole seconds and milliseconds
+
+
 def seconds(text: str) -> float:
+    """argparse type of ``--timeout``: a number of seconds in (0, MAX_TIMEOUT_S]; nan and inf are refused."""
     try:
         s = float(text)
     except ValueError:
-        s = -1.0
-    if s <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+        s = math.nan
+    if not 0 < s <= MAX_TIMEOUT_S:  # also false for nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (at most {MAX_TIMEOUT_S:g})")
     return s
 
 
@@ -66,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="NEURON_LAB_BACKEND in the kernel (default: the environment's, else auto)")
     p.add_argument("--profile", metavar="NAME|FILE", default=None,
                    help="NEURON_LAB_PROFILE in the kernel: a bundled coverage profile or a profile file")
-    p.add_argument("--timeout", type=seconds, metavar="S", default=None, help="seconds each cell may run")
+    p.add_argument("--timeout", type=seconds, metavar="S", default=None,
+                   help=f"seconds each cell may run (more than 0, at most {MAX_TIMEOUT_S:g})")
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")

@@ -6,6 +6,8 @@ way (out of device memory, say) everything already moved goes back where it was.
 
 from __future__ import annotations
 
+import copy
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,11 +172,25 @@ def _move_tensor(t: torch.Tensor, device: torch.device, memo: dict[int, torch.Te
     return out
 
 
+def _same_kind_of_dict(obj: dict, items: dict) -> dict:
+    """A dict of ``obj``'s type holding ``items``: a ``defaultdict`` keeps its ``default_factory``, an
+    ``OrderedDict`` its order, a subclass its attributes (``copy.copy``, then the moved values set)."""
+    if type(obj) is dict:
+        return items
+    try:
+        out = copy.copy(obj)
+    except Exception:
+        out = type(obj)()  # may raise TypeError: the caller puts everything back and says so
+    for k, v in items.items():
+        out[k] = v
+    return out
+
+
 def _move_container(obj: Any, device: torch.device, memo: dict[int, torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         return _move_tensor(obj, device, memo)
     if isinstance(obj, dict):
-        return type(obj)({k: _move_container(v, device, memo) for k, v in obj.items()})
+        return _same_kind_of_dict(obj, {k: _move_container(v, device, memo) for k, v in obj.items()})
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(_move_container(v, device, memo) for v in obj))
     if isinstance(obj, (list, tuple)):
@@ -246,9 +262,14 @@ def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveRepo
                 report.already.append(n)  # its state is where PyTorch keeps it for this device already
             else:
                 report.moved.append(Moved(n, kind_of(obj), nbytes, src))
-    except BaseException:
+    except BaseException as e:
         for fn in reversed(undo):
             fn()
+        # The copies made so far must be freed now, not when the next exception replaces this one: drop them
+        # from the memo, and from the locals of the frames the traceback keeps (Module._apply's, ours).
+        undo.clear()
+        memo.clear()
+        traceback.clear_frames(e.__traceback__)
         raise
     return report
 

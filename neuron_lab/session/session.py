@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
+from neuron_lab import interrupts
 from neuron_lab.report.model import Report
 from neuron_lab.session import devices, free, modes
 from neuron_lab.session.cells import CellLocator, run_body
@@ -300,7 +301,8 @@ class Session:
         __tracebackhide__ = True  # noqa: F841
         outer = self._raw_cell  # this very cell, as typed, when it is the one running
         raw = outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
-        with ExitStack() as stack:
+        # Ctrl-C stops the body at once, but waits while the mode and device are set and put back.
+        with interrupts.guarded(), ExitStack() as stack:
             if device is not None:
                 stack.enter_context(self.cell_device(device))
             if mode is not None:
@@ -308,7 +310,8 @@ class Session:
                 if self._tracker is not None:
                     self._tracker.report.mode = mode
             number = self.locator.current_cell()
-            return run_body(self.shell, body, raw, self.shell.execution_count if number is None else number)
+            return interrupts.user_code(run_body, self.shell, body, raw,
+                                        self.shell.execution_count if number is None else number)
 
     def run_check(self, kind: str, body: str, raw_cell: str, options: Any) -> Any:
         """Run a ``%%neuron parity`` / ``compare`` body; the result joins the cell's report (and history)."""

@@ -1,42 +1,30 @@
-"""The bundled `neuron` device: real PrivateUse1 tensors over host memory, in pure Python.
+"""The bundled `neuron` device: real PrivateUse1 tensors over host memory.
 
-``install()`` does, once per process, what a C++ backend does at load time: rename PrivateUse1
-to ``neuron``, register the device module, hooks and guard, and register one boxed fallback
-that runs every op on zero-copy host aliases and reports it against a coverage profile.
+``install()`` does, once per process, what TorchNeuron does at load time: rename PrivateUse1 to
+``neuron`` and register the device module, hooks, guard, allocator and kernels. Two cores can serve
+it: the compiled core (C++, ``csrc/``, built by the package against the installed torch) and the
+pure-Python core (``python_core``), used when the compiled one is missing or forced off with
+``NEURON_LAB_CORE=python``. Both run every op on zero-copy host aliases and report it against a
+coverage profile; the runtime hides which one runs.
 """
 
 from __future__ import annotations
+
+import os
+import traceback
 
 import torch
 
 from neuron_lab.backend.emulator import runtime as _rt
 
-
-class Hooks(torch._C._acc.PrivateUse1Hooks):
-    """PrivateUse1HooksInterface as far as Python may override it: one always-available device."""
-
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, dev_id) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class Guard(torch._C._acc.DeviceGuard):
-    """The Python device guard: one device, so only its type matters."""
-
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
-
-
-_hooks: list[object] = []  # the hook and guard objects must outlive registration
+DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
 
 
 def install(profile=None) -> _rt.Runtime:
-    """Install the emulator; idempotent. Raises if another backend owns PrivateUse1."""
+    """Install the emulator on the compiled core when it loads, else the pure-Python one; idempotent.
+
+    Raises if another backend owns PrivateUse1, or if NEURON_LAB_CORE=compiled cannot be honoured.
+    """
     if _rt.installed():
         return _rt.get()
     owner = torch._C._get_privateuse1_backend_name()
@@ -47,38 +35,59 @@ def install(profile=None) -> _rt.Runtime:
 
     # Validate the configuration before claiming PrivateUse1: a failed install must leave it free.
     from neuron_lab.backend import profiles
-    from neuron_lab.backend.emulator.memory import Allocator, capacity_from_env
+    from neuron_lab.backend.emulator import compiled, topology
 
-    capacity = capacity_from_env()
+    topo = topology.detect()
     profile = profile if profile is not None else profiles.load()
-    _hooks.extend([Hooks(), Guard()])
+    problems = list(topo.problems)
+    want, problem = compiled.choice()
+    if problem:
+        problems.append(problem)
+    if want == "python":
+        core, why = None, f"{compiled.CORE_ENV}=python"
+    else:
+        core, why = compiled.load()  # importing it registers its guard, hooks, allocator and kernels
+        if core is None and want == "compiled":
+            raise RuntimeError(f"{compiled.CORE_ENV}=compiled, but {why}")
     if owner != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
+    emulate_downcast = os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
+
+    executor = None
+    if core is not None:
+        recorder = compiled.CoreRecorder(core)
+        pieces = dict(memory=compiled.CoreMemory(core), recorder=recorder, devices=compiled.CoreDevices(core),
+                      bridge=compiled.CoreBridge(core), on_profile=lambda _p: core.forget_kinds(), libraries=[])
+        rt = _rt.Runtime(_rt.COMPILED, why, topo, profile=profile, **pieces)
+        compiled.configure(core, topo.capacities, lambda name, dtypes: rt.profile.classify(name, frozenset(dtypes)),
+                           recorder, _allocation_site, emulate_downcast)
+        core.register_direct(_rt.direct_ops())
+    else:
+        from neuron_lab.backend.emulator import python_core
+
+        pieces, executor = python_core.install({}, topo.capacities[0], profile, why, len(topo.capacities))
+        rt = _rt.Runtime(_rt.PYTHON, why, topo, profile=profile, **pieces)
+        executor.emulate_downcast = emulate_downcast
+    rt.problems = problems
+    _rt.set_runtime(rt)
 
     # Imported after the rename: these modules build `neuron` devices at import.
-    from neuron_lab.backend.emulator import autocast, device_module, native, patches
-    from neuron_lab.backend.emulator.ops import Executor
-    from neuron_lab.backend.events import OpRecorder
-
-    allocator, recorder = Allocator(capacity), OpRecorder()
-    executor = Executor(allocator, recorder, profile)
-    rt = _rt.Runtime(allocator, recorder, executor)
-    _rt.set_runtime(rt)
+    from neuron_lab.backend.emulator import autocast, device_module, patches
 
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch._register_device_module("neuron", device_module)
-    torch._C._acc.register_python_privateuseone_hook(_hooks[0])
-    torch._C._acc.register_python_privateuseone_device_guard(_hooks[1])
-
     fallback_lib = torch.library.Library("_", "IMPL")
-    fallback_lib.fallback(executor.fallback, "PrivateUse1")
     aten_lib = torch.library.Library("aten", "IMPL")
-    native.install_native(executor, aten_lib)
     autocast.install(aten_lib, fallback_lib)
     rt.libraries += [fallback_lib, aten_lib]
-    patches.install()
+    patches.install(python_core=core is None)
     _hide_from_dynamo()
     return rt
+
+
+def _allocation_site() -> list[str]:
+    """The creating stack of a device allocation, for the compiled core's site recording."""
+    return traceback.format_list(traceback.extract_stack()[:-1])
 
 
 def _hide_from_dynamo() -> None:

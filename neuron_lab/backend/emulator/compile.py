@@ -42,8 +42,6 @@ LOWERINGS = ("inductor", "eager")
 DYNAMIC_ERROR = ('torch.compile(backend="neuron") does not support dynamic=True: the Neuron backend compiles '
                  "static shapes. Leave dynamic unset (or False); shapes that vary between calls recompile per shape.")
 _CPU = torch.device("cpu")
-# Always recorded as native by the emulator whatever the profile says (see native.py).
-_PLUMBING = frozenset({"aten::copy_", "aten::_to_copy"})
 _nth: Counter[str] = Counter()  # graphs compiled per "{model}_{aot_id}_{type}" prefix
 
 
@@ -120,9 +118,9 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         "graph_type": graph_type,
         "lowering": lowering,
         "lowering_reason": f"{LOWERING_ENV}=eager" if lowering == "eager" else None,
-        "fallback_nodes": _fallback_nodes(gm, rt.executor),
+        "fallback_nodes": _fallback_nodes(gm, rt.profile),
     }
-    graph = NeuronGraph(gm, example_inputs, metrics, rt.executor.bridge)
+    graph = NeuronGraph(gm, example_inputs, metrics, rt.bridge)
     fx_us = (time.perf_counter_ns() - t0) // 1000
     metrics["torch_neuronx_fx_passes_us"] = metrics["torch_neuronx_compile_us"] = fx_us
     rt.dynamo_metrics.append(metrics)
@@ -143,20 +141,20 @@ def _on_device(v: Any) -> bool:
     return isinstance(v, Tensor) and v.device.type != "cpu"
 
 
-def _fallback_nodes(gm: torch.fx.GraphModule, executor) -> list[dict[str, str]]:
-    """Graph nodes the coverage profile reports as non-native, classified as the executor classifies ops."""
+def _fallback_nodes(gm: torch.fx.GraphModule, profile) -> list[dict[str, str]]:
+    """Graph nodes the coverage profile reports as non-native, classified as eager ops are."""
     found = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         name = n.target._schema.name
-        if name in executor.native or name in _PLUMBING:
+        if name in runtime.PLUMBING:
             continue
         inputs = [a.meta.get("val") for a in n.all_input_nodes]
         dtypes = frozenset(str(v.dtype).removeprefix("torch.") for v in inputs if _on_device(v))
         if not dtypes and not _on_device(n.meta.get("val")):
             continue  # runs on the host in the original program too
-        kind, reason = executor.profile.classify(name, dtypes)
+        kind, reason = profile.classify(name, dtypes)
         if kind != NATIVE:
             found.append({"node": n.name, "op": name, "kind": kind, "reason": reason})
     return found
@@ -188,7 +186,7 @@ def _host_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         for key in ("val", "tensor_meta", "example_value"):
             n.meta.pop(key, None)
     host = torch.fx.GraphModule(gm, graph)
-    bridge = runtime.get().executor.bridge
+    bridge = runtime.get().bridge
     for n in graph.find_nodes(op="get_attr"):
         owner, _, attr = n.target.rpartition(".")
         mod = host.get_submodule(owner) if owner else host
@@ -247,7 +245,9 @@ class NeuronGraph:
             if fn is None:
                 return self.gm(*inputs)
         from_host = self._bridge.from_host
-        return [from_host(r) if dev and r is not None else r for r, dev in zip(fn(*host), self._out_on_device)]
+        index = next((a.device.index for a in inputs if isinstance(a, Tensor) and not a.is_cpu), None)
+        return [from_host(r, index) if dev and r is not None else r
+                for r, dev in zip(fn(*host), self._out_on_device)]
 
     def _lower(self, host: list[Any], key: tuple | None) -> Callable[..., Any] | None:
         import torch._inductor

@@ -1,4 +1,4 @@
-"""``torch.neuron`` for the emulated device: the surface TorchNeuron's device module offers.
+"""``torch.neuron`` for the emulated devices: the surface TorchNeuron's device module offers.
 
 The emulator runs every op synchronously on one in-order queue, so streams and events are
 exact rather than approximate: work recorded before an event is complete when it is recorded.
@@ -16,22 +16,20 @@ import torch
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.units import format_size
 
-_DEVICE_NAME = "neuron:0"
-
 
 def _index(device: Any = None) -> int:
+    """A device index from an int, a string or a torch.device; None is the current device."""
+    devices = _rt.get().devices
     if device is None:
-        return 0
+        return devices.current_device()
     if isinstance(device, int):
         idx = device
     else:
         d = torch.device(device)
         if d.type != "neuron":
             raise ValueError(f"Expected a neuron device, got {d}")
-        idx = d.index or 0
-    if idx != 0:
-        raise ValueError(f"Invalid device id {idx}: the neuron emulator has one device (neuron:0)")
-    return idx
+        idx = devices.current_device() if d.index is None else d.index
+    return devices.check(idx)
 
 
 # -- device --------------------------------------------------------------------------------
@@ -52,33 +50,34 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return 1
+    return _rt.get().devices.device_count()
 
 
 def current_device() -> int:
-    return 0
+    return _rt.get().devices.current_device()
 
 
 def set_device(device: Any) -> None:
-    _index(device)
+    _rt.get().devices.set_device(_index(device))
 
 
 class device:  # noqa: N801  (spelled like torch.cuda.device)
-    """Context manager that selects a device; there is one, so it only validates."""
+    """Context manager that makes ``device`` current and restores the previous one."""
 
     def __init__(self, device: Any) -> None:
         self.idx = _index(device)
+        self.prev = -1
 
     def __enter__(self) -> None:
-        return None
+        self.prev = current_device()
+        _rt.get().devices.set_device(self.idx)
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        _rt.get().devices.set_device(self.prev)
 
 
 def get_device_name(device: Any = None) -> str:
-    _index(device)
-    return _DEVICE_NAME
+    return f"neuron:{_index(device)}"
 
 
 @dataclass(frozen=True)
@@ -88,8 +87,9 @@ class DeviceProperties:
 
 
 def get_device_properties(device: Any = None) -> DeviceProperties:
-    _index(device)
-    return DeviceProperties("neuron (emulated Trn2 logical NeuronCore)", _rt.get().allocator.capacity)
+    rt = _rt.get()
+    return DeviceProperties(f"neuron (emulated {rt.topology.instance} logical NeuronCore, LNC={rt.topology.lnc})",
+                            rt.memory.capacity_of(_index(device)))
 
 
 def synchronize(device: Any = None) -> None:
@@ -97,23 +97,28 @@ def synchronize(device: Any = None) -> None:
     _index(device)
 
 
-# -- RNG -----------------------------------------------------------------------------------
-def _gen() -> torch.Generator:
-    return _rt.get().executor.generator
+# -- RNG: a default generator per device ------------------------------------------------------
+def _gen(device: Any = None) -> torch.Generator:
+    return _rt.get().devices.generator(_index(device))
 
 
 def manual_seed(seed: int) -> None:
     _gen().manual_seed(int(seed))
 
 
-manual_seed_all = manual_seed
+def manual_seed_all(seed: int) -> None:
+    for i in range(device_count()):
+        _gen(i).manual_seed(int(seed))
 
 
 def seed() -> None:
     _gen().seed()
 
 
-seed_all = seed
+def seed_all() -> None:
+    s = _gen(0).seed()
+    for i in range(1, device_count()):
+        _gen(i).manual_seed(s)
 
 
 def initial_seed() -> int:
@@ -121,13 +126,20 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: Any = "neuron") -> torch.Tensor:
-    _index(device)
-    return _gen().get_state()
+    return _gen(device).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
-    _index(device)
-    _gen().set_state(new_state)
+    _gen(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
 
 
 # -- AMP -----------------------------------------------------------------------------------
@@ -140,59 +152,57 @@ def is_bf16_supported() -> bool:
 
 
 # -- memory --------------------------------------------------------------------------------
+def _mem():
+    return _rt.get().memory
+
+
 def memory_stats(device: Any = None) -> dict[str, int]:
-    _index(device)
-    return _rt.get().allocator.stats()
+    return _mem().stats(_index(device))
 
 
 def memory_allocated(device: Any = None) -> int:
-    _index(device)
-    return _rt.get().allocator.allocated
+    return _mem().allocated_of(_index(device))
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    _index(device)
-    return _rt.get().allocator.peak
+    return memory_stats(device)["allocated_bytes.all.peak"]
 
 
 def memory_reserved(device: Any = None) -> int:
-    _index(device)
-    return _rt.get().allocator.reserved
+    return memory_stats(device)["reserved_bytes.all.current"]
 
 
 def max_memory_reserved(device: Any = None) -> int:
-    _index(device)
-    return _rt.get().allocator.peak_reserved
+    return memory_stats(device)["reserved_bytes.all.peak"]
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    _index(device)
-    _rt.get().allocator.reset_peak()
+    _mem().reset_peak(_index(device))
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
-    _index(device)
-    _rt.get().allocator.reset_accumulated()
+    _mem().reset_accumulated(_index(device))
 
 
 def empty_cache() -> None:
-    """Freed blocks are returned at once; there is no cache to empty."""
+    """Release the cached segments of every device (the emulator's cache holds no host memory)."""
+    for i in range(device_count()):
+        _mem().empty_cache(i)
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    _index(device)
-    a = _rt.get().allocator
-    return a.capacity - a.allocated, a.capacity
+    return _mem().mem_get_info(_index(device))
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    s = memory_stats(device)
+    idx = _index(device)
+    s = memory_stats(idx)
     rows = [("Allocated memory", "allocated_bytes"), ("Active memory", "active_bytes"),
             ("Reserved memory", "reserved_bytes")]
     if not abbreviated:
         rows.append(("Allocations", "allocation"))
     row = "| {:<22}|" + " {:>11} |" * 4  # 81 characters wide, like every other line of the table
-    lines = ["|" + "=" * 79 + "|", "|{:^79}|".format("neuron (emulated) memory summary, device 0"),
+    lines = ["|" + "=" * 79 + "|", "|{:^79}|".format(f"neuron (emulated) memory summary, device {idx}"),
              "|" + "-" * 79 + "|", row.format("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"),
              "|" + "-" * 79 + "|"]
     for label, key in rows:
@@ -200,7 +210,7 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         cells = [str(v) for v in vals] if key == "allocation" else [format_size(v) for v in vals]
         lines.append(row.format(label, *cells))
     lines += ["|" + "-" * 79 + "|",
-              f"| OOMs: {s['num_ooms']:<8} capacity: {format_size(_rt.get().allocator.capacity):<53}|",
+              f"| OOMs: {s['num_ooms']:<8} capacity: {format_size(_mem().capacity_of(idx)):<53}|",
               "|" + "=" * 79 + "|"]
     return "\n".join(lines)
 

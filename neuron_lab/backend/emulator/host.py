@@ -13,6 +13,7 @@ import torch
 from neuron_lab.backend.emulator.memory import Allocator
 
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CPU = torch.device("cpu")  # explicit everywhere: a user's torch.set_default_device("neuron") reaches kernels too
 _set_handle = torch.ops.aten.set_.source_Storage_storage_offset._handle
 _create_empty = torch._C._acc.create_empty_tensor
 _ALIAS_ATTR = "_neuron_lab_host"
@@ -37,13 +38,13 @@ class HostBridge:
         alloc = self.allocator.lookup(key[0])
         if alloc is None:
             raise RuntimeError(f"neuron emulator: storage at 0x{key[0]:x} is not device memory it allocated")
-        h = torch.empty(0, dtype=t.dtype).set_(alloc.cpu_view, key[1], key[2], key[3])
+        h = torch.empty(0, dtype=t.dtype, device=_CPU).set_(alloc.cpu_view, key[1], key[2], key[3])
         _copy_math_bits(t, h)
         t.__dict__[_ALIAS_ATTR] = (key, h)
         return h
 
-    def from_host(self, r: torch.Tensor) -> torch.Tensor:
-        """A device tensor over a host result's bytes (no copy)."""
+    def from_host(self, r: torch.Tensor, device: int | None = None) -> torch.Tensor:
+        """A device tensor over a host result's bytes (no copy); there is one device, so ``device`` is 0."""
         if r.layout is not torch.strided:
             raise NotImplementedError(f"neuron emulator: {r.layout} tensors are not supported on the neuron device "
                                       "(device memory holds dense, strided tensors only)")

@@ -1,40 +1,31 @@
-"""Emulated device memory: host buffers presented as `neuron` storages, with exact accounting.
+"""The pure-Python core's device memory: host buffers presented as `neuron` storages, with exact accounting.
 
 Every device StorageImpl is one :class:`Allocation`. Bytes count once per storage (views share it)
-and are released by a weakref callback when the storage's Python object dies, which PyTorch
-delays until the last view dies (PyObject preservation). The registry maps a storage's data
-pointer to its host bytes, which is also how C++-made storages around our pointers are resolved.
+and are released when the storage's Python object dies, which PyTorch delays until the last view
+dies (PyObject preservation). The weakref callback that notices the death is a C method
+(``deque.append``), so no Python runs there and a Ctrl-C can neither be swallowed in it nor lose
+the free; the accounting catches up (idempotently) before any count is read or changed. The registry
+maps a storage's data pointer to its host bytes, which is also how C++-made storages around our
+pointers are resolved.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import traceback
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import torch
 
-from neuron_lab.units import format_size, parse_size
+from neuron_lab.backend.emulator.topology import CAPACITY_ENV
+from neuron_lab.units import format_size
 
-DEFAULT_CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
-CAPACITY_ENV = "NEURON_LAB_DEVICE_MEMORY"
 BLOCK = 512  # reserved bytes are rounded like the CUDA caching allocator's blocks
 
 _CPU = torch.device("cpu")
-
-
-def capacity_from_env() -> int:
-    env = os.environ.get(CAPACITY_ENV)
-    if not env:
-        return DEFAULT_CAPACITY
-    try:
-        return parse_size(env)
-    except ValueError as e:
-        raise ValueError(f"{CAPACITY_ENV}: {e}") from None
 
 
 @dataclass
@@ -53,16 +44,21 @@ class Allocation:
 
 
 class Allocator:
-    """Counters with CUDA's ``memory_stats`` semantics for one emulated device."""
+    """Counters with CUDA's ``memory_stats`` semantics for one emulated device.
 
-    def __init__(self, capacity: int | None = None) -> None:
-        self.capacity = capacity_from_env() if capacity is None else capacity
+    Its public methods take a device index, as the compiled core's do (only 0 exists here).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         self._device = torch.device("neuron", 0)  # needs PrivateUse1 renamed first
         self.record_sites = False
         # Reentrant: a garbage collection inside a locked section can run the weakref callback that
         # frees another storage (``_free``) on the same thread.
         self._lock = threading.RLock()
         self._live: dict[int, Allocation] = {}
+        self._dead: deque[weakref.ref] = deque()  # storages that died, not yet accounted
+        self._ptr_of: dict[int, int] = {}  # id(weakref) -> pointer
         self._windows: dict[int, int] = {}  # open peak windows: id -> the highest `allocated` since it opened
         self._next_window = 0
         self._reset_all()
@@ -92,6 +88,7 @@ class Allocator:
         return self._register(host, nbytes, dtype, shape)
 
     def _check_capacity(self, nbytes: int) -> None:
+        self.settle()
         if self.allocated + nbytes > self.capacity:
             with self._lock:
                 self.num_ooms += 1
@@ -108,8 +105,10 @@ class Allocator:
         cpu_view = torch._C._construct_storage_from_data_pointer(ptr, _CPU, nbytes)
         rounded = -(-nbytes // BLOCK) * BLOCK
         site = tuple(traceback.format_list(traceback.extract_stack()[:-3])) if self.record_sites else None
-        ref = weakref.ref(storage, lambda _r, ptr=ptr: self._free(ptr))
+        ref = weakref.ref(storage, self._dead.append)
         with self._lock:
+            self._drain()
+            self._ptr_of[id(ref)] = ptr
             self._live[ptr] = Allocation(ptr, nbytes, host, cpu_view, ref, time.monotonic_ns(),
                                          dtype, tuple(shape) if shape is not None else None, site)
             self.allocated += nbytes
@@ -128,17 +127,32 @@ class Allocator:
                 self.peak_count = len(self._live)
         return storage
 
-    def _free(self, ptr: int) -> None:
-        with self._lock:
-            a = self._live.pop(ptr, None)
-            if a is None:
-                return
-            rounded = -(-a.nbytes // BLOCK) * BLOCK
-            self.allocated -= a.nbytes
-            self.reserved -= rounded
-            self.total_freed += a.nbytes
-            self.total_released += rounded
-            self.n_free += 1
+    def _drain(self) -> None:
+        """Account the storages that died; call with the lock held.
+
+        Each is accounted before it leaves the queue, and accounting it twice is a no-op, so an
+        interrupt anywhere in here loses nothing.
+        """
+        while self._dead:
+            ref = self._dead[0]
+            ptr = self._ptr_of.get(id(ref))
+            a = self._live.get(ptr) if ptr is not None else None
+            if a is not None and a.storage_ref is ref:
+                del self._live[ptr]
+                rounded = -(-a.nbytes // BLOCK) * BLOCK
+                self.allocated -= a.nbytes
+                self.reserved -= rounded
+                self.total_freed += a.nbytes
+                self.total_released += rounded
+                self.n_free += 1
+            self._ptr_of.pop(id(ref), None)
+            self._dead.popleft()
+
+    def settle(self) -> None:
+        """Bring the counts up to date with every storage that died."""
+        if self._dead:
+            with self._lock:
+                self._drain()
 
     # -- lookup ----------------------------------------------------------------------------
     def lookup(self, ptr: int) -> Allocation | None:
@@ -147,12 +161,36 @@ class Allocator:
     def live(self) -> list[Allocation]:
         """Live allocations, oldest first (a snapshot; holds no storage alive)."""
         with self._lock:
+            self._drain()
             return sorted(self._live.values(), key=lambda a: a.created_ns)
+
+    # -- the device-memory interface both cores offer ----------------------------------------
+    def capacity_of(self, device: int = 0) -> int:
+        return self.capacity
+
+    def allocated_of(self, device: int = 0) -> int:
+        self.settle()
+        return self.allocated
+
+    def sample(self, device: int = 0) -> tuple[int, int]:
+        self.settle()
+        return self.allocated, self.peak
+
+    def empty_cache(self, device: int = 0) -> None:
+        """Freed blocks are returned at once; there is no cache to empty."""
+
+    def mem_get_info(self, device: int = 0) -> tuple[int, int]:
+        self.settle()
+        return self.capacity - self.allocated, self.capacity
+
+    def set_record_sites(self, enabled: bool) -> None:
+        self.record_sites = enabled
 
     # -- statistics ------------------------------------------------------------------------
     def open_window(self) -> int:
         """Start a peak of its own, leaving ``peak`` (what ``max_memory_allocated`` says) alone."""
         with self._lock:
+            self._drain()
             self._next_window += 1
             self._windows[self._next_window] = self.allocated
             return self._next_window
@@ -160,24 +198,27 @@ class Allocator:
     def close_window(self, window: int) -> int:
         """The highest allocated bytes since ``window`` opened; the window ends."""
         with self._lock:
+            self._drain()
             return max(self._windows.pop(window, 0), self.allocated)
 
-    def reset_peak(self) -> None:
+    def reset_peak(self, device: int = 0) -> None:
         with self._lock:
+            self._drain()
             self.peak = self.allocated
             self.peak_reserved = self.reserved
             self.peak_count = len(self._live)
 
-    def reset_accumulated(self) -> None:
+    def reset_accumulated(self, device: int = 0) -> None:
         with self._lock:
             self.total_allocated = self.total_freed = 0
             self.total_reserved = self.total_released = 0
             self.n_alloc = self.n_free = 0
             self.num_ooms = 0
 
-    def stats(self) -> OrderedDict[str, int]:
+    def stats(self, device: int = 0) -> OrderedDict[str, int]:
         """Flat keys as ``torch.cuda.memory_stats()`` spells them (pool: ``all``)."""
         with self._lock:
+            self._drain()
             n_live = len(self._live)
             groups = {
                 "allocated_bytes": (self.allocated, self.peak, self.total_allocated, self.total_freed),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from neuron_lab.backend.emulator.ops import Executor, redispatch_to_cpu
+from neuron_lab.backend.emulator.runtime import direct_ops
 from neuron_lab.backend.events import NATIVE
 
 aten = torch.ops.aten
@@ -19,20 +20,6 @@ Tensor = torch.Tensor
 VIEW_OPS = ("as_strided", "view", "_reshape_alias", "unfold", "view_as_real", "view_as_complex", "alias",
             "_unsafe_view", "as_strided_", "_mkldnn_transpose")
 
-# Hot functional overloads registered directly at PrivateUse1, as a generated C++ backend would:
-# one Python call instead of the structured wrapper's empty + `.out` pair.
-DIRECT_OPS = (
-    "add.Tensor", "add_.Tensor", "add.Scalar", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor",
-    "mul.Scalar", "mul_.Scalar", "div.Tensor", "div_.Tensor", "div.Scalar", "neg", "sqrt", "rsqrt",
-    "exp", "pow.Tensor_Scalar",
-    "mm", "addmm", "bmm", "baddbmm", "relu", "threshold_backward", "gelu", "gelu_backward", "silu", "silu_backward",
-    "tanh", "tanh_backward", "sigmoid", "sigmoid_backward", "sum.dim_IntList", "mean.dim", "sum", "mse_loss",
-    "mse_loss_backward", "_log_softmax", "_log_softmax_backward_data", "_softmax", "_softmax_backward_data",
-    "nll_loss_forward", "nll_loss_backward", "addcmul_", "addcdiv_", "lerp_.Scalar", "clone", "fill_.Scalar",
-    "zero_", "where.self", "native_layer_norm", "native_layer_norm_backward", "embedding_dense_backward",
-    "eq.Scalar", "ne.Scalar", "gt.Scalar", "lt.Scalar", "maximum", "minimum", "clamp", "cat", "stack", "index.Tensor",
-    "_fused_adamw_", "_fused_adam_", "_fused_sgd_",
-)
 
 
 def _contiguous_strides(size, memory_format) -> list[int]:
@@ -53,7 +40,9 @@ def _nbytes(size, stride, dtype) -> int:
 
 def _check_device(device) -> None:
     if device is not None and torch.device(device).index not in (None, 0):
-        raise RuntimeError(f"{torch.device(device)} is not available: the neuron emulator has one device (neuron:0)")
+        raise RuntimeError(f"{torch.device(device)} is not available: the neuron emulator's pure-Python core has one "
+                           "device (neuron:0); the compiled core has one per NeuronCore (`neuron-lab doctor` says "
+                           "why it is not running)")
 
 
 def install_native(ex: Executor, lib: torch.library.Library) -> None:
@@ -155,11 +144,6 @@ def install_native(ex: Executor, lib: torch.library.Library) -> None:
     lib.impl("_to_copy", to_copy, "PrivateUse1")
     lib.impl("convolution_overrideable", convolution, "PrivateUse1")
     lib.impl("convolution_backward_overrideable", convolution_backward, "PrivateUse1")
-    for name in DIRECT_OPS:
+    for name in direct_ops():
         packet, _, overload = name.partition(".")
         lib.impl(name, ex.kernel(getattr(getattr(aten, packet), overload or "default")), "PrivateUse1")
-    for full in torch._C._dispatch_get_all_op_names():
-        if full.startswith("aten::_foreach_"):
-            qual = full.removeprefix("aten::")
-            packet, _, overload = qual.partition(".")
-            lib.impl(qual, ex.kernel(getattr(getattr(aten, packet), overload or "default")), "PrivateUse1")

@@ -32,6 +32,11 @@ _WIDE = {torch.float64, torch.int64}
 _MIXED_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
                        "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put",
                        "aten::index_select", "aten::_unsafe_masked_index"})
+# Ops the CPU lacks for integer inputs that devices support: computed in float32, cast back.
+_INT_AS_FLOAT = frozenset({"aten::histc"})
+# Backward ops whose CPU kernel crashes when the input gradient is not wanted (torch 2.13's channels-last
+# group_norm backward writes through an undefined grad_input): the input gradient is computed and dropped.
+_ALWAYS_GRAD_INPUT = frozenset({"aten::native_group_norm_backward"})
 # Ops that draw from the default CPU generator without a `generator` argument.
 _IMPLICIT_RNG = frozenset({"aten::native_dropout"})
 
@@ -166,12 +171,22 @@ class Executor:
             kind = self._kinds[kind_key] = self.profile.classify(plan.name, frozenset(_DTYPE_NAMES[d] for d in dtypes))
         wide = [d for d in dtypes if d in _WIDE]
 
+        drop_grad_input = plan.name in _ALWAYS_GRAD_INPUT and not hargs[-1][0]
+        if drop_grad_input:
+            hargs[-1] = [True, *hargs[-1][1:]]
+        int_input = None
+        if plan.name in _INT_AS_FLOAT and isinstance(hargs[0], Tensor) and not hargs[0].is_floating_point():
+            int_input, hargs[0] = hargs[0].dtype, hargs[0].float()
         t0 = time.perf_counter_ns()
         if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view:
             out = self._run_downcast(op, plan, hargs, hkwargs)
         else:
             out = self._call(op, plan, hargs, hkwargs, args, kwargs)
         host_ns = time.perf_counter_ns() - t0
+        if int_input is not None:
+            out = out.to(int_input)
+        if drop_grad_input:
+            out = (None, *out[1:])
 
         self.recorder.record(plan.name, plan.overload, kind[0], kind[1], args, kwargs, host_ns)
         if wide:
@@ -215,10 +230,10 @@ class Executor:
                 continue
             dev = orig[slot]
             if isinstance(dev, Tensor) and not dev.is_cpu:
-                holder[slot] = torch.empty(0, dtype=dev.dtype)
+                holder[slot] = torch.empty(0, dtype=dev.dtype, device=_CPU)
                 temps[slot] = (dev, holder[slot])
             elif isinstance(dev, (list, tuple)):
-                holder[slot] = [torch.empty(0, dtype=d.dtype) for d in dev]
+                holder[slot] = [torch.empty(0, dtype=d.dtype, device=_CPU) for d in dev]
                 temps[slot] = (dev, holder[slot])
         out = op(*hargs, **hkwargs)
         for dev, tmp in temps.values():
@@ -306,7 +321,8 @@ def _wrap_numbers(slots: tuple[int | str, ...], hargs: list, hkwargs: dict) -> N
             continue
         v = holder[slot]
         if isinstance(v, (bool, int, float, complex)):
-            holder[slot] = torch.tensor(v) if ref is None else torch.tensor(v, dtype=torch.result_type(ref, v))
+            holder[slot] = torch.tensor(v, device=_CPU) if ref is None else torch.tensor(
+                v, dtype=torch.result_type(ref, v), device=_CPU)
 
 
 def _sync_layouts(slots: tuple[int | str, ...], hargs: list, hkwargs: dict, args: tuple, kwargs: dict) -> None:

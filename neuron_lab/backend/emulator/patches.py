@@ -1,7 +1,9 @@
-"""Python patches for what a pure-Python PrivateUse1 backend cannot register in C++.
+"""Python patches for what a PrivateUse1 backend cannot register at all, or not from pure Python.
 
-Each patch stands in for one C++ hook (allocator, pinned memory, device allocator stats, device
-synchronize) and delegates to PyTorch's own code for every other device.
+The pure-Python core needs a patch for each C++ hook it lacks (storage allocation, pinned memory,
+device allocator stats, device synchronize); the compiled core registers those in C++. Both need
+``Module.to`` to keep Parameter identity, which torch 2.13 offers no PrivateUse1 hook for. Each patch
+delegates to PyTorch's own code for every other device.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def _storage_new(orig):
     def __new__(cls, *args, device=None, **kwargs):
         if _is_neuron(device) and cls is torch.UntypedStorage and not kwargs:
             if not args:
-                return _rt.get().allocator.new_storage(0)
+                return _rt.get().memory.new_storage(0)
             if len(args) == 1 and isinstance(args[0], int):
-                return _rt.get().allocator.new_storage(args[0])
+                return _rt.get().memory.new_storage(args[0])
             raise RuntimeError("neuron emulator: UntypedStorage(..., device='neuron') takes a size in bytes")
         if device is None:
             return orig(cls, *args, **kwargs)
@@ -211,16 +213,17 @@ def _module_move(target: str | None):
     return make
 
 
-def install() -> None:
-    """Apply every patch once."""
+def install(python_core: bool) -> None:
+    """Apply the patches once: all of them for the pure-Python core, the Module ones for the compiled core."""
     if _originals:
         return
-    _patch(torch.UntypedStorage, "__new__", _storage_new)
-    _patch(torch.Tensor, "pin_memory", _pin_memory)
-    _patch(torch.Tensor, "is_pinned", _is_pinned)
-    _originals[(_C, "_accelerator_getAccelerator")] = _C._accelerator_getAccelerator
-    for name, replacement in _ACCELERATOR_PATCHES.items():
-        _patch(_C, name, _on_neuron(replacement))
+    if python_core:
+        _patch(torch.UntypedStorage, "__new__", _storage_new)
+        _patch(torch.Tensor, "pin_memory", _pin_memory)
+        _patch(torch.Tensor, "is_pinned", _is_pinned)
+        _originals[(_C, "_accelerator_getAccelerator")] = _C._accelerator_getAccelerator
+        for name, replacement in _ACCELERATOR_PATCHES.items():
+            _patch(_C, name, _on_neuron(replacement))
     _patch(torch.nn.Module, "to", _module_to)
     _patch(torch.nn.Module, "neuron", _module_move("neuron"))
     _patch(torch.nn.Module, "cpu", _module_move("cpu"))

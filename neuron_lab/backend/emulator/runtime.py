@@ -1,23 +1,76 @@
-"""The emulator's one per-process state: allocator, executor, recorder and compile metrics."""
+"""The emulator's one per-process state, whichever core runs it.
+
+Both cores offer the same pieces: device memory (``memory``), op aggregates (``recorder``), device
+selection and generators (``devices``), zero-copy host views (``bridge``), and the coverage profile.
+Everything above reads these and never asks which core it got, except to say so.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from neuron_lab.backend.emulator.memory import Allocator
-    from neuron_lab.backend.emulator.ops import Executor
+    from neuron_lab.backend.emulator.topology import Topology
     from neuron_lab.backend.events import OpRecorder
+    from neuron_lab.backend.profiles import Profile
+
+COMPILED, PYTHON = "compiled", "python"
+
+# Device plumbing: allocation, copies into place, metadata views. Never reported as fallbacks
+# whatever the profile says; copies count as native ops and as transfer bytes.
+PLUMBING = frozenset({"aten::empty", "aten::empty_strided", "aten::_copy_from", "aten::_copy_from_and_resize",
+                      "aten::set_", "aten::resize_", "aten::_local_scalar_dense", "aten::as_strided", "aten::view",
+                      "aten::_reshape_alias", "aten::unfold", "aten::view_as_real", "aten::view_as_complex",
+                      "aten::alias", "aten::_unsafe_view", "aten::as_strided_", "aten::_mkldnn_transpose",
+                      "aten::copy_", "aten::_to_copy"})
+
+
+# Hot functional overloads sent to the core's fallback directly, as a generated backend registers kernels:
+# one call instead of the structured wrapper's empty + `.out` pair. Composites whose result differs from the
+# CPU kernel's (group_norm on a channels-last input) go there too.
+DIRECT_OPS = (
+    "add.Tensor", "add_.Tensor", "add.Scalar", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor",
+    "mul.Scalar", "mul_.Scalar", "div.Tensor", "div_.Tensor", "div.Scalar", "neg", "sqrt", "rsqrt",
+    "exp", "pow.Tensor_Scalar",
+    "mm", "addmm", "bmm", "baddbmm", "relu", "threshold_backward", "gelu", "gelu_backward", "silu", "silu_backward",
+    "tanh", "tanh_backward", "sigmoid", "sigmoid_backward", "sum.dim_IntList", "mean.dim", "sum", "mse_loss",
+    "mse_loss_backward", "_log_softmax", "_log_softmax_backward_data", "_softmax", "_softmax_backward_data",
+    "nll_loss_forward", "nll_loss_backward", "addcmul_", "addcdiv_", "lerp_.Scalar", "clone", "fill_.Scalar",
+    "zero_", "where.self", "native_layer_norm", "native_layer_norm_backward", "embedding_dense_backward",
+    "eq.Scalar", "ne.Scalar", "gt.Scalar", "lt.Scalar", "maximum", "minimum", "clamp", "cat", "stack", "index.Tensor",
+    "_fused_adamw_", "_fused_adam_", "_fused_sgd_", "native_group_norm", "native_group_norm_backward", "histc",
+)
+
+
+def direct_ops() -> list[str]:
+    """:data:`DIRECT_OPS` plus every ``_foreach_*`` overload (one host kernel per list, as on a device)."""
+    import torch
+
+    foreach = [n.removeprefix("aten::") for n in torch._C._dispatch_get_all_op_names()
+               if n.startswith("aten::_foreach_")]
+    return [*DIRECT_OPS, *foreach]
 
 
 @dataclass
 class Runtime:
-    allocator: Allocator
+    core: str  # COMPILED | PYTHON
+    core_reason: str  # why this core runs
+    topology: Topology
+    memory: Any  # memory.Allocator | compiled.CoreMemory: the same methods
     recorder: OpRecorder
-    executor: Executor
+    devices: Any  # python_core.PythonDevices | compiled.CoreDevices
+    bridge: Any  # to_host(t), from_host(r)
+    profile: Profile
+    on_profile: Callable[[Profile], None]
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
     dynamo_metrics: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
+
+    def set_profile(self, profile: Profile) -> None:
+        self.profile = profile
+        self.on_profile(profile)
 
 
 _runtime: Runtime | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_lab.backend.events import FALLBACK, HOST, NATIVE
+from neuron_lab.backend.profiles import schema
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "torchneuron-2.33"
@@ -23,7 +24,7 @@ _OP_KINDS = (NATIVE, FALLBACK, HOST)
 
 
 class ProfileError(ValueError):
-    """A profile file is missing, malformed, or of an unknown schema."""
+    """A profile file is missing, unreadable, malformed, or of an unknown schema; the message is one line."""
 
 
 def _key(name: str) -> str:
@@ -86,31 +87,26 @@ class Profile:
         Path(path).write_text(json.dumps(self.as_dict(), indent=1) + "\n")
 
 
-def _rule(where: str, d: Any) -> OpRule:
-    if not isinstance(d, dict) or d.get("kind") not in _OP_KINDS:
-        raise ProfileError(f"{where}: expected {{'kind': one of {_OP_KINDS}, 'reason': ...}}, got {d!r}")
+def _rule(d: dict[str, Any]) -> OpRule:
     dtypes = d.get("dtypes")
-    return OpRule(d["kind"], str(d.get("reason", "")), frozenset(dtypes) if dtypes is not None else None)
+    return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None)
 
 
-def from_dict(d: dict[str, Any], path: str = "") -> Profile:
-    where = path or "profile"
-    if not isinstance(d, dict):
-        raise ProfileError(f"{where}: a profile is a JSON object")
-    if d.get("schema_version") != SCHEMA_VERSION:
-        raise ProfileError(f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}")
-    for k in ("name", "source", "date"):
-        if not isinstance(d.get(k), str):
-            raise ProfileError(f"{where}: missing string field {k!r}")
-    default = _rule(f"{where}: default", d.get("default", {"kind": NATIVE}))
+def from_dict(d: Any, path: str = "") -> Profile:
+    """A profile from its JSON data; :class:`ProfileError` (one line, naming the field) when the data is not one."""
+    try:
+        schema.check(d, SCHEMA_VERSION, _OP_KINDS)
+    except ValueError as e:
+        raise ProfileError(f"{path or 'profile'}: {e}") from None
+    default = _rule(d.get("default", {"kind": NATIVE}))
     return Profile(
         name=d["name"],
         source=d["source"],
         date=d["date"],
         default=default.kind,
         default_reason=default.reason,
-        ops={_key(k): _rule(f"{where}: ops[{k!r}]", v) for k, v in d.get("ops", {}).items()},
-        dtype_rules={k: _rule(f"{where}: dtypes[{k!r}]", v) for k, v in d.get("dtypes", {}).items()},
+        ops={_key(k): _rule(v) for k, v in d.get("ops", {}).items()},
+        dtype_rules={k: _rule(v) for k, v in d.get("dtypes", {}).items()},
         downcast_dtypes=frozenset(d.get("downcast_dtypes", ("float64", "int64"))),
         path=path,
     )
@@ -132,11 +128,22 @@ def load(name_or_path: str | os.PathLike | None = None) -> Profile:
         p = Path(spec).expanduser()
         if not p.is_file():
             raise ProfileError(f"no profile {spec!r}: not a bundled profile ({', '.join(bundled())}) nor a file")
-        text, path = p.read_text(), str(p)
+        path = str(p)
+        try:
+            raw = p.read_bytes()
+        except OSError as e:
+            raise ProfileError(f"{path}: cannot read it: {e.strerror or e}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProfileError(f"{path}: not a JSON text file (byte 0x{raw[e.start]:02x} at offset {e.start} is "
+                               "not UTF-8)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: invalid JSON: {e}") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: invalid profile: its JSON is nested too deeply") from None
     return from_dict(data, path)
 
 

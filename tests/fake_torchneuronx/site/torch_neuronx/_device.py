@@ -83,9 +83,10 @@ def register() -> None:
     global STATE
     torch.utils.rename_privateuse1_backend("neuron")
     # Imported after the rename: these modules build torch.device("neuron") at import.
-    from neuron_lab.backend.emulator import Guard, Hooks, autocast, native
+    from neuron_lab.backend.emulator import autocast, native
     from neuron_lab.backend.emulator.memory import Allocator
     from neuron_lab.backend.emulator.ops import Executor
+    from neuron_lab.backend.emulator.python_core import Guard, Hooks
     from neuron_lab.backend.events import OpRecorder
     from neuron_lab.backend.profiles import Profile
     from torch_neuronx import neuron

@@ -1,0 +1,201 @@
+"""The compiled core's Python side: load it, configure it, and read its counters.
+
+The C++ core (``_core``, built from ``csrc/``) registers the device guard, hooks, allocator, generators
+and the PrivateUse1 kernels itself when it is imported, so importing it is the commitment: ``load()``
+is called only once the emulator is going to install. Per-op counts stay in C++; Python is called
+only for the op kinds a subscriber asked for, and to classify an op the first time it meets a new
+dtype set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from neuron_lab.backend.events import KINDS, OpEvent, OpRecorder, OpStats
+
+CORE_ENV = "NEURON_LAB_CORE"
+CORE_CHOICES = ("auto", "compiled", "python")
+
+
+def choice(env: dict[str, str] | None = None) -> tuple[str, str | None]:
+    """The requested core and, for a bad value, the problem to report."""
+    env = os.environ if env is None else env
+    raw = env.get(CORE_ENV, "auto").strip().lower() or "auto"
+    if raw not in CORE_CHOICES:
+        return "auto", f"{CORE_ENV}={env.get(CORE_ENV)!r} is not one of {', '.join(CORE_CHOICES)}; using auto"
+    return raw, None
+
+
+def load() -> tuple[ModuleType | None, str]:
+    """The compiled core module, or None with the reason it cannot be used."""
+    try:
+        return importlib.import_module("neuron_lab.backend.emulator._core"), "compiled core loaded"
+    except ImportError as e:
+        text = str(e)
+        if "No module named" in text:
+            why = ("the compiled core is not built in this install (no compiler at install time, or "
+                   "NEURON_LAB_BUILD_CORE=0); reinstall with `pip install --no-build-isolation neuron_lab` "
+                   "after torch to build it")
+        else:
+            why = (f"the compiled core does not load against torch {torch.__version__} ({text.splitlines()[0]}); "
+                   "rebuild it for this torch with `pip install --no-build-isolation --force-reinstall neuron_lab`")
+        return None, why
+
+
+@dataclass(frozen=True)
+class LiveBlock:
+    """One live allocation, spelled as the pure-Python core's ``Allocation``."""
+
+    ptr: int
+    nbytes: int
+    dtype: torch.dtype | None
+    shape: tuple[int, ...] | None
+    created_ns: int
+    site: tuple[str, ...] | None
+    device: int
+
+
+class CoreMemory:
+    """Device memory as the compiled core counts it, per device."""
+
+    def __init__(self, core: ModuleType) -> None:
+        self._core = core
+
+    def capacity_of(self, device: int = 0) -> int:
+        return self._core.capacity(device)
+
+    def allocated_of(self, device: int = 0) -> int:
+        return self._core.memory_allocated(device)
+
+    def sample(self, device: int = 0) -> tuple[int, int]:
+        return self._core.memory_sample(device)
+
+    def stats(self, device: int = 0) -> OrderedDict[str, int]:
+        return OrderedDict(sorted(self._core.memory_stats(device).items()))
+
+    def reset_peak(self, device: int = 0) -> None:
+        self._core.reset_peak(device)
+
+    def reset_accumulated(self, device: int = 0) -> None:
+        self._core.reset_accumulated(device)
+
+    def empty_cache(self, device: int = 0) -> None:
+        self._core.empty_cache(device)
+
+    def mem_get_info(self, device: int = 0) -> tuple[int, int]:
+        return self._core.mem_get_info(device)
+
+    def open_window(self) -> int:
+        return self._core.open_window()
+
+    def close_window(self, window: int) -> int:
+        return self._core.close_window(window)
+
+    def set_record_sites(self, enabled: bool) -> None:
+        self._core.set_record_sites(enabled)
+
+    def live(self) -> list[LiveBlock]:
+        return [LiveBlock(ptr, n, getattr(torch, dtype) if dtype else None, shape, created, site, dev)
+                for ptr, n, dtype, shape, created, site, dev in self._core.live_allocations()]
+
+
+class CoreRecorder(OpRecorder):
+    """The op aggregates the compiled core keeps, behind :class:`OpRecorder`'s reading interface.
+
+    The core calls :meth:`deliver` for the kinds some subscriber wants; everything else is counted in C++.
+    """
+
+    def __init__(self, core: ModuleType) -> None:  # noqa: D107  (the counters live in the core, not here)
+        self._lock = threading.Lock()
+        self._subscribers = []
+        self._wanted = frozenset()
+        self._core = core
+
+    def deliver(self, name: str, overload: str, kind: str, reason: str, shapes: tuple, dtypes: tuple,
+                host_ns: int, args: tuple) -> None:
+        event = OpEvent(name, overload, kind, reason, shapes, dtypes, host_ns)
+        for fn, kinds in list(self._subscribers):
+            if kind in kinds:
+                fn(event, args, {})
+
+    def _wanted_changed(self) -> None:
+        self._core.set_wanted(sum(1 << KINDS.index(k) for k in self._wanted))
+
+    def stats(self, kind: str | None = None) -> list[OpStats]:
+        rows = [OpStats(name, overload, k, reason, count, host_ns,
+                        [(tuple(tuple(s) for s in shapes), tuple(dtypes)) for shapes, dtypes in sigs])
+                for name, overload, k, reason, count, host_ns, sigs in self._core.op_rows()
+                if kind is None or k == kind]
+        return sorted(rows, key=lambda s: (-s.count, s.name, s.overload))
+
+    def names(self, kind: str) -> set[str]:
+        return {st.name for st in self.stats(kind)}
+
+    def clear(self) -> None:
+        self._core.clear_ops()
+
+    @property
+    def calls(self) -> int:  # type: ignore[override]
+        return self._core.op_calls()
+
+    @property
+    def h2d_bytes(self) -> int:  # type: ignore[override]
+        return self._core.transfers()[0]
+
+    @property
+    def d2h_bytes(self) -> int:  # type: ignore[override]
+        return self._core.transfers()[1]
+
+    @property
+    def transfers_total(self) -> tuple[int, int]:  # type: ignore[override]
+        t = self._core.transfers()
+        return t[2], t[3]
+
+
+class CoreDevices:
+    """Device selection and generators, served by the core's guard and hooks."""
+
+    def __init__(self, core: ModuleType) -> None:
+        self._core = core
+
+    def device_count(self) -> int:
+        return self._core.device_count()
+
+    def current_device(self) -> int:
+        return self._core.current_device()
+
+    def set_device(self, index: int) -> None:
+        self._core.set_device(index)
+
+    def check(self, index: int) -> int:
+        try:
+            return self._core.checked_index(index)
+        except RuntimeError as e:  # TorchNeuron's set_device raises ValueError for a bad index
+            raise ValueError(str(e)) from None
+
+    def generator(self, index: int) -> torch.Generator:
+        return self._core.default_generator(index)
+
+
+class CoreBridge:
+    """Zero-copy host views for code that computes on the host itself (compiled graphs)."""
+
+    def __init__(self, core: ModuleType) -> None:
+        self.to_host = core.to_host
+        self._from_host = core.from_host
+
+    def from_host(self, r: torch.Tensor, device: int | None = None) -> torch.Tensor:
+        return self._from_host(r, -1 if device is None else device)
+
+
+def configure(core: ModuleType, capacities: list[int], classify: Any, recorder: CoreRecorder, site: Any,
+              emulate_downcast: bool) -> None:
+    core.configure(capacities, classify, recorder.deliver, site, emulate_downcast)

@@ -1,0 +1,383 @@
+// Device memory for the emulated `neuron` devices, and the pinned host allocator.
+//
+// Bytes are host memory. The statistics follow TorchNeuron 2.33's caching segment allocator: requests
+// below 16 MiB reserve a size class (256 B at least, four classes per power of two), larger ones a
+// multiple of 2 MiB; classes below 1 MiB are the small pool. A freed block's segment stays reserved
+// (cached) until empty_cache() or an allocation that would pass the capacity releases the cache and
+// retries. The cache is bookkeeping only: freed bytes go back to the host at once, so an emulated
+// device never holds more host memory than its live tensors.
+#include "core.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+namespace neuron_lab {
+namespace {
+
+constexpr size_t kMinBlock = 256;
+constexpr size_t kSmallLimit = 1 << 20;
+constexpr size_t kClassLimit = 16 << 20;
+constexpr size_t kLargeRound = 2 << 20;
+
+using c10::CachingAllocator::StatType;
+
+size_t size_class(size_t n) {
+  if (n <= kMinBlock) return kMinBlock;
+  if (n >= kClassLimit) return (n + kLargeRound - 1) / kLargeRound * kLargeRound;
+  size_t pow2 = 1;
+  while (pow2 * 2 < n) pow2 *= 2;  // pow2 < n <= 2 * pow2
+  size_t step = pow2 / 4;
+  return (n + step - 1) / step * step;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string format_size(int64_t n) {
+  const char* units[] = {"GiB", "MiB", "KiB"};
+  const int64_t scales[] = {int64_t(1) << 30, int64_t(1) << 20, int64_t(1) << 10};
+  char buf[64];
+  for (int i = 0; i < 3; ++i) {
+    if (n >= scales[i]) {
+      std::snprintf(buf, sizeof(buf), "%.2f %s", double(n) / double(scales[i]), units[i]);
+      return buf;
+    }
+  }
+  std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(n));
+  return buf;
+}
+
+// Calls f on every counter array of the device statistics.
+template <typename F>
+void for_each_stat(c10::CachingDeviceAllocator::DeviceStats& s, F f) {
+  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (auto& st : *arr) f(st);
+  }
+}
+
+template <typename F>
+void for_pool(bool small, F f) {
+  f(static_cast<size_t>(StatType::AGGREGATE));
+  f(static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL));
+}
+
+void delete_block(void* ctx) {
+  allocator().release(static_cast<Block*>(ctx));
+}
+
+}  // namespace
+
+NeuronAllocator& allocator() {
+  static auto* a = new NeuronAllocator();  // never destroyed: storages may be freed during interpreter exit
+  return *a;
+}
+
+void NeuronAllocator::configure(const std::vector<int64_t>& capacities) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (devices_.size() < capacities.size()) devices_.resize(capacities.size());
+  for (size_t i = 0; i < capacities.size(); ++i) devices_[i].capacity = capacities[i];
+}
+
+int64_t NeuronAllocator::capacity(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> g(mu_);
+  return devices_.at(device).capacity;
+}
+
+size_t NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small) {
+  size_t seg = size_class(n);
+  *small = seg <= kSmallLimit;
+  DeviceMemory& d = devices_.at(device);
+  auto& pool = *small ? d.cached_small : d.cached_large;
+  auto it = pool.find(seg);
+  if (it != pool.end() && it->second > 0) {  // reuse a cached segment: nothing new is reserved
+    if (--it->second == 0) pool.erase(it);
+    d.cached_bytes -= static_cast<int64_t>(seg);
+    return seg;
+  }
+  auto reserved = [&] { return d.stats.reserved_bytes[0].current; };
+  if (reserved() + static_cast<int64_t>(seg) > d.capacity && d.cached_bytes > 0) {
+    release_cached(d);
+    d.stats.num_alloc_retries += 1;
+  }
+  if (reserved() + static_cast<int64_t>(seg) > d.capacity) {
+    d.stats.num_ooms += 1;
+    int64_t allocated = d.stats.allocated_bytes[0].current;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", static_cast<int>(device),
+                     " out of memory (emulated): tried to allocate ", format_size(static_cast<int64_t>(n)), "; ",
+                     format_size(allocated), " of ", format_size(d.capacity), " already allocated, ",
+                     format_size(d.capacity - reserved()), " free (", format_size(reserved() - allocated),
+                     " reserved by the caching allocator). The emulated capacity is set by NEURON_LAB_DEVICE_MEMORY.");
+  }
+  for_pool(*small, [&](size_t i) {
+    d.stats.reserved_bytes[i].increase(seg);
+    d.stats.segment[i].increase(1);
+  });
+  d.stats.num_device_alloc += 1;
+  return seg;
+}
+
+c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, size_t segment, bool small,
+                                             c10::DeviceIndex device) {
+  auto* b = new Block();
+  b->ptr = host.mutable_data();
+  b->host = std::move(host);
+  b->nbytes = n;
+  b->segment = segment;
+  b->small = small;
+  b->device = device;
+  b->created_ns = now_ns();
+  if (record_sites) b->site = allocation_site();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    DeviceMemory& d = devices_[device];
+    for_pool(small, [&](size_t i) {
+      d.stats.allocated_bytes[i].increase(n);
+      d.stats.requested_bytes[i].increase(n);
+      d.stats.active_bytes[i].increase(n);
+      d.stats.allocation[i].increase(1);
+      d.stats.active[i].increase(1);
+    });
+    b->serial = next_serial_++;
+    d.live.insert(b);
+    by_ptr_[b->ptr] = b;
+    total_ += static_cast<int64_t>(n);
+    for (auto& w : windows_) w.second = std::max(w.second, total_);
+  }
+  return c10::DataPtr(b->ptr, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
+}
+
+c10::DataPtr NeuronAllocator::allocate(size_t n) {
+  return allocate_on(n, current_device());
+}
+
+c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
+  bool small = true;
+  size_t seg = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    seg = reserve(n, device, &small);  // may raise OutOfMemoryError before any host memory is taken
+  }
+  // One byte at least, so every live allocation has a pointer of its own.
+  c10::Storage host(c10::Storage::use_byte_size_t(), std::max<size_t>(n, 1), c10::GetCPUAllocator(), false);
+  return register_block(std::move(host), n, seg, small, device);
+}
+
+c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex device) {
+  size_t n = host.nbytes();
+  bool small = true;
+  size_t seg = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    seg = reserve(n, device, &small);
+  }
+  if (host.data() == nullptr) {  // an empty result may have no buffer
+    c10::Storage own(c10::Storage::use_byte_size_t(), 1, c10::GetCPUAllocator(), false);
+    return register_block(std::move(own), n, seg, small, device);
+  }
+  return register_block(host, n, seg, small, device);
+}
+
+void NeuronAllocator::release(Block* b) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    DeviceMemory& d = devices_[b->device];
+    for_pool(b->small, [&](size_t i) {
+      d.stats.allocated_bytes[i].decrease(b->nbytes);
+      d.stats.requested_bytes[i].decrease(b->nbytes);
+      d.stats.active_bytes[i].decrease(b->nbytes);
+      d.stats.allocation[i].decrease(1);
+      d.stats.active[i].decrease(1);
+    });
+    (b->small ? d.cached_small : d.cached_large)[b->segment] += 1;
+    d.cached_bytes += static_cast<int64_t>(b->segment);
+    d.live.erase(b);
+    by_ptr_.erase(b->ptr);
+    total_ -= static_cast<int64_t>(b->nbytes);
+  }
+  delete b;  // drops the host storage: the bytes go back to the host now
+}
+
+void NeuronAllocator::release_cached(DeviceMemory& d) {
+  for (auto* pool : {&d.cached_small, &d.cached_large}) {
+    bool small = pool == &d.cached_small;
+    for (auto& [seg, count] : *pool) {
+      for_pool(small, [&, seg = seg, count = count](size_t i) {
+        d.stats.reserved_bytes[i].decrease(seg * count);
+        d.stats.segment[i].decrease(count);
+      });
+      d.stats.num_device_free += count;
+    }
+    pool->clear();
+  }
+  d.cached_bytes = 0;
+}
+
+void NeuronAllocator::empty_cache(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> g(mu_);
+  release_cached(devices_.at(device));
+}
+
+void NeuronAllocator::emptyCache(c10::MempoolId_t) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& d : devices_) release_cached(d);
+}
+
+void NeuronAllocator::resize(const c10::Storage& storage, size_t n) {
+  c10::DeviceIndex device = storage.device().index();
+  Block* old = block_of(storage.data_ptr());
+  c10::DataPtr fresh = allocate_on(n, device);
+  size_t keep = std::min(n, storage.nbytes());
+  if (keep) std::memcpy(fresh.get(), storage.data(), keep);
+  if (old) {
+    Block* b = block_of(fresh);
+    b->dtype = old->dtype;
+    b->shape = old->shape;
+    b->storage = old->storage;
+  }
+  c10::Storage(storage).set_data_ptr_noswap(std::move(fresh));
+  c10::Storage(storage).set_nbytes(n);
+}
+
+Block* NeuronAllocator::block_of(const c10::DataPtr& p) {
+  return p.get_deleter() == &delete_block ? static_cast<Block*>(p.get_context()) : nullptr;
+}
+
+void NeuronAllocator::describe(const at::Tensor& t) {
+  if (Block* b = block_of(t.storage().data_ptr())) {
+    b->dtype = t.scalar_type();
+    b->shape = t.sizes().vec();
+    b->storage = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
+  }
+}
+
+c10::intrusive_ptr<c10::StorageImpl> NeuronAllocator::storage_at(const void* ptr) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = by_ptr_.find(ptr);
+  if (it == by_ptr_.end() || !it->second->storage) return {};
+  return it->second->storage->lock();
+}
+
+void NeuronAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+c10::CachingDeviceAllocator::DeviceStats NeuronAllocator::getDeviceStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> g(mu_);
+  return devices_.at(device).stats;
+}
+
+void NeuronAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& s = devices_.at(device).stats;
+  for_each_stat(s, [](c10::CachingAllocator::Stat& st) { st.reset_accumulated(); });
+  s.num_alloc_retries = s.num_ooms = s.num_device_alloc = s.num_device_free = 0;
+}
+
+void NeuronAllocator::resetPeakStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> g(mu_);
+  for_each_stat(devices_.at(device).stats, [](c10::CachingAllocator::Stat& st) { st.reset_peak(); });
+}
+
+std::pair<size_t, size_t> NeuronAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& d = devices_.at(device);
+  auto used = d.stats.reserved_bytes[0].current;
+  return {static_cast<size_t>(std::max<int64_t>(d.capacity - used, 0)), static_cast<size_t>(d.capacity)};
+}
+
+int64_t NeuronAllocator::open_window() {
+  std::lock_guard<std::mutex> g(mu_);
+  windows_[++next_window_] = total_;
+  return next_window_;
+}
+
+int64_t NeuronAllocator::close_window(int64_t window) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = windows_.find(window);
+  int64_t peak = it == windows_.end() ? 0 : it->second;
+  if (it != windows_.end()) windows_.erase(it);
+  return std::max(peak, total_);
+}
+
+int64_t NeuronAllocator::total_allocated() {
+  std::lock_guard<std::mutex> g(mu_);
+  return total_;
+}
+
+std::vector<Block> NeuronAllocator::live_blocks() {
+  std::vector<Block> out;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& d : devices_) {
+      for (Block* b : d.live) {
+        Block copy;
+        copy.ptr = b->ptr;
+        copy.nbytes = b->nbytes;
+        copy.device = b->device;
+        copy.created_ns = b->created_ns;
+        copy.serial = b->serial;
+        copy.dtype = b->dtype;
+        copy.shape = b->shape;
+        copy.site = b->site;
+        out.push_back(std::move(copy));
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Block& a, const Block& b) { return a.serial < b.serial; });
+  return out;
+}
+
+// -- pinned host memory ------------------------------------------------------------------------
+namespace {
+
+std::mutex pinned_mu;
+std::unordered_set<const void*> pinned;
+
+struct Pinned {
+  c10::DataPtr inner;
+};
+
+void delete_pinned(void* ctx) {
+  auto* p = static_cast<Pinned*>(ctx);
+  {
+    std::lock_guard<std::mutex> g(pinned_mu);
+    pinned.erase(p->inner.get());
+  }
+  delete p;
+}
+
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    auto* p = new Pinned{c10::GetCPUAllocator()->allocate(std::max<size_t>(n, 1))};
+    void* data = p->inner.get();
+    {
+      std::lock_guard<std::mutex> g(pinned_mu);
+      pinned.insert(data);
+    }
+    return c10::DataPtr(data, p, &delete_pinned, c10::Device(c10::DeviceType::CPU));
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+
+}  // namespace
+
+c10::Allocator* pinned_allocator() {
+  static auto* a = new PinnedAllocator();
+  return a;
+}
+
+bool is_pinned_ptr(const void* data) {
+  std::lock_guard<std::mutex> g(pinned_mu);
+  return pinned.count(data) > 0;
+}
+
+}  // namespace neuron_lab

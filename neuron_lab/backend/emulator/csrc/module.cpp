@@ -1,0 +1,242 @@
+// The Python face of the compiled core (`neuron_lab.backend.emulator._core`), and the few calls the core
+// makes into Python. Those take the GIL, and a Python exception raised in them (a KeyboardInterrupt
+// delivered there included) travels back through the dispatcher and is re-raised unchanged.
+#include "core.h"
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/extension.h>
+
+namespace py = pybind11;
+
+namespace neuron_lab {
+namespace {
+
+// Owned references that are never released: the core outlives the interpreter's teardown.
+PyObject* classify_fn = nullptr;
+PyObject* deliver_fn = nullptr;
+PyObject* site_fn = nullptr;
+
+[[noreturn]] void rethrow(py::error_already_set& e) {
+  e.restore();
+  python_error err;
+  err.persist();
+  throw std::move(err);
+}
+
+const char* kind_names[] = {"native", "fallback", "host", "downcast"};
+
+int kind_index(const std::string& name) {
+  for (int k = 0; k < kKinds; ++k) {
+    if (name == kind_names[k]) return k;
+  }
+  TORCH_CHECK(false, "neuron emulator: the coverage profile gave an unknown kind ", name);
+}
+
+py::tuple signature_tuple(const Signature& s) {
+  py::list shapes;
+  for (const auto& shape : s.shapes) shapes.append(py::tuple(py::cast(shape)));
+  return py::make_tuple(py::tuple(shapes), py::tuple(py::cast(s.dtypes)));
+}
+
+void set_callback(PyObject*& slot, const py::object& fn) {
+  Py_XINCREF(fn.ptr());
+  Py_XDECREF(slot);
+  slot = fn.is_none() ? nullptr : fn.ptr();
+}
+
+py::dict flat_stats(c10::DeviceIndex device) {
+  auto s = allocator().getDeviceStats(checked_index(device));
+  py::dict out;
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  auto put = [&](const char* key, const c10::CachingAllocator::StatArray& arr) {
+    for (int p = 0; p < 3; ++p) {
+      std::string prefix = std::string(key) + "." + pools[p] + ".";
+      out[py::str(prefix + "current")] = arr[p].current;
+      out[py::str(prefix + "peak")] = arr[p].peak;
+      out[py::str(prefix + "allocated")] = arr[p].allocated;
+      out[py::str(prefix + "freed")] = arr[p].freed;
+    }
+  };
+  put("allocated_bytes", s.allocated_bytes);
+  put("active_bytes", s.active_bytes);
+  put("requested_bytes", s.requested_bytes);
+  put("reserved_bytes", s.reserved_bytes);
+  put("inactive_split_bytes", s.inactive_split_bytes);
+  put("allocation", s.allocation);
+  put("active", s.active);
+  put("segment", s.segment);
+  put("inactive_split", s.inactive_split);
+  for (const auto& [key, st] : {std::pair<const char*, const c10::CachingAllocator::Stat*>{"oversize_allocations",
+                                                                                          &s.oversize_allocations},
+                                {"oversize_segments", &s.oversize_segments}}) {
+    out[py::str(std::string(key) + ".current")] = st->current;
+    out[py::str(std::string(key) + ".peak")] = st->peak;
+    out[py::str(std::string(key) + ".allocated")] = st->allocated;
+    out[py::str(std::string(key) + ".freed")] = st->freed;
+  }
+  out["max_split_size"] = s.max_split_size;
+  out["num_sync_all_streams"] = s.num_sync_all_streams;
+  out["num_alloc_retries"] = s.num_alloc_retries;
+  out["num_ooms"] = s.num_ooms;
+  out["num_device_alloc"] = s.num_device_alloc;
+  out["num_device_free"] = s.num_device_free;
+  return out;
+}
+
+}  // namespace
+
+std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes) {
+  py::gil_scoped_acquire gil;
+  try {
+    TORCH_CHECK(classify_fn != nullptr, "neuron emulator: the core is not configured");
+    py::handle fn(classify_fn);
+    auto r = fn(name, py::tuple(py::cast(dtypes)));
+    auto t = r.cast<py::tuple>();
+    return {kind_index(t[0].cast<std::string>()), t[1].cast<std::string>()};
+  } catch (py::error_already_set& e) {
+    rethrow(e);
+  }
+}
+
+namespace {
+
+// What a delivery of one (op, kind) needs from Python, kept between calls: a loop that falls back on every
+// step makes no new strings and no new shape tuples. Guarded by the GIL; never released.
+struct Delivery {
+  py::object name, overload, kind, reason, shapes, dtypes;
+  std::string reason_text;
+  Signature sig;
+};
+
+std::unordered_map<uint64_t, Delivery>& deliveries() {
+  static auto* d = new std::unordered_map<uint64_t, Delivery>();
+  return *d;
+}
+
+}  // namespace
+
+void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
+             const std::string& reason, const Signature& sig, int64_t host_ns, const std::vector<c10::IValue>& args) {
+  py::gil_scoped_acquire gil;
+  if (deliver_fn == nullptr) return;
+  try {
+    auto& d = deliveries()[reinterpret_cast<uintptr_t>(key) * kKinds + kind];
+    if (!d.name) {
+      d.name = py::str(name);
+      d.overload = py::str(overload);
+      d.kind = py::str(kind_names[kind]);
+    }
+    if (!d.reason || d.reason_text != reason) {
+      d.reason = py::str(reason);
+      d.reason_text = reason;
+    }
+    if (!d.shapes || !(d.sig == sig)) {
+      auto s = signature_tuple(sig);
+      d.shapes = s[0];
+      d.dtypes = s[1];
+      d.sig = sig;
+    }
+    py::tuple pyargs(args.size());
+    for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
+    py::handle fn(deliver_fn);
+    fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
+  } catch (py::error_already_set& e) {
+    rethrow(e);
+  }
+}
+
+std::vector<std::string> allocation_site() {
+  py::gil_scoped_acquire gil;
+  if (site_fn == nullptr) return {};
+  try {
+    py::handle fn(site_fn);
+    return fn().cast<std::vector<std::string>>();
+  } catch (py::error_already_set& e) {
+    rethrow(e);
+  }
+}
+
+}  // namespace neuron_lab
+
+PYBIND11_MODULE(_core, m) {
+  using namespace neuron_lab;
+  m.doc() = "The compiled core of neuron_lab's emulated `neuron` device.";
+
+  m.def(
+      "configure",
+      [](const std::vector<int64_t>& capacities, py::object classify, py::object deliver, py::object site,
+         bool emulate_downcast) {
+        set_callback(classify_fn, classify);
+        set_callback(deliver_fn, deliver);
+        set_callback(site_fn, site);
+        set_emulate_downcast(emulate_downcast);
+        configure_devices(capacities);
+      },
+      "Devices (one capacity each) and the Python callbacks: classify(name, dtypes), deliver(...), site().");
+
+  // devices
+  m.def("device_count", [] { return static_cast<int>(device_count()); });
+  m.def("current_device", [] { return static_cast<int>(current_device()); });
+  m.def("set_device", [](int64_t i) { set_device(checked_index(i)); });
+  m.def("checked_index", [](int64_t i) { return static_cast<int>(checked_index(i)); });
+
+  // memory
+  m.def("memory_stats", [](int64_t i) { return flat_stats(checked_index(i)); });
+  m.def("capacity", [](int64_t i) { return allocator().capacity(checked_index(i)); });
+  m.def("memory_allocated", [](int64_t i) {
+    return allocator().getDeviceStats(checked_index(i)).allocated_bytes[0].current;
+  });
+  m.def("memory_sample", [](int64_t i) {
+    auto s = allocator().getDeviceStats(checked_index(i));
+    return std::make_pair(s.allocated_bytes[0].current, s.allocated_bytes[0].peak);
+  });
+  m.def("reset_peak", [](int64_t i) { allocator().resetPeakStats(checked_index(i)); });
+  m.def("reset_accumulated", [](int64_t i) { allocator().resetAccumulatedStats(checked_index(i)); });
+  m.def("empty_cache", [](int64_t i) { allocator().empty_cache(checked_index(i)); });
+  m.def("mem_get_info", [](int64_t i) { return allocator().getMemoryInfo(checked_index(i)); });
+  m.def("open_window", [] { return allocator().open_window(); });
+  m.def("close_window", [](int64_t w) { return allocator().close_window(w); });
+  m.def("total_allocated", [] { return allocator().total_allocated(); });
+  m.def("set_record_sites", [](bool on) { allocator().record_sites = on; });
+  m.def("live_allocations", [] {
+    py::list out;
+    for (const auto& b : allocator().live_blocks()) {
+      py::object dtype = b.dtype == c10::ScalarType::Undefined ? py::object(py::none())
+                                                                : py::str(std::string(c10::getDtypeNames(b.dtype).first));
+      py::object shape = b.dtype == c10::ScalarType::Undefined ? py::object(py::none()) : py::tuple(py::cast(b.shape));
+      py::object site = b.site.empty() ? py::object(py::none()) : py::tuple(py::cast(b.site));
+      out.append(py::make_tuple(reinterpret_cast<uintptr_t>(b.ptr), b.nbytes, dtype, shape, b.created_ns, site,
+                                static_cast<int>(b.device)));
+    }
+    return out;
+  });
+
+  // ops
+  m.def("op_rows", [] {
+    py::list out;
+    for (const auto& r : op_rows()) {
+      py::list sigs;
+      for (const auto& s : r.signatures) sigs.append(signature_tuple(s));
+      out.append(py::make_tuple(r.name, r.overload, kind_names[r.kind], r.reason, r.count, r.host_ns, sigs));
+    }
+    return out;
+  });
+  m.def("register_direct", &register_direct);
+  m.def("clear_ops", &clear_op_rows);
+  m.def("forget_kinds", &forget_kinds);
+  m.def("set_wanted", &set_wanted);
+  m.def("op_calls", &op_calls);
+  m.def("transfers", &transfers);
+
+  m.def("to_host", &host_alias, "The CPU alias of a device tensor's bytes (no copy).");
+  m.def("from_host", [](const at::Tensor& r, int64_t device) { return from_host(r, checked_index(device)); },
+        "A device tensor over a host tensor's bytes (no copy); views of device memory keep their storage.");
+
+  // random numbers
+  m.def("default_generator", [](int64_t i) { return default_generator(checked_index(i)); });
+  m.def("now_ns", [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  });
+}

@@ -1,0 +1,92 @@
+"""The shape of a profile file, checked field by field before anything reads it.
+
+A profile comes from a user's file as often as from neuron_lab, and a wrong shape must not surface
+later as an ``AttributeError`` inside the emulator. :func:`check` walks the fixed, shallow structure
+(never recursing into arbitrary values, so no nesting depth breaks it) and raises ``ValueError`` with
+one line that names the field at fault, e.g. ``ops['aten::add'].dtypes[0]: expected a dtype name``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TOP_FIELDS = ("schema_version", "name", "source", "date", "default", "downcast_dtypes", "dtypes", "ops")
+REQUIRED = ("schema_version", "name", "source", "date")
+
+
+def shown(value: Any) -> str:
+    """A value for a message: short, one line, and safe for any nesting depth (no recursive repr)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dtype_name(name: Any) -> bool:
+    """A dtype as the backend names it in op events: ``float64``, ``bfloat16`` (not an alias such as ``float``)."""
+    import torch
+
+    obj = getattr(torch, name, None) if isinstance(name, str) else None
+    return isinstance(obj, torch.dtype) and str(obj) == f"torch.{name}"
+
+
+def _dtype_list(field: str, value: Any) -> None:
+    if not isinstance(value, list):
+        raise ValueError(f"{field}: expected a list of dtype names (such as [\"float64\"]), got {shown(value)}")
+    for i, name in enumerate(value):
+        if not _dtype_name(name):
+            raise ValueError(f"{field}[{i}]: expected a dtype name such as \"float64\", got {shown(name)}")
+
+
+def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
+    allowed = ("kind", "reason", "dtypes") if dtypes else ("kind", "reason")
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
+                         f"got {shown(value)}")
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise ValueError(f"{field}: unknown field {shown(unknown[0])} (a rule has {', '.join(allowed)})")
+    if value.get("kind") not in kinds:
+        got = "nothing" if "kind" not in value else shown(value["kind"])
+        raise ValueError(f"{field}.kind: expected one of {', '.join(kinds)}, got {got}")
+    if not isinstance(value.get("reason", ""), str):
+        raise ValueError(f"{field}.reason: expected a string, got {shown(value['reason'])}")
+    if "dtypes" in value and value["dtypes"] is not None:
+        _dtype_list(f"{field}.dtypes", value["dtypes"])
+
+
+def _table(field: str, value: Any, noun: tuple[str, str], example: str, key_ok, kinds: tuple[str, ...],
+           dtypes: bool) -> None:
+    """An object mapping names (``noun``: singular with its article, plural) to rules."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: expected an object mapping {noun[1]} (such as {example}) to rules, "
+                         f"got {shown(value)}")
+    for key, rule in value.items():
+        if not key_ok(key):
+            raise ValueError(f"{field}[{shown(key)}]: not {noun[0]} (such as {example})")
+        _rule(f"{field}[{key!r}]", rule, kinds, dtypes)
+
+
+def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming the first field of ``d`` that is not a valid profile's."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a profile is a JSON object, got {shown(d)}")
+    if d.get("schema_version") != schema_version:
+        raise ValueError(f"schema_version {shown(d.get('schema_version'))} is not {schema_version}")
+    for k in REQUIRED:
+        if not isinstance(d.get(k), str) and k != "schema_version":
+            raise ValueError(f"{k}: expected a string, got {'nothing' if k not in d else shown(d[k])}")
+    unknown = [k for k in d if k not in TOP_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown field {shown(unknown[0])} (a profile has {', '.join(TOP_FIELDS)})")
+    if "default" in d:
+        _rule("default", d["default"], kinds, dtypes=False)
+    if "downcast_dtypes" in d:
+        _dtype_list("downcast_dtypes", d["downcast_dtypes"])
+    if "dtypes" in d:
+        _table("dtypes", d["dtypes"], ("a dtype name", "dtype names"), '"complex64"', _dtype_name, kinds,
+               dtypes=False)
+    if "ops" in d:
+        _table("ops", d["ops"], ("an op name", "op names"), '"aten::add"', lambda k: "::" in k, kinds, dtypes=True)

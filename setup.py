@@ -1,0 +1,49 @@
+"""Builds the emulator's compiled core against the torch installed in this environment.
+
+Install torch first, then this package without build isolation (``pip install --no-build-isolation .``),
+so the core matches the torch it will run with. Without a compiler, or with NEURON_LAB_BUILD_CORE=0,
+the package installs without it and the emulator runs its pure-Python core (``neuron-lab doctor`` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+CSRC = Path("neuron_lab/backend/emulator/csrc")
+
+
+def _core():
+    if os.environ.get("NEURON_LAB_BUILD_CORE", "1") == "0":
+        return [], {}
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        print("neuron_lab: torch is not importable at build time; the compiled core is not built "
+              "(install torch first, then build with --no-build-isolation)", file=sys.stderr)
+        return [], {}
+
+    class OptionalBuild(BuildExtension):
+        """A failed core build leaves a working package on the pure-Python core."""
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as e:  # noqa: BLE001  (compiler missing, torch headers missing, ...)
+                self.extensions.remove(ext)  # nothing to copy into the package
+                print(f"neuron_lab: the compiled core was not built ({e}); the emulator will use its "
+                      "pure-Python core", file=sys.stderr)
+
+    ext = CppExtension(
+        "neuron_lab.backend.emulator._core",
+        sorted(str(p) for p in CSRC.glob("*.cpp")),
+        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-Wno-unused-parameter"],
+    )
+    return [ext], {"build_ext": OptionalBuild}
+
+
+ext_modules, cmdclass = _core()
+setup(ext_modules=ext_modules, cmdclass=cmdclass)
