@@ -28,7 +28,7 @@ class Decision:
 def _version_tuple(v: str) -> tuple[int, ...]:
     out = []
     for part in v.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
+        digits = "".join(ch for ch in part if ch in "0123456789")
         if not digits:
             break
         out.append(int(digits))

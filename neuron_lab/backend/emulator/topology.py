@@ -58,13 +58,18 @@ class Topology:
                 f"{', '.join(sorted(caps))}")
 
 
+def _whole(text: str) -> bool:
+    """ASCII digits only: ``"²".isdigit()`` is true, but ``int("²")`` fails."""
+    return text.isascii() and text.isdigit()
+
+
 def _core_list(text: str, limit: int) -> list[int]:
     """``"0-1,3"`` -> [0, 1, 3], as NEURON_RT_VISIBLE_CORES is written."""
     cores: list[int] = []
     for part in text.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not _whole(lo) or (sep and not _whole(hi)):
             raise ValueError(f"{part!r} is not a core number or range")
         first, last = int(lo), int(hi) if sep else int(lo)
         if first > last:
@@ -100,7 +105,7 @@ def detect(env: dict[str, str] | None = None) -> Topology:
         raw = env.get(var, "").strip()
         if not raw:
             continue
-        if raw.isdigit() and int(raw) in inst.lnc_choices:
+        if _whole(raw) and int(raw) in inst.lnc_choices:
             lnc = int(raw)
         else:
             problems.append(f"{var}={raw!r}: {inst.name} takes LNC {' or '.join(map(str, inst.lnc_choices))}; "
@@ -124,7 +129,7 @@ def detect(env: dict[str, str] | None = None) -> Topology:
             problems.append(f"{VISIBLE_ENV}={visible!r}: {e}; using all {logical} cores")
     num = env.get(NUM_ENV, "").strip()
     if num:
-        if num.isdigit() and 1 <= int(num) <= len(cores):
+        if _whole(num) and 1 <= int(num) <= len(cores):
             cores = cores[:int(num)]
         else:
             problems.append(f"{NUM_ENV}={num!r}: give 1 to {len(cores)}; using {len(cores)}")
