@@ -132,3 +132,19 @@ def test_default_profile_encodes_public_facts():
     assert p.classify("aten::_linalg_svd")[0] == "host"
     assert p.classify("aten::add", frozenset({"complex64"}))[0] == "fallback"
     assert p.classify("aten::some_unknown_op") == ("native", p.default_reason)
+
+
+def test_a_site_lookup_from_autograds_thread_ends_when_no_frame_is_the_users() -> None:
+    """Backward ops are reported from autograd's device thread; with no user frame anywhere the lookup ends."""
+    import sys
+    import threading
+
+    from neuron_lab.trace.sites import FileLocator
+
+    loc = FileLocator()
+    loc.is_user_code = lambda code: False
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(loc.user_frame(sys._getframe())))
+    t.start()
+    t.join()
+    assert out == [None]

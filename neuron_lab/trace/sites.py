@@ -40,6 +40,13 @@ class Locator:
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The innermost user frame at or above ``frame``; on a non-main thread, the main thread's."""
+        f = self._innermost_user(frame)
+        if f is None and frame is not None and threading.current_thread() is not threading.main_thread():
+            # autograd's device threads run no user code: the op was caused by what the main thread runs
+            f = self._innermost_user(sys._current_frames().get(threading.main_thread().ident))
+        return f
+
+    def _innermost_user(self, frame: FrameType | None) -> FrameType | None:
         known = self._is_user
         f = frame
         while f is not None:
@@ -50,9 +57,6 @@ class Locator:
             if user:
                 return f
             f = f.f_back
-        main = threading.main_thread()
-        if threading.current_thread() is not main and frame is not None:
-            return self.user_frame(sys._current_frames().get(main.ident))
         return None
 
     def locate(self, frame: FrameType | None) -> Site | None:
