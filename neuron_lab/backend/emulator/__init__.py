@@ -65,7 +65,7 @@ def install(profile=None) -> _rt.Runtime:
     else:
         from neuron_lab.backend.emulator import python_core
 
-        pieces, executor = python_core.install({}, topo.capacities[0], profile, why, len(topo.capacities))
+        pieces, executor = python_core.install(topo.capacities[0], profile, why, len(topo.capacities))
         rt = _rt.Runtime(_rt.PYTHON, why, topo, profile=profile, **pieces)
         executor.emulate_downcast = emulate_downcast
     rt.problems = problems

@@ -66,7 +66,7 @@ class PythonDevices:
 _keep: list[object] = []  # the hook and guard objects must outlive registration
 
 
-def install(rt_args: dict, capacity: int, profile, why_not_compiled: str, compiled_devices: int):
+def install(capacity: int, profile, why_not_compiled: str, compiled_devices: int):
     """Register the pure-Python core; returns the pieces the runtime holds."""
     from neuron_lab.backend.emulator import native
     from neuron_lab.backend.emulator.memory import Allocator

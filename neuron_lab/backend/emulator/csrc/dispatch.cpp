@@ -17,7 +17,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <unordered_map>
 
@@ -40,7 +39,8 @@ const std::unordered_set<std::string> kIntAsFloat = {"aten::histc"};
 // Backward ops whose CPU kernel crashes when the input gradient is not wanted (torch 2.13's channels-last
 // group_norm backward writes through an undefined grad_input): the input gradient is computed and dropped.
 const std::unordered_set<std::string> kAlwaysGradInput = {"aten::native_group_norm_backward"};
-// Ops that draw from the default CPU generator without a `generator` argument.
+// Ops whose CPU kernel draws from the default CPU generator (no `generator` argument): dropout_on_device
+// runs them on the device generator instead.
 const std::unordered_set<std::string> kImplicitRng = {"aten::native_dropout"};
 // Metadata-only ops: their CPU kernels make a view TensorImpl over the same storage and never touch
 // data, so they run on the device tensor itself and are not reported (TorchNeuron does not either).
@@ -454,32 +454,6 @@ void dropout_on_device(c10::DeviceIndex device, const Stack& hargs, Stack* stack
   stack->push_back(mask);
 }
 
-// Run the default CPU generator's consumers on the device generator's stream.
-void with_device_rng(c10::DeviceIndex device, const std::function<void()>& run) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> g(mu);
-  auto engine = cpu_engine(default_generator(device));
-  auto cpu = at::detail::getDefaultCPUGenerator();
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    saved = cpu.get_state();
-    cpu.set_state(engine.get_state());
-  }
-  auto restore = [&] {
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    engine.set_state(cpu.get_state());
-    cpu.set_state(saved);
-  };
-  try {
-    run();
-  } catch (...) {
-    restore();
-    throw;
-  }
-  restore();
-}
-
 std::string downcast_reason(uint64_t mask) {
   bool f64 = (mask >> static_cast<int>(at::kDouble)) & 1;
   bool i64 = (mask >> static_cast<int>(at::kLong)) & 1;
@@ -550,10 +524,8 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
       sync_layouts(p, orig, hargs);
     }
   };
-  if (p.name == "aten::native_dropout") {
+  if (p.implicit_rng) {
     dropout_on_device(c.device, hargs, stack);
-  } else if (p.implicit_rng) {
-    with_device_rng(c.device, call);
   } else {
     call();
   }
