@@ -43,7 +43,7 @@ print(_json.dumps({
 EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
 FAKE_MODULE = "torch_neuronx.neuron"
 INSTALL_FAILURE = ("the emulator failed to install: ProfileError: no profile '/nonexistent/p.json': not a bundled "
-                   "profile (torchneuron-2.33) nor a file")
+                   "profile (torchneuron-2.33, torchneuron-src-2026-04) nor a file")
 
 
 def probe_after(*scenario: str, **extra: str) -> str:
