@@ -13,7 +13,7 @@ $(BIN)/python:
 # without build isolation, so the compiled core is built against this torch (never a second one).
 $(STAMP): $(BIN)/python pyproject.toml setup.py
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 ninja 'setuptools>=68' wheel
-	NEURON_LAB_BUILD_CORE=0 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e '.[test]'
+	NEURON_LAB_BUILD_CORE=0 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e '.[test,lab]'
 	touch $(STAMP)
 
 # The emulator's compiled core, built in place by the package's own setup.py (ninja, both cores of the machine).
@@ -37,9 +37,11 @@ lab: $(CORE)
 
 # Everything on the compiled core, then the backend tests and the OpInfo sweep again on the pure-Python core.
 BACKEND_TESTS := tests/test_device.py tests/test_memory.py tests/test_op_reporting.py tests/test_serialization.py \
-	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py
+	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py \
+	tests/test_torch_neuronx.py
 test: $(CORE)
-	$(BIN)/ruff check neuron_lab tests bench
+	$(BIN)/ruff check neuron_lab tests bench tools
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/python -m pytest -n 2 tests
 	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 $(BACKEND_TESTS)
 
@@ -48,7 +50,8 @@ test-fast: $(CORE)
 	$(BIN)/python -m pytest -n 2 -m "not slow" tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check neuron_lab tests bench
+	$(BIN)/ruff check neuron_lab tests bench tools
+	$(BIN)/lint-imports --no-logo
 
 bench: $(CORE)
 	$(BIN)/python bench/cores.py

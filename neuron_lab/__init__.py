@@ -6,11 +6,10 @@ Importing it makes the `neuron` device available even where PyTorch's backend au
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import torch  # noqa: E402,F401  (first: PyTorch's autoload may call back into neuron_lab.backend)
 
 from neuron_lab import backend as backend  # noqa: E402
+from neuron_lab._version import __version__ as __version__
 
 backend.activate()  # never raises: problems become warnings and stay in backend.state() for `doctor`
 
@@ -82,4 +81,4 @@ def _keep_in_cell(result) -> None:
     shell = get_ipython()
     session = session_of(shell) if shell is not None else None
     if session is not None and session.running is not None:
-        session.running.report.checks.append(result)
+        session.running.keep(result)

@@ -25,6 +25,19 @@ ENV_VARS = (
 )
 
 
+def _torch_neuronx_line() -> str:
+    """What ``import torch_neuronx`` gives in this process: the real package, the emulation, or nothing."""
+    import importlib.util
+
+    from neuron_lab.backend.emulator import neuronx_finder
+
+    if importlib.util.find_spec(neuronx_finder.NAME) is None:
+        return "not importable"
+    if neuronx_finder.serving():
+        return "emulated by neuron_lab (no real torch-neuronx is installed; one on sys.path takes precedence)"
+    return "the installed torch-neuronx"
+
+
 def _autoload_line() -> str:
     eps = [ep for ep in metadata.entry_points(group="torch.backends") if ep.value.startswith("neuron_lab.")]
     if not eps:
@@ -40,7 +53,7 @@ def doctor(_args: argparse.Namespace) -> int:
     import torch
 
     import neuron_lab
-    from neuron_lab import backend
+    from neuron_lab import backend, kinds
     from neuron_lab.units import format_size
 
     d = backend.state()
@@ -62,13 +75,14 @@ def doctor(_args: argparse.Namespace) -> int:
               f"; capacity {format_size(b.capacity())} per device")
         p = b.profile
         if p is not None:
-            n_fb = sum(1 for r in p.ops.values() if r.kind == "fallback")
-            n_host = sum(1 for r in p.ops.values() if r.kind == "host")
+            n_fb = sum(1 for r in p.ops.values() if r.kind == kinds.FALLBACK)
+            n_host = sum(1 for r in p.ops.values() if r.kind == kinds.HOST)
             print(f"  profile      {p.name} ({p.path}), dated {p.date}: {n_fb} ops CPU fallback, {n_host} host "
                   f"kernels, unknown ops {p.default}")
         else:
             print("  profile      none: the real device reports its own fallbacks")
     print(f"  autoload     {_autoload_line()}")
+    print(f"  torch_neuronx {_torch_neuronx_line()}")
     print("  environment")
     for name, meaning in ENV_VARS:
         value = os.environ.get(name)
@@ -90,8 +104,7 @@ def coverage_export(args: argparse.Namespace) -> int:
 
     owner = torch._C._get_privateuse1_backend_name()
     if owner == "privateuseone":
-        print("neuron-lab coverage export: no PrivateUse1 backend is live in this process", file=sys.stderr)
-        return 2
+        return _refuse("coverage export", "no PrivateUse1 backend is live in this process")
     regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
     names = sorted({r.split(".")[0] for r in regs if "::" in r})
     d = backend.state()
@@ -115,11 +128,13 @@ def coverage_show(args: argparse.Namespace) -> int:
     try:
         p = profiles.load(args.profile)
     except profiles.ProfileError as e:
-        print(f"neuron-lab coverage show: {e}", file=sys.stderr)
-        return 2
+        return _refuse("coverage show", str(e))
     print(f"{p.name}  ({p.path})")
     print(f"  date     {p.date}")
     print(f"  source   {p.source}")
+    if p.provenance:
+        pv = p.provenance
+        print(f"  derived  from {pv.get('repo', '?')} at {str(pv.get('commit', '?'))[:12]}: {pv.get('method', '')}")
     print(f"  default  {p.default}: {p.default_reason}")
     print(f"  64-bit   {', '.join(sorted(p.downcast_dtypes))} are reported as downcasts")
     for dt, r in sorted(p.dtype_rules.items()):
@@ -136,10 +151,43 @@ def coverage_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def coverage_diff(args: argparse.Namespace) -> int:
+    """What changes between two profiles: each op a backend can see that they classify differently."""
+    from collections import defaultdict
+
+    from neuron_lab.backend import profiles
+
+    try:
+        a, b = profiles.load(args.a), profiles.load(args.b)
+    except profiles.ProfileError as e:
+        return _refuse("coverage diff", str(e))
+    for tag, p in (("A", a), ("B", b)):
+        print(f"{tag}  {p.name}, dated {p.date}: {len(p.ops)} ops listed, unknown ops {p.default}")
+    changes = profiles.diff(a, b)
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for name, ka, kb in changes:
+        groups[(ka, kb)].append(name)
+    print(f"{len(changes)} ops are classified differently (of {len(profiles.backend_ops())} ATen ops a backend "
+          "can see, and every op either lists)")
+    for (ka, kb), names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {ka} in A, {kb} in B: {len(names)}")
+        shown = names if args.all else names[:40]
+        print("\n".join(f"    {n}" for n in shown))
+        if len(names) > len(shown):
+            print(f"    … {len(names) - len(shown)} more (--all lists them)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from neuron_lab.runner import main
 
     return main.run(args)
+
+
+def _refuse(command: str, message: str) -> int:
+    """Bad input to ``neuron-lab COMMAND``: one line on stderr, exit 2 (as ``neuron-lab run`` says it)."""
+    print(f"neuron-lab {command}: {message}", file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,9 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("profile", nargs="?", default=None, help="bundled name or path")
     show.add_argument("--all", action="store_true", help="list every op, native ones included")
     show.set_defaults(func=coverage_show)
+    dif = cov.add_parser("diff", help="what changes between two profiles")
+    dif.add_argument("a", help="bundled name or path")
+    dif.add_argument("b", help="bundled name or path")
+    dif.add_argument("--all", action="store_true", help="list every changed op, not the first 40 of each kind")
+    dif.set_defaults(func=coverage_diff)
     run_parser = sub.add_parser("run", help="run a notebook or script headless: reports, summary, CI gates, exports",
-                                description=run_options.DESCRIPTION, epilog=run_options.EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                **run_options.PARSER)
     run_options.add_arguments(run_parser)
     run_parser.set_defaults(func=run)
     return parser

@@ -12,11 +12,11 @@ from typing import Any
 from neuron_lab import backend as _backend
 from neuron_lab.units import format_size
 
-_loaded: dict[int, tuple[Any, Any, Any]] = {}  # id(shell) -> (session, magics, config)
+MAGICS = "NeuronMagics"  # the name IPython's magics registry keeps the loaded extension's state under
 
 
 def banner(session: Any) -> str:
-    from neuron_lab import __version__
+    from neuron_lab._version import __version__
 
     if not _backend.is_active():
         return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
@@ -28,7 +28,7 @@ def banner(session: Any) -> str:
 
 
 def load(shell: Any) -> None:
-    if id(shell) in _loaded:
+    if _magics_of(shell) is not None:
         return
     from IPython.display import display
 
@@ -38,7 +38,7 @@ def load(shell: Any) -> None:
     config, problems = settings_of(shell)
     shell.configurables.append(config)
     session = Session(shell, config)
-    magics = NeuronMagics(shell, session)
+    magics = NeuronMagics(shell, session, config)
     shell.register_magics(magics)
 
     def show(report: Any) -> None:
@@ -50,27 +50,22 @@ def load(shell: Any) -> None:
     if config.auto_dashboard:
         _attach_widgets(session)
     config.observe(lambda change: change["new"] and _attach_widgets(session), names="auto_dashboard")
-    _loaded[id(shell)] = (session, magics, config)
     print(banner(session))
     for problem in problems:
         print(f"neuron_lab: {problem}")
 
 
 def unload(shell: Any) -> None:
-    entry = _loaded.pop(id(shell), None)
-    if entry is None:
+    magics = _magics_of(shell)
+    if magics is None:
         return
-    session, magics, config = entry
-    import sys
-
-    if "neuron_lab.widgets" in sys.modules:  # views exist only if one was shown
-        sys.modules["neuron_lab.widgets"].close(session)
-    session.close()
+    session, config = magics.session, magics.settings
+    session.close()  # views close with it
     for kind in ("line", "cell"):
         table = shell.magics_manager.magics[kind]
         if getattr(table.get("neuron"), "__self__", None) is magics:
             del table["neuron"]
-    shell.magics_manager.registry.pop(type(magics).__name__, None)
+    shell.magics_manager.registry.pop(MAGICS, None)
     for obj in (config, magics):  # register_magics lists the Magics instance as a configurable too
         if obj in shell.configurables:
             shell.configurables.remove(obj)
@@ -82,7 +77,12 @@ def _attach_widgets(session: Any) -> None:
     widgets.hub_of(session)
 
 
+def _magics_of(shell: Any) -> Any:
+    """The loaded extension's magics (they hold its session and config), as IPython's own extensions find theirs."""
+    return shell.magics_manager.registry.get(MAGICS)
+
+
 def session_of(shell: Any) -> Any:
     """The loaded session of ``shell`` (for widgets and tests), or None."""
-    entry = _loaded.get(id(shell))
-    return entry[0] if entry else None
+    magics = _magics_of(shell)
+    return magics.session if magics is not None else None

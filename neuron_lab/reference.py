@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from neuron_lab.compat import argparse as argparse_compat
+
 PIPE = " \\| "  # a | inside a Markdown table cell or list item
 
 
@@ -48,8 +50,8 @@ def magics() -> str:
         kind = "cell magic" if name in CELL_ONLY else "line magic" if name in LINE_ONLY else "line or cell magic"
         what = _sentence(sp.description or short.removeprefix("cell magic: "))
         lines.append(f"- **`{_usage(sp)}`** ({kind}): {what}")
-        for a in sp._actions:
-            if isinstance(a, argparse._HelpAction) or not a.help:
+        for a in argparse_compat.arguments(sp):
+            if not a.help:
                 continue
             choices = f" ({PIPE.join(a.choices)})" if a.choices and not a.option_strings else ""
             default = ""

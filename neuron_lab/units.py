@@ -1,4 +1,5 @@
-"""Human-readable sizes and durations, shared by every layer's messages and renderers."""
+"""Human-readable sizes, durations and counts, shared by every layer's messages and renderers, and the one way
+an object shows as its text in IPython (:class:`ShownAsText`)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value):
         raise bad
     return int(value)
+
+
+class ShownAsText:
+    """IPython shows the object as its ``str()``: a report or a message, never a quoted or generated repr.
+
+    IPython's pretty printer uses the first class of the MRO whose own ``__dict__`` has ``_repr_pretty_`` or
+    ``__repr__``; a dataclass or a subclass defines ``__repr__`` itself, so every subclass gets the method too.
+    """
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._repr_pretty_ = ShownAsText._repr_pretty_

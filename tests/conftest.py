@@ -1,4 +1,6 @@
-"""Shared fixtures: a fresh interpreter for behaviour that is fixed at process start (environment variables)."""
+"""Shared fixtures and marks: a real IPython shell with the extension loaded, a fresh interpreter for behaviour
+fixed at process start (environment variables), and the `slow` mark on the modules that start kernels, browsers
+or `make` (`make test-fast` leaves them out)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture
+def shell() -> Any:
+    """A real IPython shell with the extension loaded (``tests/shells.py``), unloaded and reset afterwards."""
+    from shells import loaded_shell
+
+    with loaded_shell() as sh:
+        yield sh
 
 
 @pytest.fixture
@@ -28,6 +39,17 @@ def run_python() -> Callable[..., Any]:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+# Each of these starts Jupyter kernels, Chromium or `make`, or sweeps PyTorch's OpInfo database.
+SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_notebooks", "test_runner",
+                          "test_dashboard_browser", "test_browser_rig", "test_make", "test_opinfo_conformance"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

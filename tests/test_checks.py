@@ -14,15 +14,10 @@ import torch
 from IPython.core.error import UsageError
 from shells import loaded_shell, run
 
+from neuron_lab import modes
 from neuron_lab.extension import session_of
 from neuron_lab.report.checks import CompareResult, ParityResult
-from neuron_lab.session import modes
-
-
-@pytest.fixture
-def shell():
-    with loaded_shell() as sh:
-        yield sh
+from neuron_lab.report.text import check_summary_line
 
 
 def last_report(sh):
@@ -188,8 +183,8 @@ def test_an_op_whose_device_path_differs_is_found_with_the_right_variable(shell)
     assert not by_name["w"].passed
     d = result.agreement.divergence
     assert (d.var, d.item, d.line, d.step) == ("z", "z", 3, None)  # z is first in cell order; line 3 of the cell
-    assert result.summary_line() == ("parity neuron:0 vs cpu: FAIL (2 of 6 items over tolerance) · "
-                                     "first: variable z, line 3")
+    assert check_summary_line(result) == ("parity neuron:0 vs cpu: FAIL (2 of 6 items over tolerance) · "
+                                          "first: variable z, line 3")
     assert "first divergence: variable z, line 3" in str(result)
     html = result._repr_html_()
     assert "<table" in html and "FAIL" in html and "first divergence: variable z, line 3" in html
@@ -217,7 +212,7 @@ def test_a_failure_in_the_reference_run_only_is_a_finding(shell):
     res, _ = run(shell, "%%neuron parity\ny = x + 1\nif y.device.type == 'cpu':\n    raise ValueError('cpu only')\n")
     a = res.result.agreement
     assert not res.result.passed and a.expected_error == "ValueError: cpu only" and a.actual_error is None
-    assert res.result.summary_line() == "parity neuron:0 vs cpu: FAIL: the cpu run raised ValueError: cpu only"
+    assert check_summary_line(res.result) == "parity neuron:0 vs cpu: FAIL: the cpu run raised ValueError: cpu only"
     assert shell.user_ns["y"].device.type == "neuron"
 
 
@@ -381,7 +376,7 @@ def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(s
     assert "numeric agreement, compiled against eager: agree" in text
     assert "<table" in r._repr_html_()
     assert last_report(shell).checks == [r]
-    assert f"check: {r.summary_line()}" in cap.stdout
+    assert f"check: {check_summary_line(r)}" in cap.stdout
     assert not modes.patched() and shell.user_ns["device"] == torch.device("neuron", 0)
     data = json.loads(json.dumps(r.as_dict()))
     assert data["kind"] == "compare" and len(data["eager"]["runs_s"]) == 3 and data["speedup"] > 0
@@ -416,7 +411,7 @@ def test_a_fullgraph_compile_that_fails_is_a_finding_and_the_cell_still_runs(she
     r = res.result
     assert not r.passed and r.compiled is None and r.eager is not None
     assert r.agreement.actual_error.startswith("Unsupported") or "graph break" in r.agreement.actual_error.lower()
-    assert r.summary_line().startswith("compare eager vs compiled (neuron): FAIL: the compiled run raised ")
+    assert check_summary_line(r).startswith("compare eager vs compiled (neuron): FAIL: the compiled run raised ")
     assert shell.user_ns["out"].shape == (3, 4) and not modes.patched()  # the real run ran, in the cell's mode
 
 
@@ -473,3 +468,68 @@ def test_the_plain_python_checks_refuse_bad_arguments_before_running(shell):
     assert calls == []
     r = neuron_lab.parity(fn, x)
     assert repr(r) == "<ParityResult: parity neuron:0 vs cpu: agree (2 items)>"
+
+
+# -- the pieces: option objects, the grammar, copies ------------------------------------------------
+def test_the_option_objects_check_their_own_values():
+    from neuron_lab.checks import CompareOptions, ParityOptions, limits
+
+    assert ParityOptions("cpu").against == torch.device("cpu")  # a device string is parsed
+    with pytest.raises(ValueError, match="'tpu' is not a device string"):
+        ParityOptions("tpu")
+    with pytest.raises(limits.OptionError) as e:
+        ParityOptions(vars=("ok", "1x"))
+    assert str(e.value) == "vars takes variable names, not '1x'"  # neuron_lab.parity's spelling
+    assert e.value.spelled(lambda name: f"--{name}") == "--vars takes variable names, not '1x'"  # the magic's
+    with pytest.raises(limits.OptionError) as e:
+        CompareOptions(backend="{runs}")
+    assert e.value.spelled(lambda name: f"--{name}").startswith("unknown torch.compile backend '{runs}'; known: ")
+    assert CompareOptions(backend="inductor").backend == "inductor"
+    with pytest.raises(limits.OptionError, match="rejects dynamic=True, as TorchNeuron does; dynamic needs"):
+        limits.compile_options("neuron", dynamic=True)
+    assert limits.compile_options("inductor", True, True) == modes.CompileOptions("inductor", True, True)
+
+
+def test_every_command_has_a_parser_and_a_usage_line():
+    from neuron_lab.magics import parser
+
+    p = parser.build()
+    commands = parser.commands(p)
+    assert [name for name, _, _ in commands][:3] == ["status", "device", "mode"]
+    assert {"parity", "compare", "compile", "eager", "dashboard", "memory"} <= {name for name, _, _ in commands}
+    for name, sp, short in commands:
+        prefix = "%%" if name in parser.CELL_ONLY else "%"
+        assert sp.prog == f"{prefix}neuron {name}" and short
+        assert parser.usage(p, name) == sp.format_usage().rstrip()
+        assert parser.usage(p, name).startswith(f"usage: {prefix}neuron {name}")
+
+
+def test_a_bad_compile_backend_is_one_usage_error_for_every_form(shell):
+    for line in ("%neuron mode compile --backend nosuch", "%%neuron compile --backend nosuch\n1"):
+        res, _ = run(shell, line, ok=False)
+        prefix = line.split(" ")[0]
+        command = line.split(" ")[1]
+        assert str(res.error_in_exec).startswith(f"{prefix} {command}: unknown torch.compile backend 'nosuch'")
+        assert f"usage: {prefix} {command}" in str(res.error_in_exec)
+
+
+def test_copies_find_every_tensor_an_object_holds_once():
+    from neuron_lab.checks import copies
+
+    m = torch.nn.Linear(2, 2)
+    m.mask = torch.ones(2)  # a plain tensor attribute of a module
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    t = torch.zeros(1)
+
+    class Box:
+        pass
+
+    box = Box()
+    box.inner = {"k": [t, (t, m)]}
+    found = [id(x) for x in copies.tensors(box)]
+    assert len(found) == len(set(found))
+    assert {id(t), id(m.weight), id(m.bias), id(m.mask)} <= set(found)
+    state = {id(v) for s in opt.state.values() for v in s.values()}
+    assert state and state <= {id(x) for x in copies.tensors(opt)}

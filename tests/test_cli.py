@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -40,3 +41,23 @@ def test_coverage_export_round_trips(tmp_path):
     assert data["ops"]["aten::add"]["kind"] == "native"  # the emulator registers add directly
     shown = run("coverage", "show", str(f))
     assert shown.returncode == 0 and "live" in shown.stdout
+
+
+def test_the_package_runs_without_jupyterlab():
+    """JupyterLab is the `lab` extra: no module of neuron_lab imports it, the extension loads and the CLI runs."""
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        for blocked in ("jupyterlab", "jupyter_server", "notebook"):
+            sys.modules[blocked] = None  # importing it raises ImportError, as when it is not installed
+        import neuron_lab
+        for m in pkgutil.walk_packages(neuron_lab.__path__, "neuron_lab."):
+            if m.name != "neuron_lab.__main__":
+                importlib.import_module(m.name)
+        from IPython.core.interactiveshell import InteractiveShell
+        InteractiveShell.instance().run_line_magic("load_ext", "neuron_lab")
+        from neuron_lab.cli import main
+        sys.exit(main(["doctor"]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "neuron_lab" in r.stdout and "problems     none" in r.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from neuron_lab import reference
+from neuron_lab.compat import argparse as argparse_compat
 from neuron_lab.magics.parser import build, commands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ def test_every_magic_and_every_flag_is_in_the_readme():
     p = build()
     for name, sp, _ in commands(p):
         assert f"**`{reference._usage(sp)}`**" in text, name
-        for a in sp._actions:
+        for a in argparse_compat.arguments(sp):
             for flag in a.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"`{flag}" in text, f"{name} {flag}"

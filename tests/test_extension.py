@@ -12,18 +12,12 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
-from shells import loaded_shell, run
+from shells import run
 from traitlets.config import Config
 
 import neuron_lab
+from neuron_lab import modes
 from neuron_lab.extension import session_of
-from neuron_lab.session import modes
-
-
-@pytest.fixture
-def shell():
-    with loaded_shell() as sh:
-        yield sh
 
 
 def usage_error(sh, line: str) -> str:

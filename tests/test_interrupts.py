@@ -21,9 +21,8 @@ import pytest
 import torch
 from shells import loaded_shell, run
 
-from neuron_lab import interrupts
+from neuron_lab import interrupts, modes
 from neuron_lab.extension import session_of
-from neuron_lab.session import modes
 
 BODY = "seen.append(id(x))\ny = (id(x), net(x))\nz = y[1].sum()\n"
 SETUP = ("import torch\ntorch.manual_seed(0)\n"

@@ -9,14 +9,15 @@ import subprocess
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _dry_run(target: str) -> str:
-    """What `make TARGET` would run (the venv counts as installed), also from inside `make test`."""
+def _dry_run(target: str, *, assume: tuple[str, ...] = ("-o", ".venv/.installed")) -> str:
+    """What `make TARGET` would run (by default the venv counts as installed), also from inside `make test`."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    return subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", target], cwd=ROOT,
+    return subprocess.run(["make", "--no-print-directory", "-n", *assume, target], cwd=ROOT,
                           capture_output=True, text=True, check=True, env=env).stdout
 
 
@@ -49,3 +50,14 @@ def test_make_lab_opens_jupyterlab_on_the_notebooks():
     assert _dry_run("lab").strip().splitlines() == [".venv/bin/jupyter lab notebooks/"]
     version = subprocess.run([str(ROOT / ".venv/bin/jupyter"), "lab", "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.strip()[0].isdigit(), version.stderr
+
+
+def test_jupyterlab_is_the_lab_extra_which_the_venv_installs():
+    """A kernel-only install (VS Code on a Trn instance) gets no JupyterLab; `make` installs it for `make lab`."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert not [d for d in project["dependencies"] if d.lower().startswith("jupyterlab")]
+    assert project["optional-dependencies"]["lab"] == ["jupyterlab"]
+    install = _dry_run(".venv/.installed", assume=("-W", "pyproject.toml"))  # as after an edit of pyproject.toml
+    (line,) = [x for x in install.splitlines() if " -e " in x]
+    assert line.endswith("-e '.[test,lab]'"), line

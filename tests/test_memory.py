@@ -304,3 +304,25 @@ def test_going_past_the_emulated_capacity_is_a_clean_oom(run_python) -> None:
     assert r["leaked_forward"] == 0 and r["leaked_backward"] == 0, r
     assert r["keep"] == [[1000], 2000.0]  # the failed resize_ left the tensor as it was
     assert r["works"] == 200_000.0 and r["is_runtime_error"]
+
+
+_MOVE_OOM_SCRIPT = """
+import json, torch
+from neuron_lab.session import devices
+m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(1024, 1024))  # 257 KiB fit, then 4 MiB do not
+w = m[0].weight
+t = torch.ones(16)
+ns = {"m": m, "t": t}
+try:
+    devices.move(ns, ["t", "m"], torch.device("neuron"))
+    error = None
+except torch.OutOfMemoryError as e:
+    error = type(e).__name__
+print(json.dumps({"error": error, "where": sorted({str(p.device) for p in m.parameters()}), "same_w": m[0].weight is w,
+                  "t": ns["t"] is t, "allocated": torch.neuron.memory_allocated()}))
+"""
+
+
+def test_a_module_that_runs_out_of_memory_half_way_through_a_move_goes_back_whole(run_python) -> None:
+    r = run_python(_MOVE_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "1MiB"})
+    assert r == {"error": "OutOfMemoryError", "where": ["cpu"], "same_w": True, "t": True, "allocated": 0}

@@ -238,7 +238,7 @@ def test_every_registration_form_is_read_and_decoys_are_not(tree: Path, tmp_path
                                                              "the boxed CPU fallback runs it"}
     assert data["downcast_dtypes"] == ["float64", "int64"]
 
-    prov = json.loads(data["source"].split("provenance=", 1)[1])
+    prov = data["provenance"]
     assert prov["repo"] == "demo/torchneuron" and prov["commit"] == HEAD
     assert prov["file_commits"] == sorted({HEAD, "a" * 40, "b" * 40})
     assert {f: (c["registrations"], c["ops"]) for f, c in prov["counts"].items()} == EXPECTED_COUNTS
@@ -263,7 +263,7 @@ def test_options_and_errors(tree: Path, tmp_path: Path) -> None:
     out = tmp_path / "named.json"
     assert derive(tree, out, "--name", "demo-profile", "--repo", "someone/else").returncode == 0
     data = json.loads(out.read_text())
-    assert data["name"] == "demo-profile" and '"repo":"someone/else"' in data["source"]
+    assert data["name"] == "demo-profile" and data["provenance"]["repo"] == "someone/else"
     bad = subprocess.run([sys.executable, str(SCRIPT), str(tree), "--commit", HEAD, "--date", "April", "-o",
                           str(out)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "is not YYYY-MM-DD" in bad.stderr
@@ -295,7 +295,7 @@ def test_bundled_derived_profile() -> None:
     assert p.name == BUNDLED and p.date == "2026-04-21"
     assert (p.default, p.default_reason) == ("fallback", "not registered by TorchNeuron's backend at 98154b8: "
                                                          "the boxed CPU fallback runs it")
-    prov = json.loads(p.source.split("provenance=", 1)[1])
+    prov = p.provenance
     assert prov["repo"] == "parmoham-aws/test-repo-parmoham"
     assert prov["commit"] == "98154b867aa24562a3213e520d9ad7fd41032291"
     assert set(prov["counts"]) == {"cpp_privateuse1", "autograd_privateuse1", "cpp_view_whitelist",

@@ -37,8 +37,8 @@ BAD = [
     (with_(schema_version=2), "schema_version 2 is not 1"),
     (without("name"), "name: expected a string, got nothing"),
     (with_(date=20261101), "date: expected a string, got 20261101"),
-    (with_(op={}), "unknown field 'op' (a profile has schema_version, name, source, date, default, downcast_dtypes, "
-                   "dtypes, ops)"),
+    (with_(op={}), "unknown field 'op' (a profile has schema_version, name, source, date, provenance, default, "
+                   "downcast_dtypes, dtypes, ops)"),
     (with_(ops=[1]), "ops: expected an object mapping op names (such as \"aten::add\") to rules, got a list"),
     (with_(ops={"add": {"kind": "native"}}), "ops['add']: not an op name (such as \"aten::add\")"),
     (with_(ops={OP: "native"}), "ops['aten::add']: expected an object {\"kind\": one of native, fallback, host, "

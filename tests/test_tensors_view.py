@@ -7,19 +7,12 @@ import gc
 import json
 
 import fake_torchneuronx
-import pytest
 from conftest import core
-from shells import loaded_shell, run
+from shells import run
 
 from neuron_lab import backend
 from neuron_lab.session.tensors import TensorRow, TensorTable, device_tensors
 from neuron_lab.units import format_size
-
-
-@pytest.fixture
-def shell():
-    with loaded_shell() as sh:
-        yield sh
 
 
 def scan(sh) -> TensorTable:

@@ -107,6 +107,7 @@ g = torch.compile(lambda p: torch.atan2(p, p) - 1, backend="neuron")
 g(a)  # subscribing must not turn compilation into eager execution
 unsubscribe()
 report["dynamo_metrics"] = [{k: m[k] for k in ("graph_id", "graph_node_count")} for m in b.dynamo_metrics()]
+report["lowering_us"] = b.lowering_us()
 print(json.dumps(report))
 """
 
@@ -195,3 +196,8 @@ def test_compile_hands_off_to_torch_neuronx_backend(report):
     # f: one input placeholder (f(a, a)), atan2, mul, add, output; g (compiled while subscribed): p, atan2, sub, output
     assert report["dynamo_metrics"] == [{"graph_id": "fake-0", "graph_node_count": 5},
                                         {"graph_id": "fake-1", "graph_node_count": 4}]
+
+
+def test_lowering_time_comes_from_torch_neuronx_metrics(report):
+    """What compile observers add as lazily lowered compile time: the fake records 1 ms per graph."""
+    assert report["lowering_us"] == 2 * 1000

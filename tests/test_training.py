@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import neuron_lab.backend as nb
-from neuron_lab.backend.events import DOWNCAST
+from neuron_lab.kinds import DOWNCAST
 
 DEVICE = torch.device("neuron", 0)
 
@@ -218,7 +218,7 @@ def test_float64_keeps_full_precision_by_default() -> None:
 _DOWNCAST_SCRIPT = """
 import json, torch
 import neuron_lab.backend as nb
-from neuron_lab.backend.events import DOWNCAST
+from neuron_lab.kinds import DOWNCAST
 x = torch.tensor([1 + 1e-10, 2.0], dtype=torch.float64, device="neuron")
 stored = x[0].item()  # a copy moves bytes: the value arrives intact
 y, z = x * 1.0, x + 0.0

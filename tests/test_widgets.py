@@ -4,8 +4,10 @@ unloading, and the text fallback where there is no widget frontend."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import comm
 import pytest
@@ -13,8 +15,12 @@ from comm.base_comm import BaseComm
 from IPython.utils.capture import capture_output
 from shells import loaded_shell, run
 
-from neuron_lab import backend
+from neuron_lab import backend, kinds
 from neuron_lab.extension import session_of
+from neuron_lab.report.html import op_table
+from neuron_lab.report.model import Memory, OpRow, as_data
+from neuron_lab.report.text import op_lines
+from neuron_lab.widgets import VIEWS, snapshot, static
 from neuron_lab.widgets.panel import Panel
 
 
@@ -61,12 +67,13 @@ def test_dashboard_widget_state_after_known_cells(shell):
     assert isinstance(panel, Panel)
     assert panel.views == ["memory", "tensors", "fallbacks", "compiles"]
     d = panel.data
-    row = [r for r in d["memory"]["rows"] if r["cell"] == 2]
-    assert row == [{"cell": 2, "before": base, "after": base + 8000, "delta": 8000, "peak": base + 8000,
-                    "wall_s": row[0]["wall_s"]}]
+    (row,) = [r for r in d["memory"]["rows"] if r["cell"] == 2]  # the report's own fields: cell, wall_s, memory
+    m = row["memory"]
+    assert (m["before"], m["after"], m["after"] - m["before"], m["peak"]) == (base, base + 8000, 8000, base + 8000)
+    assert set(row) == {"cell", "wall_s", "memory"} and row["wall_s"] > 0
     (op,) = d["fallbacks"]["all"]
     assert (op["op"], op["kind"], op["count"]) == ("aten::atan2.out", "fallback", 1)
-    assert [(s["cell"], s["line"], s["source"], s["count"]) for s in op["sites"]] == [
+    assert [(s["site"]["cell"], s["site"]["line"], s["site"]["source"], s["count"]) for s in op["sites"]] == [
         (2, 3, "y = torch.atan2(x, x)", 1)]
     assert op["shapes"] == [[1000], [1000], [1000]] and op["dtypes"] == ["float32"] * 3
     assert d["fallbacks"]["last"] == 2 and d["fallbacks"]["cell"] == d["fallbacks"]["all"]
@@ -75,16 +82,91 @@ def test_dashboard_widget_state_after_known_cells(shell):
     assert panel.live["allocated"] == base + 8000 == backend.active().memory_allocated()
     assert panel.live["capacity"] == backend.active().capacity()
     # the timeline has the cell's two exact samples and its span
-    cells = [c for c in d["memory"]["cells"] if c[0] == 2]
-    assert len(cells) == 1 and cells[0][1] <= cells[0][2]
-    assert [b for t, b in d["memory"]["points"] if cells[0][1] <= t <= cells[0][2]][-1] == base + 8000
+    (span,) = [c for c in d["memory"]["cells"] if c["cell"] == 2]
+    assert span["start_s"] <= span["end_s"]
+    assert [b for t, b in d["memory"]["points"] if span["start_s"] <= t <= span["end_s"]][-1] == base + 8000
     # the next cell refreshes the data: a second atan2 call from another line
     run(sh, "z = torch.atan2(x, x)\nw = torch.atan2(x, x)")
     (op,) = panel.data["fallbacks"]["all"]
     assert op["count"] == 3
-    assert [(s["cell"], s["line"]) for s in op["sites"]] == [(2, 3), (4, 1), (4, 2)]
+    assert [(s["site"]["cell"], s["site"]["line"]) for s in op["sites"]] == [(2, 3), (4, 1), (4, 2)]
     assert panel.data["fallbacks"]["last"] == 4
     assert [r["count"] for r in panel.data["fallbacks"]["cell"]] == [2]  # "this cell": In[4] only
+
+
+def test_the_widget_json_is_the_report_models_own_data_with_the_kinds_in_the_header(shell):
+    sh = widget_shell(shell)
+    run(sh, TRAIN)
+    run(sh, "panel = %neuron dashboard")
+    d = sh.user_ns["panel"].data
+    report = session_of(sh).history[d["fallbacks"]["last"]]
+    assert d["header"]["kinds"] == kinds.as_json() and d["header"]["titles"] == snapshot.TITLES
+    assert [(k, set(m)) for k, m in d["header"]["sections"]] == [(k.name, m) for k, m in kinds.sections()]
+    assert all("kinds" not in d[v] for v in VIEWS)  # once, in the header
+    # op rows are the report's OpRows as data, and read back into them
+    assert d["fallbacks"]["cell"] == as_data(report.ops_not_native)
+    assert [OpRow.from_dict(r) for r in d["fallbacks"]["cell"]] == report.ops_not_native
+    # a memory row is the report's cell, wall_s and memory; a timeline span is the timeline's CellSpan
+    (row,) = [r for r in d["memory"]["rows"] if r["cell"] == report.cell]
+    assert row == as_data(report, "cell", "wall_s", "memory") and Memory(**row["memory"]) == report.memory
+    assert d["memory"]["cells"] == as_data(session_of(sh).timeline.cells())
+    assert json.loads(json.dumps(d)) == d  # plain JSON already: what the browser gets is what Python holds
+
+
+def test_panel_js_spells_no_kind_and_no_view_title():
+    """The widget reads the kinds (neuron_lab.kinds) and the views' titles from the data's header."""
+    js = (Path(static.__file__).parent / "panel.js").read_text()
+    for k in kinds.KINDS.values():
+        assert f'"{k.name}"' not in js and k.title not in js
+    for title in snapshot.TITLES.values():
+        assert f'"{title}"' not in js
+
+
+def test_every_view_has_one_builder_and_one_pair_of_renderers():
+    assert tuple(snapshot.TITLES) == tuple(snapshot.BUILDERS) == tuple(static.RENDERERS) == VIEWS
+
+
+def test_static_views_draw_op_rows_with_the_reports_renderers(shell):
+    run(shell, TRAIN + "z = torch.ones(3, dtype=torch.float64, device='neuron') * 2\n")
+    run(shell, "v = %neuron fallbacks")
+    view = shell.user_ns["v"]
+    (report,) = session_of(shell).history.values()
+    text, html = repr(view), view._bundle()["text/html"]
+    assert len(report.sections()) == 2  # CPU fallbacks, 64-bit downcasts
+    for kind, rows in report.sections():  # each section drawn as the report draws it
+        assert "\n".join(op_lines(kind.title, rows)) in text and "\n".join(op_lines(kind.title, rows)) in str(report)
+        title = f"{kind.title}: {sum(r.count for r in rows):,} calls" if kind.off_device else kind.title
+        assert op_table(title, rows) in html and op_table(title, rows) in report._repr_html_()
+
+
+def test_closing_the_hub_unhooks_it_from_the_session(shell):
+    sh = widget_shell(shell)
+    run(sh, "panel = %neuron memory")
+    session = session_of(sh)
+    hub = session.views
+    assert hub._cell_started in session.starting and hub._cell_done in session.listeners
+    hub.close()
+    assert hub._cell_started not in session.starting and hub._cell_done not in session.listeners
+    assert session.views is None and sh.user_ns["panel"].comm is None
+    run(sh, "import torch\nq = torch.ones(8, device='neuron')")  # cells run on without it
+    run(sh, "panel = %neuron memory")
+    assert session.views is not None and session.views is not hub
+
+
+def test_the_views_own_work_stays_out_of_the_cells_report(shell):
+    """Opening a view scans the device tensors, and reading a saved tensor runs its unpack hook (``save_on_cpu``
+    copies it back to the device): that is the view's work, not the cell's, in a widget or a static view."""
+    sh = widget_shell(shell)
+    run(sh, "import torch\nw = torch.ones(4, device='neuron', requires_grad=True)\n"
+            "with torch.autograd.graph.save_on_cpu():\n    out = (w * 2).exp().sum()")
+    reports = []
+    session_of(sh).listeners.append(reports.append)
+    b = backend.active()
+    for cell in ("panel = %neuron dashboard", "%config NeuronLab.display_as = 'static'\nv = %neuron tensors"):
+        calls, copies = b.op_calls(), b.transfer_totals()
+        run(sh, cell)
+        assert b.op_calls() > calls and b.transfer_totals() > copies  # the scan did copy
+        assert (reports[-1].ops, reports[-1].h2d_bytes, reports[-1].ops_not_native) == (0, 0, [])
 
 
 def test_single_views_and_bad_view_names(shell):

@@ -63,7 +63,8 @@ def test_dashboard_is_a_widget_with_text_and_html_fallbacks(nb: Any) -> None:
     data = state["state"]["data"]
     (op,) = data["fallbacks"]["all"]
     assert (op["op"], op["count"]) == ("aten::atan2.out", 1)
-    assert [(s["cell"], s["line"], s["source"]) for s in op["sites"]] == [(5, 2, "y = torch.atan2(x, x)")]
+    assert [(s["site"]["cell"], s["site"]["line"], s["site"]["source"]) for s in op["sites"]] == [
+        (5, 2, "y = torch.atan2(x, x)")]
     assert data["tensors"]["total"] == data["tensors"]["allocated"] == 400 + 40 + 400
     assert state["state"]["live"]["busy"] is False
 

@@ -449,12 +449,13 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
     source = (f"Derived from TorchNeuron's source ({repo} at {commit[:7]}, files from "
               f"{', '.join(c[:7] for c in commits)}; {date}) by tools/derive_profile.py: an op is native only when "
               f"the backend registers a PrivateUse1 kernel for it, host when that kernel runs on the CPU, and a "
-              f"fallback otherwise. provenance={json.dumps(prov, sort_keys=True, separators=(',', ':'))}")
+              f"fallback otherwise (how: the provenance field).")
     profile = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
         "source": source,
         "date": date,
+        "provenance": prov,
         "default": {"kind": "fallback", "reason": f"not registered by TorchNeuron's backend at {commit[:7]}: "
                                                   "the boxed CPU fallback runs it"},
     }
@@ -463,11 +464,6 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
     profile["dtypes"] = {}
     profile["ops"] = ops
     return profile
-
-
-def provenance_of(profile: dict) -> dict:
-    """The provenance object embedded at the end of a derived profile's ``source``."""
-    return json.loads(profile["source"].split("provenance=", 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -493,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = build_profile(ex, name=args.name or f"torchneuron-src-{args.date[:7]}", commit=args.commit,
                             date=args.date, repo=repo or DEFAULT_REPO, file_commits=file_commits)
     args.output.write_text(json.dumps(profile, indent=1) + "\n")
-    prov = provenance_of(profile)
+    prov = profile["provenance"]
     forms = ", ".join(f"{k}={v['ops']}" for k, v in prov["counts"].items())
     print(f"{args.output}: {len(profile['ops'])} ops {prov['ops_by_kind']}, default fallback; ops per form: {forms}")
     return 0

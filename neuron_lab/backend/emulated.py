@@ -11,6 +11,7 @@ from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 
 class EmulatorBackend(NeuronBackend):
     kind = "emulator"
+    lowering_metric = "torch_neuronx_lower_us"  # emulator/compile.py records lowering as TorchNeuron spells it
 
     def __init__(self, rt: _rt.Runtime) -> None:
         super().__init__(rt.recorder)
@@ -18,9 +19,14 @@ class EmulatorBackend(NeuronBackend):
 
     @property
     def version(self) -> str:
-        from neuron_lab import __version__
+        from neuron_lab._version import __version__
 
         return f"neuron_lab {__version__}"
+
+    @property
+    def computes_64bit_in_32bit(self) -> bool:
+        """Only with NEURON_LAB_EMULATE_DOWNCAST=1 (read once, at install): by default 64-bit stays exact."""
+        return self._rt.emulate_downcast
 
     @property
     def core(self) -> str:

@@ -14,12 +14,8 @@ from typing import Any, NamedTuple
 
 from torch import Tensor as _Tensor
 
-NATIVE = "native"
-FALLBACK = "fallback"  # CPU_FALLBACK in TorchNeuron's compatibility table
-HOST = "host"  # explicit host kernels TorchNeuron runs on the CPU without reporting them
-DOWNCAST = "downcast"  # a 64-bit dtype computed in 32 bits
+from neuron_lab.kinds import DOWNCAST, KINDS
 
-KINDS = (NATIVE, FALLBACK, HOST, DOWNCAST)
 MAX_SIGNATURES = 4  # distinct (shapes, dtypes) kept per op
 SIGNATURE_PROBES = 256  # calls per op that are inspected for a new signature
 
@@ -29,7 +25,7 @@ class OpEvent(NamedTuple):
 
     name: str  # "aten::atan2"
     overload: str  # "out", "" for the default overload
-    kind: str  # one of KINDS
+    kind: str  # a name of neuron_lab.kinds.KINDS
     reason: str
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
@@ -102,7 +98,7 @@ class OpRecorder:
                 st = self._stats[key] = OpStats(name, overload, kind, reason)
             st.count += 1
             st.host_ns += host_ns
-            if kind != DOWNCAST:
+            if kind != DOWNCAST:  # a downcast is a note on a call that is recorded as well
                 self.calls += 1
             probe = st.count <= SIGNATURE_PROBES and len(st.signatures) < MAX_SIGNATURES
         sig = None

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_lab.backend.events import FALLBACK, NATIVE, OpEvent, OpRecorder, OpStats
+from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats
 from neuron_lab.backend.profiles import Profile
+from neuron_lab.kinds import FALLBACK, NATIVE
 
 
 @dataclass(frozen=True)
@@ -154,11 +155,29 @@ class NeuronBackend(ABC):
         """The same since the process started: :meth:`clear_op_tracking` leaves it, so windows can diff it."""
         return self.recorder.transfers_total
 
+    # -- numerics ------------------------------------------------------------------------------
+    @property
+    def computes_64bit_in_32bit(self) -> bool:
+        """Whether float64/int64 ops compute in 32 bits here, as on Trainium (parity checks say so)."""
+        return True
+
     # -- compile -------------------------------------------------------------------------------
+    lowering_metric: str | None = None  # the key of a dynamo_metrics() record that times its lowering, in µs
+
     def dynamo_metrics(self) -> list[dict[str, Any]]:
         import torch
 
         return list(torch.neuron.get_dynamo_metrics())
+
+    def lowering_us(self) -> int:
+        """Microseconds the backend has spent lowering compiled graphs so far, as its own metrics report it.
+
+        A backend may lower a graph at its first call, after Dynamo's compile window closed (the emulator's
+        host Inductor does): that is compile time too, which only the backend can tell. 0 where it reports none.
+        """
+        if self.lowering_metric is None:
+            return 0
+        return sum(int(m.get(self.lowering_metric) or 0) for m in self.dynamo_metrics())
 
     def summary(self) -> dict[str, Any]:
         """What `doctor` and the status views print."""

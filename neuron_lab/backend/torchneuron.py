@@ -25,8 +25,9 @@ import torch
 from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from neuron_lab.backend.events import DOWNCAST, FALLBACK, NATIVE, OpEvent, OpRecorder
+from neuron_lab.backend.events import OpEvent, OpRecorder
 from neuron_lab.backend.interface import NeuronBackend
+from neuron_lab.kinds import DOWNCAST, FALLBACK, NATIVE
 
 _WIDE = {torch.float64: "float64", torch.int64: "int64"}
 _CEA = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -171,6 +172,7 @@ def _flatten(stats: dict, prefix: str = "") -> dict[str, int]:
 
 class TorchNeuronBackend(NeuronBackend):
     kind = "torchneuron"
+    lowering_metric = "torch_neuronx_lower_us"  # NeuronCompilationMetrics' lowering time
 
     def __init__(self) -> None:
         import torch_neuronx  # loaded already by TorchNeuron's autoload or by neuron_lab.backend.activate()

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from neuron_lab import backend as _backend
 from neuron_lab.checks import compare as _compare
 from neuron_lab.checks import parity as _parity
 from neuron_lab.checks.compare import CompareOptions
@@ -24,16 +25,14 @@ def parity(fn: Callable, *args: Any, against: str | torch.device = "cpu", rtol: 
 
     Returns the :class:`ParityResult`; if the device run raises, that exception propagates.
     ``_keep`` gets the result as soon as it exists (also when that happens).
+    Bad options raise a ``ValueError`` before anything runs.
     """
     __tracebackhide__ = True  # noqa: F841
-    from neuron_lab.session.devices import parse_device
-
-    reference = parse_device(str(against))
-    options = ParityOptions(reference, rtol, atol, (), seed)  # a ValueError (limits.OptionError) when out of bounds
+    options = ParityOptions(against, rtol, atol, (), seed)
     subject = FunctionSubject(fn, args, kwargs)
     device = device_of(subject.namespace, torch.device("cpu"))
-    if device == reference:
-        raise ValueError(f"parity needs the arguments on another device than the reference ({reference}); "
+    if device == options.against:
+        raise ValueError(f"parity needs the arguments on another device than the reference ({options.against}); "
                          f"move them first, e.g. .to('neuron')")
     return _parity.check(subject, device, options, locator=FileLocator(), keep=_keep)
 
@@ -42,17 +41,8 @@ def compare(fn: Callable, *args: Any, warmup: int = 1, runs: int = 5, fullgraph:
             backend: str | None = None, _keep: Callable[[Any], None] | None = None, **kwargs: Any) -> CompareResult:
     """Time ``fn(*args, **kwargs)`` eagerly and compiled (``torch.compile(fn)``, or compile mode for an
     ``nn.Module``), each on fresh copies of the arguments, and compare their outputs. The arguments
-    are left as they were."""
-    from neuron_lab import backend as _backend
-
-    CompareOptions(warmup, runs)  # a ValueError (limits.OptionError) when out of bounds, before anything runs
+    are left as they were. Bad options raise a ``ValueError`` before anything runs."""
+    options = CompareOptions(warmup, runs, fullgraph, backend or ("neuron" if _backend.is_active() else "inductor"))
     subject = FunctionSubject(fn, args, kwargs)
     device = device_of(subject.namespace, torch.device("cpu"))
-    backend = backend or ("neuron" if _backend.is_active() else "inductor")
-    from torch._dynamo.backends.registry import list_backends
-
-    known = set(list_backends(exclude_tags=())) | {"inductor", "eager", "aot_eager"}
-    if backend not in known:
-        raise ValueError(f"unknown torch.compile backend {backend!r}; known: {', '.join(sorted(known))}")
-    return _compare.check(subject, device, CompareOptions(warmup, runs, fullgraph, backend), locator=FileLocator(),
-                          keep=_keep)
+    return _compare.check(subject, device, options, locator=FileLocator(), keep=_keep)

@@ -5,7 +5,7 @@ random generators where the real run will find them, so each run does the same w
 never applied twice. Each mode
 runs once cold (the compiled one compiles there), then ``warmup`` times untimed, then ``runs`` times
 timed, with the device synchronized before each clock read. Compile mode is the workbench's own
-(:mod:`neuron_lab.session.modes`), so the cell compiles exactly as under ``%%neuron compile``.
+(:mod:`neuron_lab.modes`), so the cell compiles exactly as under ``%%neuron compile``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab import interrupts
+from neuron_lab import interrupts, modes
 from neuron_lab.checks import agreement, copies, limits, parity, runs
 from neuron_lab.report.checks import CompareResult, Timing
-from neuron_lab.session import modes
 from neuron_lab.trace.compiles import CompileTrace
 from neuron_lab.trace.sites import Locator
 
 
 @dataclass(frozen=True)
 class CompareOptions:
+    """A compare check's options, checked as they are made: a :class:`limits.OptionError` (a ``ValueError``)
+    names the first one out of bounds."""
+
     warmup: int = 1
     runs: int = 5
     fullgraph: bool = False
@@ -36,6 +38,7 @@ class CompareOptions:
     def __post_init__(self) -> None:
         limits.count("warmup", self.warmup, 0, limits.MAX_WARMUP)
         limits.count("runs", self.runs, 1, limits.MAX_RUNS)
+        limits.compile_backend(self.backend)
 
 
 def _series(subject: runs.Subject, fresh: Callable[[], dict[str, Any]], device: torch.device, mode: str,
@@ -81,7 +84,7 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
     with runs.rng_preserved({device.type}) as start:  # every run draws what the real run will draw
         with downcasts.watching():
             eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, locator, exclude)
-        trace = CompileTrace(locator, _backend.active().dynamo_metrics if _backend.is_active() else None)
+        trace = CompileTrace(locator, _backend.active().lowering_us if _backend.is_active() else None)
         trace.start()
         try:
             with subject.compiled(opts):

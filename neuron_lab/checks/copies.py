@@ -11,13 +11,13 @@ from __future__ import annotations
 import ast
 import copy
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from neuron_lab.session.devices import _state_key_moves
+from neuron_lab.session.devices import state_follows_param
 
 MAX_DEPTH = 4  # how deep into containers and plain objects tensors are looked for
 _SHARED_OK = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType, type,
@@ -80,39 +80,49 @@ def read_through(names: list[str], ns: Mapping[str, Any]) -> list[str]:
 
 # -- copying ------------------------------------------------------------------------------------
 def _tensors(obj: Any, depth: int, seen: set[int]) -> Iterator[tuple[torch.Tensor, bool]]:
-    """(tensor, follows the device move) for every tensor ``obj`` holds."""
+    """(tensor, follows the device move) for every tensor ``obj`` holds, each object visited once; containers and
+    plain objects are looked into ``depth`` levels deep, modules and optimizers whole."""
     if id(obj) in seen:
         return
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
         yield obj, True
     elif isinstance(obj, torch.nn.Module):
-        for t in (*obj.parameters(), *obj.buffers()):
-            yield t, True
-        for m in obj.modules():  # plain tensor attributes (self.mask = torch.ones(...))
-            for k, v in vars(m).items():
-                if not k.startswith("_"):
-                    yield from _tensors(v, 1, seen)
+        yield from _module_tensors(obj, seen)
     elif isinstance(obj, torch.optim.Optimizer):
-        for g in obj.param_groups:
-            for p in g["params"]:
-                yield p, True
-        for p, state in obj.state.items():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor):
-                    yield v, _state_key_moves(obj, p, k)
-    elif depth <= 0 or not needs_copy(obj):
-        return
-    elif isinstance(obj, (list, tuple, set)):
-        for x in obj:
-            yield from _tensors(x, depth - 1, seen)
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            yield from _tensors(k, depth - 1, seen)
-            yield from _tensors(v, depth - 1, seen)
-    elif hasattr(obj, "__dict__"):
-        for v in vars(obj).values():
-            yield from _tensors(v, depth - 1, seen)
+        yield from _optimizer_tensors(obj)
+    elif depth > 0 and needs_copy(obj):
+        for child in _children(obj):
+            yield from _tensors(child, depth - 1, seen)
+
+
+def _module_tensors(module: torch.nn.Module, seen: set[int]) -> Iterator[tuple[torch.Tensor, bool]]:
+    """Parameters and buffers, then the plain tensor attributes of every submodule (``self.mask = torch.ones(…)``)."""
+    for t in (*module.parameters(), *module.buffers()):
+        yield t, True
+    for m in module.modules():
+        attributes = [v for k, v in vars(m).items() if not k.startswith("_")]
+        for v in attributes:
+            yield from _tensors(v, 1, seen)
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, bool]]:
+    """The parameters, then the state's tensors (a CPU ``step`` stays where it is, as PyTorch keeps it)."""
+    for g in opt.param_groups:
+        yield from ((p, True) for p in g["params"])
+    for p, state in opt.state.items():
+        yield from ((v, state_follows_param(opt, p, k)) for k, v in state.items() if isinstance(v, torch.Tensor))
+
+
+def _children(obj: Any) -> Iterable[Any]:
+    """What a container or a plain object holds: items, a mapping's keys and values, an object's attributes."""
+    if isinstance(obj, (list, tuple, set)):
+        return obj
+    if isinstance(obj, Mapping):
+        return [x for kv in obj.items() for x in kv]
+    if hasattr(obj, "__dict__"):
+        return vars(obj).values()
+    return ()
 
 
 def tensors(obj: Any) -> Iterator[torch.Tensor]:

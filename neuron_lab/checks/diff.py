@@ -1,9 +1,12 @@
 """Comparing what two runs produced, item by item, the way ``torch.testing.assert_close`` judges it.
 
-A value passes when ``|actual - expected| <= atol + rtol * |expected|`` everywhere, with tolerances
-that default by dtype (the less precise of the two sides). Unlike ``assert_close`` it does not stop at
-the first problem: it measures every item (max absolute and relative error, the worst element) and
-says what differs. NaNs at the same places count as equal.
+:func:`compared` is the one entry: it picks what to compare, walks it down to tensors and numbers, and
+returns an :class:`Item` for each and a :class:`Step` for each training step (the loss ``backward()`` was
+called on); :mod:`neuron_lab.checks.agreement` judges the lot. A value passes when
+``|actual - expected| <= atol + rtol * |expected|`` everywhere, with tolerances that default by dtype
+(the less precise of the two sides). Unlike ``assert_close`` it does not stop at the first problem: it
+measures every item (max absolute and relative error, the worst element) and says what differs. NaNs at
+the same places count as equal.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from typing import Any
 
 import torch
 
-from neuron_lab.report.checks import Item
+from neuron_lab.checks.runs import Loss, Run, Subject
+from neuron_lab.report.checks import Item, Step
+
+LAST = "last value"  # the item name of the code's last expression
 
 # torch.testing.assert_close's defaults: (rtol, atol)
 _TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -69,8 +75,72 @@ def comparable(obj: Any) -> bool:
     return bool(leaves("", obj))
 
 
-def compare(name: str, var: str, actual: Any, expected: Any, rtol: float | None = None,
-            atol: float | None = None) -> Item:
+def compared(subject: Subject, before: Mapping[str, Any], actual: Run, expected: Run, labels: tuple[str, str], *,
+             names: tuple[str, ...] = (), rtol: float | None = None,
+             atol: float | None = None) -> tuple[list[Item], list[Step]]:
+    """What two finished runs produced, item by item (``names`` only when given, else what :func:`outputs` finds
+    and the last value), and the loss of each training step both took; ``rtol``/``atol`` override the dtype
+    defaults (both or neither). ``labels`` name the runs (``("neuron:0", "cpu")``) in "missing in" problems."""
+    here, there = actual.namespace, expected.namespace
+    items = [i for n in names or outputs(subject, before, here, there)
+             for i in _variable(n, here, there, labels, rtol, atol)]
+    if not names and not subject.last_is_name() and (comparable(actual.value) or comparable(expected.value)):
+        items += _values(LAST, "", actual.value, expected.value, labels, rtol, atol)
+    return items, _steps(actual.losses, expected.losses, rtol, atol)
+
+
+def outputs(subject: Subject, before: Mapping[str, Any], *namespaces: Mapping[str, Any]) -> list[str]:
+    """Names to compare: those the code mentions or creates, holding tensors, modules, optimizers or numbers."""
+    order = [*subject.names(), *(n for ns in namespaces for n in ns if n not in before)]
+    return [n for n in dict.fromkeys(order) if subject.visible(n)
+            and any(n in ns and comparable(ns[n]) for ns in namespaces)]
+
+
+def _variable(name: str, actual: Mapping[str, Any], expected: Mapping[str, Any], labels: tuple[str, str],
+              rtol: float | None, atol: float | None) -> list[Item]:
+    """The items of one variable of the two namespaces."""
+    here, there = name in actual, name in expected
+    if not here and not there:
+        return [Item(name, name, False, "not defined after either run")]
+    if not there:
+        return [_missing(name, name, labels[1])]
+    if not here:
+        return [_missing(name, name, labels[0])]
+    return _values(name, name, actual[name], expected[name], labels, rtol, atol)
+
+
+def _values(name: str, var: str, actual: Any, expected: Any, labels: tuple[str, str], rtol: float | None,
+            atol: float | None) -> list[Item]:
+    """The items of one value in both runs: its leaves, path by path."""
+    la, le = dict(leaves(name, actual)), dict(leaves(name, expected))
+    if not la and not le:  # named with --vars, holding something else: compare by ==
+        try:
+            same = bool(actual == expected)
+        except Exception:
+            same = False
+        return [Item(name, var, same, None if same else "values differ", actual_value=repr(actual)[:60],
+                     expected_value=repr(expected)[:60])]
+    out = []
+    for path in dict.fromkeys([*la, *le]):
+        if path not in le:
+            out.append(_missing(path, var, labels[1]))
+        elif path not in la:
+            out.append(_missing(path, var, labels[0]))
+        else:
+            out.append(_leaf(path, var, la[path], le[path], rtol, atol))
+    return out
+
+
+def _steps(actual: list[Loss], expected: list[Loss], rtol: float | None, atol: float | None) -> list[Step]:
+    """The loss of each training step both runs took, judged as a number of its dtype."""
+    out = []
+    for n, (a, e) in enumerate(zip(actual, expected), start=1):
+        r, t = (rtol, atol) if rtol is not None and atol is not None else default_tolerances(a.dtype, e.dtype)
+        out.append(Step(n, a.value, e.value, abs(a.value - e.value) <= t + r * abs(e.value), a.site))  # NaN fails
+    return out
+
+
+def _leaf(name: str, var: str, actual: Any, expected: Any, rtol: float | None, atol: float | None) -> Item:
     """One item's verdict and errors; ``rtol``/``atol`` override the dtype defaults (both or neither)."""
     if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor):
         return _tensors(name, var, actual, expected, rtol, atol)
@@ -89,7 +159,7 @@ def compare(name: str, var: str, actual: Any, expected: Any, rtol: float | None 
                 actual_dtype=type(actual).__name__, expected_dtype=type(expected).__name__)
 
 
-def missing(name: str, var: str, side: str) -> Item:
+def _missing(name: str, var: str, side: str) -> Item:
     return Item(name, var, False, f"missing in the {side} run")
 
 

@@ -1,21 +1,25 @@
-"""The bounds of the checks' options, enforced once, where the option objects are made.
+"""The bounds of the options, enforced once, where the option objects are made.
 
 ``ParityOptions`` and ``CompareOptions`` call these from ``__post_init__``, so ``%%neuron parity``,
 ``%%neuron compare``, ``neuron_lab.parity()`` and ``neuron_lab.compare()`` refuse the same values with
-the same words. The bounds keep a check meaningful and finite: a NaN tolerance passes everything, an
-astronomical ``--runs`` never ends, and a seed outside what ``torch.manual_seed`` keeps fails half way.
+the same words; :func:`compile_options` does the same for compile mode (``%neuron mode compile``,
+``%%neuron compile``). The bounds keep a check meaningful and finite: a NaN tolerance passes everything, an
+astronomical ``--runs`` never ends, a seed outside what ``torch.manual_seed`` keeps fails half way, and an
+unknown ``torch.compile`` backend fails only at the first compiled call.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from neuron_lab import modes
 
 MAX_RUNS = 10_000
 MAX_WARMUP = 10_000
 MAX_SEED = 2**64 - 1  # torch.manual_seed keeps seeds in [0, 2**64 - 1] (it remaps negative ones into that range)
+BUILTIN_BACKENDS = ("inductor", "eager", "aot_eager")  # torch.compile's own, registered lazily by dynamo
 
 
 class OptionError(ValueError):
@@ -27,7 +31,23 @@ class OptionError(ValueError):
         super().__init__(self.spelled(lambda name: name))
 
     def spelled(self, spell: Callable[[str], str]) -> str:
-        return re.sub(r"\{(\w+)\}", lambda m: spell(m.group(1)), self.template)
+        return self.template.format_map(_Names(spell))
+
+
+class _Names(dict):
+    """Every ``{name}`` of a template, spelled by the caller."""
+
+    def __init__(self, spell: Callable[[str], str]) -> None:
+        super().__init__()
+        self.spell = spell
+
+    def __missing__(self, name: str) -> str:
+        return self.spell(name)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` inside a template: its braces doubled, so they are not read as option names."""
+    return repr(value).replace("{", "{{").replace("}", "}}")
 
 
 def _is_int(value: Any) -> bool:
@@ -36,7 +56,7 @@ def _is_int(value: Any) -> bool:
 
 def count(name: str, value: Any, low: int, high: int) -> None:
     if not _is_int(value) or not low <= value <= high:
-        raise OptionError(f"{{{name}}} must be a whole number from {low} to {high:,} (got {value!r})")
+        raise OptionError(f"{{{name}}} must be a whole number from {low} to {high:,} (got {_shown(value)})")
 
 
 def tolerances(rtol: Any, atol: Any) -> None:
@@ -45,10 +65,35 @@ def tolerances(rtol: Any, atol: Any) -> None:
     for name, value in (("rtol", rtol), ("atol", atol)):
         ok = value is None or ((_is_int(value) or isinstance(value, float)) and math.isfinite(value) and value >= 0)
         if not ok:
-            raise OptionError(f"{{{name}}} must be a finite number >= 0 (got {value!r})")
+            raise OptionError(f"{{{name}}} must be a finite number >= 0 (got {_shown(value)})")
 
 
 def seed(value: Any) -> None:
     if value is not None and (not _is_int(value) or not 0 <= value <= MAX_SEED):
-        raise OptionError(f"{{seed}} must be a whole number from 0 to 2**64-1 = {MAX_SEED} (got {value!r}), "
+        raise OptionError(f"{{seed}} must be a whole number from 0 to 2**64-1 = {MAX_SEED} (got {_shown(value)}), "
                           "as torch.manual_seed keeps it")
+
+
+def names(values: Iterable[Any]) -> None:
+    """Variable names (``--vars``): identifiers only."""
+    odd = [v for v in values if not (isinstance(v, str) and v.isidentifier())]
+    if odd:
+        raise OptionError(f"{{vars}} takes variable names, not {', '.join(_shown(v) for v in odd)}")
+
+
+def compile_backend(name: Any) -> None:
+    """A backend ``torch.compile`` knows: dynamo's registry, and its built-in names."""
+    from torch._dynamo.backends.registry import list_backends
+
+    known = set(list_backends(exclude_tags=())) | set(BUILTIN_BACKENDS)
+    if name not in known:
+        raise OptionError(f"unknown torch.compile backend {_shown(name)}; known: {', '.join(sorted(known))}")
+
+
+def compile_options(backend: str, fullgraph: bool = False, dynamic: bool | None = None) -> modes.CompileOptions:
+    """Compile mode's options, checked: a known backend, and no ``dynamic=True`` with ``backend="neuron"``."""
+    compile_backend(backend)
+    if dynamic and backend == "neuron":
+        raise OptionError("torch.compile(backend='neuron') rejects dynamic=True, as TorchNeuron does; {dynamic} needs "
+                          "another {backend} (inductor, eager)")
+    return modes.CompileOptions(backend, bool(fullgraph), True if dynamic else None)

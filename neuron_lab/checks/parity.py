@@ -10,7 +10,6 @@ from the generator states the device run started from (``--seed S`` first seeds 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,30 +17,35 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab import interrupts
+from neuron_lab import interrupts, modes
 from neuron_lab.checks import agreement, copies, limits, runs
 from neuron_lab.report.checks import ParityResult
-from neuron_lab.session import modes
+from neuron_lab.session.devices import parse_device
 from neuron_lab.trace.sites import Locator
-
-DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
 
 
 @dataclass(frozen=True)
 class ParityOptions:
-    against: torch.device = torch.device("cpu")
+    """A parity check's options, checked as they are made: a ``ValueError`` (:class:`limits.OptionError`, or
+    :class:`~neuron_lab.session.devices.DeviceError` for ``against``) names the first one out of bounds."""
+
+    against: torch.device | str = torch.device("cpu")  # the reference device; a device string is parsed
     rtol: float | None = None  # both or neither, as torch.testing.assert_close
     atol: float | None = None
     vars: tuple[str, ...] = ()  # compare only these names
     seed: int | None = None  # torch.manual_seed(seed) before the device run; None: the generators as they are
 
     def __post_init__(self) -> None:
+        if not isinstance(self.against, torch.device):
+            object.__setattr__(self, "against", parse_device(str(self.against)))
         limits.tolerances(self.rtol, self.atol)
+        limits.names(self.vars)
         limits.seed(self.seed)
 
 
 def downcast_emulated() -> bool:
-    return os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
+    """Whether the device computes 64-bit ops in 32 bits (the backend knows; no backend: it does not)."""
+    return _backend.is_active() and _backend.active().computes_64bit_in_32bit
 
 
 @dataclass
@@ -60,7 +64,7 @@ class Downcasts:
         if not _backend.is_active():
             yield self
             return
-        from neuron_lab.backend.events import DOWNCAST
+        from neuron_lab.kinds import DOWNCAST
 
         unsubscribe = _backend.active().subscribe(self, frozenset({DOWNCAST}))
         try:

@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from neuron_lab import interrupts
+from neuron_lab import interrupts, modes
 from neuron_lab.checks import copies
 from neuron_lab.report.model import Site
-from neuron_lab.session import modes
+from neuron_lab.session.cells import run_body
+from neuron_lab.session.session import CellToCheck
 from neuron_lab.trace.sites import Locator
 
 
@@ -74,22 +75,18 @@ def _redirected() -> Iterator[None]:
 
 
 class CellSubject(Subject):
-    """A ``%%neuron`` cell body, run like IPython runs a cell."""
+    """A ``%%neuron`` cell body, as the session describes it, run like IPython runs a cell."""
 
-    def __init__(self, shell: Any, body: str, raw_cell: str, number: int, hidden: set[str],
-                 device_variable: str) -> None:
-        from neuron_lab.session.cells import run_body
-
-        self.shell, self.body, self.raw, self.number = shell, body, raw_cell, number
-        self._run_body = run_body
-        self.namespace = shell.user_ns
-        self.hidden = hidden | {device_variable}
-        self.device_variable = device_variable
+    def __init__(self, cell: CellToCheck) -> None:
+        self.shell, self.body, self.raw, self.number = cell.shell, cell.body, cell.raw_cell, cell.number
+        self.namespace = cell.shell.user_ns
+        self.hidden = cell.hidden | {cell.device_variable}
+        self.device_variable = cell.device_variable
         try:
-            code = shell.transform_cell(body)
+            code = cell.shell.transform_cell(cell.body)
         except Exception:
-            code = body
-        offset = max(len(raw_cell.splitlines()) - len(body.splitlines()), 0)
+            code = cell.body
+        offset = max(len(cell.raw_cell.splitlines()) - len(cell.body.splitlines()), 0)
         self._mentioned = [(n, line + offset) for n, line in copies.mentioned(code)]
         self._last_is_name = _last_is_name(code)
 
@@ -109,7 +106,7 @@ class CellSubject(Subject):
 
     def execute(self) -> Any:
         __tracebackhide__ = True  # noqa: F841
-        return self._run_body(self.shell, self.body, self.raw, self.number)
+        return run_body(self.shell, self.body, self.raw, self.number)
 
     @contextlib.contextmanager
     def swapped(self, ns: dict[str, Any]) -> Iterator[dict[str, Any]]:

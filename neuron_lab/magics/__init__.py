@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
+from neuron_lab import checks, modes
+from neuron_lab.checks import CompareOptions, ParityOptions, limits
 from neuron_lab.magics import parser as _parser
 from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
 from neuron_lab.report.text import summary_line
-from neuron_lab.session import Session, devices, modes
+from neuron_lab.session import Session, devices
+from neuron_lab.units import ShownAsText
 
 _PARSER = _parser.build()
 
 
-class ReportList:
+class ReportList(ShownAsText):
     """Several reports, one summary line each (``%neuron report all``)."""
 
     def __init__(self, reports: list[Report]) -> None:
@@ -33,9 +38,6 @@ class ReportList:
             return "no reports yet: run a cell that uses the device"
         return "\n".join(summary_line(r) for r in self.reports)
 
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))
-
     def _repr_html_(self) -> str:
         from html import escape
 
@@ -44,18 +46,19 @@ class ReportList:
         return rows or escape(str(self))
 
 
-class _Text(str):
+class _Text(ShownAsText, str):
     """A message shown as plain text without quotes."""
-
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))
 
 
 @magics_class
 class NeuronMagics(Magics):
-    def __init__(self, shell: Any, session: Session) -> None:
+    """The extension's per-shell state lives here (its session and ``%config NeuronLab``), as IPython's own
+    extensions keep theirs on their Magics: ``shell.magics_manager.registry["NeuronMagics"]`` finds it."""
+
+    def __init__(self, shell: Any, session: Session, settings: Any) -> None:
         super().__init__(shell)
         self.session = session
+        self.settings = settings  # the NeuronLab configurable (``Magics.config`` is traitlets' own)
 
     @output_can_be_silenced
     @line_cell_magic
@@ -71,7 +74,7 @@ class NeuronMagics(Magics):
         __tracebackhide__ = True  # noqa: F841
         if args.command in ("parity", "compare"):
             options = self._check_options(args, cell)
-            return self.session.run_check(args.command, cell, f"%%neuron {line}\n{cell}", options)
+            return checks.run_check(self.session.cell_to_check(cell, f"%%neuron {line}\n{cell}"), options)
         mode = options = None
         device_text = args.device
         if args.command == "compile":
@@ -83,43 +86,25 @@ class NeuronMagics(Magics):
         return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}", mode=mode, options=options,
                                           device=device)
 
-    def _check_options(self, args, cell: str):
-        """Options of `%%neuron parity` / `compare`, checked before the cell runs. Their bounds are the option
-        objects' own (:mod:`neuron_lab.checks.limits`); an ``OptionError`` becomes a UsageError here, spelled
-        with the flags' names."""
-        from neuron_lab.checks import CompareOptions
-        from neuron_lab.checks.limits import OptionError
-
+    def _check_options(self, args, cell: str) -> ParityOptions | CompareOptions:
+        """Options of `%%neuron parity` / `compare`, checked before the cell runs: their bounds by the option
+        objects themselves, then what only the shell knows (the names in --vars, the notebook device)."""
         cmd = args.command
-
-        def bad(why: str) -> UsageError:
-            return UsageError(f"%%neuron {cmd}: {why}\n{_subparser(cmd).format_usage().rstrip()}")
-
-        try:
+        with _refused(cmd):
             if cmd == "compare":
                 return CompareOptions(args.warmup, args.runs, args.fullgraph, self.session.config.compile_backend)
-            return self._parity_options(args, cell, bad)
-        except OptionError as e:
-            raise bad(e.spelled(lambda name: f"--{name}")) from None
-
-    def _parity_options(self, args, cell: str, bad):
-        from neuron_lab.checks import ParityOptions
-
-        cmd = args.command
-        names = list(dict.fromkeys(args.vars))
-        odd = [n for n in names if not n.isidentifier()]
-        if odd:
-            raise bad(f"--vars takes variable names, not {', '.join(repr(n) for n in odd)}")
+            options = ParityOptions(args.against, args.rtol, args.atol, tuple(dict.fromkeys(args.vars)), args.seed)
         assigned = self._assigned(cell)
-        unknown = [] if assigned is None else [n for n in names if n not in self.shell.user_ns and n not in assigned]
+        unknown = [] if assigned is None else [n for n in options.vars
+                                               if n not in self.shell.user_ns and n not in assigned]
         if unknown:
-            raise bad(f"--vars {' '.join(unknown)}: no such variable, and the cell does not assign "
-                      f"{'it' if len(unknown) == 1 else 'them'}")
-        against = self._parse_device(args.against, cmd)
-        if against == self.session.device:
-            raise bad(f"the reference device is the notebook device ({against}); compare against another one, "
-                      f"e.g. --against cpu, or switch the notebook device with `%neuron device`")
-        return ParityOptions(against, args.rtol, args.atol, tuple(names), args.seed)
+            raise _usage_error(cmd, f"--vars {' '.join(unknown)}: no such variable, and the cell does not assign "
+                                    f"{'it' if len(unknown) == 1 else 'them'}")
+        if options.against == self.session.device:
+            raise _usage_error(cmd, f"the reference device is the notebook device ({options.against}); compare "
+                                    "against another one, e.g. --against cpu, or switch the notebook device with "
+                                    "`%neuron device`")
+        return options
 
     def _assigned(self, cell: str) -> set[str] | None:
         """Names the cell binds (assignments, defs, imports, loop targets); None when it does not parse."""
@@ -142,12 +127,8 @@ class NeuronMagics(Magics):
         return self.session.status()
 
     def _parse_device(self, text: str, command: str = "device") -> torch.device:
-        try:
+        with _refused(command):
             return devices.parse_device(text)
-        except devices.DeviceError as e:
-            sub = _subparser(command)
-            prefix = "%%" if command in CELL_ONLY else "%"
-            raise UsageError(f"{prefix}neuron {command}: {e}\n{sub.format_usage().rstrip()}") from None
 
     def cmd_device(self, args):
         s = self.session
@@ -163,14 +144,12 @@ class NeuronMagics(Magics):
         names = s.movable_names() if args.all else list(dict.fromkeys(args.move))
         missing = [n for n in names if n not in s.shell.user_ns]
         if missing:
-            raise UsageError(f"%neuron device: no variable named {', '.join(missing)}; nothing was moved\n"
-                             f"{_subparser('device').format_usage().rstrip()}")
+            raise _usage_error("device", f"no variable named {', '.join(missing)}; nothing was moved")
         bad = [n for n in names if not devices.movable(s.shell.user_ns[n])]
         if bad:
             kinds = ", ".join(f"{n} ({type(s.shell.user_ns[n]).__name__})" for n in bad)
-            raise UsageError(f"%neuron device: cannot move {kinds}: only tensors, nn.Modules, optimizers and "
-                             f"lists/tuples/dicts of tensors move; nothing was moved\n"
-                             f"{_subparser('device').format_usage().rstrip()}")
+            raise _usage_error("device", f"cannot move {kinds}: only tensors, nn.Modules, optimizers and "
+                                         "lists/tuples/dicts of tensors move; nothing was moved")
         report = failure = None
         if names:
             try:
@@ -187,25 +166,14 @@ class NeuronMagics(Magics):
     def cmd_mode(self, args):
         options = self._compile_options(args) if args.mode == modes.COMPILE else None
         if args.mode != modes.COMPILE and (args.fullgraph or args.backend or args.dynamic):
-            raise UsageError(f"%neuron mode: --fullgraph, --backend and --dynamic go with `compile`, "
-                             f"not `{args.mode}`\n{_subparser('mode').format_usage().rstrip()}")
+            raise _usage_error("mode", f"--fullgraph, --backend and --dynamic go with `compile`, not `{args.mode}`")
         self.session.set_mode(args.mode, options)
         print(f"mode for the cells that follow: {args.mode}")
 
     def _compile_options(self, args) -> modes.CompileOptions:
-        backend = args.backend or self.session.config.compile_backend
-        from torch._dynamo.backends.registry import list_backends
-
-        known = set(list_backends(exclude_tags=())) | {"inductor", "eager", "aot_eager"}
-        if backend not in known:
-            raise UsageError(f"%neuron {args.command}: unknown torch.compile backend {backend!r}; known: "
-                             f"{', '.join(sorted(known))}\n{_subparser(args.command).format_usage().rstrip()}")
-        prefix = "%%" if args.command == "compile" else "%"
-        if args.dynamic and backend == "neuron":
-            raise UsageError(f"{prefix}neuron {args.command}: torch.compile(backend='neuron') rejects dynamic=True, "
-                             "as TorchNeuron does; --dynamic needs another --backend (inductor, eager)\n"
-                             f"{_subparser(args.command).format_usage().rstrip()}")
-        return modes.CompileOptions(backend, bool(args.fullgraph), True if args.dynamic else None)
+        with _refused(args.command):
+            return limits.compile_options(args.backend or self.session.config.compile_backend, args.fullgraph,
+                                          args.dynamic)
 
     def cmd_report(self, args):
         s = self.session
@@ -223,8 +191,7 @@ class NeuronMagics(Magics):
             try:
                 n = int(args.cell)
             except ValueError:
-                raise UsageError(f"%neuron report: CELL must be a cell number or `all`, not {args.cell!r}\n"
-                                 f"{_subparser('report').format_usage().rstrip()}") from None
+                raise _usage_error("report", f"CELL must be a cell number or `all`, not {args.cell!r}") from None
             if n not in s.history:
                 kept = ", ".join(str(k) for k in s.history) or "none"
                 raise UsageError(f"%neuron report: no report for cell {n} (reports kept for cells: {kept})")
@@ -256,8 +223,7 @@ class NeuronMagics(Magics):
 
         unknown = [v for v in args.views if v not in VIEWS]
         if unknown:
-            raise UsageError(f"%neuron dashboard: unknown view {', '.join(unknown)}; views: {', '.join(VIEWS)}\n"
-                             f"{_subparser('dashboard').format_usage().rstrip()}")
+            raise _usage_error("dashboard", f"unknown view {', '.join(unknown)}; views: {', '.join(VIEWS)}")
         return self._show(list(dict.fromkeys(args.views)) or list(VIEWS))
 
     def cmd_memory(self, args):
@@ -281,11 +247,10 @@ class NeuronMagics(Magics):
         b = backend.active()
         if args.profile:
             try:
-                b.set_profile(args.profile)
+                with _refused("profile"):  # a profile that does not load (profiles.ProfileError)
+                    b.set_profile(args.profile)
             except NotImplementedError as e:
                 raise UsageError(f"%neuron profile: {e}") from None
-            except profiles.ProfileError as e:
-                raise UsageError(f"%neuron profile: {e}\n{_subparser('profile').format_usage().rstrip()}") from None
         p = b.profile
         if p is None:
             return _Text(f"{b.name} reports which ops ran natively; it has no coverage profile")
@@ -293,8 +258,22 @@ class NeuronMagics(Magics):
                      f"bundled: {', '.join(profiles.bundled())}; switch with `%neuron profile NAME|FILE`")
 
 
-def _subparser(name: str):
-    return _PARSER._subparsers._group_actions[0].choices[name]
+def _usage_error(command: str, why: str) -> UsageError:
+    """``%neuron COMMAND: why`` (``%%`` for a cell magic), then the command's usage."""
+    prefix = "%%" if command in CELL_ONLY else "%"
+    return UsageError(f"{prefix}neuron {command}: {why}\n{_parser.usage(_PARSER, command)}")
+
+
+@contextmanager
+def _refused(command: str) -> Iterator[None]:
+    """The one place a ``ValueError`` becomes a UsageError: an option object refusing a value
+    (:class:`limits.OptionError`, spelled with the flags' names), a device or a profile that does not parse."""
+    try:
+        yield
+    except limits.OptionError as e:
+        raise _usage_error(command, e.spelled(lambda name: f"--{name}")) from None
+    except ValueError as e:
+        raise _usage_error(command, str(e)) from None
 
 
 NeuronMagics.neuron.__doc__ = _parser.help_text(_PARSER)

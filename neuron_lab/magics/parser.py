@@ -12,16 +12,20 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from neuron_lab.checks import limits
+from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
-VIEWS = ("dashboard", "memory", "tensors", "fallbacks", "compiles")
+VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
 LINE_ONLY = ("status", "mode", "report", "reset", "free", "profile", *VIEWS)
 CELL_ONLY = ("compile", "eager", "parity", "compare")
 
 
 class NeuronArgumentParser(MagicArgumentParser):
+    """A parser whose parse errors are UsageErrors; the top one keeps its commands (argparse keeps them privately)."""
+
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
+        self.subcommands: dict[str, tuple[NeuronArgumentParser, str]] = {}  # name -> (its parser, one-line help)
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
@@ -43,26 +47,32 @@ def build() -> NeuronArgumentParser:
         "fallbacks, memory and compiles. `%neuron` alone shows the status."))
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=NeuronArgumentParser)
 
-    sub.add_parser("status", prog="%neuron status", help="backend, device, mode, memory and session totals")
+    def command(name: str, help: str, **kwargs: str) -> NeuronArgumentParser:  # noqa: A002 (argparse's name)
+        prog = f"%%neuron {name}" if name in CELL_ONLY else f"%neuron {name}"
+        sp = sub.add_parser(name, prog=prog, help=help, **kwargs)
+        p.subcommands[name] = (sp, help)
+        return sp
 
-    d = sub.add_parser("device", prog="%neuron device", help="show or switch the notebook's device",
-                       description="Show the notebook device, or switch it. As a cell magic "
-                                   "(`%%neuron device cpu`), for that cell only.")
+    command("status", help="backend, device, mode, memory and session totals")
+
+    d = command("device", help="show or switch the notebook's device",
+                description="Show the notebook device, or switch it. As a cell magic (`%%neuron device cpu`), "
+                            "for that cell only.")
     d.add_argument("device", nargs="?", metavar="DEVICE", help="neuron, neuron:N, cpu, cuda or cuda:N")
     d.add_argument("--default", action="store_true", help="also torch.set_default_device(DEVICE)")
     d.add_argument("--move", nargs="+", metavar="NAME", default=[], help="move these objects to DEVICE")
     d.add_argument("--all", action="store_true",
                    help="move every module, tensor, optimizer and list/tuple/dict of tensors in the namespace")
 
-    m = sub.add_parser("mode", prog="%neuron mode", help="the default mode of the cells that follow",
-                       description="default: code runs as written; eager: compiled functions run eagerly "
-                                   "(force_eager stance); compile: outermost nn.Module calls are compiled.")
+    m = command("mode", help="the default mode of the cells that follow",
+                description="default: code runs as written; eager: compiled functions run eagerly "
+                            "(force_eager stance); compile: outermost nn.Module calls are compiled.")
     m.add_argument("mode", choices=("default", "eager", "compile"), help="the mode")
     _compile_options(m)
 
-    r = sub.add_parser("report", prog="%neuron report", help="show reports from the history",
-                       description="Show a cell's report (`%neuron report 7`), every kept report "
-                                   "(`all`), or the last one (default).")
+    r = command("report", help="show reports from the history",
+                description="Show a cell's report (`%neuron report 7`), every kept report "
+                            "(`all`), or the last one (default).")
     r.add_argument("cell", nargs="?", metavar="CELL|all", help="a cell number, or all")
     r.add_argument("--last", action="store_true", help="the last report (the default)")
     g = r.add_mutually_exclusive_group()
@@ -70,40 +80,38 @@ def build() -> NeuronArgumentParser:
     g.add_argument("--summary", action="store_const", const="summary", dest="detail", help="one line")
     g.add_argument("--json", action="store_const", const="json", dest="detail", help="as JSON")
 
-    sub.add_parser("reset", prog="%neuron reset", help="clear the session totals, the history and peak memory")
-    sub.add_parser("free", prog="%neuron free",
-                   help="drop IPython's own references to device tensors (Out, _, _N, the last traceback) "
-                        "and report the bytes freed")
+    command("reset", help="clear the session totals, the history and peak memory")
+    command("free", help="drop IPython's own references to device tensors (Out, _, _N, the last traceback) "
+                         "and report the bytes freed")
 
-    v = sub.add_parser("dashboard", prog="%neuron dashboard", help="live views of memory, device tensors, CPU "
-                       "fallbacks and compiles, in tabs", description="A live panel that updates while cells run "
-                       "(a widget under a kernel; text elsewhere). Each view also shows alone: "
-                       "`%neuron memory`, `%neuron tensors`, `%neuron fallbacks`, `%neuron compiles`.")
+    v = command("dashboard", help="live views of memory, device tensors, CPU fallbacks and compiles, in tabs",
+                description="A live panel that updates while cells run (a widget under a kernel; text elsewhere). "
+                            "Each view also shows alone: `%neuron memory`, `%neuron tensors`, `%neuron fallbacks`, "
+                            "`%neuron compiles`.")
     v.add_argument("views", nargs="*", metavar="VIEW", help="only these views (memory, tensors, fallbacks, compiles)")
     for name, what in (("memory", "device memory now, its timeline over the session and per-cell deltas, with a "
                                   "free button"),
                        ("tensors", "the live device tensors, the names that refer to them and what holds them"),
                        ("fallbacks", "the CPU-fallback inspector: ops that did not run natively, with call sites"),
                        ("compiles", "graphs, graph breaks, recompiles and compile time per cell")):
-        sub.add_parser(name, prog=f"%neuron {name}", help=f"live view: {what}")
-    pr = sub.add_parser("profile", prog="%neuron profile", help="show or switch the op-coverage profile",
-                        description="The coverage profile decides which ops the emulator runs natively and which "
-                                    "it reports as CPU fallbacks.")
+        command(name, help=f"live view: {what}")
+    pr = command("profile", help="show or switch the op-coverage profile",
+                 description="The coverage profile decides which ops the emulator runs natively and which "
+                             "it reports as CPU fallbacks.")
     pr.add_argument("profile", nargs="?", metavar="NAME|FILE", help="a bundled profile's name, or a profile JSON file")
 
-    c = sub.add_parser("compile", prog="%%neuron compile", help="cell magic: run the cell with its outermost "
-                       "nn.Module calls compiled by torch.compile")
+    c = command("compile", help="cell magic: run the cell with its outermost nn.Module calls compiled by "
+                                "torch.compile")
     _compile_options(c)
     _device_option(c)
-    e = sub.add_parser("eager", prog="%%neuron eager",
-                       help="cell magic: run the cell eagerly, compiled functions included")
+    e = command("eager", help="cell magic: run the cell eagerly, compiled functions included")
     _device_option(e)
-    pa = sub.add_parser("parity", prog="%%neuron parity", help="cell magic: run the cell on the notebook device, "
-                        "then on copies on a reference device, and compare what it produced",
-                        description="The device run is the real one; the reference run (eager, on deep copies of "
-                                    "what the cell reads) leaves nothing behind. Compared: new or changed tensors, "
-                                    "modules, optimizers, numbers and the last value, with torch.testing.assert_close"
-                                    "'s dtype tolerances unless --rtol/--atol are given.")
+    pa = command("parity", help="cell magic: run the cell on the notebook device, then on copies on a reference "
+                                "device, and compare what it produced",
+                 description="The device run is the real one; the reference run (eager, on deep copies of "
+                             "what the cell reads) leaves nothing behind. Compared: new or changed tensors, "
+                             "modules, optimizers, numbers and the last value, with torch.testing.assert_close"
+                             "'s dtype tolerances unless --rtol/--atol are given.")
     pa.add_argument("--against", metavar="cpu|DEVICE", default="cpu", help="the reference device (default cpu)")
     pa.add_argument("--rtol", type=float, metavar="R", help="relative tolerance, a finite number >= 0 (with --atol)")
     pa.add_argument("--atol", type=float, metavar="A", help="absolute tolerance, a finite number >= 0 (with --rtol)")
@@ -111,10 +119,9 @@ def build() -> NeuronArgumentParser:
     pa.add_argument("--seed", type=int, metavar="S", help="torch.manual_seed(S), S from 0 to 2**64-1, before the "
                     "device run; the reference starts from the same state (default: the generators as the cell "
                     "finds them)")
-    co = sub.add_parser("compare", prog="%%neuron compare", help="cell magic: time the cell eager and compiled, on "
-                        "copies, and compare their outputs",
-                        description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
-                                    "copies of what the cell reads; then the cell runs once for real.")
+    co = command("compare", help="cell magic: time the cell eager and compiled, on copies, and compare their outputs",
+                 description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
+                             "copies of what the cell reads; then the cell runs once for real.")
     co.add_argument("--warmup", type=int, default=1, metavar="W",
                     help=f"untimed runs after the first, 0 to {limits.MAX_WARMUP:,} (default 1)")
     co.add_argument("--runs", type=int, default=5, metavar="N",
@@ -125,9 +132,7 @@ def build() -> NeuronArgumentParser:
 
 def commands(p: NeuronArgumentParser) -> list[tuple[str, NeuronArgumentParser, str]]:
     """(name, parser, one-line help) of every command, in the parser's order (``%neuron?``, the README)."""
-    action = p._subparsers._group_actions[0]
-    helps = {a.dest: a.help for a in action._choices_actions}
-    return [(name, sp, helps.get(name, "")) for name, sp in action.choices.items()]
+    return [(name, sp, help) for name, (sp, help) in p.subcommands.items()]
 
 
 def help_text(p: NeuronArgumentParser) -> str:
@@ -138,7 +143,8 @@ def help_text(p: NeuronArgumentParser) -> str:
 
 
 def usage(p: NeuronArgumentParser, command: str) -> str:
-    return p._subparsers._group_actions[0].choices[command].format_usage().rstrip()
+    """The usage line of one command (``usage: %neuron device [-h] ...``), to follow an error message."""
+    return p.subcommands[command][0].format_usage().rstrip()
 
 
 def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespace:

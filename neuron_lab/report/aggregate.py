@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from neuron_lab import kinds
 from neuron_lab.report.model import Compiles, Memory, OpRow, Report, SiteCount
-
-_ORDER = {"fallback": 0, "host": 1, "downcast": 2}
 
 
 def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
@@ -36,14 +35,15 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
                 into.stacks.extend(st for st in sc.stacks if st not in into.stacks)
     for m in rows.values():
         m.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-    return sorted(rows.values(), key=lambda r: (_ORDER.get(r.kind, 3), -r.count, r.op))
+    return sorted(rows.values(), key=lambda r: (kinds.order(r.kind), -r.count, r.op))
 
 
 def merge_reports(rs: list[Report]) -> Report:
     """One Report for many consecutive windows: counts and times summed, memory from first to last, peak the max."""
-    modes = {r.mode for r in rs}
+    modes, profiles = {r.mode for r in rs}, {r.profile for r in rs}
     total = Report("run", None, rs[-1].device if rs else "?", modes.pop() if len(modes) == 1 else "mixed",
-                   rs[0].backend if rs else "", ops_not_native=merge_rows(rs), callsites=all(r.callsites for r in rs))
+                   rs[0].backend if rs else "", ops_not_native=merge_rows(rs), callsites=all(r.callsites for r in rs),
+                   profile=profiles.pop() if len(profiles) == 1 else ", ".join(sorted(p for p in profiles if p)))
     if not rs:
         return total
     total.memory = Memory(rs[0].memory.before, rs[-1].memory.after, max(r.memory.peak for r in rs),

@@ -7,8 +7,12 @@ numbers and source text only: never a tensor, so keeping reports never keeps dev
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
+
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, Kind, sections
+from neuron_lab.units import ShownAsText
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class OpRow:
     """One op that did not run natively (a CPU fallback, a host op or a 64-bit downcast) in the window."""
 
     op: str  # "aten::atan2.out"
-    kind: str  # "fallback" | "host" | "downcast"
+    kind: str  # a name of neuron_lab.kinds.KINDS
     reason: str
     count: int = 0
     host_ns: int = 0
@@ -53,6 +57,13 @@ class OpRow:
     @property
     def host_ms(self) -> float:
         return self.host_ns / 1e6
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OpRow:
+        """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
+        return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(tuple(s) for s in d["shapes"]),
+                   tuple(d["dtypes"]), [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
+                                        for sc in d["sites"]], d["unattributed"])
 
 
 @dataclass
@@ -99,7 +110,7 @@ class Compiles:
 
 
 @dataclass
-class Report:
+class Report(ShownAsText):
     """Everything one window did on the device."""
 
     title: str  # "In[7]" or "track"
@@ -117,17 +128,23 @@ class Report:
     error: str | None = None  # "ZeroDivisionError: division by zero" when the window raised
     callsites: bool = True  # whether call sites were being captured
     detail: str = "table"  # how renderers show it: "summary" (one line), "table", "full" (with stacks)
+    profile: str | None = None  # the coverage profile that classified the ops (None: the device reported them)
     checks: list[Any] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
 
     # -- the views renderers use ----------------------------------------------------------
     @property
     def fallbacks(self) -> list[OpRow]:
         """CPU fallbacks and host ops: what did not run on the device."""
-        return [r for r in self.ops_not_native if r.kind != "downcast"]
+        return [r for r in self.ops_not_native if r.kind in OFF_DEVICE]
 
     @property
     def downcasts(self) -> list[OpRow]:
-        return [r for r in self.ops_not_native if r.kind == "downcast"]
+        return [r for r in self.ops_not_native if r.kind == DOWNCAST]
+
+    def sections(self) -> list[tuple[Kind, list[OpRow]]]:
+        """The report's non-empty row sections, as :func:`neuron_lab.kinds.sections` groups them."""
+        out = [(kind, [r for r in self.ops_not_native if r.kind in members]) for kind, members in sections()]
+        return [(kind, rows) for kind, rows in out if rows]
 
     @property
     def fallback_calls(self) -> int:
@@ -143,6 +160,22 @@ class Report:
         return bool(self.ops or self.ops_not_native or self.compiles or self.h2d_bytes or self.d2h_bytes
                     or self.memory.delta or self.memory.peak > self.memory.before)
 
+    def map_sites(self, site: Callable[[Site], Site], frame: Callable[[str], str] | None = None) -> None:
+        """Rewrite every user line the report names (op call sites, graph breaks, recompiles) with ``site``,
+        and each formatted stack frame with ``frame``: the one place a cell's lines become an outer cell's or a
+        script's."""
+        def fix(s: Site | None) -> Site | None:
+            return None if s is None else site(s)
+
+        for row in self.ops_not_native:
+            for sc in row.sites:
+                sc.site = site(sc.site)
+                if frame is not None:
+                    sc.stacks = [tuple(frame(f) for f in st) for st in sc.stacks]
+        c = self.compiles
+        c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
+        c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
+
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (the JSON renderer)."""
         d = asdict(self)
@@ -152,10 +185,7 @@ class Report:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
         """The inverse of :meth:`as_dict` for everything but ``checks`` (their results stay data)."""
-        rows = [OpRow(r["op"], r["kind"], r["reason"], r["count"], r["host_ns"],
-                      tuple(tuple(s) for s in r["shapes"]), tuple(r["dtypes"]),
-                      [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
-                       for sc in r["sites"]], r["unattributed"]) for r in d["ops_not_native"]]
+        rows = [OpRow.from_dict(r) for r in d["ops_not_native"]]
         c = d["compiles"]
         compiles = Compiles(c["frames"], c["graphs"], c["compile_s"],
                             [GraphBreak(b["reason"], _site(b["site"])) for b in c["breaks"]],
@@ -163,16 +193,13 @@ class Report:
                             list(c["failures"]))
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
-                   d["detail"])
+                   d["detail"], profile=d.get("profile"))
 
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:
         from neuron_lab.report.text import render_text
 
         return render_text(self)
-
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         from neuron_lab.report.html import render_html
@@ -182,3 +209,20 @@ class Report:
 
 def _site(d: dict[str, Any] | None) -> Site | None:
     return None if d is None else Site(d["filename"], d["line"], d["source"], d.get("cell"))
+
+
+def as_data(obj: Any, *names: str) -> Any:
+    """``obj`` as plain JSON data: a dataclass as a dict of its fields, tuples as lists (what a JSON round trip
+    gives back); with ``names``, only those attributes of ``obj``, properties such as ``Report.run_s`` included.
+
+    The widget's JSON is made of it, so it carries the model's own field names and nothing retyped.
+    """
+    if names:
+        return {n: as_data(getattr(obj, n)) for n in names}
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_data(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [as_data(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: as_data(v) for k, v in obj.items()}
+    return obj

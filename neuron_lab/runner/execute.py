@@ -1,7 +1,7 @@
 """Run a :class:`~neuron_lab.runner.inputs.Program` in a fresh ipykernel through nbclient, cell by cell.
 
 Before the first cell a silent execution loads the extension (``kernel.install``); after each cell
-another fetches that cell's report (``kernel.take``), so the records of the cells before a kernel
+another fetches that cell's report (``kernel.after_cell``), so the records of the cells before a kernel
 death are already here when it happens. Silent executions store no history, fire no cell events
 and add no output, so the executed notebook is what the user would have seen.
 """
@@ -9,7 +9,6 @@ and add no output, so the executed notebook is what the user would have seen.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
 import logging
 import math
@@ -20,11 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from queue import Empty
-from typing import Any
+from typing import IO, Any
 
 import nbclient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+from neuron_lab.compat import nbclient as compat
 from neuron_lab.runner import kernel
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, TIMEOUT, CellRecord
@@ -32,8 +32,6 @@ from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, TIMEOUT, Cel
 STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HOOK = "__import__('neuron_lab.runner.kernel', fromlist=['kernel'])"
-# After each cell; until the notebook has loaded the extension it imports nothing (None comes back).
-_AFTER_CELL = f"{_HOOK}.after_cell(get_ipython()) if 'neuron_lab.extension' in __import__('sys').modules else None"
 _LOADS_ITSELF = re.compile(r"^\s*%(re)?load_ext\s+neuron_lab\b", re.M)
 _RETRIES = 50  # times a silent request the kernel aborted is sent again (0.1 s apart)
 _STDERR_TAIL = 20  # lines of the kernel process's own stderr kept for a kernel failure
@@ -59,66 +57,145 @@ class Outcome:
 
 def run(program: Program, env: dict[str, str], timeout: float | None,
         on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> Outcome:
-    return asyncio.run(_run(program, env, timeout, on_cell, on_ready))
+    return asyncio.run(_Run(program, env, timeout, on_cell, on_ready).main())
 
 
-async def _run(program: Program, env: dict[str, str], timeout: float | None,
-               on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> Outcome:
-    code = program.code_cells
-    outcome = Outcome([CellRecord(index, k) for k, index in enumerate(code, 1)])
-    if program.kind == "script":
-        for rec, line in zip(outcome.cells, program.first_lines):
-            rec.where = f"{program.path}:{line}"
-    client = nbclient.NotebookClient(program.nb, kernel_name="python3", startup_timeout=STARTUP_TIMEOUT,
-                                     timeout=None if timeout is None else math.ceil(timeout), log=_QUIET,
-                                     resources={"metadata": {"path": str(program.path.parent.resolve())}})
-    start = time.monotonic()
-    started = False
-    # The kernel's own stderr (its launcher's log, a crash's last words) goes to a file, not between our lines.
-    with tempfile.TemporaryFile() as kernel_stderr:
+class _Run:
+    """One run of a program in one kernel; each step below has one job."""
+
+    def __init__(self, program: Program, env: dict[str, str], timeout: float | None,
+                 on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> None:
+        self.program, self.env, self.timeout = program, env, timeout
+        self.on_cell, self.on_ready = on_cell, on_ready
+        self.outcome = Outcome([CellRecord(index, k) for k, index in enumerate(program.code_cells, 1)])
+        self.script: dict[str, Any] | None = None  # what the kernel needs to name a script's lines (kernel.Script)
+        if program.kind == "script":
+            self.script = {"path": str(program.path), "file": str(program.path.resolve()),
+                           "first_lines": program.first_lines}
+            for rec, line in zip(self.outcome.cells, program.first_lines):
+                rec.where = f"{program.path}:{line}"
+        self.client = nbclient.NotebookClient(
+            program.nb, kernel_name="python3", startup_timeout=STARTUP_TIMEOUT,
+            timeout=None if timeout is None else math.ceil(timeout), log=_QUIET,
+            resources={"metadata": {"path": str(program.path.parent.resolve())}})
+
+    async def main(self) -> Outcome:
+        start = time.monotonic()
+        # The kernel's own stderr (its launcher's log, a crash's last words) goes to a file, not between our lines.
+        with tempfile.TemporaryFile() as kernel_stderr:
+            await self._in_kernel(kernel_stderr)
+            self.outcome.kernel_stderr = _tail(kernel_stderr)
+        self.outcome.seconds = time.monotonic() - start
+        return self.outcome
+
+    async def _in_kernel(self, kernel_stderr: IO[bytes]) -> None:
+        """Start the kernel, run the program in it, shut it down; a kernel failure becomes ``kernel_error``."""
+        started = False
         try:
-            async with client.async_setup_kernel(env=env, stderr=kernel_stderr):
+            async with self.client.async_setup_kernel(env=self.env, stderr=kernel_stderr):
                 started = True
-                _on_ctrl_c(client, outcome)
-                reply = await _reply(client, await nbclient.util.ensure_async(client.kc.kernel_info()))
-                if "language_info" in reply["content"]:
-                    program.nb.metadata["language_info"] = reply["content"]["language_info"]
-                script = None
-                if program.kind == "script":
-                    script = {"path": str(program.path), "file": str(program.path.resolve()),
-                              "first_lines": program.first_lines}
-                if loads_itself(program):
-                    on_ready({"loads_itself": True})
-                else:
-                    outcome.info = await _ask(client, f"{_HOOK}.install(get_ipython(), {script!r})")
-                    on_ready(outcome.info)
-                for rec in outcome.cells:
-                    loaded = await _cell(client, program, rec, timeout, outcome)
-                    on_cell(rec)
-                    if loaded:
-                        outcome.info = {**loaded, "by_notebook": True}
-                        on_ready(outcome.info)
-                    if rec.status != OK or outcome.interrupted:
-                        if rec.status == DIED and outcome.interrupted:
-                            outcome.kernel_error = "interrupted twice: the kernel was shut down"
-                        elif rec.status == DIED:
-                            outcome.kernel_error = f"the kernel died while running cell [{rec.number}/{len(code)}]"
-                        break
+                _on_ctrl_c(self.client, self.outcome)
+                await self._language_info()
+                await self._load()
+                await self._cells()
         except KernelFailed as e:
-            outcome.kernel_error = str(e)
+            self.outcome.kernel_error = str(e)
         except DeadKernelError:
-            outcome.kernel_error = "the kernel died while loading neuron_lab"
+            self.outcome.kernel_error = "the kernel died while loading neuron_lab"
         except Exception as e:  # the kernel did not start: jupyter_client raises RuntimeError, TimeoutError...
             if started:
                 raise
             # nbclient already cleaned up, but left its exit hook behind, which would fail on the cleaned client.
-            atexit.unregister(client._cleanup_kernel)
-            outcome.kernel_error = f"the kernel did not start: {type(e).__name__}: {e}"
-        kernel_stderr.seek(0)
-        lines = kernel_stderr.read().decode("utf-8", "replace").splitlines()
-        outcome.kernel_stderr = "\n".join([x for x in lines if not x.startswith(_TCP_WARNING)][-_STDERR_TAIL:])
-    outcome.seconds = time.monotonic() - start
-    return outcome
+            compat.forget_exit_hook(self.client)
+            self.outcome.kernel_error = f"the kernel did not start: {type(e).__name__}: {e}"
+
+    async def _language_info(self) -> None:
+        """The executed notebook names the kernel's language, as one run by Jupyter does."""
+        reply = await _reply(self.client, await nbclient.util.ensure_async(self.client.kc.kernel_info()))
+        if "language_info" in reply["content"]:
+            self.program.nb.metadata["language_info"] = reply["content"]["language_info"]
+
+    async def _load(self) -> None:
+        """Load neuron_lab before the first cell, unless the notebook loads it itself."""
+        if loads_itself(self.program):
+            self.on_ready({"loads_itself": True})
+            return
+        self.outcome.info = await _ask(self.client, f"{_HOOK}.install(get_ipython(), {self.script!r})")
+        self.on_ready(self.outcome.info)
+
+    async def _cells(self) -> None:
+        """Run the cells in order, reporting each; the run stops at the first that does not end OK, or at Ctrl-C."""
+        for rec in self.outcome.cells:
+            loaded = await self._cell(rec)
+            self.on_cell(rec)
+            if loaded:
+                self.outcome.info = {**loaded, "by_notebook": True}
+                self.on_ready(self.outcome.info)
+            if rec.status != OK or self.outcome.interrupted:
+                self.outcome.kernel_error = self._death(rec)
+                break
+
+    def _death(self, rec: CellRecord) -> str | None:
+        """Why the kernel is gone after ``rec`` ran, if it is."""
+        if rec.status != DIED:
+            return None
+        if self.outcome.interrupted:
+            return "interrupted twice: the kernel was shut down"
+        return f"the kernel died while running cell [{rec.number}/{len(self.outcome.cells)}]"
+
+    async def _cell(self, rec: CellRecord) -> dict[str, Any] | None:
+        """Run one cell and fetch its report; what the kernel said about neuron_lab when this cell loaded it."""
+        cell = self.program.nb.cells[rec.index]
+        t0 = time.monotonic()
+        await self._execute(cell, rec)
+        rec.seconds = time.monotonic() - t0
+        rec.execution_count = cell.get("execution_count")
+        return None if rec.status == DIED else await self._fetch(rec)
+
+    async def _execute(self, cell: Any, rec: CellRecord) -> None:
+        """Run one cell; how it ended goes into ``rec`` (status and error)."""
+        try:
+            await self.client.async_execute_cell(cell, rec.index, execution_count=self.client.code_cells_executed + 1)
+            rec.status = OK
+            raised = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+            if raised is not None:  # a cell tagged raises-exception: it may raise, and the run goes on; say that it did
+                rec.error = _error_of(cell, raised.get("ename", "?"), raised.get("evalue", ""))
+        except CellExecutionError as e:
+            interrupted = self.outcome.interrupted and e.ename == "KeyboardInterrupt"
+            rec.status, rec.error = INTERRUPTED if interrupted else ERROR, _error_of(cell, e.ename, e.evalue)
+        except CellTimeoutError:
+            rec.status = TIMEOUT
+            rec.error = {"ename": "CellTimeoutError", "evalue": f"the cell ran past --timeout {self.timeout:g} s",
+                         "traceback": ""}
+            await nbclient.util.ensure_async(self.client.km.interrupt_kernel())  # the kernel finishes the report
+        except DeadKernelError:
+            rec.status = DIED
+            rec.error = {"ename": "kernel died", "evalue": "the kernel process ended while the cell ran",
+                         "traceback": ""}
+
+    async def _fetch(self, rec: CellRecord) -> dict[str, Any] | None:
+        """The cell's report into ``rec``; what the kernel said about neuron_lab when this cell loaded it."""
+        # Until the notebook has loaded the extension the kernel imports nothing (None comes back).
+        after_cell = (f"{_HOOK}.after_cell(get_ipython(), {self.script!r}) "
+                      "if 'neuron_lab.extension' in __import__('sys').modules else None")
+        try:
+            after = await asyncio.wait_for(_ask(self.client, after_cell), 60)
+        except (KernelFailed, DeadKernelError, asyncio.TimeoutError):
+            return None
+        if after is None:  # neuron_lab is not loaded yet
+            return None
+        if after["reports"]:  # one per cell; a nested run_cell belongs to its outer cell
+            last = after["reports"][-1]
+            rec.report, rec.text, rec.touched_device = last["report"], last["text"], last["touched_device"]
+            rec.execution_count = rec.report.get("cell") or rec.execution_count
+        return after["loaded"]
+
+
+def _tail(kernel_stderr: IO[bytes]) -> str:
+    """The last lines the kernel process wrote to its stderr, but the warning every local kernel gives."""
+    kernel_stderr.seek(0)
+    lines = kernel_stderr.read().decode("utf-8", "replace").splitlines()
+    return "\n".join([x for x in lines if not x.startswith(_TCP_WARNING)][-_STDERR_TAIL:])
 
 
 def _on_ctrl_c(client: nbclient.NotebookClient, outcome: Outcome) -> None:
@@ -126,7 +203,7 @@ def _on_ctrl_c(client: nbclient.NotebookClient, outcome: Outcome) -> None:
     a second Ctrl-C shuts the kernel down (nbclient's own handler, which this one replaces)."""
     def interrupt() -> None:
         if outcome.interrupted:
-            asyncio.ensure_future(client._async_cleanup_kernel())
+            asyncio.ensure_future(compat.shut_down(client))
             return
         outcome.interrupted = True
         print("interrupted: stopping at the running cell (Ctrl-C again shuts the kernel down)", flush=True)
@@ -142,45 +219,6 @@ def loads_itself(program: Program) -> bool:
     """A notebook with its own ``%load_ext neuron_lab``: the runner loads nothing before that cell runs."""
     return program.kind == "notebook" and any(_LOADS_ITSELF.search(program.nb.cells[i].source)
                                               for i in program.code_cells)
-
-
-async def _cell(client: nbclient.NotebookClient, program: Program, rec: CellRecord, timeout: float | None,
-                outcome: Outcome) -> dict[str, Any] | None:
-    """Run one cell and fetch its report; what the kernel said about neuron_lab when this cell loaded it."""
-    cell = program.nb.cells[rec.index]
-    t0 = time.monotonic()
-    try:
-        await client.async_execute_cell(cell, rec.index, execution_count=client.code_cells_executed + 1)
-        rec.status = OK
-        raised = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-        if raised is not None:  # a cell tagged raises-exception: it may raise, and the run goes on; say that it did
-            rec.error = _error_of(cell, raised.get("ename", "?"), raised.get("evalue", ""))
-    except CellExecutionError as e:
-        interrupted = outcome.interrupted and e.ename == "KeyboardInterrupt"
-        rec.status, rec.error = INTERRUPTED if interrupted else ERROR, _error_of(cell, e.ename, e.evalue)
-    except CellTimeoutError:
-        rec.status = TIMEOUT
-        rec.error = {"ename": "CellTimeoutError", "evalue": f"the cell ran past --timeout {timeout:g} s",
-                     "traceback": ""}
-        await nbclient.util.ensure_async(client.km.interrupt_kernel())  # the kernel finishes the cell's report
-    except DeadKernelError:
-        rec.status = DIED
-        rec.error = {"ename": "kernel died", "evalue": "the kernel process ended while the cell ran", "traceback": ""}
-    rec.seconds = time.monotonic() - t0
-    rec.execution_count = cell.get("execution_count")
-    if rec.status == DIED:
-        return None
-    try:
-        after = await asyncio.wait_for(_ask(client, _AFTER_CELL), 60)
-    except (KernelFailed, DeadKernelError, asyncio.TimeoutError):
-        return None
-    if after is None:  # neuron_lab is not loaded yet
-        return None
-    if after["reports"]:  # one per cell; a nested run_cell belongs to its outer cell
-        last = after["reports"][-1]
-        rec.report, rec.text, rec.touched_device = last["report"], last["text"], last["touched_device"]
-        rec.execution_count = rec.report.get("cell") or rec.execution_count
-    return after["loaded"]
 
 
 def _error_of(cell: Any, ename: str, evalue: str) -> dict[str, Any]:

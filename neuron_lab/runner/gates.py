@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_lab.kinds import OFF_DEVICE
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Report
 from neuron_lab.runner.options import op_matches
@@ -44,7 +45,7 @@ def evaluate(reports: list[Report], args: argparse.Namespace) -> list[GateResult
 
 
 def fallback_gate(reports: list[Report], allowed: list[str]) -> GateResult:
-    rows = [r for r in merge_rows(reports) if r.kind != "downcast"]
+    rows = [r for r in merge_rows(reports) if r.kind in OFF_DEVICE]
     failing = [r for r in rows if not any(op_matches(spec, r.op) for spec in allowed)]
     exempt = [r for r in rows if r not in failing]
     unused = [spec for spec in allowed if not any(op_matches(spec, r.op) for r in rows)]

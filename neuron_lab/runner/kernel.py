@@ -7,6 +7,10 @@ every cell. A notebook that loads the extension itself (``%load_ext neuron_lab``
 (``%env NEURON_LAB_DEVICE_MEMORY=...``), so nothing of neuron_lab, not even torch, is imported before
 it; :func:`after_cell` attaches once the notebook has loaded it.
 
+Everything the runner keeps in the kernel is one :class:`Collector`, registered with the session as a
+listener (so :func:`after_cell` finds it there again) and, for a script, a :class:`Script` registered as one
+of the session's site maps (so every report, the one the extension shows included, names the script's lines).
+
 Reports travel as data (``Report.as_dict()``) with the text the extension's renderer made of the
 same Report, so the runner needs no second copy of the model or of its renderers.
 """
@@ -17,15 +21,12 @@ import io
 import json
 import re
 from contextlib import redirect_stdout
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any
 
 from neuron_lab.report.model import Report, Site
 
 MIME = "application/vnd.neuron-lab.run.v1+json"
-
-_taken: list[dict[str, Any]] = []
-_script: dict[str, Any] | None = None  # {"path": shown name, "first_lines": [line of chunk 1, ...]}
 
 
 class Payload:
@@ -38,6 +39,63 @@ class Payload:
         return {MIME: json.dumps(self.data, default=str)}
 
 
+@dataclass
+class Script:
+    """A script run as cells: chunk N (a ``# %%`` block, from line ``first_lines[N - 1]``) is cell In[N]."""
+
+    path: str  # the name shown: train.py:12
+    file: str  # the resolved path, the kernel's ``__file__``
+    first_lines: list[int]
+
+    def as_script_lines(self, report: Report) -> None:
+        """A site map: say ``train.py:12`` where the kernel saw ``In[N] line L``, and title the report so."""
+        n = report.cell
+        if n is None or not 1 <= n <= len(self.first_lines):
+            return
+        offset = self.first_lines[n - 1] - 1
+        label = re.compile(rf"^In\[{n}\] line (\d+)")
+
+        def site(s: Site) -> Site:
+            return s if s.cell != n else Site(self.path, s.line + offset, s.source)
+
+        def frame(f: str) -> str:
+            return label.sub(lambda m: f"{self.path}:{int(m.group(1)) + offset}", f)
+
+        report.map_sites(site, frame)
+        report.title = f"{self.path}:{self.first_lines[n - 1]}"
+
+
+class Collector:
+    """The reports of the cells that finished since the runner last asked, as the runner receives them."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, Any]] = []
+
+    @classmethod
+    def attach(cls, session: Any, script: Script | None) -> Collector:
+        """A new collector, listening to ``session``; a script's lines replace the cells' in every report."""
+        collector = cls()
+        if script is not None:
+            session.site_maps.append(script.as_script_lines)
+        session.listeners.append(collector.keep)
+        return collector
+
+    @classmethod
+    def of(cls, session: Any) -> Collector | None:
+        """The collector listening to ``session``, if one is."""
+        return next((fn.__self__ for fn in session.listeners if isinstance(getattr(fn, "__self__", None), cls)),
+                    None)
+
+    def keep(self, report: Report) -> None:
+        self.reports.append({"report": report.as_dict(), "text": str(report),
+                             "touched_device": report.touched_device})
+
+    def hand_over(self) -> list[dict[str, Any]]:
+        """The reports kept so far, oldest first; the collector starts empty again."""
+        out, self.reports = self.reports, []
+        return out
+
+
 def install(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     """Load the extension (quietly: the runner prints the banner) and start keeping reports.
 
@@ -45,36 +103,30 @@ def install(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     notebook's own ``%load_ext neuron_lab`` later finds the session there and neither loads twice nor
     prints "already loaded".
     """
-    global _script
     from neuron_lab import extension
 
     out = io.StringIO()
     with redirect_stdout(out):
         extension.load(shell)
-    _script = script
     if script is not None:
         shell.user_ns["__file__"] = script["file"]
-    _attach(extension.session_of(shell))
+    Collector.attach(extension.session_of(shell), None if script is None else Script(**script))
     return Payload(_info(out.getvalue().strip()))
 
 
-def after_cell(shell: Any) -> Payload:
+def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     """The reports of the cells that finished since the last call, oldest first, and, the first time the
-    extension is found loaded by the notebook itself, what :func:`install` would have said."""
+    extension is found loaded by the notebook itself (or loaded again), what :func:`install` would have said."""
     from neuron_lab import extension
 
     session = extension.session_of(shell)
-    loaded = None
-    if session is not None and _keep not in session.listeners:
-        _attach(session)
+    if session is None:
+        return Payload({"loaded": None, "reports": []})
+    collector, loaded = Collector.of(session), None
+    if collector is None:
+        collector = Collector.attach(session, None if script is None else Script(**script))
         loaded = _info(extension.banner(session))
-    out = list(_taken)
-    _taken.clear()
-    return Payload({"loaded": loaded, "reports": out})
-
-
-def _attach(session: Any) -> None:
-    session.listeners.insert(0, _keep)  # first: script lines are set before the extension shows the report
+    return Payload({"loaded": loaded, "reports": collector.hand_over()})
 
 
 def _info(banner: str) -> dict[str, Any]:
@@ -84,35 +136,3 @@ def _info(banner: str) -> dict[str, Any]:
     return {"banner": banner, "backend": backend.state().kind,
             "description": backend.active().description if backend.is_active() else backend.state().reason,
             "profile": profile.name if profile is not None else None}
-
-
-def _keep(report: Report) -> None:
-    if _script is not None:
-        as_script_lines(report, _script["path"], _script["first_lines"])
-    _taken.append({"report": report.as_dict(), "text": str(report), "touched_device": report.touched_device})
-
-
-def as_script_lines(report: Report, path: str, first_lines: list[int]) -> None:
-    """Say ``train.py:12`` where the kernel saw ``In[N] line L``: chunk N of the script is cell In[N]."""
-    n = report.cell
-    if n is None or not 1 <= n <= len(first_lines):
-        return
-    offset = first_lines[n - 1] - 1
-    label = re.compile(rf"^In\[{n}\] line (\d+)")
-
-    def fix(site: Site | None) -> Site | None:
-        if site is None or site.cell != n:
-            return site
-        return Site(path, site.line + offset, site.source)
-
-    def fix_frame(frame: str) -> str:
-        return label.sub(lambda m: f"{path}:{int(m.group(1)) + offset}", frame)
-
-    for row in report.ops_not_native:
-        for sc in row.sites:
-            sc.site = fix(sc.site)
-            sc.stacks = [tuple(fix_frame(f) for f in st) for st in sc.stacks]
-    c = report.compiles
-    c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
-    c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
-    report.title = f"{path}:{first_lines[n - 1]}"

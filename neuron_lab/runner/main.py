@@ -18,8 +18,7 @@ from neuron_lab.runner.records import FAILED
 
 def parser() -> argparse.ArgumentParser:
     """The parser of ``neuron-lab run`` on its own (``neuron_lab.cli`` adds the same arguments as a subcommand)."""
-    p = argparse.ArgumentParser(prog="neuron-lab run", description=options.DESCRIPTION, epilog=options.EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="neuron-lab run", **options.PARSER)
     options.add_arguments(p)
     return p
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from neuron_lab.units import parse_size
 
@@ -38,6 +39,10 @@ its call sites are reported as FILE:LINE.
 example (CI):
   neuron-lab run train.ipynb --fail-on-fallback --allow-fallback atan2 --max-peak-memory 2GiB --json run.json
 """
+
+# How the run command's parser presents itself in its usage and --help, as a subcommand and on its own alike.
+PARSER: dict[str, Any] = {"description": DESCRIPTION, "epilog": EPILOG,
+                          "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def size(text: str) -> int:

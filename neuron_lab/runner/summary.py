@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_lab.kinds import HOST
 from neuron_lab.report.aggregate import merge_reports
 from neuron_lab.report.model import OpRow, Report, Site
 from neuron_lab.report.text import render_text
@@ -64,7 +65,7 @@ def op_line(row: OpRow, sites: int = SITES_SHOWN) -> str:
         where.append(count(len(row.sites) - sites, "more site"))
     if row.unattributed:
         where.append(f"{row.unattributed:,}× without a user line")
-    host = " (host op)" if row.kind == "host" else ""
+    host = " (host op)" if row.kind == HOST else ""
     return f"{row.op}{host} ×{row.count:,}" + (f" at {', '.join(where)}" if where else "")
 
 

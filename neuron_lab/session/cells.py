@@ -1,7 +1,8 @@
 """Notebook cells as code: which frames are cells, and running a cell magic's body like a cell.
 
 IPython names each cell's code through ``shell.compile`` (``<ipython-input-N-…>`` in a terminal,
-``/tmp/ipykernel_…/….py`` in a kernel) and keeps its source in ``linecache``; both are used here.
+``/tmp/ipykernel_…/….py`` in a kernel), maps each name to its execution count
+(:func:`neuron_lab.compat.ipython.cell_numbers`) and keeps its source in ``linecache``; all are used here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import ast
 import sys
 from typing import Any
 
+from neuron_lab.compat import ipython
 from neuron_lab.report.model import Site
 from neuron_lab.trace.sites import Locator
 
@@ -19,7 +21,7 @@ class CellLocator(Locator):
 
     def __init__(self, shell: Any) -> None:
         super().__init__()
-        self._map: dict[str, int] = getattr(shell.compile, "_filename_map", {})
+        self._map = ipython.cell_numbers(shell.compile)
         self._compiler = shell.compile
 
     def _cell_of(self, filename: str) -> int | None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import copy
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from neuron_lab import backend as _backend
+from neuron_lab.units import ShownAsText, format_size
 
 MAX_DEPTH = 3  # how deep into lists/tuples/dicts a scan looks
 
@@ -85,6 +86,7 @@ def footprint(obj: Any, device_type: str | None = None) -> tuple[int, int]:
 
 
 def devices_of(obj: Any) -> set[str]:
+    """The devices (``"neuron:0"``, ``"cpu"``) of the tensors ``obj`` holds."""
     return {str(t.device) for t in tensors_in(obj)}
 
 
@@ -98,6 +100,7 @@ def kind_of(obj: Any) -> str:
 
 
 def movable(obj: Any) -> bool:
+    """Whether :func:`move` can move ``obj``: a tensor, module or optimizer, or a non-empty list/tuple/dict of them."""
     if isinstance(obj, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
         return True
     if isinstance(obj, (list, tuple, dict)):
@@ -128,15 +131,13 @@ class Stayed:
 
 
 @dataclass
-class MoveReport:
+class MoveReport(ShownAsText):
     device: str
     moved: list[Moved] = field(default_factory=list)
     stayed: list[Stayed] = field(default_factory=list)
     already: list[str] = field(default_factory=list)  # names whose tensors were all on the device already
 
     def __str__(self) -> str:
-        from neuron_lab.units import format_size
-
         lines = []
         if self.moved:
             total = sum(m.nbytes for m in self.moved)
@@ -152,11 +153,155 @@ class MoveReport:
                       for s in self.stayed]
         return "\n".join(lines)
 
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))
+
+@dataclass
+class _Move:
+    """A move in progress: where to, what it did so far, and how to undo each step."""
+
+    ns: dict[str, Any]
+    device: torch.device
+    report: MoveReport
+    undo: list[Callable[[], object]] = field(default_factory=list)  # puts one thing back each, newest last
+    memo: dict[int, torch.Tensor] = field(default_factory=dict)  # id(tensor) -> its copy: shared tensors copy once
+
+    def on_device(self, obj: Any) -> bool:
+        return devices_of(obj) == {str(self.device)}
+
+    def rollback(self, error: BaseException) -> None:
+        """Put everything back, and free the copies made so far now, not when another exception replaces
+        ``error``: drop them from the memo and from the locals of the frames its traceback keeps
+        (``Module._apply``'s, the movers')."""
+        for fn in reversed(self.undo):
+            fn()
+        self.undo.clear()
+        self.memo.clear()
+        traceback.clear_frames(error.__traceback__)
 
 
-def _move_tensor(t: torch.Tensor, device: torch.device, memo: dict[int, torch.Tensor]) -> torch.Tensor:
+Mover = Callable[[_Move, str, Any], int | None]  # moves one named object: the bytes it moved, None if none had to
+
+
+def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveReport:
+    """Move the named objects to ``device`` in place in ``ns``; all or nothing.
+
+    Raises ``KeyError`` for a name ``ns`` lacks and ``TypeError`` for an object that cannot move, before
+    anything moves; any error while moving puts back everything moved so far, then propagates.
+    """
+    for n in names:
+        _check_movable(ns, n)
+    mv = _Move(ns, device, MoveReport(str(device)))
+    try:
+        for n in sorted(names, key=lambda n: _mover_of(ns[n])[0]):
+            _move_name(mv, n)
+    except BaseException as e:
+        mv.rollback(e)
+        raise
+    return mv.report
+
+
+def _check_movable(ns: dict[str, Any], name: str) -> None:
+    if name not in ns:
+        raise KeyError(name)
+    if not movable(ns[name]):
+        raise TypeError(f"{name} is a {type(ns[name]).__name__}; only tensors, nn.Modules, optimizers and "
+                        "lists/tuples/dicts of tensors can be moved")
+
+
+def _move_name(mv: _Move, name: str) -> None:
+    """Move one named object with the mover for its kind; report it as moved or as already there."""
+    obj = mv.ns[name]
+    source = ", ".join(sorted(devices_of(obj))) or "-"
+    nbytes = _mover_of(obj)[1](mv, name, obj)
+    if nbytes is None:
+        mv.report.already.append(name)
+    else:
+        mv.report.moved.append(Moved(name, kind_of(obj), nbytes, source))
+
+
+def _move_module(mv: _Move, name: str, module: torch.nn.Module) -> int | None:
+    """In place, with ``module.to``: its parameters keep their identity, so names bound to them follow."""
+    if mv.on_device(module):
+        return None
+    first = next(iter(tensors_in(module)), None)
+    nbytes = footprint(module)[1]
+    if first is not None:  # registered first: a move that fails half way through the module goes back too
+        mv.undo.append(lambda before=first.device: module.to(before))
+    module.to(mv.device)
+    return nbytes
+
+
+def _move_optimizer(mv: _Move, name: str, opt: torch.optim.Optimizer) -> int | None:
+    """Its state, in place, where PyTorch keeps it for the device; its parameters are its model's to move,
+    so parameters left elsewhere are reported as staying (its ``step()`` would fail)."""
+    nbytes = 0
+    for state, key, value in _state_to_move(opt, mv.device):
+        nbytes += value.numel() * value.element_size()
+        state[key] = value.to(mv.device)
+        mv.undo.append(lambda state=state, key=key, value=value: state.__setitem__(key, value))
+    elsewhere = {str(p.device) for g in opt.param_groups for p in g["params"] if p.device != mv.device}
+    if elsewhere:
+        mv.report.stayed.append(Stayed(name, "its parameters", 0, ", ".join(sorted(elsewhere)),
+                                       "its step() will fail until the model that owns them moves too"))
+    elif nbytes == 0:
+        return None  # its state is where PyTorch keeps it for this device already
+    return nbytes
+
+
+def _move_value(mv: _Move, name: str, value: Any) -> int | None:
+    """A tensor, or a list/tuple/dict of them: the name is bound to a copy on the device."""
+    if mv.on_device(value):
+        return None
+    nbytes = footprint(value)[1]
+    mv.ns[name] = _copy_to(value, mv.device, mv.memo)
+    mv.undo.append(lambda: mv.ns.__setitem__(name, value))
+    return nbytes
+
+
+# The mover of each kind of object, in the order a move runs them: modules first, so their parameters are on the
+# device (in place) when an optimizer over them checks where they are.
+_MOVERS: tuple[tuple[type | tuple[type, ...], Mover], ...] = (
+    (torch.nn.Module, _move_module),
+    (torch.optim.Optimizer, _move_optimizer),
+    ((torch.Tensor, list, tuple, dict), _move_value),
+)
+
+
+def _mover_of(obj: Any) -> tuple[int, Mover]:
+    """(rank in :data:`_MOVERS`, mover) of an object that :func:`movable` accepts."""
+    return next((rank, mover) for rank, (kinds, mover) in enumerate(_MOVERS) if isinstance(obj, kinds))
+
+
+def state_follows_param(opt: torch.optim.Optimizer, param: torch.Tensor, key: str) -> bool:
+    """Whether an optimizer state entry follows its parameter to a device (PyTorch keeps a CPU ``step``
+    unless the group is capturable or fused, as ``Optimizer.load_state_dict`` does)."""
+    if key != "step":
+        return True
+    for g in opt.param_groups:
+        if any(p is param for p in g["params"]):
+            return bool(g.get("capturable") or g.get("fused"))
+    return False
+
+
+def _state_to_move(opt: torch.optim.Optimizer, device: torch.device) -> list[tuple[dict, str, torch.Tensor]]:
+    """(state, key, tensor) of the optimizer's state tensors that follow their parameter to ``device``."""
+    return [(state, k, v) for p, state in opt.state.items() for k, v in state.items()
+            if isinstance(v, torch.Tensor) and v.device != device and state_follows_param(opt, p, k)]
+
+
+# -- copies on the device: one per kind of value ---------------------------------------------------
+def _copy_to(value: Any, device: torch.device, memo: dict[int, torch.Tensor]) -> Any:
+    """``value`` with every tensor in it on ``device``; what holds no tensor comes back as it is."""
+    if isinstance(value, torch.Tensor):
+        return _copy_tensor(value, device, memo)
+    if isinstance(value, dict):
+        return _copy_dict(value, device, memo)
+    if isinstance(value, (list, tuple)):
+        return _copy_sequence(value, device, memo)
+    return value
+
+
+def _copy_tensor(t: torch.Tensor, device: torch.device, memo: dict[int, torch.Tensor]) -> torch.Tensor:
+    """One copy per tensor; a Parameter stays a Parameter and a leaf that requires grad stays a leaf."""
     done = memo.get(id(t))
     if done is not None:
         return done
@@ -172,106 +317,25 @@ def _move_tensor(t: torch.Tensor, device: torch.device, memo: dict[int, torch.Te
     return out
 
 
-def _same_kind_of_dict(obj: dict, items: dict) -> dict:
-    """A dict of ``obj``'s type holding ``items``: a ``defaultdict`` keeps its ``default_factory``, an
-    ``OrderedDict`` its order, a subclass its attributes (``copy.copy``, then the moved values set)."""
-    if type(obj) is dict:
+def _copy_dict(d: dict, device: torch.device, memo: dict[int, torch.Tensor]) -> dict:
+    """A dict of ``d``'s type: a ``defaultdict`` keeps its ``default_factory``, an ``OrderedDict`` its order,
+    a subclass its attributes (``copy.copy``, then the moved values set)."""
+    items = {k: _copy_to(v, device, memo) for k, v in d.items()}
+    if type(d) is dict:
         return items
     try:
-        out = copy.copy(obj)
+        out = copy.copy(d)
     except Exception:
-        out = type(obj)()  # may raise TypeError: the caller puts everything back and says so
+        out = type(d)()  # may raise TypeError: the move puts everything back and says so
     for k, v in items.items():
         out[k] = v
     return out
 
 
-def _move_container(obj: Any, device: torch.device, memo: dict[int, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return _move_tensor(obj, device, memo)
-    if isinstance(obj, dict):
-        return _same_kind_of_dict(obj, {k: _move_container(v, device, memo) for k, v in obj.items()})
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_move_container(v, device, memo) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move_container(v, device, memo) for v in obj)
-    return obj
-
-
-def _state_key_moves(opt: torch.optim.Optimizer, param: torch.Tensor, key: str) -> bool:
-    """Whether an optimizer state entry follows its parameter (PyTorch keeps a CPU ``step`` unless
-    the group is capturable or fused, as ``Optimizer.load_state_dict`` does)."""
-    if key != "step":
-        return True
-    for g in opt.param_groups:
-        if any(p is param for p in g["params"]):
-            return bool(g.get("capturable") or g.get("fused"))
-    return False
-
-
-def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveReport:
-    """Move the named objects to ``device`` in place in ``ns``; all or nothing."""
-    for n in names:
-        if n not in ns:
-            raise KeyError(n)
-        if not movable(ns[n]):
-            raise TypeError(f"{n} is a {type(ns[n]).__name__}; only tensors, nn.Modules, optimizers and "
-                            "lists/tuples/dicts of tensors can be moved")
-    order = sorted(names, key=lambda n: 0 if isinstance(ns[n], torch.nn.Module) else
-                   1 if isinstance(ns[n], torch.optim.Optimizer) else 2)
-    report = MoveReport(str(device))
-    undo: list[Any] = []  # callables that put things back, newest last
-    memo: dict[int, torch.Tensor] = {}
-    moved_tensor_ids: set[int] = set()
-    try:
-        for n in order:
-            obj = ns[n]
-            on = devices_of(obj)
-            if on == {str(device)} and not isinstance(obj, torch.optim.Optimizer):  # an optimizer's params are checked
-                report.already.append(n)
-                continue
-            src = ", ".join(sorted(on)) or "-"
-            off: set[str] = set()
-            if isinstance(obj, torch.nn.Module):
-                first = next(iter(tensors_in(obj)), None)
-                before = first.device if first is not None else None
-                nbytes = footprint(obj)[1]
-                obj.to(device)
-                if before is not None:
-                    undo.append(lambda m=obj, d=before: m.to(d))
-                moved_tensor_ids.update(id(t) for t in tensors_in(obj))
-            elif isinstance(obj, torch.optim.Optimizer):
-                nbytes = 0
-                for p, state in obj.state.items():
-                    for k, v in list(state.items()):
-                        if isinstance(v, torch.Tensor) and v.device != device and _state_key_moves(obj, p, k):
-                            nbytes += v.numel() * v.element_size()
-                            state[k] = v.to(device)
-                            undo.append(lambda s=state, k=k, v=v: s.__setitem__(k, v))
-                off = {str(p.device) for g in obj.param_groups for p in g["params"] if p.device != device}
-                if off:
-                    report.stayed.append(Stayed(n, "its parameters", 0, ", ".join(sorted(off)),
-                                                "its step() will fail until the model that owns them moves too"))
-            else:
-                if isinstance(obj, torch.Tensor) and id(obj) in moved_tensor_ids:
-                    continue  # a parameter or buffer of a model that just moved, in place
-                nbytes = footprint(obj)[1]
-                ns[n] = _move_container(obj, device, memo)
-                undo.append(lambda n=n, o=obj: ns.__setitem__(n, o))
-            if isinstance(obj, torch.optim.Optimizer) and nbytes == 0 and not off:
-                report.already.append(n)  # its state is where PyTorch keeps it for this device already
-            else:
-                report.moved.append(Moved(n, kind_of(obj), nbytes, src))
-    except BaseException as e:
-        for fn in reversed(undo):
-            fn()
-        # The copies made so far must be freed now, not when the next exception replaces this one: drop them
-        # from the memo, and from the locals of the frames the traceback keeps (Module._apply's, ours).
-        undo.clear()
-        memo.clear()
-        traceback.clear_frames(e.__traceback__)
-        raise
-    return report
+def _copy_sequence(seq: list | tuple, device: torch.device, memo: dict[int, torch.Tensor]) -> list | tuple:
+    """A list or tuple of ``seq``'s type; a named tuple is rebuilt field by field."""
+    items = (_copy_to(v, device, memo) for v in seq)
+    return type(seq)(*items) if isinstance(seq, tuple) and hasattr(seq, "_fields") else type(seq)(items)
 
 
 def stayed_elsewhere(ns: dict[str, Any], device: torch.device, skip: Iterable[str] = ()) -> list[Stayed]:

@@ -18,11 +18,11 @@ import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab.session.devices import tensors_in
-from neuron_lab.units import format_size
+from neuron_lab.units import ShownAsText, format_size
 
 
 @dataclass
-class FreeReport:
+class FreeReport(ShownAsText):
     dropped: list[tuple[str, int]] = field(default_factory=list)  # (holder, bytes of device tensors it held)
     freed: int = 0  # device bytes released
     allocated: int = 0  # device bytes still allocated
@@ -38,9 +38,6 @@ class FreeReport:
             lines.append("what remains is held by your variables (`%neuron device` lists them) or by objects "
                          "they reference")
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))
 
 
 def _storages(objs: list[Any], device_type: str) -> dict[int, int]:
@@ -86,55 +83,15 @@ def _frames_bytes(frames: list[Any], device_type: str) -> int:
     return sum(_storages(values, device_type).values())
 
 
-def release(shell: Any, device_type: str = "neuron") -> FreeReport:
+def release(shell: Any) -> FreeReport:
+    """Drop IPython's own references to device tensors, collect, and say how much device memory that freed."""
     b = _backend.active()
+    device_type = b.device_type
     before = b.memory_allocated()
     report = FreeReport()
-    ns, hidden = shell.user_ns, shell.user_ns_hidden
-
-    # the output cache: Out[N] and _N
-    out = ns.get("Out", {})
-    for k, held in [(k, _holds(v, device_type)) for k, v in out.items()]:
-        if not held:
-            continue
-        report.dropped.append((f"Out[{k}]", held))
-        del out[k]
-        for space in (ns, hidden):
-            space.pop(f"_{k}", None)
-    # _, __, ___ (the namespace, its hidden copy and the display hook's own)
-    dh = shell.displayhook
-    for name in ("_", "__", "___"):
-        in_spaces = [space for space in (ns, hidden) if _holds(space.get(name), device_type)]
-        in_hook = _holds(getattr(dh, name, None), device_type)
-        held = max([in_hook, *(_holds(space[name], device_type) for space in in_spaces)])
-        if held:
-            report.dropped.append((name, held))
-            for space in in_spaces:
-                space[name] = ""
-            if in_hook:
-                setattr(dh, name, "")
-    # the last traceback's frames
-    tbs = []
-    for holder, tb in (("sys.last_traceback", getattr(sys, "last_traceback", None)),
-                       ("sys.last_exc", getattr(getattr(sys, "last_exc", None), "__traceback__", None)),
-                       ("InteractiveTB.tb", getattr(shell.InteractiveTB, "tb", None)),
-                       ("last_execution_result", getattr(getattr(getattr(shell, "last_execution_result", None),
-                                                                 "error_in_exec", None), "__traceback__", None))):
-        if tb is not None and all(tb is not t for _, t in tbs):
-            tbs.append((holder, tb))
-    cleared: set[int] = set()
-    for holder, tb in tbs:
-        frames = [f for f in _function_frames(tb) if id(f) not in cleared]
-        held = _frames_bytes(frames, device_type)
-        if held:
-            report.dropped.append((f"{holder} frames", held))
-            for f in frames:
-                cleared.add(id(f))
-                try:
-                    f.clear()
-                    f.f_locals  # noqa: B018  (re-syncs the locals snapshot our scan created, dropping its refs)
-                except RuntimeError:  # a frame still running
-                    pass
+    _drop_output_cache(shell, device_type, report)
+    _drop_last_values(shell, device_type, report)
+    _clear_traceback_frames(shell, device_type, report)
     gc.collect()
     b.synchronize()
     empty = getattr(getattr(torch, device_type, None), "empty_cache", None)
@@ -143,3 +100,68 @@ def release(shell: Any, device_type: str = "neuron") -> FreeReport:
     report.allocated = b.memory_allocated()
     report.freed = max(before - report.allocated, 0)
     return report
+
+
+def _drop_output_cache(shell: Any, device_type: str, report: FreeReport) -> None:
+    """``Out[N]`` and ``_N`` of the outputs that hold device tensors."""
+    ns, hidden = shell.user_ns, shell.user_ns_hidden
+    out = ns.get("Out", {})
+    for k, held in [(k, _holds(v, device_type)) for k, v in out.items()]:
+        if not held:
+            continue
+        report.dropped.append((f"Out[{k}]", held))
+        del out[k]
+        for space in (ns, hidden):
+            space.pop(f"_{k}", None)
+
+
+def _drop_last_values(shell: Any, device_type: str, report: FreeReport) -> None:
+    """``_``, ``__`` and ``___``: in the namespace, its hidden copy and the display hook's own."""
+    ns, hidden, dh = shell.user_ns, shell.user_ns_hidden, shell.displayhook
+    for name in ("_", "__", "___"):
+        in_spaces = [space for space in (ns, hidden) if _holds(space.get(name), device_type)]
+        in_hook = _holds(getattr(dh, name, None), device_type)
+        held = max([in_hook, *(_holds(space[name], device_type) for space in in_spaces)])
+        if not held:
+            continue
+        report.dropped.append((name, held))
+        for space in in_spaces:
+            space[name] = ""
+        if in_hook:
+            setattr(dh, name, "")
+
+
+def _last_tracebacks(shell: Any) -> list[tuple[str, Any]]:
+    """(holder, traceback) of every distinct last traceback IPython and ``sys`` keep."""
+    result = getattr(shell, "last_execution_result", None)
+    candidates = (("sys.last_traceback", getattr(sys, "last_traceback", None)),
+                  ("sys.last_exc", getattr(getattr(sys, "last_exc", None), "__traceback__", None)),
+                  ("InteractiveTB.tb", getattr(shell.InteractiveTB, "tb", None)),
+                  ("last_execution_result", getattr(getattr(result, "error_in_exec", None), "__traceback__", None)))
+    tbs: list[tuple[str, Any]] = []
+    for holder, tb in candidates:
+        if tb is not None and all(tb is not t for _, t in tbs):
+            tbs.append((holder, tb))
+    return tbs
+
+
+def _clear_traceback_frames(shell: Any, device_type: str, report: FreeReport) -> None:
+    """The locals of the last tracebacks' function frames that hold device tensors, each frame once."""
+    cleared: set[int] = set()
+    for holder, tb in _last_tracebacks(shell):
+        frames = [f for f in _function_frames(tb) if id(f) not in cleared]
+        held = _frames_bytes(frames, device_type)
+        if not held:
+            continue
+        report.dropped.append((f"{holder} frames", held))
+        for f in frames:
+            cleared.add(id(f))
+            _clear_frame(f)
+
+
+def _clear_frame(f: Any) -> None:
+    try:
+        f.clear()
+        f.f_locals  # noqa: B018  (re-syncs the locals snapshot our scan created, dropping its refs)
+    except RuntimeError:  # a frame still running
+        pass

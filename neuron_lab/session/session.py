@@ -11,21 +11,22 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab import interrupts
+from neuron_lab import interrupts, modes
+from neuron_lab.compat import ipython
 from neuron_lab.report.model import Report
-from neuron_lab.session import devices, free, modes
+from neuron_lab.session import devices, free
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.trace.timeline import Timeline
-from neuron_lab.trace.tracker import Tracker
-from neuron_lab.units import count, format_size
+from neuron_lab.trace.tracker import SiteMap, Tracker
+from neuron_lab.units import ShownAsText, count, format_size
 
 
 @dataclass
@@ -35,6 +36,23 @@ class Totals:
     compiles: int = 0
     graph_breaks: int = 0
     recompiles: int = 0
+
+
+@dataclass(frozen=True)
+class CellToCheck:
+    """A ``%%neuron parity`` / ``compare`` cell as the session sees it: plain data, so the session never imports the
+    checks (they sit above it); :meth:`Session.cell_to_check` makes one, ``neuron_lab.checks.run_check`` runs it."""
+
+    shell: Any
+    body: str  # the cell's body, below the magic line
+    raw_cell: str  # the whole cell as typed: line numbers and tracebacks are its own
+    number: int  # the cell's execution count
+    hidden: frozenset[str]  # IPython's own names in the namespace
+    device_variable: str  # the variable naming the notebook device
+    device: torch.device  # the notebook device: the device under test
+    locator: CellLocator
+    exclude: Callable[[], AbstractContextManager] = nullcontext  # work that is not the cell's (the open tracker's)
+    keep: Callable[[Any], None] | None = None  # the check's result joins the open cell's report
 
 
 class Session:
@@ -47,8 +65,10 @@ class Session:
         self.history: OrderedDict[int, Report] = OrderedDict()
         self.totals = Totals()
         self.listeners: list[Callable[[Report], None]] = []  # called with each finished cell's report
+        self.site_maps: list[SiteMap] = [self._as_outer_cell]  # applied to each report before any listener
         self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
         self.timeline = Timeline()
+        self.views: Any = None  # the live views' hub, attached by neuron_lab.widgets; closed with the session
         self._cell_start_s = 0.0
         self._compiled_before: int | None = None
         self._depth = 0
@@ -77,7 +97,7 @@ class Session:
         # repr runs reductions and copies that would otherwise show up at the cell's last line.
         self._excluding = []
         targets = [(self.shell.display_formatter, "format"), (self.shell, "showtraceback"),
-                   (self.shell, "_format_exception_for_storage")]  # IPython 9 keeps a formatted copy
+                   *ipython.traceback_storage(self.shell)]  # IPython 9 keeps a formatted copy
         for obj, name in targets:
             if not hasattr(obj, name):
                 continue
@@ -102,7 +122,12 @@ class Session:
         self.shell.user_ns[change["new"]] = self.device
 
     def close(self) -> None:
-        """Undo everything: events, an open cell (unloading from inside a cell), modes, default device."""
+        """Undo everything: views, events, an open cell (unloading from inside a cell), its modes, default device.
+
+        Only this session's own modes are undone: another shell's (or an enclosing ``%%neuron`` body's) stay."""
+        if self.views is not None:
+            self.views.close()
+            self.views = None
         self.config.unobserve(self._device_variable_renamed, names="device_variable")
         for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
             if fn in self.shell.events.callbacks[name]:
@@ -120,7 +145,7 @@ class Session:
         if self._tracker is not None:
             self._tracker.stop()
             self._tracker = None
-        modes.reset()
+        modes.forget_compiled()
         if self._default_device_before is not None:
             torch.set_default_device(self._default_device_before)
             self._default_device_before = None
@@ -171,18 +196,13 @@ class Session:
         self._nested[name] = outer[:at].count("\n")
 
     def _as_outer_cell(self, report: Report) -> None:
-        def fix(site):
-            if site is None or site.filename not in self._nested:
-                return site
-            return replace(site, cell=report.cell, line=site.line + self._nested[site.filename])
-
-        for row in report.ops_not_native:
-            for sc in row.sites:
-                sc.site = fix(sc.site)
-        c = report.compiles
-        c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
-        c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
+        """A site map: the lines of a nested cell's code are the outer cell's."""
+        if not self._nested:
+            return
+        nested = dict(self._nested)
         self._nested.clear()
+        report.map_sites(lambda site: site if site.filename not in nested
+                         else replace(site, cell=report.cell, line=site.line + nested[site.filename]))
 
     def post_run_cell(self, result: Any) -> None:
         self._depth = max(self._depth - 1, 0)
@@ -195,11 +215,8 @@ class Session:
         if tracker is None:
             return
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        report = tracker.stop(error)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
-        report.cell, report.title = n, f"In[{n}]"
-        if self._nested:
-            self._as_outer_cell(report)
+        report = tracker.stop(error, cell=n, site_maps=self.site_maps)
         end_s = self.timeline.now()
         self.timeline.sample(report.memory.after, end_s)
         if report.touched_device:  # the timeline marks the cells that used the device
@@ -250,7 +267,7 @@ class Session:
                 self._default_device_before = torch.get_default_device()
             torch.set_default_device(dev)
         if self._tracker is not None:
-            self._tracker.report.device = str(dev)
+            self._tracker.ran_on(device=str(dev))
 
     @contextmanager
     def cell_device(self, dev: torch.device) -> Iterator[None]:
@@ -272,7 +289,7 @@ class Session:
             if default_before is not None:
                 torch.set_default_device(default_before)
             if self._tracker is not None:
-                self._tracker.report.device = str(dev)  # the report says where the cell ran
+                self._tracker.ran_on(device=str(dev))  # the report says where the cell ran
 
     def move(self, names: list[str], dev: torch.device) -> devices.MoveReport:
         ns = self.shell.user_ns
@@ -308,26 +325,22 @@ class Session:
             if mode is not None:
                 stack.enter_context(modes.mode(mode, options))
                 if self._tracker is not None:
-                    self._tracker.report.mode = mode
+                    self._tracker.ran_on(mode=mode)
             number = self.locator.current_cell()
             return interrupts.user_code(run_body, self.shell, body, raw,
                                         self.shell.execution_count if number is None else number)
 
-    def run_check(self, kind: str, body: str, raw_cell: str, options: Any) -> Any:
-        """Run a ``%%neuron parity`` / ``compare`` body; the result joins the cell's report (and history)."""
-        __tracebackhide__ = True  # noqa: F841
-        from neuron_lab import checks
-
+    def cell_to_check(self, body: str, raw_cell: str) -> CellToCheck:
+        """The running ``%%neuron parity`` / ``compare`` cell, described for :func:`neuron_lab.checks.run_check`;
+        a check made from it joins the cell's report (and the history)."""
         outer = self._raw_cell
         raw = outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
         number = self.locator.current_cell()
-        subject = checks.CellSubject(self.shell, body, raw, self.shell.execution_count if number is None else number,
-                                     self._hidden_names(),
-                                     self.config.device_variable)
         t = self._tracker
-        return checks.run_check(kind, subject, self.device, options, locator=self.locator,
-                                exclude=t.excluded if t is not None else nullcontext,
-                                keep=t.report.checks.append if t is not None else None)
+        return CellToCheck(self.shell, body, raw, self.shell.execution_count if number is None else number,
+                           frozenset(self._hidden_names()), self.config.device_variable, self.device, self.locator,
+                           exclude=t.excluded if t is not None else nullcontext,
+                           keep=t.keep if t is not None else None)
 
     # -- reports ----------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -343,7 +356,7 @@ class Session:
         return Status(self)
 
 
-class Status:
+class Status(ShownAsText):
     """What ``%neuron status`` shows."""
 
     def __init__(self, s: Session) -> None:
@@ -370,6 +383,3 @@ class Status:
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
-
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))

@@ -21,7 +21,7 @@ import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab.session.devices import MAX_DEPTH
-from neuron_lab.units import format_size
+from neuron_lab.units import ShownAsText, format_size
 
 NAMESPACE = "namespace"
 OUTPUT_CACHE = "IPython output cache"
@@ -54,7 +54,7 @@ class TensorRow:
 
 
 @dataclass
-class TensorTable:
+class TensorTable(ShownAsText):
     device_type: str
     allocated: int  # the backend's memory_allocated() at the scan
     rows: list[TensorRow] = field(default_factory=list)
@@ -85,9 +85,6 @@ class TensorTable:
                 size, held, dtype, shape, grad, names = self._cells(r)
                 lines.append(f"  {size:>12}  {held:<20}  {dtype:<9}  {shape:<14}  {grad:<4}  {names}")
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         cell = 'style="padding:1px 8px;text-align:left;vertical-align:top"'
@@ -271,9 +268,11 @@ def _hidden(ns: dict[str, Any], hidden: dict[str, Any], name: str) -> bool:
     return name in hidden and hidden[name] is ns[name]
 
 
-def device_tensors(shell: Any, device_type: str = "neuron") -> TensorTable:
-    """The live ``device_type`` storages and who holds them, biggest first; holds no tensor once it returns."""
-    scan = _Scan(device_type)
+def device_tensors(shell: Any) -> TensorTable:
+    """The live storages of the backend's device and who holds them, biggest first; holds no tensor once it
+    returns."""
+    b = _backend.active()
+    scan = _Scan(b.device_type)
     ns, hidden = shell.user_ns, shell.user_ns_hidden
     items = list(ns.items())
     for name, obj in items:
@@ -295,7 +294,6 @@ def device_tensors(shell: Any, device_type: str = "neuron") -> TensorTable:
 
     rows = [TensorRow(tuple(s.names or s.graph_names), s.shape, s.dtype, s.nbytes, s.requires_grad,
                       HELD_BY[s.rank], ptr) for ptr, s in scan.storages.items()]
-    b = _backend.active()
     allocated = b.memory_allocated()
     rows += [TensorRow((), a.shape, a.dtype, a.nbytes, None, UNKNOWN, a.ptr)
              for a in b.live_allocations() if a.ptr not in scan.storages]
@@ -303,4 +301,4 @@ def device_tensors(shell: Any, device_type: str = "neuron") -> TensorTable:
     if rest > 0:  # what the backend counts but cannot list (TorchNeuron), or a scan missed
         rows.append(TensorRow((), None, None, rest, None, UNKNOWN, None))
     rows.sort(key=lambda r: (-r.bytes, r.names))
-    return TensorTable(device_type, allocated, rows)
+    return TensorTable(b.device_type, allocated, rows)

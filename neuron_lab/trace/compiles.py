@@ -5,7 +5,9 @@
   reason (the guard that failed) and the reasons it restarted after a graph break; a resumed frame
   (``torch_dynamo_resume_in_<fn>_at_<line>``) marks where a break happened;
 - graphs compiled through :func:`observed` backends also carry dynamo's ``compile_subgraph_reason``
-  with the user stack of the break, which names breaks the metrics leave without a reason.
+  with the user stack of the break, which names breaks the metrics leave without a reason;
+- the backend's own lowering time (``NeuronBackend.lowering_us``, passed in) adds what a backend lowers lazily,
+  after dynamo's window closed.
 """
 
 from __future__ import annotations
@@ -68,12 +70,13 @@ def observed(backend: str | Callable) -> Callable:
 class CompileTrace:
     """Collects :class:`Compiles` between :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, locator: Locator | None, backend_metrics: Callable[[], list[dict]] | None = None) -> None:
+    def __init__(self, locator: Locator | None, lowering_us: Callable[[], int] | None = None) -> None:
         self.locator = locator
-        self._backend_metrics = backend_metrics  # get_dynamo_metrics()-shaped dicts, for lazy lowering time
+        self._backend_lowering_us = lowering_us  # the backend's lowering time so far (NeuronBackend.lowering_us)
         self._lock = threading.Lock()
         self._t0: dict[str, tuple[float, int]] = {}
         self._triggers: dict[str, Site | None] = {}  # compile id -> the user line whose call compiled it
+        self._lowering_at_start = 0
         self._lowering_inside_us = 0
         self._result = Compiles()
         self._observed_breaks: list[GraphBreak] = []
@@ -115,9 +118,7 @@ class CompileTrace:
         return self._result
 
     def _lowering_us(self) -> int:
-        if self._backend_metrics is None:
-            return 0
-        return sum(int(m.get("torch_neuronx_lower_us") or 0) for m in self._backend_metrics())
+        return self._backend_lowering_us() if self._backend_lowering_us is not None else 0
 
     # -- callbacks ----------------------------------------------------------------------------
     def _on_start(self, args: Any) -> None:

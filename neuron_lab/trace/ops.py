@@ -12,11 +12,10 @@ from __future__ import annotations
 import sys
 import threading
 
-from neuron_lab.backend.events import DOWNCAST, FALLBACK, HOST, OpEvent
+from neuron_lab import kinds
+from neuron_lab.backend.events import OpEvent
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
-
-KINDS = frozenset({FALLBACK, HOST, DOWNCAST})
 
 
 class OpTrace:
@@ -44,7 +43,7 @@ class OpTrace:
                 self._sites[key] = {}
             row.count += 1
             row.host_ns += event.host_ns
-            if event.kind != DOWNCAST:
+            if event.kind in kinds.OFF_DEVICE:
                 self.fallback_calls += 1
             if self.locator is None:
                 row.unattributed += 1
@@ -70,10 +69,9 @@ class OpTrace:
                     sc.stacks.append(stack)
 
     def rows(self) -> list[OpRow]:
-        """Fallbacks first, then host ops, then downcasts; most calls first; sites by count."""
-        order = {FALLBACK: 0, HOST: 1, DOWNCAST: 2}
+        """In the order of :data:`neuron_lab.kinds.KINDS`; most calls first; sites by count."""
         with self._lock:
             rows = list(self._rows.values())
             for r in rows:
                 r.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-        return sorted(rows, key=lambda r: (order[r.kind], -r.count, r.op))
+        return sorted(rows, key=lambda r: (kinds.order(r.kind), -r.count, r.op))

@@ -2,24 +2,29 @@
 
 The notebook session opens one per cell; ``neuron_lab.track()`` opens one around a block of a
 script or test. Memory is read once at each end, after one synchronize; nothing else touches
-the device.
+the device. The tracker is the one writer of its report: the session tells it where the window ran
+and which checks it made, and :meth:`Tracker.stop` applies the site maps (a nested cell's lines as the
+outer cell's, a script's lines) before anybody else sees the report.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psutil
 
 from neuron_lab import backend as _backend
+from neuron_lab.kinds import REPORTED
 from neuron_lab.report.model import Memory, Report
 from neuron_lab.trace.compiles import CompileTrace
-from neuron_lab.trace.ops import KINDS, OpTrace
+from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.sites import FileLocator, Locator
 
 _process = psutil.Process()
+SiteMap = Callable[[Report], None]  # rewrites a finished report's user lines, through Report.map_sites
 
 
 class Tracker:
@@ -30,10 +35,11 @@ class Tracker:
                  stack_limit: int = 3, stack_depth: int = 8, detail: str = "table") -> None:
         self.backend = _backend.active()
         locator = locator if locator is not None else FileLocator()
+        profile = self.backend.profile
         self.report = Report(title, cell, device, mode, self.backend.description, callsites=callsites,
-                             detail=detail)
+                             detail=detail, profile=profile.name if profile is not None else None)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
-        self._compiles = CompileTrace(locator, self.backend.dynamo_metrics)
+        self._compiles = CompileTrace(locator, self.backend.lowering_us)
         self._unsubscribe = None
         self._running = False
         self._excluded_calls = 0
@@ -64,6 +70,17 @@ class Tracker:
         return (self._ops.fallback_calls, self.backend.op_calls() - self._calls_before - self._excluded_calls,
                 time.perf_counter() - self._t0)
 
+    def ran_on(self, device: str | None = None, mode: str | None = None) -> None:
+        """The window's code runs on ``device`` and/or in ``mode`` (a ``%%neuron`` cell chooses them)."""
+        if device is not None:
+            self.report.device = device
+        if mode is not None:
+            self.report.mode = mode
+
+    def keep(self, check: Any) -> None:
+        """A check made inside the window (``%%neuron parity``, ``neuron_lab.compare``) joins its report."""
+        self.report.checks.append(check)
+
     @property
     def memory_before(self) -> int:
         return self._mem_before
@@ -76,14 +93,16 @@ class Tracker:
         self._rss_before = _process.memory_info().rss
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_totals()
-        self._unsubscribe = b.subscribe(self._ops, KINDS)
+        self._unsubscribe = b.subscribe(self._ops, REPORTED)
         self._compiles.start()
         self._running = True
         self._t0 = time.perf_counter()
         return self
 
-    def stop(self, error: BaseException | None = None) -> Report:
-        """Close the window; idempotent. ``error`` is what the window raised, if anything."""
+    def stop(self, error: BaseException | None = None, *, cell: int | None = None,
+             site_maps: Sequence[SiteMap] = ()) -> Report:
+        """Close the window; idempotent. ``error`` is what the window raised, if anything; ``cell`` is the
+        notebook cell it was (it titles the report); ``site_maps`` rewrite its user lines, in order."""
         if not self._running:
             return self.report
         wall = time.perf_counter() - self._t0
@@ -107,6 +126,10 @@ class Tracker:
             text = str(error).strip().split("\n")[0]
             text = text if len(text) <= 200 else text[:199] + "…"
             r.error = f"{type(error).__name__}: {text}".rstrip(": ")
+        if cell is not None:
+            r.cell, r.title = cell, f"In[{cell}]"
+        for site_map in site_maps:
+            site_map(r)
         return r
 
 

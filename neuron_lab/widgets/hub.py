@@ -2,13 +2,17 @@
 
 Sampling is plain counter reads (``backend.memory_sample``, the tracker's counts); the thread
 only assigns widget traits, which ipykernel sends as comm messages from any thread. It never
-prints or displays, and it exists only while a live view is open.
+prints or displays, and it exists only while a live view is open. What the views do inside a
+user's cell (opening a view, the strip at a cell's start) is the hub's work, not the cell's: it
+runs outside the cell's report (``Tracker.excluded``).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from neuron_lab.widgets import snapshot
@@ -37,11 +41,16 @@ class Hub:
             return self.open(views)
         from neuron_lab.widgets.static import StaticView
 
-        view = StaticView(self, views)
+        with self._aside():
+            view = StaticView(self, views)
         self.static = [*self.static, view][-MAX_STATIC:]
         return view
 
     def open(self, views: list[str]) -> Any:
+        with self._aside():
+            return self._open(views)
+
+    def _open(self, views: list[str]) -> Any:
         from neuron_lab.widgets.panel import Panel
 
         panel = Panel(self, views)
@@ -50,6 +59,17 @@ class Hub:
         panel.refresh()
         self._ensure_thread()
         return panel
+
+    @contextmanager
+    def _aside(self) -> Iterator[None]:
+        """The views' own work on the main thread: inside a cell, the cell's report leaves it out (not nested:
+        ``Tracker.excluded`` would count the inner block twice)."""
+        tracker = self.session.running
+        if tracker is None:
+            yield
+            return
+        with tracker.excluded():
+            yield
 
     def remove(self, panel: Any) -> None:
         with self._lock:
@@ -80,13 +100,14 @@ class Hub:
 
     # -- cell hooks (main thread) -----------------------------------------------------------------
     def _cell_started(self, session: Any) -> None:
-        for p in self.open_panels():
-            p.set_live(snapshot.live(session))
-        if session.config.auto_dashboard and _frontend(session) == "widget":
-            from IPython.display import display
+        with self._aside():
+            for p in self.open_panels():
+                p.set_live(snapshot.live(session))
+            if session.config.auto_dashboard and _frontend(session) == "widget":
+                from IPython.display import display
 
-            strip = self.open(["strip"])
-            self.strips.append((strip, display(strip, display_id=True)))
+                strip = self._open([snapshot.STRIP])
+                self.strips.append((strip, display(strip, display_id=True)))
 
     def _cell_done(self, report: Any) -> None:
         if self._free_pending:
@@ -134,7 +155,7 @@ class Hub:
             p.set_live(live)
 
     def close(self) -> None:
-        """Unload: stop the thread, close every view, unhook from the session."""
+        """Unload: stop the thread, close every view, unhook from the session (a later ``hub_of`` makes a new hub)."""
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -146,6 +167,8 @@ class Hub:
         for fn, hooks in ((self._cell_started, self.session.starting), (self._cell_done, self.session.listeners)):
             if fn in hooks:
                 hooks.remove(fn)
+        if self.session.views is self:
+            self.session.views = None
 
 
 def _frontend(session: Any) -> str:

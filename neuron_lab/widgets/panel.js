@@ -1,9 +1,9 @@
 // neuron_lab's live views. The kernel sends `data` (after each cell) and `live` (while a cell runs);
 // everything the user clicks (tab, sort, filter, expanded rows) stays here, because messages to a
 // busy kernel wait until its cell ends. Text goes in with textContent only: no HTML from data.
+// The data is the report model's own (snapshot.py); the header names the views and the op kinds
+// (neuron_lab.kinds), so nothing here spells a kind, its title or its order.
 
-const TITLES = { memory: "Memory", tensors: "Tensors", fallbacks: "CPU fallbacks", compiles: "Compiles" };
-const KINDS = [["fallback", "CPU fallbacks"], ["host", "Host ops"], ["downcast", "64-bit downcasts"]];
 const uiState = new Map(); // uid -> UI state, so a re-rendered view keeps it
 
 function fmtBytes(n) {
@@ -20,6 +20,7 @@ function fmtSec(s) {
   return (s * 1e6).toFixed(0) + " µs";
 }
 const fmtInt = (n) => (n || 0).toLocaleString("en-US");
+const plural = (n, noun) => noun + (n === 1 ? "" : "s");
 
 function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
@@ -42,8 +43,28 @@ function table(headers, rows, attrs = {}) {
     h("tbody", {}, rows));
 }
 
-const siteLabel = (s) => (s ? s.label : "?");
+// a report model Site: a notebook cell's line, or a file's (Site.label)
+const siteLabel = (s) => (!s ? "?" : s.cell !== null && s.cell !== undefined ? `In[${s.cell}] line ${s.line}`
+  : `${s.filename}:${s.line}`);
 const cellLabel = (n) => `In[${n ?? "?"}]`;
+
+// -- the op kinds, from the header (neuron_lab.kinds.as_json(), in display order) -------------------
+const kindsOf = (data) => (data.header && data.header.kinds) || [];
+function kindTitle(data, name) {
+  const k = kindsOf(data).find((x) => x.name === name);
+  return k ? k.title : name;
+}
+// what live.fallback_calls counts: calls of the kinds that did not run on the device ("CPU fallback call")
+function offDeviceCall(data, n) {
+  const k = kindsOf(data).find((x) => x.off_device);
+  return plural(n, k ? k.call : "off-device call");
+}
+// rows in the reports' sections (neuron_lab.kinds.sections: [kind that titles it, member kinds]), the empty left out
+function sections(data, rows) {
+  return ((data.header && data.header.sections) || [])
+    .map(([kind, members]) => [kind, rows.filter((r) => members.includes(r.kind))])
+    .filter(([, mine]) => mine.length);
+}
 
 // -- memory ---------------------------------------------------------------------------------------
 function memoryBar(live, testid) {
@@ -69,7 +90,7 @@ function sparkline(points, cells, running) {
   const top = Math.max(...all.map((p) => p[1]), 1);
   const x = (t) => ((t - t0) / (t1 - t0)) * W;
   const y = (b) => H - 2 - (b / top) * (H - 12);
-  for (const [cell, s, e] of cells) {
+  for (const { cell, start_s: s, end_s: e } of cells) {
     if (e < t0) continue;
     const r = document.createElementNS(ns, "rect");
     r.setAttribute("x", x(s)); r.setAttribute("width", Math.max(x(e) - x(s), 1));
@@ -100,10 +121,13 @@ function memoryView(ctx) {
     onclick: () => { ui.freeQueued = true; model.send({ action: "free" }); ctx.rerender(); },
   }, ui.freeQueued && busy ? "Free: queued, runs when the cell finishes" : "Free IPython's references");
   const note = busy ? h("span", { class: "nl-muted" }, " a cell is running: the kernel handles clicks between cells") : null;
-  const rows = m.rows.slice().reverse().map((r) => h("tr", {},
-    h("td", {}, `In[${r.cell}]`), h("td", {}, fmtBytes(r.before)), h("td", {}, fmtBytes(r.after)),
-    h("td", { class: r.delta > 0 ? "nl-up" : r.delta < 0 ? "nl-down" : "" }, fmtDelta(r.delta)),
-    h("td", {}, fmtBytes(r.peak)), h("td", {}, fmtSec(r.wall_s))));
+  const rows = m.rows.slice().reverse().map(({ cell, wall_s, memory: r }) => {
+    const delta = r.after - r.before;
+    return h("tr", {},
+      h("td", {}, `In[${cell}]`), h("td", {}, fmtBytes(r.before)), h("td", {}, fmtBytes(r.after)),
+      h("td", { class: delta > 0 ? "nl-up" : delta < 0 ? "nl-down" : "" }, fmtDelta(delta)),
+      h("td", {}, fmtBytes(r.peak)), h("td", {}, fmtSec(wall_s)));
+  });
   return h("div", { class: "nl-memory" },
     h("div", { class: "nl-numbers" },
       h("span", {}, "allocated ", h("b", { "data-testid": "nl-mem-allocated" }, fmtBytes(live.allocated || 0))),
@@ -111,7 +135,8 @@ function memoryView(ctx) {
       h("span", {}, "capacity ", h("b", {}, fmtBytes(live.capacity || 0)))),
     memoryBar(live, "nl-mem-bar"),
     sparkline(m.points, live.busy && live.t !== undefined
-      ? m.cells.concat([[live.cell ?? "?", live.t - (live.elapsed_s || 0), live.t]]) : m.cells, ctx.running),
+      ? m.cells.concat([{ cell: live.cell ?? "?", start_s: live.t - (live.elapsed_s || 0), end_s: live.t }])
+      : m.cells, ctx.running),
     h("div", { class: "nl-actions" }, button, note, m.freed ? h("pre", { class: "nl-pre" }, m.freed) : null),
     rows.length ? h("div", { class: "nl-scroll" }, table(["cell", "before", "after", "delta", "peak", "wall"], rows))
       : h("div", { class: "nl-muted" }, "no cell has used the device yet"));
@@ -150,9 +175,10 @@ function tensorsView(ctx) {
 // -- fallbacks ------------------------------------------------------------------------------------
 function opRow(r, ui, ctx) {
   const key = r.kind + ":" + r.op;
-  const sites = r.sites.map((s) => h("tr", { "data-testid": "nl-site" },
-    h("td", {}, s.cell !== null && s.cell !== undefined ? `In[${s.cell}]` : s.label), h("td", {}, `line ${s.line}`),
-    h("td", {}, h("code", {}, s.source)), h("td", { class: "nl-num" }, fmtInt(s.count) + "×")));
+  const sites = r.sites.map(({ site: s, count }) => h("tr", { "data-testid": "nl-site" },
+    h("td", {}, s.cell !== null && s.cell !== undefined ? cellLabel(s.cell) : siteLabel(s)),
+    h("td", {}, `line ${s.line}`), h("td", {}, h("code", {}, s.source)),
+    h("td", { class: "nl-num" }, fmtInt(count) + "×")));
   if (r.unattributed) sites.push(h("tr", {}, h("td", { colspan: 4, class: "nl-muted" },
     `${fmtInt(r.unattributed)} calls without a user line`)));
   const shapes = r.shapes.map((s) => "(" + s.join(", ") + ")").join(" ");
@@ -161,7 +187,7 @@ function opRow(r, ui, ctx) {
     ontoggle: (e) => { if (e.target.open) ui.open.add(key); else ui.open.delete(key); },
   },
     h("summary", {}, h("code", {}, r.op), h("span", { class: "nl-num" }, ` ${fmtInt(r.count)}×`),
-      h("span", {}, ` ${r.host_ms.toFixed(2)} ms`), h("span", { class: "nl-muted" }, ` ${r.reason}`),
+      h("span", {}, ` ${fmtSec(r.host_ns / 1e9)}`), h("span", { class: "nl-muted" }, ` ${r.reason}`),
       h("span", { class: "nl-muted" }, ` · first ${shapes} ${r.dtypes.join(" ")}`)),
     table(["cell", "line", "source", "calls"], sites));
   if (ui.open.has(key)) d.open = true;
@@ -179,23 +205,21 @@ function fallbacksView(ctx) {
     scope === s ? { checked: "" } : {})), label);
   const radios = [pick("cell", `this cell (In[${f.last ?? "–"}])`), pick("all", "all cells")];
   for (const r of radios) r.querySelector("input").addEventListener("change", (e) => { ui.scope = e.target.value; ctx.rerender(); });
-  const sections = [];
-  for (const [kind, title] of KINDS) {
-    const mine = rows.filter((r) => r.kind === kind);
-    if (!mine.length) continue;
-    sections.push(h("div", { class: "nl-section", "data-kind": kind },
-      h("div", { class: "nl-subtitle" }, `${title}: ${mine.length} ops, ${fmtInt(mine.reduce((a, r) => a + r.count, 0))} calls`),
-      mine.map((r) => opRow(r, ui, ctx))));
-  }
+  const shown = sections(data, rows).map(([kind, mine]) => h("div", { class: "nl-section", "data-kind": kind },
+    h("div", { class: "nl-subtitle" },
+      `${kindTitle(data, kind)}: ${mine.length} ops, ${fmtInt(mine.reduce((a, r) => a + r.count, 0))} calls`),
+    mine.map((r) => opRow(r, ui, ctx))));
+  const title = (hd.titles || {}).fallbacks || "";
   return h("div", {},
     h("div", { class: "nl-numbers" },
       h("span", {}, "profile ", h("b", { "data-testid": "nl-profile" }, hd.profile || "none")),
       h("span", { class: "nl-muted" }, hd.profile_hint || "")),
     live.busy ? h("div", { class: "nl-running" }, `${cellLabel(live.cell)} running: `,
-      h("b", { "data-testid": "nl-live-fallbacks" }, fmtInt(live.fallback_calls)), " CPU fallback calls so far") : null,
+      h("b", { "data-testid": "nl-live-fallbacks" }, fmtInt(live.fallback_calls)),
+      ` ${offDeviceCall(data, live.fallback_calls)} so far`) : null,
     h("div", { class: "nl-filter" }, radios),
-    sections.length ? sections : h("div", { class: "nl-muted", "data-testid": "nl-no-fallbacks" },
-      scope === "all" ? "no CPU fallbacks in this session" : "no CPU fallbacks in this cell"),
+    shown.length ? shown : h("div", { class: "nl-muted", "data-testid": "nl-no-fallbacks" },
+      `no ${title} in this ${scope === "all" ? "session" : "cell"}`),
     f.callsites ? null : h("div", { class: "nl-muted" }, "call sites are off (%config NeuronLab.callsites = True)"));
 }
 
@@ -205,18 +229,19 @@ function compilesView(ctx) {
   if (!c) return h("div", {}, "…");
   const rows = c.rows.slice().reverse().map((r) => {
     const details = [];
-    for (const b of r.breaks) details.push(h("div", { class: "nl-break" }, "graph break at ", h("code", {}, siteLabel(b.site)),
+    const k = r.compiles;
+    for (const b of k.breaks) details.push(h("div", { class: "nl-break" }, "graph break at ", h("code", {}, siteLabel(b.site)),
       b.site ? h("code", { class: "nl-muted" }, " " + b.site.source) : null, ": " + b.reason));
-    for (const x of r.recompiles) details.push(h("div", { class: "nl-recompile" }, `recompile of ${x.code}`,
-      x.site ? h("code", {}, " " + x.site.label) : null, ": " + x.reason));
-    for (const x of r.failures) details.push(h("div", { class: "nl-up" }, "failed: " + x));
+    for (const x of k.recompiles) details.push(h("div", { class: "nl-recompile" }, `recompile of ${x.code}`,
+      x.site ? h("code", {}, " " + siteLabel(x.site)) : null, ": " + x.reason));
+    for (const x of k.failures) details.push(h("div", { class: "nl-up" }, "failed: " + x));
     for (const x of r.checks) details.push(h("pre", { class: "nl-pre" }, x));
-    const total = r.compile_s + r.run_s || 1;
-    return h("tr", {}, h("td", {}, `In[${r.cell}]`), h("td", {}, r.mode), h("td", { class: "nl-num" }, r.graphs),
-      h("td", { class: "nl-num" }, r.breaks.length), h("td", { class: "nl-num" }, r.recompiles.length),
-      h("td", {}, fmtSec(r.compile_s)), h("td", {}, fmtSec(r.run_s)),
+    const total = k.compile_s + r.run_s || 1;
+    return h("tr", {}, h("td", {}, `In[${r.cell}]`), h("td", {}, r.mode), h("td", { class: "nl-num" }, k.graphs),
+      h("td", { class: "nl-num" }, k.breaks.length), h("td", { class: "nl-num" }, k.recompiles.length),
+      h("td", {}, fmtSec(k.compile_s)), h("td", {}, fmtSec(r.run_s)),
       h("td", {}, h("div", { class: "nl-bar nl-bar-small", title: "compile time against run time" },
-        h("div", { class: "nl-bar-fill nl-compile", style: `width:${(100 * r.compile_s) / total}%` }))),
+        h("div", { class: "nl-bar-fill nl-compile", style: `width:${(100 * k.compile_s) / total}%` }))),
       h("td", {}, details));
   });
   const t = c.totals;
@@ -229,11 +254,11 @@ function compilesView(ctx) {
 
 // -- the strip under a running cell ---------------------------------------------------------------------
 function stripView(ctx) {
-  const { live } = ctx;
+  const { data, live } = ctx;
   return h("div", { class: "nl-strip" },
     h("span", {}, `${live.device || ""} · ${live.mode || ""}`), memoryBar(live, "nl-strip-bar"),
     h("span", {}, fmtBytes(live.allocated || 0) + " / " + fmtBytes(live.capacity || 0)),
-    h("span", {}, h("b", {}, fmtInt(live.fallback_calls)), " CPU fallback calls"),
+    h("span", {}, h("b", {}, fmtInt(live.fallback_calls)), " " + offDeviceCall(data, live.fallback_calls)),
     h("span", { class: "nl-muted" }, live.busy ? `running ${fmtSec(live.elapsed_s || 0)}` : `done in ${fmtSec(live.elapsed_s || 0)}`));
 }
 
@@ -259,9 +284,10 @@ function render({ model, el }) {
       kids.push(h("div", { class: "nl-tabs" }, views.map((v) => h("button", {
         class: "nl-tab" + (v === ui.tab ? " nl-active" : ""), "data-view": v,
         onclick: () => { ui.tab = v; rerender(); },
-      }, TITLES[v] || v)),
+      }, ((data.header && data.header.titles) || {})[v] || v)),
       h("span", { class: "nl-status", "data-testid": "nl-status" },
-        live.busy ? `${cellLabel(live.cell)} running · ${fmtBytes(live.allocated || 0)} · ${fmtInt(live.fallback_calls)} fallbacks`
+        live.busy ? `${cellLabel(live.cell)} running · ${fmtBytes(live.allocated || 0)} · `
+          + `${fmtInt(live.fallback_calls)} ${offDeviceCall(data, live.fallback_calls)}`
           : `idle · ${fmtBytes(live.allocated || 0)}`)));
     }
     kids.push(h("div", { class: "nl-body", "data-view": ui.tab }, (RENDER[ui.tab] || (() => "?"))(ctx)));

@@ -1,33 +1,29 @@
-"""The data every view shows, as JSON-ready dicts built from the session and its reports.
+"""The data every view shows, as JSON: the report model's own data (``as_data``), plus what only the session has.
 
-One builder per view; the widget (``panel.js``) and the static renderers (``static.py``) read
-these dicts and nothing else. ``live()`` is the part that changes while a cell runs: plain counter
-reads, so the refresh thread may call it.
+Rows are the cells' :class:`~neuron_lab.report.model.Report` fields under their own names (a memory row is a
+report's ``cell``, ``wall_s`` and ``memory``; an op row is an :class:`~neuron_lab.report.model.OpRow`), and
+the header carries the op-kind table (:func:`neuron_lab.kinds.as_json`), how reports group the kinds into
+sections (:func:`neuron_lab.kinds.sections`) and the views' titles, so the widget (``panel.js``) spells none of
+them. What only the session has: the memory timeline and the device tensors'
+holders. The static views (``static.py``) read the same JSON. ``live()`` is the part that changes while a
+cell runs: plain counter reads, so the refresh thread may call it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from neuron_lab import backend as _backend
+from neuron_lab import kinds
 from neuron_lab.backend import profiles
 from neuron_lab.report.aggregate import merge_rows
-from neuron_lab.report.model import OpRow, Site
+from neuron_lab.report.model import Report, as_data
 
-VIEWS = ("memory", "tensors", "fallbacks", "compiles")
+TITLES = {"memory": "Memory", "tensors": "Tensors", "fallbacks": kinds.title(kinds.FALLBACK), "compiles": "Compiles"}
+VIEWS = tuple(TITLES)  # the views, in tab order: the one list (``%neuron dashboard``, ``neuron_lab.show``)
+STRIP = "strip"  # the line under a running cell (``auto_dashboard``): the header and ``live`` only
 CELL_ROWS = 50  # per-cell rows the memory and compile views keep (newest)
-
-
-def _site(site: Site | None) -> dict[str, Any] | None:
-    if site is None:
-        return None
-    return {"cell": site.cell, "line": site.line, "source": site.source, "label": site.label}
-
-
-def _op(row: OpRow) -> dict[str, Any]:
-    return {"op": row.op, "kind": row.kind, "reason": row.reason, "count": row.count, "host_ms": row.host_ms,
-            "shapes": [list(s) for s in row.shapes], "dtypes": list(row.dtypes), "unattributed": row.unattributed,
-            "sites": [{**_site(sc.site), "count": sc.count} for sc in row.sites]}
 
 
 def header(session: Any) -> dict[str, Any]:
@@ -39,7 +35,9 @@ def header(session: Any) -> dict[str, Any]:
                 f"or {profiles.ENV_VAR}=NAME before the kernel starts")
     return {"device": str(session.device), "mode": session.mode,
             "backend": _backend.active().name if _backend.is_active() else "none",
-            "profile": prof.name if prof else None, "profile_hint": hint}
+            "profile": prof.name if prof else None, "profile_hint": hint, "kinds": kinds.as_json(),
+            "sections": [[k.name, [n for n in kinds.KINDS if n in members]] for k, members in kinds.sections()],
+            "titles": TITLES}
 
 
 def live(session: Any) -> dict[str, Any]:
@@ -56,19 +54,23 @@ def live(session: Any) -> dict[str, Any]:
         d.update(busy=True, cell=session.running_cell(), fallback_calls=fallback_calls, ops=ops,
                  elapsed_s=round(elapsed, 3), mode=tracker.report.mode, device=tracker.report.device)
     elif session.history:
-        last = next(reversed(session.history.values()))
+        last = _last(session)
         d.update(cell=last.cell, fallback_calls=last.fallback_calls, ops=last.ops, elapsed_s=round(last.wall_s, 3))
     return d
 
 
+def _last(session: Any) -> Report | None:
+    return next(reversed(session.history.values())) if session.history else None
+
+
+def _newest(session: Any) -> list[Report]:
+    return list(session.history.values())[-CELL_ROWS:]
+
+
 def memory(session: Any) -> dict[str, Any]:
-    reports = list(session.history.values())[-CELL_ROWS:]
-    return {
-        "points": [[round(t, 3), b] for t, b in session.timeline.points()],
-        "cells": [[c.cell, round(c.start_s, 3), round(c.end_s, 3)] for c in session.timeline.cells()],
-        "rows": [{"cell": r.cell, "before": r.memory.before, "after": r.memory.after, "delta": r.memory.delta,
-                  "peak": r.memory.peak, "wall_s": r.wall_s} for r in reports],
-    }
+    """The timeline (``[seconds, bytes]`` points, the cells' spans) and each kept cell's memory."""
+    return {"points": as_data(session.timeline.points()), "cells": as_data(session.timeline.cells()),
+            "rows": [as_data(r, "cell", "wall_s", "memory") for r in _newest(session)]}
 
 
 def tensors(session: Any) -> dict[str, Any]:
@@ -78,37 +80,26 @@ def tensors(session: Any) -> dict[str, Any]:
 
 
 def fallbacks(session: Any) -> dict[str, Any]:
-    """The last cell's rows and the session's, merged: what "this cell" and "all cells" show.
+    """The last cell's op rows and the session's, merged: what "this cell" and "all cells" show.
 
     Only those two: a payload per kept cell would grow with every cell of a long session.
     """
-    last = next(reversed(session.history.values())) if session.history else None
+    last = _last(session)
     return {"last": last.cell if last else None,
-            "cell": [_op(x) for x in last.ops_not_native] if last else [],
-            "all": [_op(x) for x in merge_rows(r for r in session.history.values() if r.ops_not_native)],
+            "cell": as_data(last.ops_not_native) if last else [],
+            "all": as_data(merge_rows(r for r in session.history.values() if r.ops_not_native)),
             "callsites": session.config.callsites}
 
 
 def compiles(session: Any) -> dict[str, Any]:
-    rows = []
-    for r in list(session.history.values())[-CELL_ROWS:]:
-        c = r.compiles
-        checks = getattr(r, "checks", [])
-        if not c and not checks:
-            continue
-        rows.append({
-            "cell": r.cell, "mode": r.mode, "frames": c.frames, "graphs": c.graphs, "compile_s": c.compile_s,
-            "run_s": r.run_s, "failures": list(c.failures),
-            "breaks": [{"reason": b.reason, "site": _site(b.site)} for b in c.breaks],
-            "recompiles": [{"code": x.code, "reason": x.reason, "site": _site(x.site)} for x in c.recompiles],
-            "checks": [str(x) for x in checks],
-        })
-    t = session.totals
-    return {"rows": rows, "totals": {"compiles": t.compiles, "graph_breaks": t.graph_breaks,
-                                     "recompiles": t.recompiles}}
+    """Each kept cell that compiled or made a check: its ``compiles``, and its checks as their text."""
+    rows = [{**as_data(r, "cell", "mode", "run_s", "compiles"), "checks": [str(x) for x in r.checks]}
+            for r in _newest(session) if r.compiles or r.checks]
+    return {"rows": rows, "totals": as_data(session.totals)}
 
 
-BUILDERS = {"memory": memory, "tensors": tensors, "fallbacks": fallbacks, "compiles": compiles}
+BUILDERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "memory": memory, "tensors": tensors, "fallbacks": fallbacks, "compiles": compiles}
 
 
 def build(session: Any, views: list[str] | tuple[str, ...]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import traceback
 
 import torch
 
+from neuron_lab.backend.emulator import neuronx_finder
 from neuron_lab.backend.emulator import runtime as _rt
 
 DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
@@ -53,22 +54,22 @@ def install(profile=None) -> _rt.Runtime:
         torch.utils.rename_privateuse1_backend("neuron")
     emulate_downcast = os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
 
-    executor = None
     if core is not None:
         recorder = compiled.CoreRecorder(core)
         pieces = dict(memory=compiled.CoreMemory(core), recorder=recorder, devices=compiled.CoreDevices(core),
                       bridge=compiled.CoreBridge(core), on_profile=lambda _p: core.forget_kinds(), libraries=[])
         rt = _rt.Runtime(_rt.COMPILED, why, topo, profile=profile, **pieces)
-        compiled.configure(core, topo.capacities, lambda name, dtypes: rt.profile.classify(name, frozenset(dtypes)),
+        compiled.configure(core, topo.capacities, lambda name, dtypes: rt.classify(name, frozenset(dtypes)),
                            recorder, _allocation_site, emulate_downcast)
         core.register_direct(_rt.direct_ops())
     else:
         from neuron_lab.backend.emulator import python_core
 
-        pieces, executor = python_core.install(topo.capacities[0], profile, why, len(topo.capacities))
+        pieces = python_core.install(topo.capacities[0], lambda name, dtypes: _rt.get().classify(name, dtypes), why,
+                                     len(topo.capacities), emulate_downcast)
         rt = _rt.Runtime(_rt.PYTHON, why, topo, profile=profile, **pieces)
-        executor.emulate_downcast = emulate_downcast
     rt.problems = problems
+    rt.emulate_downcast = emulate_downcast
     _rt.set_runtime(rt)
 
     # Imported after the rename: these modules build `neuron` devices at import.
@@ -82,6 +83,7 @@ def install(profile=None) -> _rt.Runtime:
     rt.libraries += [fallback_lib, aten_lib]
     patches.install(python_core=core is None)
     _hide_from_dynamo()
+    neuronx_finder.install()  # `import torch_neuronx` now finds the emulation, unless a real one is on sys.path
     return rt
 
 

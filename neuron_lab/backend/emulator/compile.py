@@ -34,7 +34,7 @@ from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_con
 from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab.backend.emulator import runtime
-from neuron_lab.backend.events import NATIVE
+from neuron_lab.kinds import NATIVE
 
 Tensor = torch.Tensor
 LOWERING_ENV = "NEURON_LAB_COMPILE_LOWERING"

@@ -19,10 +19,13 @@ from typing import Any
 
 import torch
 
-from neuron_lab.backend.events import KINDS, OpEvent, OpRecorder, OpStats
+from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats
+from neuron_lab.kinds import DOWNCAST, KINDS, NATIVE
 
 CORE_ENV = "NEURON_LAB_CORE"
 CORE_CHOICES = ("auto", "compiled", "python")
+# The core numbers kinds in this order (it is told at configure): the two it makes itself first, then the rest.
+CORE_KINDS = (NATIVE, DOWNCAST, *(k for k in KINDS if k not in (NATIVE, DOWNCAST)))
 
 
 def choice(env: dict[str, str] | None = None) -> tuple[str, str | None]:
@@ -60,7 +63,6 @@ class LiveBlock:
     shape: tuple[int, ...] | None
     created_ns: int
     site: tuple[str, ...] | None
-    device: int
 
 
 class CoreMemory:
@@ -103,8 +105,8 @@ class CoreMemory:
         self._core.set_record_sites(enabled)
 
     def live(self) -> list[LiveBlock]:
-        return [LiveBlock(ptr, n, getattr(torch, dtype) if dtype else None, shape, created, site, dev)
-                for ptr, n, dtype, shape, created, site, dev in self._core.live_allocations()]
+        return [LiveBlock(ptr, n, getattr(torch, dtype) if dtype else None, shape, created, site)
+                for ptr, n, dtype, shape, created, site, _device in self._core.live_allocations()]
 
 
 class CoreRecorder(OpRecorder):
@@ -127,7 +129,7 @@ class CoreRecorder(OpRecorder):
                 fn(event, args, {})
 
     def _wanted_changed(self) -> None:
-        self._core.set_wanted(sum(1 << KINDS.index(k) for k in self._wanted))
+        self._core.set_wanted(sum(1 << CORE_KINDS.index(k) for k in self._wanted))
 
     def stats(self, kind: str | None = None) -> list[OpStats]:
         rows = [OpStats(name, overload, k, reason, count, host_ns,
@@ -198,4 +200,4 @@ class CoreBridge:
 
 def configure(core: ModuleType, capacities: list[int], classify: Any, recorder: CoreRecorder, site: Any,
               emulate_downcast: bool) -> None:
-    core.configure(capacities, classify, recorder.deliver, site, emulate_downcast)
+    core.configure(capacities, list(CORE_KINDS), classify, recorder.deliver, site, emulate_downcast)

@@ -10,7 +10,7 @@ import torch
 
 from neuron_lab.backend.emulator.ops import Executor, redispatch_to_cpu
 from neuron_lab.backend.emulator.runtime import direct_ops
-from neuron_lab.backend.events import NATIVE
+from neuron_lab.kinds import NATIVE
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -19,7 +19,6 @@ Tensor = torch.Tensor
 # touch data, so they run on the device tensor itself. TorchNeuron does not report them either.
 VIEW_OPS = ("as_strided", "view", "_reshape_alias", "unfold", "view_as_real", "view_as_complex", "alias",
             "_unsafe_view", "as_strided_", "_mkldnn_transpose")
-
 
 
 def _contiguous_strides(size, memory_format) -> list[int]:
@@ -45,105 +44,158 @@ def _check_device(device) -> None:
                            "why it is not running)")
 
 
-def install_native(ex: Executor, lib: torch.library.Library) -> None:
-    """Fill ``ex.native`` (reached through the boxed fallback) and register the direct kernels."""
-    alloc, bridge = ex.allocator, ex.bridge
-    default_dtype = torch.get_default_dtype
+class _DeviceKernels:
+    """The kernels a C++ backend writes itself, over one executor's allocator, host bridge and recorder.
 
-    def empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    Kernels reached through the boxed fallback take the op first, as the fallback passes it. Keyword-only
+    arguments keep their schema names: the dispatcher passes them by name.
+    """
+
+    def __init__(self, ex: Executor) -> None:
+        self._ex = ex
+        self._alloc = ex.allocator
+        self._bridge = ex.bridge
+        self._recorder = ex.recorder
+
+    # -- allocation and storage ----------------------------------------------------------------
+    def empty(self, op, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None) -> Tensor:
         _check_device(device)
-        dtype = dtype or default_dtype()
+        dtype = dtype or torch.get_default_dtype()
         stride = _contiguous_strides(size, memory_format)
-        return bridge.bind(alloc.new_storage(_nbytes(size, stride, dtype), dtype, size), size, stride, 0, dtype)
+        return self._bind_new(size, stride, dtype)
 
-    def empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    def empty_strided(self, op, size, stride, dtype=None, layout=None, device=None, pin_memory=None) -> Tensor:
         _check_device(device)
-        dtype = dtype or default_dtype()
-        return bridge.bind(alloc.new_storage(_nbytes(size, stride, dtype), dtype, size), size, stride, 0, dtype)
+        return self._bind_new(size, stride, dtype or torch.get_default_dtype())
 
-    def host(t: Tensor) -> Tensor:
-        return t if t.is_cpu else bridge.to_host(t)
+    def _bind_new(self, size, stride, dtype: torch.dtype) -> Tensor:
+        storage = self._alloc.new_storage(_nbytes(size, stride, dtype), dtype, size)
+        return self._bridge.bind(storage, size, stride, 0, dtype)
 
-    def transfer(src: Tensor, dst: Tensor) -> None:
-        n = src.numel() * src.element_size()
-        if src.is_cpu != dst.is_cpu:
-            ex.recorder.record_transfer(h2d=n if src.is_cpu else 0, d2h=n if dst.is_cpu else 0)
-
-    def copy_(self, src, non_blocking=False):
-        host(self).copy_(host(src))
-        transfer(src, self)
-        ex.recorder.record("aten::copy_", "", NATIVE, "", (self, src), {}, 0)
-        return self
-
-    def copy_from(op, self, dst, non_blocking=False):
-        return copy_(dst, self)
-
-    def copy_from_and_resize(op, self, dst):
-        dst.resize_(self.shape)
-        return copy_(dst, self)
-
-    def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-                memory_format=None):
-        _check_device(device)
-        target = torch.device(device) if device is not None else self.device
-        r = aten._to_copy(host(self), dtype=dtype, layout=layout, device="cpu", memory_format=memory_format)
-        ex.recorder.record("aten::_to_copy", "", NATIVE, "", (self,), {}, 0)
-        if self.is_cpu:
-            ex.recorder.record_transfer(h2d=r.numel() * r.element_size())
-        if target.type == "cpu":
-            ex.recorder.record_transfer(d2h=r.numel() * r.element_size())
-            return r.pin_memory() if pin_memory else r
-        if r.untyped_storage().data_ptr() == self.untyped_storage().data_ptr():
-            r = r.clone()  # _to_copy must not alias its input
-        return bridge.from_host(r)
-
-    def set_(op, self, *args):
+    def set_(self, op, t: Tensor, *args) -> Tensor:
         if not args:  # set_() gives the tensor an empty storage of its own device
-            op, args = aten.set_.source_Storage_storage_offset, (alloc.new_storage(0), 0, [0], [1])
-        return redispatch_to_cpu(op, self, *args)
+            op, args = aten.set_.source_Storage_storage_offset, (self._alloc.new_storage(0), 0, [0], [1])
+        return redispatch_to_cpu(op, t, *args)
 
-    def resize_(op, self, size, memory_format=None):
+    def resize_(self, op, t: Tensor, size, memory_format=None) -> Tensor:
+        """Grow into a new storage holding the old bytes when the current one is too small."""
         stride = _contiguous_strides(size, memory_format)
-        need = _nbytes(size, stride, self.dtype) + self.storage_offset() * self.element_size()
-        st = self.untyped_storage()
+        need = _nbytes(size, stride, t.dtype) + t.storage_offset() * t.element_size()
+        st = t.untyped_storage()
         if need > st.nbytes():
-            new = alloc.new_storage(need, self.dtype, size)
-            old = st.nbytes()
-            if old:
-                bridge.to_host(bridge.bind(new, [old], [1], 0, torch.uint8)).copy_(
-                    bridge.to_host(bridge.bind(st, [old], [1], 0, torch.uint8)))
-            st = new
-        redispatch_to_cpu(aten.set_.source_Storage_storage_offset, self, st, self.storage_offset(), size, stride)
-        return self
+            st = self._grown(st, need, t.dtype, size)
+        redispatch_to_cpu(aten.set_.source_Storage_storage_offset, t, st, t.storage_offset(), size, stride)
+        return t
 
-    def local_scalar_dense(op, self):
-        ex.recorder.record_transfer(d2h=self.element_size())
-        return aten._local_scalar_dense(bridge.to_host(self))
+    def _grown(self, st: torch.UntypedStorage, nbytes: int, dtype: torch.dtype, size) -> torch.UntypedStorage:
+        new = self._alloc.new_storage(nbytes, dtype, size)
+        old = st.nbytes()
+        if old:
+            bind, to_host = self._bridge.bind, self._bridge.to_host
+            to_host(bind(new, [old], [1], 0, torch.uint8)).copy_(to_host(bind(st, [old], [1], 0, torch.uint8)))
+        return new
 
-    def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-        return ex.run(aten.convolution.default, (input, weight, bias, stride, padding, dilation, transposed,
-                                                 output_padding, groups), {})
+    def local_scalar_dense(self, op, t: Tensor):
+        self._recorder.record_transfer(d2h=t.element_size())
+        return aten._local_scalar_dense(self._bridge.to_host(t))
 
-    def convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+    # -- copies: native ops, and transfer bytes when they cross host and device ---------------
+    def _host(self, t: Tensor) -> Tensor:
+        return t if t.is_cpu else self._bridge.to_host(t)
+
+    def copy_(self, dst: Tensor, src: Tensor, non_blocking=False) -> Tensor:
+        self._host(dst).copy_(self._host(src))
+        if src.is_cpu != dst.is_cpu:
+            n = src.numel() * src.element_size()
+            self._recorder.record_transfer(h2d=n if src.is_cpu else 0, d2h=n if dst.is_cpu else 0)
+        self._recorder.record("aten::copy_", "", NATIVE, "", (dst, src), {}, 0)
+        return dst
+
+    def copy_from(self, op, src: Tensor, dst: Tensor, non_blocking=False) -> Tensor:
+        return self.copy_(dst, src)
+
+    def copy_from_and_resize(self, op, src: Tensor, dst: Tensor) -> Tensor:
+        dst.resize_(src.shape)
+        return self.copy_(dst, src)
+
+    def to_copy(self, t: Tensor, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                memory_format=None) -> Tensor:
+        _check_device(device)
+        target = torch.device(device) if device is not None else t.device
+        r = aten._to_copy(self._host(t), dtype=dtype, layout=layout, device="cpu", memory_format=memory_format)
+        self._recorder.record("aten::_to_copy", "", NATIVE, "", (t,), {}, 0)
+        if t.is_cpu:
+            self._recorder.record_transfer(h2d=r.numel() * r.element_size())
+        if target.type == "cpu":
+            self._recorder.record_transfer(d2h=r.numel() * r.element_size())
+            return r.pin_memory() if pin_memory else r
+        if r.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            r = r.clone()  # _to_copy must not alias its input
+        return self._bridge.from_host(r)
+
+    # -- convolution: the CPU's own op, run and reported as any other --------------------------
+    def convolution(self, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        return self._ex.run(aten.convolution.default, (input, weight, bias, stride, padding, dilation, transposed,
+                                                       output_padding, groups), {})
+
+    def convolution_backward(self, grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
                              groups, output_mask):
-        return ex.run(aten.convolution_backward.default,
-                      (grad_output, input, weight, None, stride, padding, dilation, transposed, output_padding,
-                       groups, output_mask), {})
+        return self._ex.run(aten.convolution_backward.default,
+                            (grad_output, input, weight, None, stride, padding, dilation, transposed, output_padding,
+                             groups, output_mask), {})
 
+
+def install_native(ex: Executor, lib: torch.library.Library) -> None:
+    """Give the pure-Python core the kernels a C++ backend writes itself: plumbing, copies, convolution,
+    and direct kernels for hot ops."""
+    kernels = _DeviceKernels(ex)
+    _route_plumbing(ex, kernels)
+    _register_copies(lib, kernels)
+    _register_convolution(lib, kernels)
+    _register_direct_ops(lib, ex)
+
+
+def _route_plumbing(ex: Executor, kernels: _DeviceKernels) -> None:
+    """Allocation, storage binding and views, in ``ex.native``, which the boxed fallback consults first.
+
+    These ops have no composite kernel, so they reach the fallback, which hands over the op: one kernel
+    serves every overload (``set_`` has several, each view op too). They are device plumbing, which
+    TorchNeuron does not report either, so they never reach the executor's reporting path.
+    """
     ex.native.update({
-        "aten::empty": empty,
-        "aten::empty_strided": empty_strided,
-        "aten::_copy_from": copy_from,
-        "aten::_copy_from_and_resize": copy_from_and_resize,
-        "aten::set_": set_,
-        "aten::resize_": resize_,
-        "aten::_local_scalar_dense": local_scalar_dense,
+        "aten::empty": kernels.empty,
+        "aten::empty_strided": kernels.empty_strided,
+        "aten::_copy_from": kernels.copy_from,
+        "aten::_copy_from_and_resize": kernels.copy_from_and_resize,
+        "aten::set_": kernels.set_,
+        "aten::resize_": kernels.resize_,
+        "aten::_local_scalar_dense": kernels.local_scalar_dense,
         **{f"aten::{name}": redispatch_to_cpu for name in VIEW_OPS},
     })
-    lib.impl("copy_", copy_, "PrivateUse1")
-    lib.impl("_to_copy", to_copy, "PrivateUse1")
-    lib.impl("convolution_overrideable", convolution, "PrivateUse1")
-    lib.impl("convolution_backward_overrideable", convolution_backward, "PrivateUse1")
+
+
+def _register_copies(lib: torch.library.Library, kernels: _DeviceKernels) -> None:
+    """``copy_`` and ``_to_copy`` as PrivateUse1 kernels of their own.
+
+    Their CompositeExplicitAutograd kernels beat the fallback, so it never sees them; the composite
+    ``_to_copy`` would also ask C++ for pinned memory on a ``non_blocking`` copy to the host, which
+    Python hooks cannot provide. Each copy counts as one native op, plus transfer bytes.
+    """
+    lib.impl("copy_", kernels.copy_, "PrivateUse1")
+    lib.impl("_to_copy", kernels.to_copy, "PrivateUse1")
+
+
+def _register_convolution(lib: torch.library.Library, kernels: _DeviceKernels) -> None:
+    """``convolution_overrideable`` and its backward, which a device must implement: their composite
+    kernels raise for any backend that does not. They run the CPU's ``convolution`` through the executor."""
+    lib.impl("convolution_overrideable", kernels.convolution, "PrivateUse1")
+    lib.impl("convolution_backward_overrideable", kernels.convolution_backward, "PrivateUse1")
+
+
+def _register_direct_ops(lib: torch.library.Library, ex: Executor) -> None:
+    """Hot functional overloads (``runtime.direct_ops()``) straight to the executor, as a generated C++ backend
+    registers kernels: one call each instead of the structured wrapper's ``empty`` + ``.out`` pair through
+    the fallback, which halves their cost."""
     for name in direct_ops():
         packet, _, overload = name.partition(".")
         lib.impl(name, ex.kernel(getattr(getattr(aten, packet), overload or "default")), "PrivateUse1")

@@ -8,7 +8,6 @@ A handful of ops are device plumbing (allocation, copies, metadata views) and ar
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,14 +15,14 @@ from typing import Any
 
 import torch
 
+from neuron_lab.backend.emulator import DOWNCAST_ENV
 from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
 from neuron_lab.backend.emulator.memory import Allocator
-from neuron_lab.backend.events import DOWNCAST, OpRecorder
-from neuron_lab.backend.profiles import Profile
+from neuron_lab.backend.events import OpRecorder
+from neuron_lab.kinds import DOWNCAST
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
-DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
 _CPU = torch.device("cpu")
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _WIDE = {torch.float64, torch.int64}
@@ -93,22 +92,26 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
                  is_view, write_args, numbers)
 
 
+Classify = Callable[[str, frozenset[str]], tuple[str, str]]  # (op name, device dtypes) -> (kind, reason)
+
+
 class Executor:
     """Runs ops for the emulated device and reports each through the recorder."""
 
-    def __init__(self, allocator: Allocator, recorder: OpRecorder, profile: Profile) -> None:
+    def __init__(self, allocator: Allocator, recorder: OpRecorder, classify: Classify,
+                 emulate_downcast: bool = False) -> None:
         self.allocator = allocator
         self.bridge = HostBridge(allocator)
         self.recorder = recorder
         self.generator = torch.Generator()
-        self.emulate_downcast = os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
+        self.emulate_downcast = emulate_downcast  # compute float64 in float32, as TorchNeuron does (DOWNCAST_ENV)
         self._plans: dict[Any, _Plan] = {}
         self._kinds: dict[tuple, tuple[str, str]] = {}
         self.native: dict[str, Callable[..., Any]] = {}
-        self.set_profile(profile)
+        self.classify = classify
 
-    def set_profile(self, profile: Profile) -> None:
-        self.profile = profile
+    def forget_kinds(self) -> None:
+        """The profile changed: classify every op afresh."""
         self._kinds.clear()
 
     def plan(self, op) -> _Plan:
@@ -168,7 +171,7 @@ class Executor:
         kind_key = (plan.name, tuple(dtypes))
         kind = self._kinds.get(kind_key)
         if kind is None:
-            kind = self._kinds[kind_key] = self.profile.classify(plan.name, frozenset(_DTYPE_NAMES[d] for d in dtypes))
+            kind = self._kinds[kind_key] = self.classify(plan.name, frozenset(_DTYPE_NAMES[d] for d in dtypes))
         wide = [d for d in dtypes if d in _WIDE]
 
         drop_grad_input = plan.name in _ALWAYS_GRAD_INPUT and not hargs[-1][0]

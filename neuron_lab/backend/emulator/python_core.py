@@ -9,6 +9,8 @@ resize) is missing here, and asking for it is a clear error that names the compi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -66,7 +68,8 @@ class PythonDevices:
 _keep: list[object] = []  # the hook and guard objects must outlive registration
 
 
-def install(capacity: int, profile, why_not_compiled: str, compiled_devices: int):
+def install(capacity: int, classify: Callable[[str, frozenset[str]], tuple[str, str]], why_not_compiled: str,
+            compiled_devices: int, emulate_downcast: bool) -> dict[str, object]:
     """Register the pure-Python core; returns the pieces the runtime holds."""
     from neuron_lab.backend.emulator import native
     from neuron_lab.backend.emulator.memory import Allocator
@@ -77,11 +80,11 @@ def install(capacity: int, profile, why_not_compiled: str, compiled_devices: int
     torch._C._acc.register_python_privateuseone_hook(_keep[-2])
     torch._C._acc.register_python_privateuseone_device_guard(_keep[-1])
     allocator, recorder = Allocator(capacity), OpRecorder()
-    executor = Executor(allocator, recorder, profile)
+    executor = Executor(allocator, recorder, classify, emulate_downcast)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(executor.fallback, "PrivateUse1")
     aten_lib = torch.library.Library("aten", "IMPL")
     native.install_native(executor, aten_lib)
     devices = PythonDevices(executor.generator, why_not_compiled, compiled_devices)
     return dict(memory=allocator, recorder=recorder, devices=devices, bridge=executor.bridge,
-                on_profile=executor.set_profile, libraries=[fallback_lib, aten_lib]), executor
+                on_profile=lambda _profile: executor.forget_kinds(), libraries=[fallback_lib, aten_lib])

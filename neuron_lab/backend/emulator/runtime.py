@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from neuron_lab.kinds import NKI
+
 if TYPE_CHECKING:
     from neuron_lab.backend.emulator.topology import Topology
     from neuron_lab.backend.events import OpRecorder
@@ -67,6 +69,16 @@ class Runtime:
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
     dynamo_metrics: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
+    emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
+    nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
+
+    def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
+        """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the profile
+        says."""
+        reason = self.nki_ops.get(name)
+        if reason is not None:
+            return NKI, reason
+        return self.profile.classify(name, dtypes)
 
     def set_profile(self, profile: Profile) -> None:
         self.profile = profile

@@ -14,8 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from neuron_lab.backend.events import FALLBACK, HOST, NATIVE
 from neuron_lab.backend.profiles import schema
+from neuron_lab.kinds import FALLBACK, HOST, NATIVE
 
 SCHEMA_VERSION = 1
 DEFAULT_PROFILE = "torchneuron-2.33"
@@ -50,6 +50,7 @@ class Profile:
     dtype_rules: dict[str, OpRule] = field(default_factory=dict)  # any op touching this dtype
     downcast_dtypes: frozenset[str] = frozenset({"float64", "int64"})
     path: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)  # how a derived profile was made (repo, commit, ...)
 
     def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
         """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``."""
@@ -109,6 +110,7 @@ def from_dict(d: Any, path: str = "") -> Profile:
         dtype_rules={k: _rule(v) for k, v in d.get("dtypes", {}).items()},
         downcast_dtypes=frozenset(d.get("downcast_dtypes", ("float64", "int64"))),
         path=path,
+        provenance=dict(d.get("provenance", {})),
     )
 
 
@@ -148,3 +150,25 @@ def load(name_or_path: str | os.PathLike | None = None) -> Profile:
 
 
 __all__ = ["DEFAULT_PROFILE", "ENV_VAR", "OpRule", "Profile", "ProfileError", "bundled", "from_dict", "load"]
+
+
+def backend_ops() -> list[str]:
+    """Every ATen op (by profile key) that can reach a device backend: ops with a CompositeImplicitAutograd
+    kernel for every overload decompose before the backend sees them, so no profile can make them fall back."""
+    import torch
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    keys: dict[str, bool] = {}
+    for full in torch._C._dispatch_get_all_op_names():
+        if full.startswith("aten::"):
+            key = _key(full.split(".")[0])
+            keys[key] = keys.get(key, False) or not has(full, "CompositeImplicitAutograd")
+    return sorted(k for k, reaches in keys.items() if reaches)
+
+
+def diff(a: Profile, b: Profile) -> list[tuple[str, str, str]]:
+    """``(op, kind under a, kind under b)`` for every op the two classify differently (dtype-free calls), over
+    the ops a backend can see and every op either profile lists."""
+    names = sorted({*backend_ops(), *a.ops, *b.ops})
+    out = [(n, a.classify(n)[0], b.classify(n)[0]) for n in names]
+    return [row for row in out if row[1] != row[2]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-TOP_FIELDS = ("schema_version", "name", "source", "date", "default", "downcast_dtypes", "dtypes", "ops")
+TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops")
 REQUIRED = ("schema_version", "name", "source", "date")
 
 
@@ -81,6 +81,8 @@ def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
     unknown = [k for k in d if k not in TOP_FIELDS]
     if unknown:
         raise ValueError(f"unknown field {shown(unknown[0])} (a profile has {', '.join(TOP_FIELDS)})")
+    if "provenance" in d and not isinstance(d["provenance"], dict):
+        raise ValueError(f"provenance: expected an object (repo, commit, method, ...), got {shown(d['provenance'])}")
     if "default" in d:
         _rule("default", d["default"], kinds, dtypes=False)
     if "downcast_dtypes" in d:

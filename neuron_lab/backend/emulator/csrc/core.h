@@ -108,7 +108,9 @@ c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);
 
 // -- ops (dispatch.cpp) --------------------------------------------------------------------
-enum Kind : int { kNative = 0, kFallback = 1, kHost = 2, kDowncast = 3, kKinds = 4 };
+// Kinds of op call are named by Python (neuron_lab.kinds) at configure time; the core itself makes only the
+// first two, and numbers the others in the order it was given.
+enum Kind : int { kNative = 0, kDowncast = 1, kMaxKinds = 8 };
 
 struct Signature {
   std::vector<std::vector<int64_t>> shapes;

@@ -62,7 +62,7 @@ struct Plan {
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
   bool always_grad_input = false;
   std::unordered_map<uint64_t, std::pair<int, std::string>> kinds;  // device dtype set -> kind, reason
-  OpStat stats[kKinds];
+  OpStat stats[kMaxKinds];
 };
 
 std::mutex plans_mu;
@@ -739,7 +739,7 @@ std::vector<OpRow> op_rows() {
   std::vector<OpRow> rows;
   std::lock_guard<std::mutex> g(plans_mu);
   for (const auto& [_, p] : plans) {
-    for (int k = 0; k < kKinds; ++k) {
+    for (int k = 0; k < kMaxKinds; ++k) {
       const auto& st = p->stats[k];
       if (st.count) rows.push_back({p->name, p->overload, st.reason, k, st.count, st.host_ns, st.signatures});
     }

@@ -24,11 +24,11 @@ PyObject* site_fn = nullptr;
   throw std::move(err);
 }
 
-const char* kind_names[] = {"native", "fallback", "host", "downcast"};
+std::vector<std::string> kind_names;  // index -> name, from configure(): "native" and "downcast" first
 
 int kind_index(const std::string& name) {
-  for (int k = 0; k < kKinds; ++k) {
-    if (name == kind_names[k]) return k;
+  for (size_t k = 0; k < kind_names.size(); ++k) {
+    if (name == kind_names[k]) return static_cast<int>(k);
   }
   TORCH_CHECK(false, "neuron emulator: the coverage profile gave an unknown kind ", name);
 }
@@ -121,7 +121,7 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
   py::gil_scoped_acquire gil;
   if (deliver_fn == nullptr) return;
   try {
-    auto& d = deliveries()[reinterpret_cast<uintptr_t>(key) * kKinds + kind];
+    auto& d = deliveries()[reinterpret_cast<uintptr_t>(key) * kMaxKinds + kind];
     if (!d.name) {
       d.name = py::str(name);
       d.overload = py::str(overload);
@@ -165,15 +165,20 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "configure",
-      [](const std::vector<int64_t>& capacities, py::object classify, py::object deliver, py::object site,
-         bool emulate_downcast) {
+      [](const std::vector<int64_t>& capacities, const std::vector<std::string>& kinds, py::object classify,
+         py::object deliver, py::object site, bool emulate_downcast) {
+        TORCH_CHECK(kinds.size() >= 2 && kinds.size() <= kMaxKinds && kinds[kNative] == "native" &&
+                        kinds[kDowncast] == "downcast",
+                    "neuron emulator: configure() takes 2 to ", kMaxKinds, " kinds, native and downcast first");
+        kind_names = kinds;
         set_callback(classify_fn, classify);
         set_callback(deliver_fn, deliver);
         set_callback(site_fn, site);
         set_emulate_downcast(emulate_downcast);
         configure_devices(capacities);
       },
-      "Devices (one capacity each) and the Python callbacks: classify(name, dtypes), deliver(...), site().");
+      "Devices (one capacity each), the kinds of op call by index, and the Python callbacks: classify(name, "
+      "dtypes), deliver(...), site().");
 
   // devices
   m.def("device_count", [] { return static_cast<int>(device_count()); });

@@ -88,7 +88,6 @@ def register() -> None:
     from neuron_lab.backend.emulator.ops import Executor
     from neuron_lab.backend.emulator.python_core import Guard, Hooks
     from neuron_lab.backend.events import OpRecorder
-    from neuron_lab.backend.profiles import Profile
     from torch_neuronx import neuron
 
     class TrackingExecutor(Executor):
@@ -98,9 +97,8 @@ def register() -> None:
             return super().fallback(op, *args, **kwargs)
 
     allocator = Allocator(capacity=CAPACITY)
-    # The executor's own recorder and profile are private to the fake; nothing reads them.
-    executor = TrackingExecutor(allocator, OpRecorder(), Profile("torch-neuronx-fake", "unused", "", default="native"))
-    executor.emulate_downcast = False
+    # The executor's own recorder and classification are private to the fake; nothing reads them.
+    executor = TrackingExecutor(allocator, OpRecorder(), lambda name, dtypes: ("native", ""))
     STATE = State(allocator, executor, hooks=[Hooks(), Guard()])
 
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)

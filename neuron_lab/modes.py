@@ -1,4 +1,4 @@
-"""Per-cell execution modes, built on PyTorch's own primitives.
+"""Execution modes (process-wide torch state, nothing per shell), built on PyTorch's own primitives.
 
 - ``compile``: the outermost ``nn.Module`` calls made while the mode is on run through
   ``torch.compile(backend=..., fullgraph=...)``. Calls made inside a compiled region, modules
@@ -84,10 +84,14 @@ def _push(opts: CompileOptions | None) -> None:
     _stack.append(opts)
 
 
+def forget_compiled() -> None:
+    """Drop the compiled module calls kept for reuse (unloading: a reload compiles afresh, counted afresh)."""
+    _compiled.clear()
+
+
 def _pop() -> None:
     global _original_call
-    if _stack:  # reset() may have emptied it from inside the block
-        _stack.pop()
+    _stack.pop()
     if not _stack and _original_call is not None:
         torch.nn.Module.__call__ = _original_call
         _original_call = None
@@ -119,13 +123,3 @@ def mode(name: str, options: CompileOptions | None = None) -> Iterator[None]:
 def patched() -> bool:
     """Whether ``nn.Module.__call__`` is currently wrapped (for tests and unload checks)."""
     return _original_call is not None
-
-
-def reset() -> None:
-    """Undo every mode still in effect (unloading the extension from inside a cell)."""
-    global _original_call
-    _stack.clear()
-    if _original_call is not None:
-        torch.nn.Module.__call__ = _original_call
-        _original_call = None
-    _compiled.clear()

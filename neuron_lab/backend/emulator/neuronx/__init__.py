@@ -1,0 +1,103 @@
+"""``torch_neuronx`` as neuron_lab's emulator serves it, where the real torch-neuronx is not installed.
+
+:mod:`neuron_lab.backend.emulator.neuronx_finder` hands this package out under the name ``torch_neuronx``
+(no files on ``sys.path``, no package metadata: pip, backend selection and a later real install are
+unaffected), so code written for Trainium (``import torch_neuronx``), and libraries that look for it
+(transformers, accelerate), run on the emulated `neuron` device. Its names follow TorchNeuron's; a name
+the emulator has no meaning for yet exists and raises :class:`NotEmulatedError`. It says what it is:
+``EMULATED`` is true, ``__version__`` ends in ``+neuronlab.emulator``, and the module's repr names the emulator.
+"""
+
+from __future__ import annotations
+
+from neuron_lab import kinds as _kinds
+from neuron_lab.backend.emulator import device_module as _dm
+from neuron_lab.backend.emulator.nki import nki_op, wrap_nki
+from neuron_lab.backend.emulator.not_emulated import NotEmulatedError, not_emulated
+
+from . import distributed, neuron, profiling  # noqa: F401  (submodules users import from the package)
+
+__version__ = "2.13.3.0+neuronlab.emulator"  # the torch-neuronx release the bundled profile describes
+EMULATED = True  # the real package has no such attribute: `getattr(torch_neuronx, "EMULATED", False)` tells them apart
+
+# -- devices and streams, as torch.neuron has them --------------------------------------------
+device_count = _dm.device_count
+current_device = _dm.current_device
+get_device_properties = _dm.get_device_properties
+empty_cache = _dm.empty_cache
+synchronize = _dm.synchronize
+current_stream = _dm.current_stream
+default_stream = _dm.default_stream
+set_stream = _dm.set_stream
+stream = _dm.stream
+device = _dm.device
+Stream = _dm.Stream
+Event = _dm.Event
+StreamContext = _dm.stream
+
+
+def set_device(device: int) -> None:
+    """Make ``neuron:device`` current. Like TorchNeuron's, it takes an index only (``torch.neuron.set_device``
+    also takes a ``torch.device``)."""
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < device_count():
+        raise ValueError(f"Invalid device id {device!r}: torch_neuronx.set_device takes an int in "
+                         f"[0, {device_count()})")
+    _dm.set_device(device)
+
+
+def is_neuron_runtime_initialized() -> bool:
+    """The emulated runtime is up as soon as the device exists."""
+    return True
+
+
+# -- memory -----------------------------------------------------------------------------------
+memory_allocated = _dm.memory_allocated
+max_memory_allocated = _dm.max_memory_allocated
+memory_reserved = _dm.memory_reserved
+max_memory_reserved = _dm.max_memory_reserved
+memory_stats = _dm.memory_stats
+memory_summary = _dm.memory_summary
+reset_peak_memory_stats = _dm.reset_peak_memory_stats
+reset_accumulated_memory_stats = _dm.reset_accumulated_memory_stats
+mem_get_info = _dm.mem_get_info
+
+
+# -- op tracking: unique names, as TorchNeuron reports them ------------------------------------
+def _names(kind: str) -> list[str]:
+    from neuron_lab import backend
+
+    return sorted(backend.active().recorder.names(kind))
+
+
+def get_fallback_ops() -> list[str]:
+    """Unique names of the ops that ran on the CPU since the last :func:`clear_op_tracking` (no counts:
+    neuron_lab's reports have those, with the lines that issued them)."""
+    return _names(_kinds.FALLBACK)
+
+
+def get_executed_ops() -> list[str]:
+    """Unique names of the ops that ran on the device since the last :func:`clear_op_tracking`."""
+    return _names(_kinds.NATIVE)
+
+
+def clear_op_tracking() -> None:
+    from neuron_lab import backend
+
+    backend.active().clear_op_tracking()
+
+
+# -- torch.compile ------------------------------------------------------------------------------
+get_dynamo_metrics = _dm.get_dynamo_metrics
+reset_dynamo_metrics = _dm.reset_dynamo_metrics
+
+# -- not emulated yet ---------------------------------------------------------------------------
+NeuronProfiler = not_emulated("torch_neuronx.NeuronProfiler", "profiling on the emulated device is not built yet; "
+                              "torch.profiler records the host side")
+
+__all__ = ["EMULATED", "Event", "NeuronProfiler", "NotEmulatedError", "Stream", "StreamContext", "clear_op_tracking",
+           "current_device", "current_stream", "default_stream", "device", "device_count", "empty_cache",
+           "get_device_properties", "get_dynamo_metrics", "get_executed_ops", "get_fallback_ops",
+           "is_neuron_runtime_initialized", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+           "memory_allocated", "memory_reserved", "memory_stats", "memory_summary", "nki_op",
+           "reset_accumulated_memory_stats", "reset_dynamo_metrics", "reset_peak_memory_stats", "set_device",
+           "set_stream", "stream", "synchronize", "wrap_nki"]

@@ -1,0 +1,62 @@
+"""The one vocabulary of what an op call can be: every layer, renderer and the widget's JSON read it here.
+
+A new kind of fact (a collective, an NKI kernel) is added once, in :data:`KINDS`; reports, views,
+gates and the widget pick it up from this table. The order of :data:`KINDS` is the order in which
+every renderer lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NATIVE = "native"
+FALLBACK = "fallback"  # CPU_FALLBACK in TorchNeuron's compatibility table
+HOST = "host"  # explicit host kernels TorchNeuron runs on the CPU without reporting them
+DOWNCAST = "downcast"  # a 64-bit dtype computed in 32 bits
+NKI = "nki"  # a custom kernel registered with torch_neuronx.nki_op: it runs on the device
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one kind of op call is named, counted and shown."""
+
+    name: str
+    title: str  # a report section's title: "CPU fallbacks"
+    call: str  # one call, for counts: "CPU fallback call"
+    off_device: bool  # it did not run on the device: it counts as a fallback call (and for fallback gates)
+    reported: bool  # reports list its ops row by row (native ops are only counted)
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind(FALLBACK, "CPU fallbacks", "CPU fallback call", off_device=True, reported=True),
+    Kind(HOST, "host ops", "host op call", off_device=True, reported=True),
+    Kind(DOWNCAST, "64-bit downcasts", "64-bit downcast", off_device=False, reported=True),
+    Kind(NKI, "NKI kernels", "NKI kernel call", off_device=False, reported=True),
+    Kind(NATIVE, "native ops", "op", off_device=False, reported=False),
+)}
+REPORTED = frozenset(k.name for k in KINDS.values() if k.reported)  # the kinds whose calls a report lists
+OFF_DEVICE = frozenset(k.name for k in KINDS.values() if k.off_device)
+_ORDER = {name: i for i, name in enumerate(KINDS)}
+
+
+def order(kind: str) -> int:
+    """Where rows of ``kind`` go in every listing (unknown kinds last)."""
+    return _ORDER.get(kind, len(_ORDER))
+
+
+def title(kind: str) -> str:
+    return KINDS[kind].title if kind in KINDS else kind
+
+
+def sections() -> list[tuple[Kind, frozenset[str]]]:
+    """How reports group their rows: every kind that ran off the device in one section (titled by the first of
+    them: CPU fallbacks, host ops marked as such), then each other reported kind in its own, in table order."""
+    off = [k for k in KINDS.values() if k.off_device and k.reported]
+    rest = [(k, frozenset({k.name})) for k in KINDS.values() if k.reported and not k.off_device]
+    return ([(off[0], frozenset(k.name for k in off))] if off else []) + rest
+
+
+def as_json() -> list[dict[str, Any]]:
+    """The table as the widget's frontend reads it, in display order."""
+    return [asdict(k) for k in KINDS.values()]

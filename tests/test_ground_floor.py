@@ -1,0 +1,61 @@
+"""The ground floor every layer reads: the kinds vocabulary, the version, how objects show in IPython, site maps."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+from IPython.lib.pretty import pretty
+
+import neuron_lab
+from neuron_lab import kinds
+from neuron_lab.report.aggregate import merge_rows
+from neuron_lab.report.model import Compiles, GraphBreak, OpRow, Report, Site, SiteCount
+from neuron_lab.units import ShownAsText
+
+
+def test_the_kinds_table_orders_titles_and_groups_every_kind() -> None:
+    assert list(kinds.KINDS) == ["fallback", "host", "downcast", "nki", "native"]
+    names = ("fallback", "host", "downcast", "nki", "native", "collective")
+    assert [kinds.order(k) for k in names] == [0, 1, 2, 3, 4, 5]
+    assert kinds.OFF_DEVICE == {"fallback", "host"} and kinds.REPORTED == {"fallback", "host", "downcast", "nki"}
+    assert [(k.name, members) for k, members in kinds.sections()] == [
+        ("fallback", {"fallback", "host"}), ("downcast", {"downcast"}), ("nki", {"nki"})]
+    assert kinds.title("downcast") == "64-bit downcasts" and kinds.title("nosuch") == "nosuch"
+    assert kinds.as_json()[0] == {"name": "fallback", "title": "CPU fallbacks", "call": "CPU fallback call",
+                                  "off_device": True, "reported": True}
+
+
+def test_reports_and_merges_follow_the_kinds_table() -> None:
+    r = Report("In[1]", 1, "neuron:0", "default", "emulator",
+               ops_not_native=[OpRow("aten::a", "downcast", "", 5), OpRow("aten::b", "host", "", 1),
+                               OpRow("aten::c", "fallback", "", 2)])
+    assert [x.op for x in r.fallbacks] == ["aten::b", "aten::c"] and [x.op for x in r.downcasts] == ["aten::a"]
+    assert r.fallback_calls == 3
+    assert [x.kind for x in merge_rows([r])] == ["fallback", "host", "downcast"]
+
+
+def test_the_version_is_the_package_metadata() -> None:
+    assert neuron_lab.__version__ == version("neuron_lab")
+
+
+def test_shown_as_text_beats_a_dataclass_repr_in_ipython() -> None:
+    r = Report("In[2]", 2, "neuron:0", "default", "emulator")
+    assert pretty(r) == str(r) and str(r).startswith("neuron_lab In[2] · neuron:0")
+    assert repr(r).startswith("Report(title='In[2]'")  # repr() stays the dataclass's
+
+    class Message(ShownAsText, str):
+        def __repr__(self) -> str:
+            return "quoted"
+
+    assert pretty(Message("plain words")) == "plain words"
+
+
+def test_map_sites_rewrites_every_user_line_once() -> None:
+    here = Site("<ipython-input-3>", 2, "y = x.atan2(x)", 3)
+    row = OpRow("aten::atan2", "fallback", "", 1, sites=[SiteCount(here, 1, [("In[3] line 2",)])])
+    r = Report("In[3]", 3, "neuron:0", "default", "emulator", ops_not_native=[row],
+               compiles=Compiles(breaks=[GraphBreak("why", here), GraphBreak("no line", None)]))
+    r.map_sites(lambda s: Site("train.py", s.line + 10, s.source), lambda f: f.replace("In[3] line 2", "train.py:12"))
+    sc = r.ops_not_native[0].sites[0]
+    assert (sc.site.label, sc.stacks) == ("train.py:12", [("train.py:12",)])
+    assert [b.site.label if b.site else None for b in r.compiles.breaks] == ["train.py:12", None]

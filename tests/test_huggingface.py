@@ -1,0 +1,76 @@
+"""Hugging Face's training stack on the emulated `neuron` device, unchanged: transformers and accelerate find
+`torch_neuronx` (served by the emulator), pick `neuron:0`, and a Trainer run matches the same run on the CPU.
+
+Models are tiny configs with random weights: no hub downloads. transformers and accelerate are pinned test
+dependencies; torchvision is not installed (its registry build does not import beside the CPU torch wheel).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+accelerate = pytest.importorskip("accelerate")
+
+from shells import loaded_shell, run  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
+
+class Tokens(torch.utils.data.Dataset):
+    """16 sequences of 16 token ids, the same on every run."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 100, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def train(tmp_path, *, use_cpu: bool, steps: int = 3, dropout: float = 0.1) -> tuple[float, list[float], torch.device]:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout,
+                                       attn_pdrop=dropout))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], max_steps=steps, per_device_train_batch_size=4,
+                             logging_steps=1, save_strategy="no", use_cpu=use_cpu, seed=0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+    out = trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return out.training_loss, losses, next(model.parameters()).device
+
+
+def test_transformers_and_accelerate_pick_the_neuron_device(tmp_path) -> None:
+    from transformers.utils import is_torch_neuron_available
+
+    assert is_torch_neuron_available()
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    assert (args.device, args.n_gpu) == (torch.device("neuron", 0), 1)
+    compiling = TrainingArguments(output_dir=str(tmp_path), report_to=[], torch_compile=True)
+    assert compiling.torch_compile_backend == "neuron"
+    assert accelerate.Accelerator().device.type == "neuron"
+
+
+def test_a_trainer_run_on_neuron_matches_the_cpu_run(tmp_path) -> None:
+    """Without dropout: with it, the device run draws its masks from the device's generator while the CPU run
+    shares the CPU's with the data sampler, so the masks differ (as between CUDA and the CPU)."""
+    loss, losses, where = train(tmp_path / "neuron", use_cpu=False, dropout=0.0)
+    cpu_loss, cpu_losses, cpu_where = train(tmp_path / "cpu", use_cpu=True, dropout=0.0)
+    assert (where, cpu_where) == (torch.device("neuron", 0), torch.device("cpu"))
+    assert len(losses) == 3 and losses == pytest.approx(cpu_losses, rel=1e-5)
+    assert loss == pytest.approx(cpu_loss, rel=1e-5)
+
+
+def test_a_notebook_cell_running_the_trainer_reports_its_ops_and_memory(tmp_path) -> None:
+    with loaded_shell() as sh:
+        sh.user_ns.update(train=train, tmp=tmp_path)
+        res, out = run(sh, "loss, losses, where = train(tmp, use_cpu=False)")
+        assert res.success and sh.user_ns["where"] == torch.device("neuron", 0)
+        from neuron_lab.extension import session_of
+
+        report = next(reversed(session_of(sh).history.values()))
+    assert report.device == "neuron:0" and report.ops > 500
+    assert report.memory.peak > 0 and report.h2d_bytes > 0
+    assert report.fallbacks == []  # the bundled profile predicts none for GPT-2's training step
+    assert {r.kind for r in report.ops_not_native} == {"downcast"}  # int64 token ids, reported as TorchNeuron does

@@ -1,0 +1,160 @@
+"""`import torch_neuronx` on the emulator: served by neuron_lab where no real torch-neuronx is installed, with
+TorchNeuron's names and semantics, saying plainly that it is the emulation; and NKI custom ops.
+
+Import-system behaviour is tested in fresh interpreters (``run_python``): what a user's process sees from
+its first ``import torch``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import neuron_lab
+from neuron_lab import backend
+
+
+def test_torch_neuronx_is_the_emulation_with_torchneurons_surface(run_python) -> None:
+    out = run_python("""
+        import importlib.metadata, importlib.util, json
+        import torch
+        spec = importlib.util.find_spec("torch_neuronx")   # what transformers and accelerate ask
+        import torch_neuronx, torch_neuronx.distributed, torch_neuronx.profiling
+        try:
+            importlib.metadata.version("torch-neuronx")
+            meta = "found"
+        except importlib.metadata.PackageNotFoundError:
+            meta = "none"
+        torch_neuronx.clear_op_tracking()
+        x = torch.arange(6.0, device="neuron").reshape(2, 3)
+        y = torch.atan2(x, x + 1)
+        torch.neuron.synchronize()
+        fallback, executed = torch_neuronx.get_fallback_ops(), torch_neuronx.get_executed_ops()
+        torch_neuronx.clear_op_tracking()
+        errors = []
+        for call in (lambda: torch_neuronx.profiling.NeuronConfig(),
+                     lambda: torch_neuronx.set_device(torch.device("neuron:1")),
+                     lambda: torch_neuronx.set_device(torch.neuron.device_count()),
+                     lambda: torch_neuronx.wrap_nki(print)):
+            try:
+                call()
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+        last = torch.neuron.device_count() - 1
+        torch_neuronx.set_device(last)
+        print(json.dumps({"spec": spec is not None, "meta": meta, "repr": repr(torch_neuronx),
+                          "version": torch_neuronx.__version__, "emulated": torch_neuronx.EMULATED,
+                          "fallback": fallback, "executed": executed, "cleared": torch_neuronx.get_fallback_ops(),
+                          "types": [type(fallback).__name__, type(torch_neuronx.get_dynamo_metrics()).__name__],
+                          "count": torch_neuronx.device_count(), "devices": torch.neuron.device_count(),
+                          "current": torch.neuron.current_device() == last,
+                          "same_module": torch_neuronx.neuron.memory_stats is torch.neuron.memory_stats,
+                          "errors": errors}))
+    """, {})
+    assert out["spec"] and out["meta"] == "none"  # find_spec sees it; pip and importlib.metadata do not
+    assert "neuron_lab" in out["repr"] and out["version"] == "2.13.3.0+neuronlab.emulator" and out["emulated"]
+    assert out["fallback"] == ["aten::atan2"] and "aten::add" in out["executed"] and out["cleared"] == []
+    assert out["types"] == ["list", "list"]  # unique names in a list, as TorchNeuron's binding returns them
+    assert (out["count"], out["current"], out["same_module"]) == (out["devices"], True, True)
+    not_emulated, by_device, out_of_range, wrap = out["errors"]
+    assert not_emulated == ("NotEmulatedError: torch_neuronx.profiling.NeuronConfig is not emulated yet by neuron_lab "
+                            "(device profiling of the emulated device is not built yet; torch.profiler records the "
+                            "host side); on a Trn instance the real torch-neuronx provides it")
+    assert by_device.startswith("ValueError: Invalid device id device(type='neuron', index=1)")
+    n = out["devices"]  # 4 on the compiled core (a trn2.3xlarge), 1 on the pure-Python core
+    assert out_of_range == f"ValueError: Invalid device id {n}: torch_neuronx.set_device takes an int in [0, {n})"
+    assert wrap.startswith("NotEmulatedError: torch_neuronx.wrap_nki is not emulated yet")
+
+
+def test_a_real_torch_neuronx_on_the_path_always_wins(run_python, tmp_path) -> None:
+    pkg = tmp_path / "torch_neuronx"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("REAL = True\n")
+    out = run_python("""
+        import json, torch, neuron_lab, torch_neuronx
+        print(json.dumps({"real": getattr(torch_neuronx, "REAL", False),
+                          "emulated": getattr(torch_neuronx, "EMULATED", False)}))
+    """, {"PYTHONPATH": str(tmp_path)})
+    assert out == {"real": True, "emulated": False}
+
+
+def test_the_emulation_is_served_even_with_backend_autoload_off(run_python) -> None:
+    out = run_python("""
+        import json, importlib.util, torch, neuron_lab
+        print(json.dumps({"spec": importlib.util.find_spec("torch_neuronx") is not None}))
+    """, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out == {"spec": True}
+
+
+@pytest.fixture(scope="module")
+def torch_neuronx():
+    import torch_neuronx
+
+    assert torch_neuronx.EMULATED
+    return torch_neuronx
+
+
+def test_an_nki_op_runs_its_torch_body_on_the_device_as_one_kernel(torch_neuronx) -> None:
+    @torch_neuronx.nki_op("nltest::scaled_atan2", mutates_args=())
+    def scaled_atan2(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+        """atan2 falls back on TorchNeuron as an op; inside a kernel it is the kernel's business."""
+        return torch.atan2(a, b) * scale
+
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    with neuron_lab.track() as report:
+        out = scaled_atan2(a.to("neuron"), b.to("neuron"), 2.0)
+    assert out.device == torch.device("neuron", 0)
+    torch.testing.assert_close(out.cpu(), torch.atan2(a, b) * 2.0)
+    rows = [(r.op, r.kind, r.count) for r in report.ops_not_native]
+    assert rows == [("nltest::scaled_atan2", "nki", 1)]  # the body's atan2 is not a CPU fallback of the cell
+    assert report.fallbacks == [] and report.ops == 3  # the kernel, and the two copies to the device
+    assert "NKI kernels (1 op, 1 call" in str(report) and "no CPU fallbacks" in str(report)
+    (site,) = report.ops_not_native[0].sites
+    assert site.site.source == 'out = scaled_atan2(a.to("neuron"), b.to("neuron"), 2.0)'
+
+    assert "nltest::scaled_atan2" not in torch_neuronx.get_fallback_ops()
+    assert repr(scaled_atan2) == "<NKI op nltest::scaled_atan2 (emulated: runs its torch body)>"
+
+
+def test_an_nki_op_takes_register_autograd_and_compiles(torch_neuronx) -> None:
+    @torch_neuronx.nki_op("nltest::cube")
+    def cube(x: torch.Tensor) -> torch.Tensor:
+        return x * x * x
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x * x
+
+    cube.register_autograd(backward, setup_context=setup_context)
+    x = torch.tensor([1.0, 2.0, -3.0], device="neuron", requires_grad=True)
+    cube(x).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.tensor([3.0, 12.0, 27.0]))
+
+    compiled = torch.compile(lambda t: cube(t) + 1, backend="neuron", fullgraph=True)
+    torch.testing.assert_close(compiled(x.detach()).cpu(), torch.tensor([2.0, 9.0, -26.0]))
+
+
+def test_a_bad_nki_op_name_is_refused(torch_neuronx) -> None:
+    with pytest.raises(ValueError, match=r"nki_op needs a name like 'mylib::rmsnorm', not 'rmsnorm'"):
+        torch_neuronx.nki_op("rmsnorm")(lambda x: x)
+
+
+def test_doctor_says_torch_neuronx_is_emulated(capsys) -> None:
+    from neuron_lab import cli
+
+    assert cli.main(["doctor"]) in (0, 1)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("torch_neuronx"))
+    assert "emulated by neuron_lab" in line and backend.state().kind == "emulator"
+
+
+def test_the_emulation_is_not_imported_by_neuron_lab_itself() -> None:
+    """Libraries decide from find_spec; nothing of neuron_lab imports it on their behalf."""
+    import subprocess
+
+    code = "import sys, torch, neuron_lab; print('torch_neuronx' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
