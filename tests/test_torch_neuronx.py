@@ -65,7 +65,8 @@ def test_torch_neuronx_is_the_emulation_with_torchneurons_surface(run_python) ->
     assert by_device.startswith("ValueError: Invalid device id device(type='neuron', index=1)")
     n = out["devices"]  # 4 on the compiled core (a trn2.3xlarge), 1 on the pure-Python core
     assert out_of_range == f"ValueError: Invalid device id {n}: torch_neuronx.set_device takes an int in [0, {n})"
-    assert wrap.startswith("NotEmulatedError: torch_neuronx.wrap_nki is not emulated yet")
+    assert wrap.startswith("NotEmulatedError: wrap_nki runs NKI kernels through NKI's CPU simulator, which needs "
+                           "AWS's `nki` package: pip install nki --extra-index-url https://pip.repos.neuron.amazonaws.com")
 
 
 def test_a_real_torch_neuronx_on_the_path_always_wins(run_python, tmp_path) -> None:
@@ -137,6 +138,31 @@ def test_an_nki_op_takes_register_autograd_and_compiles(torch_neuronx) -> None:
 
     compiled = torch.compile(lambda t: cube(t) + 1, backend="neuron", fullgraph=True)
     torch.testing.assert_close(compiled(x.detach()).cpu(), torch.tensor([2.0, 9.0, -26.0]))
+
+
+def test_wrap_nki_runs_a_kernel_through_the_nki_simulator(run_python, tmp_path) -> None:
+    """AWS's `nki` package cannot be installed here (PyPI's `nki` is a placeholder), so a stand-in with its
+    `simulate_kernel(kernel, *arrays)` entry point checks the path: numpy in, numpy out, one NKI kernel."""
+    stand_in = tmp_path / "nki"
+    stand_in.mkdir()
+    (stand_in / "__init__.py").write_text("def simulate_kernel(kernel, *arrays):\n    return kernel(*arrays)\n")
+    out = run_python("""
+        import json, torch, neuron_lab, torch_neuronx
+
+        def add_kernel(a, b):  # what an @nki.jit kernel computes, on the simulator's numpy arrays
+            return a + b
+
+        @torch_neuronx.nki_op("nltest::nki_add")
+        def nki_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch_neuronx.wrap_nki(add_kernel)(a, b)
+
+        x = torch.arange(4.0, device="neuron")
+        with neuron_lab.track() as r:
+            y = nki_add(x, x)
+        print(json.dumps({"y": y.cpu().tolist(), "device": str(y.device),
+                          "rows": [[row.op, row.kind] for row in r.ops_not_native]}))
+    """, {"PYTHONPATH": str(tmp_path)})
+    assert out == {"y": [0.0, 2.0, 4.0, 6.0], "device": "neuron:0", "rows": [["nltest::nki_add", "nki"]]}
 
 
 def test_a_bad_nki_op_name_is_refused(torch_neuronx) -> None:

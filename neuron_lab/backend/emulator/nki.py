@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from neuron_lab.backend.emulator import runtime
-from neuron_lab.backend.emulator.not_emulated import not_emulated
+from neuron_lab.backend.emulator.not_emulated import NotEmulatedError
 
 REASON = "NKI kernel (torch_neuronx.nki_op): runs on the device; the emulator runs its torch body"
 
@@ -66,5 +67,28 @@ def nki_op(name: str, fn: Callable[..., Any] | None = None, mutates_args: Iterab
     return register if fn is None else register(fn)
 
 
-wrap_nki = not_emulated("torch_neuronx.wrap_nki", "a kernel in the NKI language needs the Neuron compiler; make its "
-                        "torch reference the body of an nki_op to run it here")
+NKI_INSTALL = ("wrap_nki runs NKI kernels through NKI's CPU simulator, which needs AWS's `nki` package: "
+               "pip install nki --extra-index-url https://pip.repos.neuron.amazonaws.com (the PyPI packages named "
+               "`nki` and `neuronx-cc` are placeholders that raise WRONG PACKAGE); or make the kernel's torch "
+               "reference the body of an nki_op to run it here")
+
+
+def wrap_nki(kernel: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+    """``torch_neuronx.wrap_nki(kernel)``: on the emulator, a callable that runs an ``@nki.jit`` kernel through
+    ``nki.simulate_kernel`` on the tensors' host memory (inside an nki_op body they are host aliases)."""
+    try:
+        import nki
+    except ImportError:
+        nki = None
+    simulate = getattr(nki, "simulate_kernel", None)
+    if simulate is None:
+        raise NotEmulatedError(NKI_INSTALL)
+
+    def run(*args: Any) -> Any:
+        arrays = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
+        out = simulate(kernel, *arrays, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in out)
+        return torch.from_numpy(out) if isinstance(out, np.ndarray) else out
+
+    return run
