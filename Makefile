@@ -40,7 +40,7 @@ BACKEND_TESTS := tests/test_device.py tests/test_memory.py tests/test_op_reporti
 	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py \
 	tests/test_torch_neuronx.py
 test: $(CORE)
-	$(BIN)/ruff check neuron_lab tests bench tools
+	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/python -m pytest -n 2 tests
 	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 $(BACKEND_TESTS)
@@ -50,7 +50,7 @@ test-fast: $(CORE)
 	$(BIN)/python -m pytest -n 2 -m "not slow" tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check neuron_lab tests bench tools
+	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
 
 bench: $(CORE)

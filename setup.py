@@ -12,8 +12,21 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 CSRC = Path("neuron_lab/backend/emulator/csrc")
+STARTUP_PTH = "neuron_lab-torch_neuronx.pth"  # lets `import torch_neuronx` come first (_neuron_lab_torch_neuronx.py)
+
+
+class BuildPy(build_py):
+    """Also puts the start-up ``.pth`` at the top of the wheel, so it lands in site-packages."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(STARTUP_PTH, os.path.join(self.build_lib, STARTUP_PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, STARTUP_PTH)]
 
 
 def _core():
@@ -46,4 +59,4 @@ def _core():
 
 
 ext_modules, cmdclass = _core()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+setup(ext_modules=ext_modules, cmdclass={**cmdclass, "build_py": BuildPy})

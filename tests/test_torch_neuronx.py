@@ -7,7 +7,12 @@ its first ``import torch``.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +84,46 @@ def test_a_real_torch_neuronx_on_the_path_always_wins(run_python, tmp_path) -> N
                           "emulated": getattr(torch_neuronx, "EMULATED", False)}))
     """, {"PYTHONPATH": str(tmp_path)})
     assert out == {"real": True, "emulated": False}
+
+
+STARTUP = ("neuron_lab-torch_neuronx.pth", "_neuron_lab_torch_neuronx.py")  # what the wheel puts in site-packages
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def first_import(run_python, site: Path, env: dict[str, str]) -> dict:
+    return run_python(f"""
+        import json, site, sys
+        site.addsitedir({str(site)!r})   # processes the .pth there, as at start-up
+        before = sorted(m for m in ("torch", "neuron_lab") if m in sys.modules)
+        import torch_neuronx
+        left = [type(f).__name__ for f in sys.meta_path].count("NeuronLabStartupFinder")
+        print(json.dumps({{"before": before, "emulated": torch_neuronx.EMULATED, "startup_finders": left}}))
+    """, env)
+
+
+@pytest.mark.parametrize("autoload", ["1", "0"])
+def test_torch_neuronx_can_be_the_first_import_of_a_process(run_python, tmp_path, autoload) -> None:
+    for name in STARTUP:
+        shutil.copy(ROOT / name, tmp_path / name)
+    out = first_import(run_python, tmp_path, {"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload})
+    assert out == {"before": [], "emulated": True, "startup_finders": 0}  # nothing imported until asked; then gone
+
+
+def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_path) -> None:
+    """Built from a copy of the sources, so the build never writes into the tree other tests import from."""
+    src, wheel_dir, site = tmp_path / "src", tmp_path / "wheel", tmp_path / "site"
+    shutil.copytree(ROOT / "neuron_lab", src / "neuron_lab", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", *STARTUP):
+        shutil.copy(ROOT / name, src / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
+                           "-w", str(wheel_dir)], env={**os.environ, "NEURON_LAB_BUILD_CORE": "0"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = wheel_dir.glob("neuron_lab-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert set(STARTUP) <= set(z.namelist())  # at the top of the wheel: site-packages itself
+        z.extractall(site, members=list(STARTUP))
+    assert first_import(run_python, site, {})["emulated"]
 
 
 def test_the_emulation_is_served_even_with_backend_autoload_off(run_python) -> None:
