@@ -17,11 +17,22 @@ ENV_VARS = (
     ("NEURON_LOGICAL_NC_CONFIG", "1|2: logical NeuronCore size (LNC) of the emulated instance"),
     ("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the compiled core"),
     ("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does"),
-    ("NEURON_LAB_COMPILE_LOWERING", "inductor|eager: how the emulator runs compiled graphs"),
+    ("NEURON_LAB_COMPILE_LOWERING", "eager|inductor: how the emulator runs compiled graphs (default eager: op by op "
+                                    "on the device, fast compiles, per-op reports; inductor: host Inductor, compiled "
+                                    "speed)"),
     ("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload"),
     ("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back"),
     ("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)"),
     ("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)"),
+)
+
+
+# `neuron-lab --help` ends with these (tests parse each one with the real parser).
+EXAMPLES = (
+    ("neuron-lab doctor", "which backend serves `neuron` here, and why"),
+    ("neuron-lab coverage show", "the ops the active profile reports as CPU fallbacks"),
+    ("neuron-lab coverage diff torchneuron-2.33 mine.json", "what changes between two profiles"),
+    ("neuron-lab run train.ipynb --html run.html", "a notebook headless (see `neuron-lab run --help`)"),
 )
 
 
@@ -135,10 +146,11 @@ def coverage_show(args: argparse.Namespace) -> int:
     if p.provenance:
         pv = p.provenance
         print(f"  derived  from {pv.get('repo', '?')} at {str(pv.get('commit', '?'))[:12]}: {pv.get('method', '')}")
-    print(f"  default  {p.default}: {p.default_reason}")
+    indent = "\n" + " " * 11  # a reason's source line, under its sentence
+    print(f"  default  {p.default}: {p.default_reason.replace(chr(10), indent)}")
     print(f"  64-bit   {', '.join(sorted(p.downcast_dtypes))} are reported as downcasts")
     for dt, r in sorted(p.dtype_rules.items()):
-        print(f"  dtype    {dt}: {r.kind} ({r.reason})")
+        print(f"  dtype    {dt}: {r.kind} ({r.reason.replace(chr(10), indent)})")
     rows = sorted(p.ops.items(), key=lambda kv: (kv[1].kind, kv[0]))
     if not args.all:
         rows = [(n, r) for n, r in rows if r.kind != p.default]
@@ -193,7 +205,9 @@ def _refuse(command: str, message: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from neuron_lab.runner import options as run_options
 
-    parser = argparse.ArgumentParser(prog="neuron-lab", description="neuron_lab command line")
+    parser = argparse.ArgumentParser(prog="neuron-lab", description="neuron_lab command line",
+                                     epilog="examples:\n" + run_options.examples(EXAMPLES),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="which backend is active and why, devices, profile, environment").set_defaults(
         func=doctor)

@@ -26,12 +26,13 @@ class Kind:
     call: str  # one call, for counts: "CPU fallback call"
     off_device: bool  # it did not run on the device: it counts as a fallback call (and for fallback gates)
     reported: bool  # reports list its ops row by row (native ops are only counted)
+    one_line: bool = False  # a note on calls that ran on the device: a report sums it up in one line (tables: --full)
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(FALLBACK, "CPU fallbacks", "CPU fallback call", off_device=True, reported=True),
     Kind(HOST, "host ops", "host op call", off_device=True, reported=True),
-    Kind(DOWNCAST, "64-bit downcasts", "64-bit downcast", off_device=False, reported=True),
+    Kind(DOWNCAST, "64-bit downcasts", "64-bit downcast", off_device=False, reported=True, one_line=True),
     Kind(NKI, "NKI kernels", "NKI kernel call", off_device=False, reported=True),
     Kind(NATIVE, "native ops", "op", off_device=False, reported=False),
 )}
@@ -43,6 +44,13 @@ _ORDER = {name: i for i, name in enumerate(KINDS)}
 def order(kind: str) -> int:
     """Where rows of ``kind`` go in every listing (unknown kinds last)."""
     return _ORDER.get(kind, len(_ORDER))
+
+
+def row_order(row: Any) -> tuple[int, int, int, str]:
+    """How every listing sorts a report's op rows: by section (:func:`sections`), the most host time first (what
+    slowed the window), then the most calls."""
+    at = next((i for i, (_, members) in enumerate(sections()) if row.kind in members), len(KINDS) + order(row.kind))
+    return at, -row.host_ns, -row.count, row.op
 
 
 def title(kind: str) -> str:

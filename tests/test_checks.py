@@ -18,6 +18,7 @@ from neuron_lab import modes
 from neuron_lab.extension import session_of
 from neuron_lab.report.checks import CompareResult, ParityResult
 from neuron_lab.report.text import check_summary_line
+from neuron_lab.units import format_seconds
 
 
 def last_report(sh):
@@ -164,6 +165,91 @@ def test_parity_leaves_no_copies_behind_and_restores_the_device_variable(shell):
     assert shell.user_ns["device"] == torch.device("neuron", 0) and session_of(shell).device.type == "neuron"
     assert shell.user_ns["z"].device.type == "neuron"
     assert torch.get_default_device() == torch.device("cpu") and not modes.patched()
+
+
+# -- parity: random ops ----------------------------------------------------------------------------
+DROPOUT_SETUP = """
+import torch
+torch.manual_seed(0)
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ff = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                      torch.nn.Linear(16, 8), torch.nn.Dropout(0.1))
+        self.norm = torch.nn.LayerNorm(8)
+    def forward(self, x):
+        return self.norm(x + self.ff(x))
+model = torch.nn.Sequential(Block(), Block(), torch.nn.Linear(8, 1)).to(device).train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randn(32, 8).to(device)
+y = torch.randn(32, 1).to(device)
+"""
+
+DROPOUT_STEP = """
+idx = torch.randint(0, 32, (16,))
+opt.zero_grad()
+loss = torch.nn.functional.mse_loss(model(x[idx.to(device)]), y[idx.to(device)])
+loss.backward()
+opt.step()
+"""
+
+
+def test_a_training_step_with_dropout_passes_with_the_device_runs_draws_replayed(shell):
+    run(shell, DROPOUT_SETUP)
+    res, cap = run(shell, "%%neuron parity\n" + DROPOUT_STEP.lstrip())
+    r = res.result
+    assert r.passed, str(r)  # batch indices from the CPU's generator, dropout masks from the device's: both replayed
+    rnd = r.randomness
+    assert (rnd.drawn, rnd.replayed, rnd.own, rnd.ops) == (5, 5, 0, [("aten::native_dropout", 4), ("aten::randint", 1)])
+    lines = str(r).splitlines()
+    assert lines[0] == "neuron_lab parity neuron:0 vs cpu: agree (60 items, 1 step)"  # the verdict first
+    assert lines[1] == "randomness: 5 random ops (native_dropout ×4, randint ×1) replayed from the neuron:0 run"
+    assert "  60 items agree: idx, opt (42), loss, model (14), x, y" in lines  # folded: no item rows
+    assert not any(x.startswith("  item ") for x in lines)
+    html = r._repr_html_()
+    assert "<details><summary>60 items agree: idx, opt (42), loss, model (14), x, y</summary><table" in html
+    assert html.index("randomness: 5 random ops") < html.index("<details>")
+    assert "check: parity neuron:0 vs cpu: agree (60 items, 1 step)" in cap.stdout
+    assert float(shell.user_ns["opt"].state[shell.user_ns["model"][2].weight]["step"]) == 1.0  # one real step
+    res, _ = run(shell, "%%neuron parity --seed 3\n" + DROPOUT_STEP.lstrip())  # seeded too
+    assert res.result.passed and res.result.randomness.complete, str(res.result)
+
+
+def test_a_random_op_sequence_that_differs_is_said_where_not_left_to_fail_mysteriously(shell):
+    run(shell, "import torch\nx = torch.ones(4, 4, device=device)")
+    res, _ = run(shell, "%%neuron parity\na = torch.nn.functional.dropout(x, 0.5)\n"
+                        "noise = torch.randn(3, device=device) if x.device.type != 'cpu' else torch.rand(3)\n"
+                        "b = torch.nn.functional.dropout(x, 0.5)")
+    r = res.result
+    assert not r.passed and (r.randomness.drawn, r.randomness.replayed) == (3, 1)
+    lines = str(r).splitlines()
+    assert lines[0] == ("neuron_lab parity neuron:0 vs cpu: FAIL (2 of 4 items over tolerance) · first: variable "
+                        "noise, line 3 · random draws not replayed from op 2 on")
+    assert lines[1] == "first divergence: variable noise, line 3"
+    assert lines[2] == ("randomness: 1 of 3 random ops replayed from the neuron:0 run, then the runs drew differently "
+                        "(random op 2: aten::randn [3] in the device run, aten::rand [3] in the reference run); later "
+                        "draws come from each run's own generators, so what depends on them can differ")
+    rows = [x.split()[:2] for x in lines if x.startswith("  ") and not x.startswith("  item ")]
+    assert rows == [["noise", "FAIL"], ["b", "FAIL"], ["a", "ok"], ["x", "ok"]]  # few items: all shown, failures first
+
+
+def test_many_items_show_the_failing_rows_and_fold_the_agreeing_ones(shell):
+    run(shell, SETUP)
+    cell = TRAIN.replace("mse_loss(model(x), y)", "mse_loss(torch.atan2(model(x), y + 2), y)")
+    with skewed_atan2(0.25, index=0, from_call=2):
+        res, _ = run(shell, "%%neuron parity\n" + cell.lstrip())
+    r = res.result
+    lines = str(r).splitlines()
+    assert lines[0].startswith("neuron_lab parity neuron:0 vs cpu: FAIL (") and " · first: step 2 (" in lines[0]
+    assert lines[1].startswith("first divergence: step 2 (loss at In[")
+    assert not any(x.startswith("randomness:") for x in lines)  # the cell drew nothing
+    failed = [x.split()[0] for x in lines if x.startswith("  ") and " FAIL " in x]
+    assert failed == [i.name for i in r.agreement.failed] and len(failed) == 13
+    assert lines[lines.index(next(x for x in lines if x.startswith("  item "))) + 14] == \
+        "  + 10 items agree: step, opt (6), x, y, losses"
+    html = r._repr_html_()
+    assert html.count("<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">FAIL</td>") == 13
+    assert "<details><summary>10 items agree: step, opt (6), x, y, losses</summary>" in html
 
 
 # -- parity: known-divergent cases ---------------------------------------------------------------
@@ -403,6 +489,63 @@ def test_namespace_after_compare_is_exactly_a_plain_runs_and_the_compile_panel_s
     (row,) = [x for x in snapshot.compiles(session_of(shell))["rows"] if x["checks"]]
     assert row["cell"] == res.execution_count and row["checks"][0].startswith("neuron_lab compare eager ")
     assert "outputs agree (23 items, 3 steps)" in row["checks"][0]
+
+
+PACED = """
+import time
+import torch
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.fc(x).relu()  # no module global: a second shell's compile would look it up in sys.modules
+torch.manual_seed(0)
+net = Small().to(device)
+x = torch.randn(3, 4).to(device)
+def pace():
+    # the cell's own time, by call: with --warmup 0 --runs 5, calls 2-6 are eager's timed runs, 8-12 compiled's
+    pace.n += 1
+    time.sleep(pace.plan[pace.n - 1] / 1000 if pace.n <= len(pace.plan) else 0)
+pace.n = 0
+"""
+
+
+def paced_compare(shell, eager_ms, compiled_ms):
+    run(shell, PACED.lstrip())
+    shell.user_ns["pace"].plan = [0, *eager_ms, 0, *compiled_ms]
+    res, _ = run(shell, "%%neuron compare --warmup 0 --runs 5\npace()\nnet.train()\nout = net(x)")
+    assert shell.user_ns["pace"].n == 13  # 6 eager, 6 compiled (each one cold), the real run
+    return res.result
+
+
+def test_compare_says_when_the_difference_is_within_noise_and_claims_no_speedup(shell):
+    r = paced_compare(shell, [5, 40, 8, 30, 12], [3, 50, 6, 25, 9])  # medians 12 vs 9 ms; middle halves overlap
+    assert r.passed and r.within_noise is True and r.break_even is None, str(r)
+    lines = str(r).splitlines()
+    assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.median_s)} vs compiled "
+                               f"{format_seconds(r.compiled.median_s)}: within noise · compile ")
+    assert lines[0].endswith(" · outputs agree (4 items)")
+    assert lines[4].startswith("within noise: the interquartile ranges eager ") and \
+        "overlap, so no speed-up or break-even is claimed (median ratio " in lines[4]
+    assert "breaks even" not in str(r) and "speedup" not in str(r)
+    # what the run made comes before what it left unchanged (the parameters nothing stepped, the input)
+    rows = [x.split()[0] for x in lines[lines.index(next(x for x in lines if x.startswith("  item "))) + 1:]]
+    assert rows == ["out", "net.fc.weight", "net.fc.bias", "x"]
+    assert [i.unchanged for i in r.agreement.items if i.name in rows] == [True, True, False, True]  # cell order
+    assert json.loads(json.dumps(r.as_dict()))["within_noise"] is True
+
+
+def test_compare_gives_the_ratio_when_the_runs_are_clearly_apart(shell):
+    r = paced_compare(shell, [40] * 5, [1] * 5)
+    assert r.passed and r.within_noise is False and r.speedup > 4, str(r)
+    lines = str(r).splitlines()
+    be = "never breaks even" if r.break_even is None else f"breaks even after {r.break_even:,} runs"
+    assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.median_s)} vs compiled "
+                               f"{format_seconds(r.compiled.median_s)}: {r.speedup:.2f}× · compile ")
+    assert f" · {be} · outputs agree (4 items)" in lines[0]
+    assert lines[4].startswith(f"speedup {r.speedup:.2f}× (the interquartile ranges eager ") and \
+        lines[4].endswith(f") · {be}")
 
 
 def test_a_fullgraph_compile_that_fails_is_a_finding_and_the_cell_still_runs(shell):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -61,3 +62,23 @@ def test_the_package_runs_without_jupyterlab():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "neuron_lab" in r.stdout and "problems     none" in r.stdout
+
+
+def test_help_ends_with_example_commands_that_the_real_parser_accepts():
+    from neuron_lab import cli
+    from neuron_lab.runner import main, options
+
+    top, sub = run("--help"), run("run", "--help")
+    assert top.returncode == sub.returncode == 0
+    assert top.stdout.endswith("\nexamples:\n" + options.examples(cli.EXAMPLES))
+    assert sub.stdout.endswith("\nexamples:\n" + options.examples(options.EXAMPLES))
+    assert ("\n  neuron-lab run nb.ipynb --fail-on-fallback --allow-fallback normal  # CI: no CPU fallback but normal\n"
+            in sub.stdout)
+    assert max(len(line) for line in sub.stdout.partition("\nexamples:\n")[2].splitlines()) <= 110
+    for command, _ in cli.EXAMPLES + options.EXAMPLES:
+        argv = shlex.split(command)[1:]
+        args = cli.build_parser().parse_args(argv)
+        assert args.command == argv[0], command
+        if argv[0] == "run":
+            assert vars(main.parser().parse_args(argv[1:])) == {k: v for k, v in vars(args).items()
+                                                                 if k not in ("command", "func")}, command

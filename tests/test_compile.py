@@ -1,6 +1,8 @@
 """``torch.compile(backend="neuron")`` on the emulator: results, training, TorchNeuron's options and metrics.
 
-Inductor compiles cost seconds, so graphs are tiny and each test checks everything one compile shows.
+The default lowering runs each graph op by op on the device; the host Inductor lowering is asked for
+explicitly (``inductor`` fixture). Inductor compiles cost seconds, so graphs are tiny and each test
+checks everything one compile shows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from torch._dynamo.utils import counters
 from torch._functorch import aot_autograd
 
 from neuron_lab.backend.emulator import runtime
-from neuron_lab.backend.emulator.compile import DYNAMIC_ERROR, LOWERING_ENV
+from neuron_lab.backend.emulator.compile import DYNAMIC_ERROR, LOWERING_ENV, set_lowering
 
 NEURON = torch.device("neuron", 0)
 METRIC_KEYS = {"graph_id", "graph_name", "model_name", "has_collectives", "graph_node_count", "timestamp",
@@ -51,10 +53,17 @@ class Branchy(nn.Module):
 @pytest.fixture(autouse=True)
 def fresh_dynamo(monkeypatch):
     monkeypatch.delenv(LOWERING_ENV, raising=False)
+    set_lowering(None)
     torch._dynamo.reset()
     torch.neuron.reset_dynamo_metrics()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def inductor(monkeypatch):
+    """Graphs lowered by host Inductor, asked for as a user does: through the environment variable."""
+    monkeypatch.setenv(LOWERING_ENV, "inductor")
 
 
 def twins(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
@@ -71,7 +80,7 @@ def next_aot_id() -> int:
     return int(re.fullmatch(r"count\((\d+)\)", repr(aot_autograd.AOT_COUNTER)).group(1))
 
 
-def test_inference_matches_eager_runs_on_device_and_records_metrics() -> None:
+def test_inference_matches_eager_runs_on_device_and_records_metrics(inductor) -> None:
     cpu, dev = twins(TinyMLP)
     compiled = torch.compile(dev, backend="neuron")
     x = torch.randn(5, 8)
@@ -100,7 +109,7 @@ def test_inference_matches_eager_runs_on_device_and_records_metrics() -> None:
     assert torch.neuron.get_dynamo_metrics() == []
 
 
-def test_training_step_grads_match_eager_with_forward_and_backward_graphs() -> None:
+def test_training_step_grads_match_eager_with_forward_and_backward_graphs(inductor) -> None:
     cpu, dev = twins(TinyMLP)
     compiled = torch.compile(dev, backend="neuron")
     aot_id = next_aot_id()
@@ -150,8 +159,7 @@ def test_atan2_is_listed_in_fallback_nodes_and_options_name_the_model() -> None:
     assert m["fallback_nodes"] == [{"node": "atan2", "op": "aten::atan2", "kind": "fallback", "reason": reason}]
 
 
-def test_plain_function_without_module_is_named_model(monkeypatch) -> None:
-    monkeypatch.setenv(LOWERING_ENV, "eager")
+def test_plain_function_without_module_is_named_model() -> None:
     out = torch.compile(lambda t: t + 1, backend="neuron")(torch.zeros(2, device="neuron"))
     assert out.tolist() == [1.0, 1.0]
     (m,) = torch.neuron.get_dynamo_metrics()
@@ -174,8 +182,7 @@ def test_shapes_that_vary_recompile_and_stay_correct() -> None:
         torch.testing.assert_close(out.cpu(), x * 3 + 1)
 
 
-def test_non_default_mode_warns_and_is_ignored(monkeypatch) -> None:
-    monkeypatch.setenv(LOWERING_ENV, "eager")
+def test_non_default_mode_warns_and_is_ignored() -> None:
     compiled = torch.compile(lambda t: torch.sin(t) + 1, backend="neuron", mode="max-autotune")
     x = torch.randn(4)
     with pytest.warns(UserWarning, match=re.escape(
@@ -184,8 +191,7 @@ def test_non_default_mode_warns_and_is_ignored(monkeypatch) -> None:
     torch.testing.assert_close(out.cpu(), torch.sin(x) + 1)
 
 
-def test_eager_lowering_env_runs_the_graphs_op_by_op_on_the_device(monkeypatch) -> None:
-    monkeypatch.setenv(LOWERING_ENV, "eager")
+def test_default_lowering_runs_the_graphs_op_by_op_on_the_device() -> None:
     cpu, dev = twins(TinyMLP)
     compiled = torch.compile(dev, backend="neuron")
     rec = runtime.get().recorder
@@ -205,15 +211,14 @@ def test_eager_lowering_env_runs_the_graphs_op_by_op_on_the_device(monkeypatch) 
     metrics = torch.neuron.get_dynamo_metrics()
     assert [m["graph_type"] for m in metrics] == ["inference", "forward", "backward"]
     for m in metrics:
-        assert (m["lowering"], m["lowering_reason"], m["torch_neuronx_lower_us"]) == \
-            ("eager", f"{LOWERING_ENV}=eager", 0)
+        assert (m["lowering"], m["lowering_reason"], m["torch_neuronx_lower_us"]) == ("eager", None, 0)
         assert m["torch_neuronx_compile_us"] == m["torch_neuronx_fx_passes_us"]
 
 
 def test_unknown_lowering_is_an_error(monkeypatch) -> None:
     monkeypatch.setenv(LOWERING_ENV, "xla")
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
-                       match=re.escape(f"{LOWERING_ENV}='xla': expected one of inductor, eager")):
+                       match=re.escape(f"{LOWERING_ENV}='xla': expected one of eager, inductor")):
         torch.compile(lambda t: t + 1, backend="neuron")(torch.zeros(2, device="neuron"))
 
 
@@ -228,7 +233,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def test_graph_inductor_cannot_lower_runs_eagerly_and_says_why() -> None:
+def test_graph_inductor_cannot_lower_runs_eagerly_and_says_why(inductor) -> None:
     compiled = torch.compile(lambda t: twice(t) + 1, backend="neuron")
     x = torch.randn(3)
     with warnings.catch_warnings(record=True) as caught:
@@ -253,7 +258,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def test_inductor_failure_falls_back_to_eager_on_the_device() -> None:
+def test_inductor_failure_falls_back_to_eager_on_the_device(inductor) -> None:
     compiled = torch.compile(lambda t: device_scaled(t) - 1, backend="neuron")
     x = torch.randn(3)
     with pytest.warns(UserWarning, match="runs eagerly on the device: host Inductor failed"):
@@ -285,3 +290,23 @@ def test_compile_cells_work_with_neuron_as_the_default_device() -> None:
             assert torch.allclose(ns["y"].cpu(), want.relu().sum(0)) and torch.allclose(ns["z"].cpu(), (want * 2).sum())
         finally:
             torch.set_default_device(None)
+
+
+def test_inductor_lowers_attention_whose_key_the_host_lays_out_differently(inductor) -> None:
+    """gpt2's and t5's attention (a key concatenated to an empty cache, transposed, scaled, batched) once made
+    host Inductor fail with "Cannot view a tensor with shape [2, 2, 16, 16] and strides (512, 16, 1, 32) as
+    (4, 16, 16)" and the graph silently ran eagerly; plain CPU Inductor compiles it."""
+
+    def attention_scores(q, k):
+        q = q.view(2, 16, 2, 16).transpose(1, 2)
+        k = torch.cat([torch.zeros(2, 2, 0, 16, device=k.device), k.view(2, 16, 2, 16).transpose(1, 2)], -2)
+        return torch.matmul(q, k.transpose(-1, -2) * 0.5)
+
+    q, k = torch.randn(2, 16, 32), torch.randn(2, 16, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(attention_scores, backend="neuron")(q.to("neuron"), k.to("neuron"))
+    torch.testing.assert_close(out.cpu(), attention_scores(q, k))
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert (m["lowering"], m["lowering_reason"]) == ("inductor", None)
+    assert not [w for w in caught if "runs eagerly" in str(w.message)]

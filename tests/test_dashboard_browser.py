@@ -1,5 +1,7 @@
 """The dashboard in a real JupyterLab in Chromium: it renders, its memory value moves while the training
-cell is still running, and the CPU-fallback inspector lists the known op with its cell and line.
+cell is still running, its fallback tab follows the running cell, the CPU-fallback inspector lists the known op
+with its cell and line, the memory timeline has axes with units, readable cell labels, a by-cell axis and zoom;
+and the two single tensor views around the training keep their own cells' states (issue 17 points 4, 5, 8).
 
 The screenshot it saves (``out/test-artifacts/dashboard-*.png``) is the one in the README; with
 ``NEURON_LAB_UPDATE_SCREENSHOTS=1`` it is also copied to ``docs/``.
@@ -23,15 +25,16 @@ from browser import (
 
 pytest_plugins = ["browser"]
 
-TRAIN_CELL = 3  # 0-based; it runs as In[4]
+TRAIN_CELL = 4  # 0-based; it runs as In[5]
 CELLS = [
     "%load_ext neuron_lab",
     "import time\nimport torch\n"
     "model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to('neuron')\n"
     "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
     "x = torch.randn(32, 64).to('neuron')",
+    "%neuron tensors",  # In[3]: a snapshot, before the training
     "%neuron dashboard",
-    # In[4]: the fallback is line 4; ~6 s of training that keeps 16 KiB more device memory per step
+    # In[5]: the fallback is line 4; ~6 s of training that keeps 16 KiB more device memory per step
     "keep = []\n"
     "for step in range(30):\n"
     "    opt.zero_grad()\n"
@@ -40,8 +43,12 @@ CELLS = [
     "    opt.step()\n"
     "    keep.append(torch.ones(4096, device='neuron'))\n"
     "    time.sleep(0.2)",
-    "print('trained', len(keep))",
+    "%neuron tensors",  # In[6]: a snapshot, after it
+    "torch.empty(2 ** 50, dtype=torch.uint8, device='neuron')",  # In[7]: out of memory, marked on the timeline
 ]
+# the band labels of the memory timeline: text and left/right edges in px
+BAND_LABELS = """(panel) => [...panel.querySelectorAll('[data-testid=nl-band-label]')].map((l) => {
+    const r = l.getBoundingClientRect(); return [l.textContent, r.left, r.right]; })"""
 
 # The memory value and whether the training cell runs, read in one JS turn so both describe one instant.
 ALLOCATED_WHILE_TRAINING = f"""([cell, other]) => {{
@@ -57,7 +64,7 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     run_all(page)
 
     # the dashboard renders, as tabs, with the memory view first
-    panel = cell_locator(page, 2).locator("[data-testid=nl-panel]")
+    panel = cell_locator(page, 3).locator("[data-testid=nl-panel]")
     panel.wait_for(state="visible", timeout=60_000)
     assert [t.strip() for t in panel.locator(".nl-tab").all_inner_texts()] == [
         "Memory", "Tensors", "CPU fallbacks", "Compiles"]
@@ -68,8 +75,18 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     third = wait_for(page, ALLOCATED_WHILE_TRAINING, timeout=10, arg=[TRAIN_CELL, second])
     assert len({first, second, third}) == 3, (first, second, third)
     status = panel.locator("[data-testid=nl-status]").inner_text()
-    assert status.startswith("In[4] running"), status
+    assert status.startswith("In[5] running"), status
     screenshot(page, "dashboard-live")
+
+    # the fallback tab follows the running cell: its number, its op so far
+    panel.locator(".nl-tab[data-view=fallbacks]").click()
+    label = wait_for(page, f"""(cell) => {{ const l = document.querySelector('.jp-Notebook .nl-filter label');
+        const row = document.querySelector('.jp-Notebook [data-testid=nl-fallback-row]');
+        return ({JS_CELL_RUNNING})(cell) && row && l ? l.textContent : null; }}""", timeout=10, arg=TRAIN_CELL)
+    assert label == "this cell (In[5], running)", label
+    panel.locator(".nl-tab[data-view=tensors]").click()
+    as_of = panel.locator("[data-testid=nl-tensors-as-of]").inner_text()
+    assert as_of.startswith("as of In[4], ") and "ago: refreshed when In[5] ends" in as_of, as_of
 
     wait_idle(page, timeout=60)
     # the inspector: the known op, its count, and its cell, line and source
@@ -80,7 +97,7 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     row.locator("summary").click()
     site = row.locator("[data-testid=nl-site]").first
     cells = [c.strip() for c in site.locator("td").all_inner_texts()]
-    assert cells == ["In[4]", "line 4", "loss = torch.atan2(model(x), x).pow(2).mean()", "30×"], cells
+    assert cells == ["In[5]", "line 4", "loss = torch.atan2(model(x), x).pow(2).mean()", "30×"], cells
     assert panel.locator("[data-testid=nl-profile]").inner_text() == "torchneuron-2.33"
     shot = panel.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-fallbacks.png"))
     assert shot
@@ -91,6 +108,51 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     assert shot
     panel.locator(".nl-tab[data-view=fallbacks]").click()
     assert row.get_attribute("open") is not None
+
+    # the memory timeline: axes with units, cell labels that do not overlap, by time and by cell, zoom
+    panel.locator(".nl-tab[data-view=memory]").click()
+    assert panel.locator("[data-testid=nl-axis-y]").inner_text() == "allocated (KiB)"
+    assert panel.locator("[data-testid=nl-axis-x]").inner_text() == "seconds since the session started"
+    assert panel.locator("[data-testid=nl-timeline] canvas").count() == 1
+    assert panel.locator("[data-testid=nl-mark-peak]").inner_text().startswith("peak ")
+    oom = panel.locator("[data-testid=nl-mark-oom]")
+    assert oom.inner_text() == "OOM" and oom.get_attribute("title") == "out of memory in In[7]"
+    plot, mark = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box(), oom.bounding_box()
+    assert plot["x"] <= mark["x"] and mark["x"] + mark["width"] <= plot["x"] + plot["width"]  # inside the box
+    by_time = panel.evaluate(BAND_LABELS)
+    assert "In[5]" in [t for t, _, _ in by_time], by_time
+    assert all(a[2] <= b[1] for a, b in zip(by_time, by_time[1:])), by_time  # no overlap
+    panel.locator("button[data-xmode=cell]").click()
+    assert panel.locator("[data-testid=nl-axis-x]").inner_text().startswith("cells, each the same width")
+    by_cell = panel.evaluate(BAND_LABELS)
+    assert all(a[2] <= b[1] for a, b in zip(by_cell, by_cell[1:])), by_cell
+    # each cell the same width: the quick cells (In[2]'s setup) get a label they had no room for by time
+    assert [t for t, _, _ in by_cell] == ["In[2]", "In[5]"] and len(by_cell) > len(by_time), (by_time, by_cell)
+    shot = panel.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-timeline-by-cell.png"))
+    assert shot
+    box = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + box["height"] / 2)
+    page.mouse.wheel(0, -300)  # zoom in around In[5]
+    zoomed = panel.evaluate(BAND_LABELS)
+    assert zoomed != by_cell, zoomed
+    panel.locator("[data-testid=nl-zoom-reset]").click()
+    assert panel.evaluate(BAND_LABELS) == by_cell
+    box = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box()  # a new chart: measure again
+    page.mouse.move(box["x"] + box["width"] * 0.55, box["y"] + 20)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.95, box["y"] + 20, steps=5)
+    page.mouse.up()  # drag-select: In[5] fills the plot, In[2] is out of view
+    (label,) = panel.evaluate(BAND_LABELS)
+    assert label[0] == "In[5]" and box["x"] <= label[1], label  # in view, at the left edge of its visible part
+    panel.locator("[data-testid=nl-timeline] .u-over").dblclick()
+    assert panel.evaluate(BAND_LABELS) == by_cell
+
+    # the single views are snapshots: before and after the training, after the whole run
+    before = cell_locator(page, 2).locator("[data-testid=nl-tensors-total]").inner_text()
+    after = cell_locator(page, 5).locator("[data-testid=nl-tensors-total]").inner_text()
+    assert before != after, before
+    assert cell_locator(page, 2).locator("[data-testid=nl-scope]").inner_text().startswith(
+        "as of the end of In[3]")
 
     if os.environ.get("NEURON_LAB_UPDATE_SCREENSHOTS") == "1":
         (ROOT / "docs").mkdir(exist_ok=True)

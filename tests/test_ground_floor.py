@@ -22,7 +22,7 @@ def test_the_kinds_table_orders_titles_and_groups_every_kind() -> None:
         ("fallback", {"fallback", "host"}), ("downcast", {"downcast"}), ("nki", {"nki"})]
     assert kinds.title("downcast") == "64-bit downcasts" and kinds.title("nosuch") == "nosuch"
     assert kinds.as_json()[0] == {"name": "fallback", "title": "CPU fallbacks", "call": "CPU fallback call",
-                                  "off_device": True, "reported": True}
+                                  "off_device": True, "reported": True, "one_line": False}
 
 
 def test_reports_and_merges_follow_the_kinds_table() -> None:

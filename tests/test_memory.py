@@ -326,3 +326,79 @@ print(json.dumps({"error": error, "where": sorted({str(p.device) for p in m.para
 def test_a_module_that_runs_out_of_memory_half_way_through_a_move_goes_back_whole(run_python) -> None:
     r = run_python(_MOVE_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "1MiB"})
     assert r == {"error": "OutOfMemoryError", "where": ["cpu"], "same_w": True, "t": True, "allocated": 0}
+
+
+# -- an out-of-memory cell in a notebook -------------------------------------------------------------------------
+_OOM_CELL_SCRIPT = """
+import json, re, torch
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+from neuron_lab.extension import session_of
+from neuron_lab.report.model import as_data
+c = Config()
+c.HistoryAccessor.enabled = False
+sh = InteractiveShell.instance(config=c)
+CELL = '''def grow(n):
+    parts = []
+    for _ in range(n):
+        parts.append(torch.ones(87_500, device='neuron'))
+    return parts
+big = torch.ones(30_000, device='neuron')
+out = grow(10)'''
+with capture_output():
+    sh.run_line_magic("load_ext", "neuron_lab")
+    sh.run_line_magic("colors", "nocolor")
+    sh.run_cell("import torch\\nkeep = torch.ones(1000, device='neuron')", store_history=True)
+runs = []
+for setting in ("short", "full"):
+    sh.run_line_magic("config", f"NeuronLab.oom_traceback = {setting!r}")
+    with capture_output() as cap:
+        res = sh.run_cell(CELL, store_history=True)
+    after = torch.neuron.memory_allocated()
+    report = session_of(sh).history[res.execution_count]
+    with capture_output() as freed:
+        sh.run_cell("%neuron free", store_history=True)
+    runs.append({"error": type(res.error_in_exec).__name__, "traceback": cap.stdout.strip().splitlines(),
+                 "report": str(report).splitlines(), "oom": as_data(report.oom), "after": after,
+                 "free": next(x for x in freed.stdout.splitlines() if x.startswith("freed ")),
+                 "last_tb_files": sorted({f.f_code.co_filename.rpartition("neuron_lab/")[2] for f, _ in
+                                          __import__("traceback").walk_tb(__import__("sys").last_traceback)
+                                          if "/neuron_lab/" in f.f_code.co_filename})})
+    sh.run_cell("del big", store_history=True)
+print(json.dumps(runs))
+"""
+
+
+def test_an_oom_cell_names_what_filled_the_device_ends_in_user_code_and_gives_the_memory_back(run_python) -> None:
+    """The pure-Python core raises the OOM from the emulator's own frames, which the traceback used to end in."""
+    short, full = run_python(_OOM_CELL_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "1MiB", "NEURON_LAB_CORE": "python"})
+    assert short["error"] == full["error"] == "OutOfMemoryError"
+    tb = short["traceback"]
+    assert not [line for line in tb if "neuron_lab" in line and "NEURON_LAB" not in line], tb
+    assert tb[-5:-1] == ["      3 for _ in range(n):",
+                         "----> 4     parts.append(torch.ones(87_500, device='neuron'))",
+                         "      5 return parts", ""], tb
+    assert tb[-1].startswith("OutOfMemoryError: neuron:0 out of memory (emulated): tried to allocate 341.80 KiB")
+    assert short["last_tb_files"] == []  # %tb and %debug see the same short traceback
+    assert short["oom"] == {"allocated": 824_000, "more": 0, "freed": 700_000, "tensors": [
+        {"names": ["grow.<locals>.parts[…]"], "shape": [87_500], "dtype": "float32", "bytes": 700_000,
+         "storages": 2, "held_by": "IPython traceback"},
+        {"names": ["big"], "shape": [30_000], "dtype": "float32", "bytes": 120_000, "storages": 1,
+         "held_by": "namespace"},
+        {"names": ["keep"], "shape": [1000], "dtype": "float32", "bytes": 4000, "storages": 1,
+         "held_by": "namespace"}]}
+    assert short["report"][-5:] == [
+        "out of memory: 804.69 KiB held when the error unwound, by:",
+        "    683.59 KiB  grow.<locals>.parts[…]  (2 × [87500] float32; IPython traceback)",
+        "    117.19 KiB  big  ([30000] float32; namespace)",
+        "      3.91 KiB  keep  ([1000] float32; namespace)",
+        "freed after the error: 683.59 KiB the failing frames held (`%config NeuronLab.oom_traceback = 'full'` "
+        "keeps them for %debug)"]
+    assert short["after"] == 124_000  # keep and big: what the surviving variables hold
+    assert short["free"] == "freed 0 B of device memory; 121.09 KiB still allocated"
+    # 'full' keeps the emulator's frames and what the failing frames hold, for %debug, until `%neuron free`
+    assert any("neuron_lab/backend/emulator/" in line for line in full["traceback"]), full["traceback"]
+    assert "backend/emulator/memory.py" in full["last_tb_files"]
+    assert full["oom"]["freed"] == 0 and full["after"] == 824_000
+    assert full["free"] == "freed 683.59 KiB of device memory; 121.09 KiB still allocated"

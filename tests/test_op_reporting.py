@@ -148,3 +148,82 @@ def test_a_site_lookup_from_autograds_thread_ends_when_no_frame_is_the_users() -
     t.start()
     t.join()
     assert out == [None]
+
+
+# -- what a cell's report shows (issue 17, point 6: no clutter) ----------------------------------------------
+def _report(shell, code: str):
+    from shells import run
+
+    from neuron_lab.extension import session_of
+
+    res, _ = run(shell, code)
+    return session_of(shell).history[res.execution_count]
+
+
+def test_a_training_cell_without_fallbacks_reports_in_three_lines(shell) -> None:
+    """The 64-bit downcasts of int64 indices are one line; their table, with no "0 µs" column, is in --full."""
+    _report(shell, "import torch\nemb = torch.nn.Embedding(100, 16).to('neuron')\n"
+                   "ids = torch.arange(32).view(4, 8).to('neuron')")
+    r = _report(shell, "for _ in range(3):\n    emb(ids).sum().backward()")
+    text = str(r).splitlines()
+    assert len(text) == 3 and "· no CPU fallbacks · 6 64-bit downcasts ·" in text[0], text
+    assert text[1].startswith("memory: ")
+    assert text[2] == ("64-bit downcasts: 6 int64→int32 (aten::embedding_dense_backward ×3, aten::index_select ×3) "
+                       "— `%neuron report --full` lists them")
+    assert f"<div>{text[2]}</div>" in r._repr_html_() and "<table" not in r._repr_html_().split("</table>", 1)[1]
+    from neuron_lab.report.text import render_text
+
+    full = render_text(r, "full").splitlines()
+    rows = [x for x in full if x.startswith("  aten::")]
+    assert full[2] == "64-bit downcasts (2 ops, 6 calls):"  # no host time: a downcast is a note on a device call
+    assert [x.split()[:2] + x.split()[-2:] for x in rows] == [
+        ["aten::embedding_dense_backward", "3×", "why", "[1]"], ["aten::index_select", "3×", "why", "[1]"]]
+    assert not [x for x in full if "µs" in x]
+    assert full[full.index("why:") + 1].startswith("  [1] int64 on TorchNeuron computes in 32-bit")
+
+
+def test_fallback_rows_sort_by_host_time_and_each_reason_shows_once_with_its_source(shell) -> None:
+    r = _report(shell, "import torch\nx = torch.ones(8, device='neuron')\nfor _ in range(3):\n"
+                       "    a = torch.atan2(x, x)\nc = torch.acos(x)\n"
+                       "q = torch.linalg.inv(torch.eye(3, device='neuron'))")
+    rows = r.fallbacks
+    assert [x.host_ns for x in rows] == sorted((x.host_ns for x in rows), reverse=True)
+    assert {x.op: x.count for x in rows} == {"aten::atan2.out": 3, "aten::acos.out": 1,
+                                             "aten::linalg_inv_ex.inverse": 1}
+    text = str(r).splitlines()
+    shown = [x.split()[0] for x in text if x.startswith("  aten::")]
+    assert shown == [x.op for x in rows]  # the text shows the model's order
+    refs = {x.split()[0]: x.rsplit(" ", 1)[1] for x in text if x.startswith("  aten::")}
+    assert refs["aten::atan2.out"] == refs["aten::acos.out"] != refs["aten::linalg_inv_ex.inverse"]
+    why = text[text.index("why:") + 1:]
+    fallback = next(i for i, x in enumerate(why) if x.startswith(f"  {refs['aten::atan2.out']} "))
+    assert why[fallback] == (f"  {refs['aten::atan2.out']} TorchNeuron has no device kernel for this op: it copies the "
+                             "inputs to the CPU, runs the op there and copies the result back. Once is cheap; inside a "
+                             "training loop it can dominate the step.")
+    assert why[fallback + 1] == ("      source: CPU_FALLBACK in the torch-neuronx operator compatibility table; one of "
+                                 "the five fallbacks behind a reported 87x EquiformerV3 slowdown")
+    assert sum("87x" in x for x in text) == 1 and sum("TorchNeuron has no device kernel" in x for x in text) == 1
+    html = r._repr_html_()
+    assert html.count("TorchNeuron has no device kernel") == 1 and html.count("87x EquiformerV3") == 1
+    assert html.count(f"<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">{refs['aten::atan2.out']}"
+                      "</td>") == 2
+
+
+def test_a_report_with_an_oom_reads_back_from_json() -> None:
+    from neuron_lab.report.model import HeldTensor, OutOfMemory, Report
+
+    r = Report("In[3]", 3, "neuron:0", "default", "emulator", error="OutOfMemoryError: neuron:0 out of memory",
+               oom=OutOfMemory(824_000, [HeldTensor(("parts[…]",), (87_500,), "float32", 700_000, 2,
+                                                    "IPython traceback")], more=4000, freed=700_000))
+    back = Report.from_dict(json.loads(json.dumps(r.as_dict())))
+    assert back.oom == r.oom and str(back) == str(r)
+    assert str(r).splitlines()[-4:] == [
+        "out of memory: 804.69 KiB held when the error unwound, by:",
+        "    683.59 KiB  parts[…]  (2 × [87500] float32; IPython traceback)",
+        "      3.91 KiB  in smaller storages (`%neuron tensors` lists them all)",
+        "freed after the error: 683.59 KiB the failing frames held (`%config NeuronLab.oom_traceback = 'full'` keeps "
+        "them for %debug)"]
+    html = r._repr_html_()  # the same facts
+    assert "<b>out of memory: 804.69 KiB held when the error unwound, by:</b>" in html
+    assert ">parts[…]</td>" in html and ">in smaller storages</td>" in html
+    assert "freed after the error: 683.59 KiB" in html

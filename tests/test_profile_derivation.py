@@ -234,8 +234,10 @@ def test_every_registration_form_is_read_and_decoys_are_not(tree: Path, tmp_path
     assert {k: v["kind"] for k, v in data["ops"].items()} == EXPECTED_KINDS
     assert list(data["ops"]) == sorted(data["ops"])
     assert data["name"] == "torchneuron-src-2026-04" and data["date"] == "2026-04-21"
-    assert data["default"] == {"kind": "fallback", "reason": "not registered by TorchNeuron's backend at 0123456: "
-                                                             "the boxed CPU fallback runs it"}
+    assert data["default"] == {"kind": "fallback", "reason": (
+        "TorchNeuron has no device kernel for this op: its CPU fallback copies the inputs to the CPU, runs the op "
+        "there and copies the result back.\nsource: not registered by TorchNeuron's backend at 0123456: the boxed CPU "
+        "fallback runs it")}  # a sentence for a newcomer, then where the fact comes from
     assert data["downcast_dtypes"] == ["float64", "int64"]
 
     prov = data["provenance"]
@@ -293,8 +295,8 @@ def test_bundled_derived_profile() -> None:
     assert BUNDLED in profiles.bundled()
     p = profiles.load(BUNDLED)
     assert p.name == BUNDLED and p.date == "2026-04-21"
-    assert (p.default, p.default_reason) == ("fallback", "not registered by TorchNeuron's backend at 98154b8: "
-                                                         "the boxed CPU fallback runs it")
+    assert p.default == "fallback" and p.default_reason.endswith(
+        "\nsource: not registered by TorchNeuron's backend at 98154b8: the boxed CPU fallback runs it")
     prov = p.provenance
     assert prov["repo"] == "parmoham-aws/test-repo-parmoham"
     assert prov["commit"] == "98154b867aa24562a3213e520d9ad7fd41032291"

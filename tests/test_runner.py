@@ -28,7 +28,7 @@ from shells import loaded_shell
 from shells import run as run_cell
 
 from neuron_lab.extension import session_of
-from neuron_lab.report.model import Report
+from neuron_lab.report.model import Memory, Report
 from neuron_lab.runner import execute, gates, kernel, main, options
 from neuron_lab.runner.records import CellRecord
 
@@ -44,6 +44,7 @@ BREAK = ("%%neuron compile\n"
          "            return t * 2\n"
          "        return t - 1\n"
          "out = Net()(torch.ones(4).to(device))")
+READ = "noise = torch.randn(2, device=device)\nprint('mean', x.mean().item())"  # an aten::normal_ fallback; reads x
 
 
 def notebook(path: Path, *cells: str) -> Path:
@@ -138,20 +139,47 @@ def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_
 
 
 def test_each_failing_gate_exits_3_and_says_why(tmp_path):
-    nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK)
+    nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK, READ)
     # Options before and after PATH.
     r = run(tmp_path, "--fail-on-fallback", str(nb), "--max-peak-memory", "1KiB", "--fail-on-graph-break",
-            "--json", "run.json")
+            "--allow-fallback", "atan", "--json", "run.json", "--html", "run.html")
     assert r.returncode == options.EXIT_GATE, r.stdout + r.stderr
     text = r.stdout
-    assert ("  FAIL  --fail-on-fallback: 1 op ran on the CPU (3 calls): aten::atan2.out ×3 at In[2] line 2 "
-            "(exempt one with --allow-fallback OP)\n") in text
-    assert re.search(r"^  FAIL  --max-peak-memory 1\.00 KiB: \d cells? peaked above it: In\[2\] \S+ KiB", text, re.M)
-    assert ("  FAIL  --fail-on-graph-break: 1 graph break: In[3] line 4: if t.sum() > 0: (generic_jump "
-            in text)
+    ops = ("aten::atan2.out ×3 at In[2] line 2", "aten::normal_ ×1 at In[4] line 1")  # ordered by host time
+    assert any(f"  FAIL  --fail-on-fallback: 2 ops ran on the CPU (4 calls): {a}; {b} (exempt one with "
+               "--allow-fallback OP); --allow-fallback atan matched no fallback\n" in text for a, b in (ops, ops[::-1]))
+    # In[2] and In[3] took the device over 1 KiB; In[4] started above it (x, y and out) and only read it.
+    assert re.search(r"^  FAIL  --max-peak-memory 1\.00 KiB: 2 cells took it above the limit: "
+                     r"In\[2\] 512 B → \S+ KiB, In\[3\] \S+ \S+ → \S+ KiB; "
+                     r"1 cell started above it \(not blamed\): In\[4\] \S+ KiB at its start$", text, re.M), text
+    assert "  FAIL  --fail-on-graph-break: 1 graph break: In[3] line 4: if t.sum() > 0: (" in text  # then the reason
     assert text.rstrip().endswith("exit 3: a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break")
     doc = load(tmp_path / "run.json")
     assert doc["exit_code"] == 3 and [g["passed"] for g in doc["gates"]] == [False, False, False]
+    assert [(g["limit"], g["blamed"]) for g in doc["gates"]] == [
+        ("no CPU fallbacks except atan", ["In[2]", "In[4]"]), ("1.00 KiB", ["In[2]", "In[3]"]),
+        ("no graph breaks", ["In[3]"])]
+    assert [g["measured"].split(" in ")[0] for g in doc["gates"]][::2] == ["4 calls of 2 ops not allowed",
+                                                                        "1 graph break"]
+    assert (doc["summary"]["ran"], doc["summary"]["failures"], doc["summary"]["fallback_calls"]) == (4, 0, 4)
+
+    # The HTML export leads with the run summary and one verdict row per gate, before the first cell.
+    html = (tmp_path / "run.html").read_text()
+    start = html.index('<section class="neuron-lab-run">')
+    head = html[start:html.index("</section>", start)]
+    assert start < html.index('<div class="jp-Cell jp-CodeCell')
+    assert "<p>exit 3: a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break</p>" in head
+    assert "<tr><th>cells run</th><td>4 of 4</td></tr><tr><th>failures</th><td>none</td></tr>" in head
+    assert any(f"<tr><th>CPU fallbacks</th><td>4 calls of 2 ops: {a}; {b}</td></tr>" in head
+               for a, b in (ops, ops[::-1]))
+    assert re.search(r"<tr><th>peak device memory</th><td>\S+ KiB of 24\.00 GiB, in In\[\d\]</td></tr>", head)
+    rows = re.findall(r'<tr class="neuron-lab-gate">(.*?)</tr>', head)
+    assert [re.findall(r"<td>(.*?)</td>", row) for row in rows] == [
+        ["--fail-on-fallback", '<span class="fail">FAIL</span>', "no CPU fallbacks except atan",
+         "4 calls of 2 ops not allowed", "In[2], In[4]"],
+        ["--max-peak-memory 1.00 KiB", '<span class="fail">FAIL</span>', "1.00 KiB", doc["gates"][1]["measured"],
+         "In[2], In[3]"],
+        ["--fail-on-graph-break", '<span class="fail">FAIL</span>', "no graph breaks", "1 graph break", "In[3]"]]
 
     # Each gate decides alone, on this run's own reports: the same evaluation the command made.
     cells = [CellRecord(c["index"], c["number"], c["status"], report=c["report"]) for c in doc["cells"]]
@@ -163,9 +191,16 @@ def test_each_failing_gate_exits_3_and_says_why(tmp_path):
 
     assert code() == 0
     assert code("--fail-on-fallback") == 3
-    assert code("--fail-on-fallback", "--allow-fallback", "aten::atan2") == 0
-    assert code("--fail-on-fallback", "--allow-fallback", "aten::atan2.out") == 0
-    assert code("--fail-on-fallback", "--allow-fallback", "atan2.default") == 3  # another overload only
+    allow = ("--fail-on-fallback", "--allow-fallback", "aten::atan2", "--allow-fallback")
+    assert code(*allow, "normal") == 0  # a base name covers the in-place aten::normal_ the report lists
+    allowed = gates.fallback_gate(reports, ["atan2", "normal"])
+    said, _, listed = allowed.why.partition("; allowed: ")
+    assert (said, sorted(listed.split(", ")), allowed.measured, allowed.blamed) == (
+        "only allowed CPU fallbacks", ["aten::atan2.out ×3", "aten::normal_ ×1"], "4 allowed calls, no other", [])
+    assert code(*allow, "aten::normal_") == 0
+    assert code(*allow, "aten::normal.out") == 3  # one other overload only
+    assert code("--fail-on-fallback", "--allow-fallback", "aten::atan2.out", "--allow-fallback", "normal") == 0
+    assert code("--fail-on-fallback", "--allow-fallback", "atan2.default", "--allow-fallback", "normal") == 3
     assert code("--max-peak-memory", "1KiB") == 3
     assert code("--max-peak-memory", "1GiB") == 0
     assert code("--fail-on-graph-break") == 3
@@ -432,12 +467,41 @@ def test_the_console_script_documents_exit_codes_and_rejects_unknown_options(tmp
 
 
 def test_allow_fallback_spellings():
-    """``--allow-fallback`` names an op by its base name (every overload) or one overload."""
-    assert options.op_matches("atan2", "aten::atan2.out")
-    assert options.op_matches("aten::atan2", "aten::atan2")
-    assert options.op_matches("aten::atan2.out", "aten::atan2.out")
-    assert not options.op_matches("aten::atan2.out", "aten::atan2")
-    assert not options.op_matches("atan", "aten::atan2.out")
+    """``--allow-fallback`` names an op by its base name (every overload, in-place form included), by its in-place
+    name (in-place forms only), or by one overload (``aten::x`` and ``aten::x.default`` are the same one)."""
+    covered = {spec: [op for op in ("aten::normal", "aten::normal_", "aten::normal.Tensor_float", "aten::normal.out",
+                                    "aten::normal_.default", "aten::normalize", "aten::atan2.out", "prims::normal")
+                      if options.op_matches(spec, op)]
+               for spec in ("normal", "aten::normal", "normal_", "aten::normal.out", "normal.default", "atan2",
+                            "atan")}
+    assert covered == {
+        "normal": ["aten::normal", "aten::normal_", "aten::normal.Tensor_float", "aten::normal.out",
+                   "aten::normal_.default"],
+        "aten::normal": ["aten::normal", "aten::normal_", "aten::normal.Tensor_float", "aten::normal.out",
+                         "aten::normal_.default"],
+        "normal_": ["aten::normal_", "aten::normal_.default"],
+        "aten::normal.out": ["aten::normal.out"],
+        "normal.default": ["aten::normal"],
+        "atan2": ["aten::atan2.out"],
+        "atan": [],
+    }
+
+
+def test_the_memory_gate_blames_the_cells_that_took_memory_over_the_limit():
+    """Blamed: a cell that started within the limit and peaked above it. Not blamed: a cell that only ran
+    while earlier cells' tensors held the memory above it, even if it allocated a little more."""
+    def cell(n: int, before: int, peak: int) -> Report:
+        return Report(f"In[{n}]", n, "neuron:0", "default", "emulator", memory=Memory(before, peak, peak, 2**30))
+
+    mib = 2**20
+    reports = [cell(1, 0, 10 * mib), cell(2, 10 * mib, 90 * mib), cell(3, 90 * mib, 91 * mib),
+               cell(4, 40 * mib, 120 * mib), cell(5, 20 * mib, 30 * mib)]
+    g = gates.memory_gate(reports, 64 * mib)
+    assert (g.passed, g.limit, g.measured, g.blamed) == (False, "64.00 MiB", "120.00 MiB in In[4]", ["In[2]", "In[4]"])
+    assert g.why == ("2 cells took it above the limit: In[2] 10.00 MiB → 90.00 MiB, In[4] 40.00 MiB → 120.00 MiB; "
+                     "1 cell started above it (not blamed): In[3] 90.00 MiB at its start")
+    ok = gates.memory_gate(reports, 128 * mib)
+    assert (ok.passed, ok.why, ok.blamed) == (True, "the highest peak was 120.00 MiB", [])
 
 
 def test_a_reader_that_leaves_early_is_no_traceback_and_the_files_still_come(tmp_path):

@@ -108,6 +108,11 @@ g(a)  # subscribing must not turn compilation into eager execution
 unsubscribe()
 report["dynamo_metrics"] = [{k: m[k] for k in ("graph_id", "graph_node_count")} for m in b.dynamo_metrics()]
 report["lowering_us"] = b.lowering_us()
+report["compile_lowerings"] = list(b.compile_lowerings)
+try:
+    b.set_compile_lowering("inductor")
+except NotImplementedError as e:
+    report["set_compile_lowering"] = str(e)
 print(json.dumps(report))
 """
 
@@ -201,3 +206,10 @@ def test_compile_hands_off_to_torch_neuronx_backend(report):
 def test_lowering_time_comes_from_torch_neuronx_metrics(report):
     """What compile observers add as lazily lowered compile time: the fake records 1 ms per graph."""
     assert report["lowering_us"] == 2 * 1000
+
+
+def test_the_compile_lowering_choice_is_the_emulators_and_torchneuron_refuses_it_clearly(report):
+    assert report["compile_lowerings"] == []
+    assert report["set_compile_lowering"] == (
+        "the torchneuron backend compiles graphs with its own compiler; it has no lowering to choose "
+        "(NeuronLab.compile_lowering applies to the emulator)")

@@ -17,9 +17,9 @@ from shells import loaded_shell, run
 
 from neuron_lab import backend, kinds
 from neuron_lab.extension import session_of
-from neuron_lab.report.html import op_table
+from neuron_lab.report.html import op_sections_html
 from neuron_lab.report.model import Memory, OpRow, as_data
-from neuron_lab.report.text import op_lines
+from neuron_lab.report.text import op_sections
 from neuron_lab.widgets import VIEWS, snapshot, static
 from neuron_lab.widgets.panel import Panel
 
@@ -133,10 +133,9 @@ def test_static_views_draw_op_rows_with_the_reports_renderers(shell):
     (report,) = session_of(shell).history.values()
     text, html = repr(view), view._bundle()["text/html"]
     assert len(report.sections()) == 2  # CPU fallbacks, 64-bit downcasts
-    for kind, rows in report.sections():  # each section drawn as the report draws it
-        assert "\n".join(op_lines(kind.title, rows)) in text and "\n".join(op_lines(kind.title, rows)) in str(report)
-        title = f"{kind.title}: {sum(r.count for r in rows):,} calls" if kind.off_device else kind.title
-        assert op_table(title, rows) in html and op_table(title, rows) in report._repr_html_()
+    drawn = "\n".join(op_sections(report.sections()))  # the sections drawn as the report draws them
+    assert drawn in text and drawn in str(report)
+    assert op_sections_html(report.sections()) in html and op_sections_html(report.sections()) in report._repr_html_()
 
 
 def test_closing_the_hub_unhooks_it_from_the_session(shell):
@@ -174,7 +173,7 @@ def test_single_views_and_bad_view_names(shell):
     for name in ("memory", "tensors", "fallbacks", "compiles"):
         run(sh, f"v = %neuron {name}")
         v = sh.user_ns["v"]
-        assert v.views == [name] and set(v.data) == {"header", name}
+        assert v.views == [name] and set(v.data) == {"header", "as_of", name}
     run(sh, "v = %neuron dashboard fallbacks memory")
     assert sh.user_ns["v"].views == ["fallbacks", "memory"]
     res, _ = run(sh, "%neuron dashboard gpu", ok=False)
@@ -186,7 +185,7 @@ def test_single_views_and_bad_view_names(shell):
 def test_live_updates_move_while_the_cell_runs_and_are_throttled(shell, recording):
     sh = widget_shell(shell)
     run(sh, "%config NeuronLab.widget_refresh_hz = 4.0")
-    run(sh, "panel = %neuron memory")
+    run(sh, "panel = %neuron memory --live")
     panel = sh.user_ns["panel"]
     mark = len(recording)
     start = time.perf_counter()
@@ -218,7 +217,7 @@ while time.perf_counter() - t0 < 1.5:
 def test_refresh_rate_is_configurable(shell, recording):
     sh = widget_shell(shell)
     run(sh, "%config NeuronLab.widget_refresh_hz = 1.0")
-    run(sh, "panel = %neuron memory")
+    run(sh, "panel = %neuron memory --live")
     mark = len(recording)
     run(sh, "import time, torch\nxs = []\nfor _ in range(30):\n    xs.append(torch.ones(64, device='neuron'))"
             "\n    time.sleep(0.05)")
@@ -229,7 +228,7 @@ def test_refresh_rate_is_configurable(shell, recording):
 
 def test_closing_a_view_stops_its_updates_and_the_thread(shell, recording):
     sh = widget_shell(shell)
-    run(sh, "panel = %neuron memory")
+    run(sh, "panel = %neuron memory --live")
     panel = sh.user_ns["panel"]
     hub = panel.hub
     assert any(t.name == "neuron_lab-widgets" for t in threading.enumerate())
@@ -372,3 +371,108 @@ def test_a_free_click_off_the_main_thread_waits_for_the_cell_end(shell):
     run(sh, "pass")
     assert backend.active().memory_allocated() == base
     assert panel.data["memory"]["freed"].startswith("freed 4.00 KiB of device memory")
+
+
+def test_a_single_view_keeps_its_cells_state_and_live_follows(shell):
+    """Issue 17 point 4: `%neuron tensors` shows the state at the end of its own cell and stays so; `--live` and
+    the dashboard follow the session."""
+    sh = widget_shell(shell)
+    base = backend.active().memory_allocated()
+    run(sh, "import torch\na = torch.ones(100, device='neuron')")
+    res, _ = run(sh, "snap = %neuron tensors\nb = torch.ones(10, device='neuron')")  # b: still this cell's
+    run(sh, "follow = %neuron tensors --live")
+    run(sh, "c = torch.ones(50, device='neuron')")
+    snap, follow = sh.user_ns["snap"], sh.user_ns["follow"]
+    assert (snap.follow, follow.follow) == (False, True)
+    assert snap.data["tensors"]["total"] == base + 400 + 40 and snap.data["as_of"]["cell"] == res.execution_count
+    assert follow.data["tensors"]["total"] == base + 400 + 40 + 200
+    assert snap not in session_of(sh).views.open_panels() and follow in session_of(sh).views.open_panels()
+    # static views too: a snapshot is not updated after its cell
+    run(sh, "%config NeuronLab.display_as = 'static'\nv = %neuron tensors\nw = %neuron tensors --live")
+    run(sh, "d = torch.ones(25, device='neuron')")
+    v, w = sh.user_ns["v"], sh.user_ns["w"]
+    assert v.data["tensors"]["total"] == base + 640 and w.data["tensors"]["total"] == base + 740
+
+
+def test_live_state_names_the_running_cell_and_its_fallbacks_so_far(shell):
+    """Issue 17 point 5: while a cell runs, the live state carries that cell's number and its op rows so far."""
+    sh = widget_shell(shell)
+    run(sh, "%neuron dashboard")
+    run(sh, TRAIN)
+    res, _ = run(sh, "from neuron_lab.widgets import snapshot\nfrom neuron_lab.extension import session_of\n"
+                     "z = torch.atan2(x, x)\nz = torch.atan2(z, x)\nlive = snapshot.live(session_of(get_ipython()))")
+    live = sh.user_ns["live"]
+    assert live["busy"] is True and live["cell"] == res.execution_count
+    (row,) = live["rows"]
+    assert (row["op"], row["count"]) == ("aten::atan2.out", 2)
+    assert [(s["site"]["cell"], s["site"]["line"], s["count"]) for s in row["sites"]] == [
+        (res.execution_count, 3, 1), (res.execution_count, 4, 1)]
+    assert all(s["stacks"] == [] for s in row["sites"])  # sent a few times a second: sites only
+    assert live["compiling"] is None
+    assert "rows" not in snapshot.live(session_of(sh))  # between cells: the last cell's rows are in the data
+
+
+def test_an_out_of_memory_cell_is_marked_on_the_timeline(shell):
+    sh = widget_shell(shell)
+    res, _ = run(sh, "import torch\nbig = torch.empty(2 ** 50, dtype=torch.uint8, device='neuron')", ok=False)
+    assert isinstance(res.error_in_exec, torch_oom())
+    run(sh, "panel = %neuron memory")
+    (mark,) = sh.user_ns["panel"].data["memory"]["marks"]
+    assert mark["kind"] == "oom" and mark["label"] == f"out of memory in In[{res.execution_count}]"
+    assert mark["t_s"] in [t for t, _ in sh.user_ns["panel"].data["memory"]["points"]]  # the cell's end sample
+
+
+def torch_oom() -> type:
+    import torch
+
+    return torch.OutOfMemoryError
+
+
+def test_live_state_shows_a_compile_in_progress(shell):
+    """Issue 17 point 1: while dynamo compiles, the live state says what, how many graphs so far and how long."""
+    sh = widget_shell(shell)
+    run(sh, "%neuron dashboard")
+    run(sh, """\
+import threading, time, torch
+from neuron_lab.widgets import snapshot, static
+from neuron_lab.extension import session_of
+s, seen, stop = session_of(get_ipython()), [], threading.Event()
+def poll():
+    while not stop.is_set():
+        live = snapshot.live(s)
+        if live.get("compiling"):
+            seen.append((live["compiling"], static.render_text({"header": {}}, live, [])))
+        time.sleep(0.002)
+t = threading.Thread(target=poll)
+t.start()
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to('neuron')
+y = torch.compile(m, backend='neuron')(torch.ones(2, 8, device='neuron'))
+stop.set()
+t.join()
+""")
+    seen = sh.user_ns["seen"]
+    assert seen, "no compile seen in progress"
+    c, text = seen[-1]
+    assert set(c) == {"frame", "graphs", "elapsed_s"} and c["elapsed_s"] >= 0
+    assert f"· compiling {c['frame']}: {c['graphs']} graph" in text
+    assert snapshot.live(session_of(sh)).get("compiling") is None
+
+
+def test_static_timeline_has_axes_with_units_readable_cell_labels_and_marks():
+    """The HTML view's timeline (nbconvert, `neuron-lab run --html`): the widget's chart by time, as SVG."""
+    import re
+
+    points = [[0.0, 0], [0.5, 1 << 19], [9.0, 1 << 20], [9.5, 3 << 18]]
+    cells = [{"cell": 1, "start_s": 0.0, "end_s": 0.01}, {"cell": 2, "start_s": 0.02, "end_s": 9.0},
+             {"cell": 3, "start_s": 9.01, "end_s": 9.02}, {"cell": 4, "start_s": 9.03, "end_s": 9.5}]
+    marks = [{"kind": "oom", "t_s": 9.5, "label": "out of memory in In[4]"}]
+    svg = static._svg(points, cells, marks, 1 << 20)
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    assert "allocated (MiB)" in texts and "seconds since the session started" in texts
+    assert [t for t in texts if t.endswith(" MiB") and t[0].isdigit()] == ["0 MiB", "0.25 MiB", "0.5 MiB",
+                                                                            "0.75 MiB", "1 MiB"]
+    assert [t for t in texts if t.endswith(" s") and t[0].isdigit()] == ["0 s", "2 s", "4 s", "6 s", "8 s"]
+    # every band is drawn and named in its tooltip; labels only where they fit (In[1], In[3] are 10 ms wide)
+    assert re.findall(r"<title>(In\[\d\])</title>", svg) == ["In[1]", "In[2]", "In[3]", "In[4]"]
+    assert [t for t in texts if t.startswith("In[")] == ["In[2]"]
+    assert "OOM" in texts and "<title>out of memory in In[4]</title>" in svg and "peak 1.00 MiB" in texts

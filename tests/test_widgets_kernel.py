@@ -1,14 +1,18 @@
-"""The live views in a real kernel without a browser, as nbclient (and so ``neuron-lab run`` and CI) sees them.
+"""The views in a real kernel without a browser, as nbclient (and so ``neuron-lab run`` and CI) sees them.
 
 nbclient keeps the widgets' last state in the notebook's metadata (``store_widget_state``), and applies
 ``update_display_data`` to the outputs it targets: so a saved notebook shows the dashboard's final data,
-and the static view (``NeuronLab.display_as = 'static'``) shows the state after the last cell.
+a static view asked for ``--live`` (``NeuronLab.display_as = 'static'``) the state after the last cell, and
+a single view without ``--live`` the state at the end of its own cell (issue 17 point 4), in a notebook
+executed by nbclient and in one run by ``neuron-lab run``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,21 @@ CELLS = [
     "%load_ext neuron_lab",  # In[1]
     "import torch\nx = torch.ones(100, device='neuron')",  # In[2]
     "%neuron dashboard",  # In[3]
-    "%config NeuronLab.display_as = 'static'\n%neuron fallbacks",  # In[4]
+    "%config NeuronLab.display_as = 'static'\n%neuron fallbacks --live",  # In[4]
     "w = torch.ones(10, device='neuron')\ny = torch.atan2(x, x)",  # In[5]: the fallback is line 2
     "%neuron compiles",  # In[6]: static too
+    "%neuron tensors",  # In[7]: a static snapshot: x, w, y
+    "del y",  # In[8]
+    "%neuron tensors",  # In[9]: x, w
+    "%config NeuronLab.display_as = 'widget'\n%neuron tensors",  # In[10]: a widget snapshot: x, w
+    "z = torch.ones(1000, device='neuron')",  # In[11]
+]
+TWO_VIEWS = [  # notebook 03's shape: a tensor view, then a change, then another view
+    "%load_ext neuron_lab",
+    "import torch\nacts = torch.ones(256, device='neuron')\nacts[:2]",  # Out[2] holds the 1 KiB batch
+    "%neuron tensors",
+    "del acts\n%neuron free",
+    "%neuron tensors",
 ]
 
 
@@ -65,8 +81,8 @@ def test_dashboard_is_a_widget_with_text_and_html_fallbacks(nb: Any) -> None:
     assert (op["op"], op["count"]) == ("aten::atan2.out", 1)
     assert [(s["site"]["cell"], s["site"]["line"], s["site"]["source"]) for s in op["sites"]] == [
         (5, 2, "y = torch.atan2(x, x)")]
-    assert data["tensors"]["total"] == data["tensors"]["allocated"] == 400 + 40 + 400
-    assert state["state"]["live"]["busy"] is False
+    assert data["tensors"]["total"] == data["tensors"]["allocated"] == 400 + 40 + 4000  # after In[11]
+    assert state["state"]["live"]["busy"] is False and state["state"]["follow"] is True
 
 
 def test_static_view_is_updated_in_place_after_each_cell(nb: Any) -> None:
@@ -75,6 +91,39 @@ def test_static_view_is_updated_in_place_after_each_cell(nb: Any) -> None:
     text = bundles[0]["text/plain"]
     assert "aten::atan2.out" in text and "In[5] line 2: y = torch.atan2(x, x)" in text, text
     assert "aten::atan2.out" in bundles[0]["text/html"]
+
+
+def _tensor_lines(cell: Any) -> list[str]:
+    (bundle,) = _bundles(cell)
+    return bundle["text/plain"].splitlines()[1:]
+
+
+def test_single_views_keep_the_state_of_their_cell(nb: Any) -> None:
+    """After the whole notebook ran, each `%neuron tensors` still shows its own cell's tensors."""
+    assert _tensor_lines(nb.cells[6])[0] == "device tensors: 3 storages, 840 B (memory_allocated 840 B)"
+    assert _tensor_lines(nb.cells[8])[0] == "device tensors: 2 storages, 440 B (memory_allocated 440 B)"
+    (bundle,) = [b for b in _bundles(nb.cells[9]) if WIDGET in b]
+    state = nb.metadata["widgets"][STATE]["state"][bundle[WIDGET]["model_id"]]["state"]
+    assert state["follow"] is False and state["data"]["as_of"]["cell"] == 10
+    assert sorted(n for r in state["data"]["tensors"]["rows"] for n in r["names"]) == ["w", "x"]
+    assert bundle["text/plain"].splitlines()[1] == "device tensors: 2 storages, 440 B (memory_allocated 440 B)"
+    # the compiles snapshot of In[6] is its cell's, the fallbacks --live view of In[4] followed to the end
+    assert "aten::atan2.out" in _bundles(nb.cells[3])[0]["text/plain"]
+
+
+def test_neuron_lab_run_shows_each_views_own_state(tmp_path: Path) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(src) for src in TWO_VIEWS]
+    nbformat.write(notebook, tmp_path / "views.ipynb")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
+    proc = subprocess.run([sys.executable, "-m", "neuron_lab", "run", "views.ipynb", "--output", "out.ipynb"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    first, second = (_bundles(out.cells[i])[0]["text/plain"].splitlines() for i in (2, 4))
+    assert first[1] == "device tensors: 1 storages, 1.00 KiB (memory_allocated 1.00 KiB)", first
+    assert first[2].split() == ["1.00", "KiB", "256", "float32", "namespace", "acts,", "Out[2],", "_,", "_2"], first
+    assert second[1:] == ["device tensors: 0 storages, 0 B (memory_allocated 0 B)"], second
 
 
 def test_reports_still_show_under_the_views(nb: Any) -> None:

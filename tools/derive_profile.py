@@ -392,6 +392,17 @@ def _short(path: str) -> str:
     return path.removeprefix("torch_neuronx/")
 
 
+# What a report says of an op that does not run on the device, for a newcomer; the registration that shows it follows
+# as the reason's source (neuron_lab.report.model.SOURCE separates the two).
+SOURCE = "\nsource: "
+FALLBACK_WHY = ("TorchNeuron has no device kernel for this op: its CPU fallback copies the inputs to the CPU, runs "
+                "the op there and copies the result back.")
+HOST_WHY = ("TorchNeuron runs this op on the CPU with a host kernel of its own and copies the result back; "
+            "torch_neuronx.get_fallback_ops() does not list it.")
+UNUSED_WHY = ("TorchNeuron registers a device kernel for this op but never uses it, so its CPU fallback runs the op: "
+              "the inputs go to the CPU and the result comes back.")
+
+
 def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: str,
                   file_commits: dict[str, str]) -> dict:
     by_key: dict[str, list[Registration]] = {}
@@ -413,11 +424,12 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
             reason = f"registered for PrivateUse1: {where} (overloads: {overloads})"
         elif kind == "host":
             notes = "; ".join(sorted({r.note for r in chosen if r.note}))
-            reason = (f"explicit host kernel ({where}): {notes}; get_fallback_ops() does not list it "
+            reason = (f"{HOST_WHY}{SOURCE}explicit host kernel ({where}): {notes}; get_fallback_ops() does not list it "
                       f"(overloads: {overloads})")
         else:
             notes = "; ".join(sorted({r.note for r in chosen if r.note}))
-            reason = f"registered ({where}) but {notes}: the CPU fallback runs it (overloads: {overloads})"
+            reason = (f"{UNUSED_WHY}{SOURCE}registered ({where}) but {notes}: the CPU fallback runs it "
+                      f"(overloads: {overloads})")
         ops[key] = {"kind": kind, "reason": reason}
     served = 0
     for key, why in PYTORCH_SERVED.items():
@@ -456,8 +468,8 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
         "source": source,
         "date": date,
         "provenance": prov,
-        "default": {"kind": "fallback", "reason": f"not registered by TorchNeuron's backend at {commit[:7]}: "
-                                                  "the boxed CPU fallback runs it"},
+        "default": {"kind": "fallback", "reason": f"{FALLBACK_WHY}{SOURCE}not registered by TorchNeuron's backend "
+                                                  f"at {commit[:7]}: the boxed CPU fallback runs it"},
     }
     if ex.downcast:
         profile["downcast_dtypes"] = sorted(ex.downcast)

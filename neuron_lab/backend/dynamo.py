@@ -7,12 +7,22 @@ the graph to the other package's ``neuron`` backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 from neuron_lab import backend
 from neuron_lab.backend.selection import EMULATOR
 
 _OURS = "neuron_lab.backend.dynamo:neuron_backend"
+_graph_listeners: list[Callable[[Any], None]] = []
+
+
+def on_graph(fn: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``fn(gm)`` with each graph Dynamo hands to this backend (the trace layer reads its break reason);
+    returns the unsubscribe function."""
+    _graph_listeners.append(fn)
+    return lambda: _graph_listeners.remove(fn) if fn in _graph_listeners else None
 
 
 def _other_neuron_backend():
@@ -23,6 +33,8 @@ def _other_neuron_backend():
 
 
 def neuron_backend(gm, example_inputs, **kwargs):
+    for fn in list(_graph_listeners):
+        fn(gm)
     d = backend.state()
     if d.kind == EMULATOR:
         from neuron_lab.backend.emulator.compile import compile_graph

@@ -82,5 +82,16 @@ class EmulatorBackend(NeuronBackend):
         return {**super().summary(), "core": self._rt.core, "core_reason": self._rt.core_reason,
                 "topology": self._rt.topology.summary}
 
+    @property
+    def compile_lowerings(self) -> tuple[str, ...]:
+        from neuron_lab.backend.emulator import compile as _compile
+
+        return _compile.LOWERINGS
+
+    def set_compile_lowering(self, name: str | None) -> None:
+        from neuron_lab.backend.emulator import compile as _compile
+
+        _compile.set_lowering(name)
+
     def dynamo_metrics(self) -> list[dict]:
         return [dict(m) for m in self._rt.dynamo_metrics]

@@ -164,6 +164,16 @@ class NeuronBackend(ABC):
     # -- compile -------------------------------------------------------------------------------
     lowering_metric: str | None = None  # the key of a dynamo_metrics() record that times its lowering, in µs
 
+    @property
+    def compile_lowerings(self) -> tuple[str, ...]:
+        """How this backend can run compiled graphs, default first; () where its compiler offers no choice."""
+        return ()
+
+    def set_compile_lowering(self, name: str | None) -> None:
+        """Run graphs compiled from now on with lowering ``name`` (None: the backend's default)."""
+        raise NotImplementedError(f"the {self.kind} backend compiles graphs with its own compiler; "
+                                  "it has no lowering to choose (NeuronLab.compile_lowering applies to the emulator)")
+
     def dynamo_metrics(self) -> list[dict[str, Any]]:
         import torch
 

@@ -19,7 +19,7 @@ import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab import interrupts, modes
-from neuron_lab.checks import agreement, copies, limits, parity, runs
+from neuron_lab.checks import agreement, copies, diff, limits, parity, runs
 from neuron_lab.report.checks import CompareResult, Timing
 from neuron_lab.trace.compiles import CompileTrace
 from neuron_lab.trace.sites import Locator
@@ -94,6 +94,8 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
             compiles = trace.stop()
     a = agreement.build(subject, live, compiled, eager, ("compiled", "eager"))
     a.shared = shared
+    with exclude():
+        diff.mark_unchanged(a.items, live, eager.namespace)
     result = CompareResult(str(device), options.backend, options.fullgraph, options.warmup, options.runs, a,
                            eager_t, compiled_t, compiles.compile_s, compiles.frames, compiles.graphs,
                            list(compiles.breaks), list(compiles.recompiles), list(compiles.failures),

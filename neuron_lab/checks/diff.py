@@ -221,3 +221,20 @@ def _host(t: torch.Tensor) -> torch.Tensor:
 def _scalar(t: torch.Tensor) -> float | str:
     v = t.item()
     return f"{v:.7g}" if isinstance(v, complex) else float(v)
+
+
+def mark_unchanged(items: list[Item], before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Flag the items a run left as it found them (``before``: the objects it ran on copies of), so a report can
+    put what the run made or changed first."""
+    for var in {i.var for i in items if i.var in before and i.var in after}:
+        old, new = dict(leaves(var, before[var])), dict(leaves(var, after[var]))
+        for i in items:
+            if i.var == var and i.name in old and i.name in new:
+                i.unchanged = _same(old[i.name], new[i.name])
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+                and bool(torch.equal(a.detach(), b.detach())))
+    return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b

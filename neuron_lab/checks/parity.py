@@ -2,9 +2,11 @@
 
 The device run is the real one: it works on the user's objects and leaves what a plain run leaves.
 The reference run works on copies of everything the code reads, moved to the reference device, and
-runs eagerly; afterwards every name, and every random generator, is put back. The reference starts
-from the generator states the device run started from (``--seed S`` first seeds every device with
-``S``), with the device's generator replayed on the CPU's when the cell drew from the device's only.
+runs eagerly; afterwards every name, and every random generator, is put back. The reference run's random
+ops give back what the device run's drew (:mod:`neuron_lab.checks.randomness`); where the two stop drawing
+alike, the reference draws from the generator states the device run started from (``--seed S`` first seeds
+every device with ``S``), with the device's generator replayed on the CPU's when the cell drew from the
+device's only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab import interrupts, modes
-from neuron_lab.checks import agreement, copies, limits, runs
+from neuron_lab.checks import agreement, copies, limits, randomness, runs
 from neuron_lab.report.checks import ParityResult
 from neuron_lab.session.devices import parse_device
 from neuron_lab.trace.sites import Locator
@@ -102,29 +104,31 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
     types = {device.type, reference.type}
     start = runs.RngState.now(types)
     downcasts = Downcasts()
-    with downcasts.watching():
+    with downcasts.watching(), randomness.recording(exclude) as recorder:
         try:
             actual = runs.run(subject, locator=locator, exclude=exclude)
         except Exception as e:
             actual = runs.Run(dict(subject.namespace), error=e)
     notes: list[str] = []
     ops_before = _op_calls()
-    with runs.rng_preserved(types) as after:
+    with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer:
         cpu_state = _replay(start, after, device, reference, notes, seeded=options.seed is not None)
         expected = runs.run(subject, rng=lambda: start.restore(cpu_state), ns={**before, **copied.values},
                             device=reference, source=device, mode=modes.EAGER, locator=locator, exclude=exclude)
     stray = _op_calls() - ops_before if reference.type != device.type and device.type == "neuron" else 0
+    drawn = randomness.summary(recorder, replayer)
     a = agreement.build(subject, before, actual, expected, (str(device), str(reference)), names=options.vars,
                         rtol=options.rtol, atol=options.atol)
     a.shared = copied.shared
-    a.notes += notes
+    if not drawn.complete:  # how the generators were lined up matters only for the draws not replayed
+        a.notes += notes
     if stray:
         var = f"the `{subject.device_variable}` variable" if subject.device_variable else "its arguments"
         a.notes.append(f"the {reference} run still ran {stray:,} ops on {device.type}: the code names that device "
                        f"itself instead of using {var}")
     result = ParityResult(str(device), str(reference), options.seed, a, options.rtol, options.atol, actual.seconds,
                           expected.seconds, downcast_emulated(), downcasts.calls, list(downcasts.ops),
-                          profile_name())
+                          profile_name(), randomness=drawn)
     if keep is not None:
         keep(result)
     if actual.error is not None:

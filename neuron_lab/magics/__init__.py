@@ -213,10 +213,10 @@ class NeuronMagics(Magics):
         return self.session.free()
 
     # -- live views -------------------------------------------------------------------------------
-    def _show(self, views: list[str]):
+    def _show(self, views: list[str], live: bool = True):
         from neuron_lab import widgets
 
-        return widgets.show(self.session, views)
+        return widgets.show(self.session, views, live=live)
 
     def cmd_dashboard(self, args):
         from neuron_lab.widgets import VIEWS
@@ -227,16 +227,16 @@ class NeuronMagics(Magics):
         return self._show(list(dict.fromkeys(args.views)) or list(VIEWS))
 
     def cmd_memory(self, args):
-        return self._show(["memory"])
+        return self._show(["memory"], live=args.live)
 
     def cmd_tensors(self, args):
-        return self._show(["tensors"])
+        return self._show(["tensors"], live=args.live)
 
     def cmd_fallbacks(self, args):
-        return self._show(["fallbacks"])
+        return self._show(["fallbacks"], live=args.live)
 
     def cmd_compiles(self, args):
-        return self._show(["compiles"])
+        return self._show(["compiles"], live=args.live)
 
     def cmd_profile(self, args):
         from neuron_lab import backend

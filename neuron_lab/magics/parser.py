@@ -7,6 +7,7 @@ plus the usage of the command it concerns, no traceback.
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
@@ -17,6 +18,15 @@ from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
 LINE_ONLY = ("status", "mode", "report", "reset", "free", "profile", *VIEWS)
 CELL_ONLY = ("compile", "eager", "parity", "compare")
+WIDTH = 100  # columns of the command list in ``%neuron?``
+# What ``%neuron?`` leads with: the common tasks, one real command each (tests parse every one).
+EXAMPLES = (
+    ("%neuron device neuron", "switch the notebook device to neuron:0 (`%neuron device cpu` goes back)"),
+    ("%%neuron compile", "first line of a cell: run its model calls compiled by torch.compile"),
+    ("%neuron report --full", "the last cell's report: its CPU fallbacks, with the lines that caused them"),
+    ("%%neuron parity --against cpu", "first line of a cell: run it on the device and on the CPU, compare"),
+    ("%neuron dashboard", "live tabs: device memory, device tensors, CPU fallbacks, compiles"),
+)
 
 
 class NeuronArgumentParser(MagicArgumentParser):
@@ -91,10 +101,15 @@ def build() -> NeuronArgumentParser:
     v.add_argument("views", nargs="*", metavar="VIEW", help="only these views (memory, tensors, fallbacks, compiles)")
     for name, what in (("memory", "device memory now, its timeline over the session and per-cell deltas, with a "
                                   "free button"),
-                       ("tensors", "the live device tensors, the names that refer to them and what holds them"),
+                       ("tensors", "the device tensors, the names that refer to them and what holds them"),
                        ("fallbacks", "the CPU-fallback inspector: ops that did not run natively, with call sites"),
                        ("compiles", "graphs, graph breaks, recompiles and compile time per cell")):
-        command(name, help=f"live view: {what}")
+        sv = command(name, help=f"view: {what}; the state at the end of its cell, or --live",
+                     description=f"{what[0].upper()}{what[1:]}. A snapshot of the state at the end of this "
+                                 "cell, kept as it is (a notebook reads top to bottom); with --live it follows the "
+                                 "session like `%neuron dashboard`.")
+        sv.add_argument("--live", action="store_true", help="follow the session: update after every cell and "
+                                                            "while cells run")
     pr = command("profile", help="show or switch the op-coverage profile",
                  description="The coverage profile decides which ops the emulator runs natively and which "
                              "it reports as CPU fallbacks.")
@@ -136,9 +151,18 @@ def commands(p: NeuronArgumentParser) -> list[tuple[str, NeuronArgumentParser, s
 
 
 def help_text(p: NeuronArgumentParser) -> str:
-    """The whole help: the overview, then every command's usage and options (``%neuron?``)."""
-    parts = [p.format_help().rstrip()]
-    parts += [f"--- {name} ---\n{sp.format_help().rstrip()}" for name, sp, _ in commands(p)]
+    """The whole help (``%neuron?``): what it is, the common tasks as examples, the commands in one line each,
+    then every command's usage and options, as IPython's own magics lead with usage before the reference."""
+    width = max(len(line) for line, _ in EXAMPLES) + 2
+    examples = "\n".join(f"  {line:<{width}}# {comment}" for line, comment in EXAMPLES)
+    listed = commands(p)
+    name_width = max(len(name) for name, _, _ in listed) + 2
+    summary = "\n".join(textwrap.fill(help, WIDTH, initial_indent=f"  {name:<{name_width}}",
+                                       subsequent_indent=" " * (name_width + 2)) for name, _, help in listed)
+    parts = [f"%neuron COMMAND [options]     a line magic\n%%neuron COMMAND [options]    the first line of a cell"
+             f"\n\n{textwrap.fill(p.description or '', WIDTH)}", f"Examples:\n{examples}", f"Commands:\n{summary}",
+             "Reference: each command's usage and options"]
+    parts += [f"--- {name} ---\n{sp.format_help().rstrip()}" for name, sp, _ in listed]
     return "\n\n".join(parts)
 
 

@@ -35,7 +35,7 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
                 into.stacks.extend(st for st in sc.stacks if st not in into.stacks)
     for m in rows.values():
         m.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-    return sorted(rows.values(), key=lambda r: (kinds.order(r.kind), -r.count, r.op))
+    return sorted(rows.values(), key=kinds.row_order)
 
 
 def merge_reports(rs: list[Report]) -> Report:

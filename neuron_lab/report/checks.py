@@ -40,6 +40,7 @@ class Item:
     expected_value: float | str | None = None
     rtol: float = 0.0
     atol: float = 0.0
+    unchanged: bool = False  # the run left it as it found it (an input, a parameter nothing stepped)
 
 
 @dataclass
@@ -107,6 +108,23 @@ class _Rendered(ShownAsText):
         return render_check_html(self)
 
 
+@dataclass
+class Randomness:
+    """How a parity check made the random draws of its two runs comparable (:mod:`neuron_lab.checks.randomness`)."""
+
+    drawn: int = 0  # random op calls in the device run
+    replayed: int = 0  # of them, served to the reference run in the same order
+    ops: list[tuple[str, int]] = field(default_factory=list)  # the device run's random ops, most called first
+    own: int = 0  # random op calls of the reference run that drew from its own generators
+    unrecorded: int = 0  # device draws past the recording limit
+    differs: str | None = None  # where the two runs stopped drawing alike
+
+    @property
+    def complete(self) -> bool:
+        """Every random draw of either run was the device run's."""
+        return self.replayed == self.drawn and not self.own and self.differs is None
+
+
 @dataclass(repr=False)  # _Rendered.__repr__: the one-line summary
 class ParityResult(_Rendered):
     """``%%neuron parity``: the cell on the notebook device against a reference device."""
@@ -124,6 +142,7 @@ class ParityResult(_Rendered):
     downcast_ops: list[str] = field(default_factory=list)
     profile: str | None = None
     kind: str = "parity"
+    randomness: Randomness = field(default_factory=Randomness)
 
     @property
     def passed(self) -> bool:
@@ -133,6 +152,9 @@ class ParityResult(_Rendered):
         d = asdict(self)
         d["passed"] = self.passed
         return d
+
+
+MIN_RUNS = 3  # timed runs per mode before a difference is told from noise
 
 
 @dataclass
@@ -153,6 +175,14 @@ class Timing:
     @property
     def max_s(self) -> float:
         return max(self.runs_s, default=self.first_s)
+
+    @property
+    def quartiles_s(self) -> tuple[float, float] | None:
+        """The interquartile range of the timed runs (the middle half); None under :data:`MIN_RUNS` runs."""
+        if len(self.runs_s) < MIN_RUNS:
+            return None
+        q1, _, q3 = statistics.quantiles(self.runs_s, n=4, method="inclusive")
+        return q1, q3
 
 
 @dataclass(repr=False)  # _Rendered.__repr__: the one-line summary
@@ -187,6 +217,16 @@ class CompareResult(_Rendered):
         return self.eager.median_s / self.compiled.median_s
 
     @property
+    def within_noise(self) -> bool | None:
+        """Whether the two modes' interquartile ranges overlap: their difference is within the runs' own spread.
+        None: a mode raised, or too few runs to tell."""
+        e = self.eager.quartiles_s if self.eager is not None else None
+        c = self.compiled.quartiles_s if self.compiled is not None else None
+        if e is None or c is None:
+            return None
+        return e[0] <= c[1] and c[0] <= e[1]
+
+    @property
     def compile_cost_s(self) -> float | None:
         """What the compiled first run cost beyond a steady-state run."""
         if self.compiled is None:
@@ -195,9 +235,10 @@ class CompareResult(_Rendered):
 
     @property
     def break_even(self) -> int | None:
-        """Runs of the cell after which compiling has paid for itself (None: it never does)."""
+        """Runs of the cell after which compiling has paid for itself (None: it never does, or the timings
+        cannot tell: :attr:`within_noise` is not False)."""
         e, c = self.eager, self.compiled
-        if e is None or c is None or c.median_s >= e.median_s:
+        if e is None or c is None or c.median_s >= e.median_s or self.within_noise is not False:
             return None
         # n runs cost first + (n-1) * median in each mode
         extra = c.first_s - e.first_s
@@ -212,5 +253,5 @@ class CompareResult(_Rendered):
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(passed=self.passed, speedup=self.speedup, compile_cost_s=self.compile_cost_s,
-                 break_even=self.break_even)
+                 break_even=self.break_even, within_noise=self.within_noise)
         return d

@@ -8,16 +8,23 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from neuron_lab.kinds import Kind
 from neuron_lab.report.model import GraphBreak, OpRow, Recompile, Report
 from neuron_lab.report.text import (
     FOLD,
+    agreeing_text,
     agreement_notes,
     check_summary_line,
     compare_facts,
     divergence_lines,
+    host_timed,
     item_header,
     item_rows,
+    one_line,
+    oom_lines,
+    ordered_items,
     parity_head,
+    section_refs,
     summary_line,
     timing_rows,
     verdict,
@@ -56,21 +63,76 @@ def _site_cells(row: OpRow, full: bool) -> str:
     return "<br>".join(parts)
 
 
-def _op_rows(rows: list[OpRow], full: bool) -> list[list[str]]:
-    return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}", escape(format_seconds(r.host_ns / 1e9)),
-             escape(", ".join(f"{list(s)} {d}" for s, d in zip(r.shapes, r.dtypes))), escape(r.reason),
-             _site_cells(r, full)] for r in rows]
+def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -> list[list[str]]:
+    return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}",
+             *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
+             escape(", ".join(f"{list(s)} {d}" for s, d in zip(r.shapes, r.dtypes))),
+             f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why), _site_cells(r, full)] for r in rows]
 
 
-def op_table(title: str, rows: list[OpRow], full: bool = False) -> str:
-    """A titled, folded table of ops that did not run natively, with their call sites (stacks when ``full``)."""
-    return folded(title, ["op", "calls", "host time", "first shapes", "why", "called from"], _op_rows(rows, full))
+def op_table(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None) -> str:
+    """A titled, folded table of ops that did not run natively, with their call sites (stacks when ``full``); the why
+    column holds the number of the reason in ``refs`` (the reason itself when ``refs`` is None)."""
+    timed = host_timed(rows)
+    header = ["op", "calls", *(["host time"] if timed else []), "first shapes", "why", "called from"]
+    return folded(title, header, _op_rows(rows, full, timed, refs or {}))
+
+
+def reasons_html(refs: dict[str, int]) -> str:
+    """The numbered reasons a report's rows refer to, each once, its source as a note."""
+    if not refs:
+        return ""
+    items = []
+    for reason, n in refs.items():
+        row = OpRow("", "", reason)
+        note = f"<br><small>source: {escape(row.source)}</small>" if row.source else ""
+        items.append(f"<div>[{n}] {escape(row.why)}{note}</div>")
+    return f"<div><b>why</b>{''.join(items)}</div>"
+
+
+def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = False) -> str:
+    """Sections of op rows as every HTML view shows them (the facts of :func:`~neuron_lab.report.text.op_sections`);
+    rows past the fold are in the page, so their reasons are numbered too."""
+    refs = section_refs(sections, full, None)
+    parts = []
+    for kind, rows in sections:
+        if kind.one_line and not full:
+            parts.append(f"<div>{escape(one_line(kind, rows))}</div>")
+            continue
+        title = f"{kind.title}: {sum(x.count for x in rows):,} calls" if kind.off_device else kind.title
+        parts.append(op_table(title, rows, full, refs))
+    return "".join(parts) + reasons_html(refs)
+
+
+def oom_html(r: Report) -> str:
+    """What held the device when the window ran out of its memory (the same facts as the text's lines)."""
+    if r.oom is None:
+        return ""
+    lines = oom_lines(r)
+    rows = [[escape(format_size(t.bytes)), escape(", ".join(t.names) or "-"),
+             escape(f"{list(t.shape) if t.shape is not None else '?'} {t.dtype or ''}".rstrip()),
+             f"{t.storages:,}", escape(t.held_by)] for t in r.oom.tensors]
+    if r.oom.more:
+        rows.append([escape(format_size(r.oom.more)), "in smaller storages", "", "", ""])
+    tail = "".join(f"<div>{escape(x)}</div>" for x in lines[1 + len(rows):])
+    return (f"<div><b>{escape(lines[0])}</b>{table(['bytes', 'names', 'shape', 'storages', 'held by'], rows)}"
+            f"{tail}</div>")
+
+
+def _break_why(b: GraphBreak) -> str:
+    """The plain reason, then the fix and dynamo's own words, smaller."""
+    parts = [escape(b.reason)]
+    if b.hint:
+        parts.append(f"<br><b>fix</b>: {escape(b.hint)}")
+    if b.note and b.note != b.reason:
+        parts.append(f"<br><small>dynamo: <code>{escape(b.note)}</code></small>")
+    return "".join(parts)
 
 
 def compile_events_html(breaks: list[GraphBreak], recompiles: list[Recompile], failures: list[str]) -> str:
     """Graph breaks, recompiles and failed compiles in one folded table ("" when there are none)."""
     rows = [["graph break", escape(b.site.label) if b.site else "?", escape(b.site.source) if b.site else "",
-             escape(b.reason)] for b in breaks]
+             _break_why(b)] for b in breaks]
     rows += [["recompile", escape(x.site.label) if x.site else "?", escape(x.code), escape(x.reason)]
              for x in recompiles]
     rows += [["failure", "", "", escape(f)] for f in failures]
@@ -90,9 +152,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
                                                 format_size(m.peak), format_size(m.capacity),
                                                 format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
                                                 format_size(r.d2h_bytes))]])]
-    for kind, rows in r.sections():
-        title = f"{kind.title}: {sum(x.count for x in rows):,} calls" if kind.off_device else kind.title
-        parts.append(op_table(title, rows, full))
+    parts.append(op_sections_html(r.sections(), full))
     if r.profile and r.fallbacks:
         parts.append(f"<div>predicted by the coverage profile <code>{escape(r.profile)}</code></div>")
     c = r.compiles
@@ -105,6 +165,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
               for c in r.checks]
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
+    parts.append(oom_html(r))
     return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
 
 
@@ -113,11 +174,16 @@ def _divs(lines: list[str]) -> str:
     return "".join(f"<div>{escape(x)}</div>" for x in lines)
 
 
-def _agreement_html(a: Any) -> str:
-    parts = [_divs(divergence_lines(a))]
-    if a.items:
-        rows = sorted(item_rows(a), key=lambda r: r[1] == "ok")  # failures first, then the folded rest
-        parts.append(folded("", item_header(a), [[escape(c) for c in r] for r in rows]))
+def _agreement_html(a: Any, divergence: bool = True) -> str:
+    """The items over tolerance in a table, the agreeing ones folded behind a <details> that counts them."""
+    parts = [_divs(divergence_lines(a))] if divergence else []
+    failed, agreeing = ordered_items(a)
+    if failed:
+        parts.append(table(item_header(a), [[escape(c) for c in r] for r in item_rows(a, failed)]))
+    if agreeing:
+        rows = [[escape(c) for c in r] for r in item_rows(a, agreeing)]
+        parts.append(f"<details><summary>{escape(agreeing_text(agreeing))}</summary>"
+                     f"{table(item_header(a), rows)}</details>")
     return "".join(parts) + _divs(agreement_notes(a))
 
 
@@ -132,4 +198,4 @@ def render_check_html(result: Any) -> str:
                 f"{compile_events_html(result.breaks, result.recompiles, result.failures)}"
                 f"<div>numeric agreement, compiled against eager: {escape(verdict(result.agreement))}</div>")
     return (f"<div class='neuron-lab-check' style='font-family:monospace;font-size:12px'>{body}"
-            f"{_agreement_html(result.agreement)}</div>")
+            f"{_agreement_html(result.agreement, divergence=result.kind != 'parity')}</div>")

@@ -14,6 +14,8 @@ from typing import Any
 from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, Kind, sections
 from neuron_lab.units import ShownAsText
 
+SOURCE = "\nsource: "  # a reason's sentence for a newcomer, then where the fact comes from (an issue, a table)
+
 
 @dataclass(frozen=True)
 class Site:
@@ -58,6 +60,16 @@ class OpRow:
     def host_ms(self) -> float:
         return self.host_ns / 1e6
 
+    @property
+    def why(self) -> str:
+        """The reason in plain words, without its source."""
+        return self.reason.partition(SOURCE)[0]
+
+    @property
+    def source(self) -> str:
+        """Where the reason comes from (a GitHub issue, a compatibility table, a benchmark); "" when not given."""
+        return self.reason.partition(SOURCE)[2]
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpRow:
         """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
@@ -82,9 +94,34 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class HeldTensor:
+    """Device storages that one holder kept when the window ran out of device memory (views and the items of one
+    list merged): what filled the device."""
+
+    names: tuple[str, ...]  # "parts[0…9]", "model.fc.weight", "grow.<locals>.parts[0…9]"
+    shape: tuple[int, ...] | None  # of one storage
+    dtype: str | None
+    bytes: int  # all of them together
+    storages: int
+    held_by: str  # as neuron_lab.session.tensors names holders: "namespace", "IPython traceback", ...
+
+
+@dataclass
+class OutOfMemory:
+    """What held the device when the window ended with its out-of-memory error, and what was given back after."""
+
+    allocated: int  # device bytes allocated once the error unwound
+    tensors: list[HeldTensor] = field(default_factory=list)  # the biggest first
+    more: int = 0  # bytes of the storages not listed
+    freed: int = 0  # bytes the failing frames held, freed once the report was built (0 when they were kept)
+
+
+@dataclass(frozen=True)
 class GraphBreak:
-    reason: str
+    reason: str  # in plain words ("Python `if` on a tensor's value ...")
     site: Site | None
+    note: str = ""  # dynamo's own words, short ("generic_jump TensorVariable()")
+    hint: str = ""  # how to avoid the break, dynamo's own hint where it gives one
 
 
 @dataclass(frozen=True)
@@ -130,6 +167,7 @@ class Report(ShownAsText):
     detail: str = "table"  # how renderers show it: "summary" (one line), "table", "full" (with stacks)
     profile: str | None = None  # the coverage profile that classified the ops (None: the device reported them)
     checks: list[Any] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
+    oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
 
     # -- the views renderers use ----------------------------------------------------------
     @property
@@ -188,12 +226,19 @@ class Report(ShownAsText):
         rows = [OpRow.from_dict(r) for r in d["ops_not_native"]]
         c = d["compiles"]
         compiles = Compiles(c["frames"], c["graphs"], c["compile_s"],
-                            [GraphBreak(b["reason"], _site(b["site"])) for b in c["breaks"]],
+                            [GraphBreak(b["reason"], _site(b["site"]), b.get("note", ""), b.get("hint", ""))
+                             for b in c["breaks"]],
                             [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
                             list(c["failures"]))
+        oom = d.get("oom")
+        if oom is not None:
+            oom = OutOfMemory(oom["allocated"], [HeldTensor(tuple(t["names"]), None if t["shape"] is None
+                                                            else tuple(t["shape"]), t["dtype"], t["bytes"],
+                                                            t["storages"], t["held_by"]) for t in oom["tensors"]],
+                              oom["more"], oom["freed"])
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
-                   d["detail"], profile=d.get("profile"))
+                   d["detail"], profile=d.get("profile"), oom=oom)
 
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:

@@ -38,15 +38,58 @@ def summary_line(r: Report) -> str:
     return "neuron_lab " + " · ".join(parts)
 
 
-def op_lines(title: str, rows: list[OpRow], full: bool = False) -> list[str]:
-    """A titled list of ops that did not run natively, each with its reason and call sites (stacks when ``full``)."""
+def host_timed(rows: list[OpRow]) -> bool:
+    """Whether the rows' host time is worth a column: kinds that run nothing on the host (a downcast is a note on a
+    device call) would only show "0 µs"."""
+    return any(r.host_ns for r in rows)
+
+
+def reason_numbers(rows: list[OpRow]) -> dict[str, int]:
+    """Each distinct reason of ``rows``, numbered from 1 in the order the rows show them: a report explains each
+    once and its rows refer to the number."""
+    refs: dict[str, int] = {}
+    for r in rows:
+        refs.setdefault(r.reason, len(refs) + 1)
+    return refs
+
+
+def reason_lines(refs: dict[str, int]) -> list[str]:
+    """The numbered reasons, each with its source as a note."""
+    lines = ["why:"] if refs else []
+    for reason, n in refs.items():
+        row = OpRow("", "", reason)
+        lines.append(f"  [{n}] {row.why}")
+        if row.source:
+            lines.append(f"      source: {row.source}")
+    return lines
+
+
+def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
+    """A section that ``kind.one_line`` folds: its calls, the dtypes involved and the busiest ops, in one line."""
+    total = sum(r.count for r in rows)
+    wide = sorted({d for r in rows for d in r.dtypes if d.endswith("64") and not d.startswith("complex")})
+    dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
+    busiest = sorted(rows, key=lambda r: (-r.count, r.op))
+    ops = ", ".join(f"{r.op} ×{r.count:,}" for r in busiest[:3])
+    if len(rows) > 3:
+        ops += f", … {count(len(rows) - 3, 'more op')}"
+    return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"
+
+
+def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None) -> list[str]:
+    """A titled list of ops that did not run natively, each with its call sites (stacks when ``full``) and the number
+    of its reason in ``refs`` (the reason itself when ``refs`` is None)."""
     total = sum(x.count for x in rows)
-    host = sum(x.host_ns for x in rows) / 1e9
-    lines = [f"{title} ({count(len(rows), 'op')}, {count(total, 'call')}, {format_seconds(host)} on the host):"]
+    timed = host_timed(rows)
+    host = f", {format_seconds(sum(x.host_ns for x in rows) / 1e9)} on the host" if timed else ""
+    lines = [f"{title} ({count(len(rows), 'op')}, {count(total, 'call')}{host}):"]
     shown = rows if full else rows[:FOLD]
     for row in shown:
-        lines.append(f"  {row.op:<32} {row.count:>7,}×  {format_seconds(row.host_ns / 1e9):>9}  {_shape(row)}")
-        lines.append(f"      why: {row.reason}")
+        time = f"  {format_seconds(row.host_ns / 1e9):>9}" if timed else ""
+        why = f"  why [{refs[row.reason]}]" if refs is not None and row.reason in refs else ""
+        lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {_shape(row)}{why}".rstrip())
+        if refs is None:
+            lines.append(f"      why: {row.why}")
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
             lines.append(f"      at {sc.site.label}: {sc.site.source}  ({sc.count:,}×)")
@@ -63,6 +106,39 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False) -> list[str]:
     return lines
 
 
+def section_refs(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool, limit: int | None) -> dict[str, int]:
+    """The reasons of the rows shown in tables (the first ``limit`` of each section), numbered."""
+    return reason_numbers([row for kind, rows in sections if not (kind.one_line and not full) for row in rows[:limit]])
+
+
+def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = False) -> list[str]:
+    """Sections of op rows (:meth:`Report.sections`) as every text view shows them: a table each (one line for a kind
+    that ``one_line`` folds, unless ``full``), then each reason once."""
+    refs = section_refs(sections, full, None if full else FOLD)
+    lines = []
+    for kind, rows in sections:
+        lines += [one_line(kind, rows)] if kind.one_line and not full else op_lines(kind.title, rows, full, refs)
+    return lines + reason_lines(refs)
+
+
+def oom_lines(r: Report) -> list[str]:
+    """What held the device when the window ran out of its memory, biggest first, and what was freed after."""
+    o = r.oom
+    if o is None:
+        return []
+    lines = [f"out of memory: {format_size(o.allocated)} held when the error unwound, by:"]
+    for t in o.tensors:
+        what = f"{t.storages} × " if t.storages > 1 else ""
+        shape = f"{what}{list(t.shape) if t.shape is not None else '?'} {t.dtype or ''}".rstrip()
+        lines.append(f"  {format_size(t.bytes):>12}  {', '.join(t.names) or '-'}  ({shape}; {t.held_by})")
+    if o.more:
+        lines.append(f"  {format_size(o.more):>12}  in smaller storages (`%neuron tensors` lists them all)")
+    if o.freed:
+        lines.append(f"freed after the error: {format_size(o.freed)} the failing frames held "
+                     "(`%config NeuronLab.oom_traceback = 'full'` keeps them for %debug)")
+    return lines
+
+
 def compile_event_lines(breaks: list[GraphBreak], recompiles: list[Recompile], failures: list[str],
                         limit: int | None = None) -> list[str]:
     """Graph breaks and recompiles (``limit`` of each at most), where and why, then the compiles that failed."""
@@ -70,6 +146,10 @@ def compile_event_lines(breaks: list[GraphBreak], recompiles: list[Recompile], f
     for b in breaks[:limit]:
         where = f"{b.site.label}: {b.site.source}" if b.site else "unknown line"
         lines.append(f"  graph break at {where}\n      why: {b.reason}")
+        if b.hint:
+            lines.append(f"      fix: {b.hint}")
+        if b.note and b.note != b.reason:
+            lines.append(f"      dynamo: {b.note}")
     for rc in recompiles[:limit]:
         where = f" ({rc.site.label})" if rc.site else ""
         lines.append(f"  recompile of {rc.code}{where}\n      guard: {rc.reason}")
@@ -88,8 +168,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
              f"peak {format_size(m.peak)} of {format_size(m.capacity)}; host RSS {format_delta(m.host_rss_delta)}"]
     if r.h2d_bytes or r.d2h_bytes:
         lines.append(f"copies: host→device {format_size(r.h2d_bytes)}, device→host {format_size(r.d2h_bytes)}")
-    for kind, rows in r.sections():
-        lines += op_lines(kind.title, rows, full)
+    lines += op_sections(r.sections(), full)
     if r.profile and r.fallbacks:
         lines.append(f"predicted by the coverage profile {r.profile} (`%neuron profile NAME` switches)")
     c = r.compiles
@@ -103,6 +182,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
     lines += [render_check_text(c) if full else f"check: {check_summary_line(c)}" for c in r.checks]
     if r.error:
         lines.append(f"raised: {r.error}")
+    lines += oom_lines(r)
     return "\n".join(lines)
 
 
@@ -119,7 +199,7 @@ def verdict(a: Any) -> str:
         return f"FAIL: the {who} run raised {err}"
     n = len(a.items)
     if a.passed:
-        return f"agree ({n} item{'s' * (n != 1)}" + (f", {a.steps} steps" if a.steps else "") + ")"
+        return f"agree ({count(n, 'item')}" + (f", {count(a.steps, 'step')}" if a.steps else "") + ")"
     bad = len(a.failed)
     if bad:
         return f"FAIL ({bad} of {n} items over tolerance)"
@@ -146,15 +226,21 @@ def check_summary_line(result: Any) -> str:
         parts = [f"parity {result.device} vs {result.reference}: {verdict(a)}"]
         if a.divergence is not None and not a.passed and not (a.actual_error or a.expected_error):
             parts.append(f"first: {divergence_text(a.divergence)}")
+        r = result.randomness
+        if not a.passed and not r.complete:
+            parts.append(f"random draws not replayed from op {r.replayed + 1} on")
         return " · ".join(parts)
     if result.eager is None or result.compiled is None:
         return f"compare eager vs compiled ({result.backend}): {verdict(a)}"
-    be = result.break_even
+    be, noise = result.break_even, result.within_noise
     parts = [f"compare eager {format_seconds(result.eager.median_s)} vs compiled "
-             f"{format_seconds(result.compiled.median_s)}: {result.speedup:.2f}×",
-             f"compile {format_seconds(result.compile_cost_s or 0.0)}",
-             "never breaks even" if be is None else f"breaks even after {be:,} runs",
-             f"outputs {verdict(a)}"]
+             f"{format_seconds(result.compiled.median_s)}: " +
+             ("within noise" if noise else f"{result.speedup:.2f}×" + (", too few runs to tell from noise"
+                                                                         if noise is None else "")),
+             f"compile {format_seconds(result.compile_cost_s or 0.0)}"]
+    if noise is False:
+        parts.append("never breaks even" if be is None else f"breaks even after {be:,} runs")
+    parts.append(f"outputs {verdict(a)}")
     if result.breaks or result.recompiles:
         parts.append(f"{count(len(result.breaks), 'graph break')}, {count(len(result.recompiles), 'recompile')}")
     return " · ".join(parts)
@@ -175,12 +261,27 @@ def check_context(result: Any) -> str:
     return " · ".join(parts)
 
 
+def randomness_line(result: Any) -> list[str]:
+    """How a parity check handled random ops, in one line ([] when neither run drew)."""
+    r = result.randomness
+    if not r.drawn and not r.own:
+        return []
+    ops = ", ".join(f"{op.removeprefix('aten::')} ×{n}" for op, n in r.ops)
+    if r.complete:
+        return [f"randomness: {count(r.drawn, 'random op')} ({ops}) replayed from the {result.device} run"]
+    return [f"randomness: {r.replayed} of {count(r.drawn, 'random op')} replayed from the {result.device} run, "
+            f"then the runs drew differently ({r.differs}); later draws come from each run's own generators, so "
+            f"what depends on them can differ"]
+
+
 def parity_head(result: Any) -> list[str]:
-    """The lines above a parity check's items: verdict, timings, seed, tolerances, context."""
+    """The lines above a parity check's items: verdict, first divergence, randomness, timings, seed, tolerances,
+    context."""
     tol = "dtype defaults (as torch.testing.assert_close)" if result.rtol is None else \
         f"rtol {result.rtol:g}, atol {result.atol:g}"
     seed = "random generators as the cell found them" if result.seed is None else f"seed {result.seed}"
-    return [f"neuron_lab {check_summary_line(result)}",
+    return [f"neuron_lab {check_summary_line(result)}", *divergence_lines(result.agreement),
+            *randomness_line(result),
             f"{result.device} {format_seconds(result.device_s)}, {result.reference} (eager, on copies) "
             f"{format_seconds(result.reference_s)} · {seed} · tolerances: {tol}",
             check_context(result)]
@@ -203,13 +304,34 @@ def compare_facts(result: Any) -> list[str]:
     be = result.break_even
     out = []
     if result.speedup is not None:
-        out.append(f"speedup {result.speedup:.2f}× · compile cost {format_seconds(result.compile_cost_s or 0.0)} "
-                   f"(dynamo and backend {format_seconds(result.compile_s)}, "
-                   f"{count(result.frames, 'frame compile')}, {count(result.graphs, 'graph')}) · " +
-                   ("never breaks even" if be is None else f"breaks even after {be:,} runs"))
+        cost = (f"compile cost {format_seconds(result.compile_cost_s or 0.0)} (dynamo and backend "
+                f"{format_seconds(result.compile_s)}, {count(result.frames, 'frame compile')}, "
+                f"{count(result.graphs, 'graph')})")
+        out.append(" · ".join([noise_text(result), cost] + (
+            [] if result.within_noise is not False else
+            ["never breaks even" if be is None else f"breaks even after {be:,} runs"])))
     out.append(f"backend {result.backend}" + (", fullgraph" if result.fullgraph else "") + " · " +
                check_context(result))
     return out
+
+
+def noise_text(result: Any) -> str:
+    """The speed-up of a compare check, or why there is none to claim: the interquartile ranges (the middle half of
+    each mode's timed runs) overlap, or too few runs."""
+    noise, ratio = result.within_noise, f"{result.speedup:.2f}×"
+    if noise is None:
+        return (f"median ratio {ratio} from {len(result.eager.runs_s)} and {len(result.compiled.runs_s)} runs, too "
+                f"few to tell from noise (--runs 3 or more): no speed-up claimed")
+
+    def iqr(t: Any) -> str:
+        q1, q3 = t.quartiles_s
+        return f"{format_seconds(q1)}–{format_seconds(q3)}"
+
+    ranges = f"interquartile ranges eager {iqr(result.eager)}, compiled {iqr(result.compiled)}"
+    if noise:
+        return (f"within noise: the {ranges} overlap, so no speed-up or break-even is claimed "
+                f"(median ratio {ratio}; more --runs may separate them)")
+    return f"speedup {ratio} (the {ranges} do not overlap)"
 
 
 def _num(x: float | str | None) -> str:
@@ -236,12 +358,35 @@ def item_header(a: Any) -> list[str]:
     return ["item", "result", "max abs", "max rel", "worst at", a.actual, a.expected, "rtol/atol", "dtype, shape"]
 
 
-def item_rows(a: Any) -> list[list[str]]:
-    """One row of text per compared item, in the agreement's order (``result`` is ``ok`` or ``FAIL``)."""
+def item_rows(a: Any, items: list[Any] | None = None) -> list[list[str]]:
+    """One row of text per compared item (``items``, else the agreement's, in its order); ``result`` is ``ok`` or
+    ``FAIL``."""
     return [[i.name, "ok" if i.passed else "FAIL", _num(i.max_abs), _num(i.max_rel),
              "-" if i.worst is None else str(list(i.worst)), _val(i.actual_value), _val(i.expected_value),
              f"{i.rtol:g}/{i.atol:g}", _dtype_shape(i) + (f"  {i.problem}" if i.problem else "")]
-            for i in a.items]
+            for i in (a.items if items is None else items)]
+
+
+def ordered_items(a: Any) -> tuple[list[Any], list[Any]]:
+    """(the items over tolerance, the agreeing ones): each in the agreement's order, what the run left unchanged
+    (inputs, parameters nothing stepped) after what it made or changed."""
+    return a.failed, [i for i in a.items if i.passed and not i.unchanged] + [i for i in a.items if i.unchanged
+                                                                              and i.passed]
+
+
+def agreeing_text(items: list[Any]) -> str:
+    """Agreeing items folded to one line: how many, by variable, the changed ones first."""
+    def by_var(group: list[Any]) -> str:
+        n: dict[str, int] = {}
+        for i in group:
+            n[i.var or i.name] = n.get(i.var or i.name, 0) + 1
+        names = [v if k == 1 else f"{v} ({k})" for v, k in n.items()]
+        return ", ".join(names[:8]) + (f", … {len(names) - 8} more" if len(names) > 8 else "")
+
+    changed, unchanged = [i for i in items if not i.unchanged], [i for i in items if i.unchanged]
+    parts = [by_var(changed)] if changed else []
+    parts += [f"unchanged by the run: {by_var(unchanged)}"] if unchanged else []
+    return f"{count(len(items), 'item')} agree: " + "; ".join(parts)
 
 
 def divergence_lines(a: Any) -> list[str]:
@@ -270,15 +415,15 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def _agreement_lines(a: Any) -> list[str]:
-    lines = divergence_lines(a)
-    if a.items:
-        rows = item_rows(a)
-        shown = ([r for r in rows if r[1] != "ok"] + [r for r in rows if r[1] == "ok"])[:CHECK_FOLD]  # failures first
-        lines += _columns([item_header(a), *shown])
-        if len(shown) < len(rows):
-            ok = sum(1 for i in a.items if i.passed)
-            lines.append(f"  … {len(rows) - len(shown)} more items ({ok} agree)")
+def _agreement_lines(a: Any, divergence: bool = True) -> list[str]:
+    """The items: all of them when they are few, else those over tolerance and a count of the agreeing rest."""
+    lines = divergence_lines(a) if divergence else []
+    failed, agreeing = ordered_items(a)
+    if len(a.items) <= CHECK_FOLD:
+        lines += _columns([item_header(a), *item_rows(a, failed + agreeing)]) if a.items else []
+    else:
+        lines += _columns([item_header(a), *item_rows(a, failed)]) if failed else []
+        lines += [f"  {'+ ' if failed else ''}{agreeing_text(agreeing)}"] if agreeing else []
     return lines + agreement_notes(a)
 
 
@@ -286,7 +431,7 @@ def render_check_text(result: Any) -> str:
     """A :class:`~neuron_lab.report.checks.ParityResult` or ``CompareResult`` in full."""
     a = result.agreement
     if result.kind == "parity":
-        return "\n".join(parity_head(result) + _agreement_lines(a))
+        return "\n".join(parity_head(result) + _agreement_lines(a, divergence=False))
     return "\n".join([f"neuron_lab {check_summary_line(result)}", *_columns(timing_rows(result)),
                       *compare_facts(result),
                       *compile_event_lines(result.breaks, result.recompiles, result.failures),

@@ -2,12 +2,14 @@
 
 The executed notebook already holds each cell's report inline: the extension displays it under the
 cell (text/plain and text/html), and nbclient keeps that output like any other, so the HTML export
-shows the reports where Jupyter shows them.
+shows the reports where Jupyter shows them. Above the first cell the HTML has the run's summary and
+gate verdicts (``page.head``); the executed notebook stays as the kernel left it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,16 @@ def write_notebook(nb: Any, path: str) -> None:
     nbformat.write(nb, _target(path))
 
 
-def write_html(nb: Any, path: str) -> None:
+def write_html(nb: Any, path: str, head: str = "") -> None:
+    """The notebook as nbconvert's HTML, with ``head`` first in the page's body (inside ``<main>``, where the
+    cells are, so it takes their width)."""
     from nbconvert import HTMLExporter  # imports jinja2 and the templates: only when asked for
 
     body, _ = HTMLExporter().from_notebook_node(nb)
+    if head:
+        at = re.search(r"<main[^>]*>|<body[^>]*>", body)
+        end = at.end() if at else 0
+        body = f"{body[:end]}\n{head}\n{body[end:]}"
     _target(path).write_text(body, encoding="utf-8")
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from neuron_lab.runner import execute, export, gates, inputs, options, progress, summary
+from neuron_lab.runner import execute, export, gates, inputs, options, page, progress, summary
 from neuron_lab.runner.records import FAILED
 
 
@@ -121,7 +121,9 @@ def _write(args: argparse.Namespace, program: inputs.Program, outcome: execute.O
     if args.output_file:
         ok &= attempt("--output", args.output_file, lambda: export.write_notebook(program.nb, args.output_file))
     if args.html_file:
-        ok &= attempt("--html", args.html_file, lambda: export.write_html(program.nb, args.html_file))
+        head = page.head(f"neuron-lab run {program.path}", f"exit {code}: {_why(code, code, checked)}", result,
+                         checked)
+        ok &= attempt("--html", args.html_file, lambda: export.write_html(program.nb, args.html_file, head))
     if not ok and code == options.EXIT_OK:
         code = options.EXIT_USAGE
     if args.json_file:

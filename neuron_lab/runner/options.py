@@ -29,6 +29,22 @@ MEANINGS = {
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
 
+# `neuron-lab run --help` ends with these (tests parse each one with the real parser).
+EXAMPLES = (
+    ("neuron-lab run nb.ipynb", "each cell's report, then the summary"),
+    ("neuron-lab run nb.ipynb --html run.html --json run.json", "HTML led by summary and gates"),
+    ("neuron-lab run nb.ipynb --fail-on-fallback --allow-fallback normal", "CI: no CPU fallback but normal"),
+    ("neuron-lab run nb.ipynb --max-peak-memory 2GiB", "CI: no cell over 2 GiB on the device"),
+    ("neuron-lab run train.py --timeout 600", "a `# %%` script, 10 minutes per cell"),
+)
+
+
+def examples(rows: tuple[tuple[str, str], ...]) -> str:
+    """Example commands, one a line with its comment after ``#``, aligned, as an argparse epilog shows them."""
+    width = max(len(command) for command, _ in rows) + 2
+    return "".join(f"  {command:<{width}}# {comment}\n" for command, comment in rows)
+
+
 EPILOG = "exit codes:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in MEANINGS.items()) + f"""\
 A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both; Ctrl-C (130) all.
 --json, --html and --output are written in every case but {EXIT_USAGE}, with the cells that ran.
@@ -36,9 +52,7 @@ A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) out
 A script (.py) runs as one cell per `# %%` chunk (a script without markers is one cell);
 its call sites are reported as FILE:LINE.
 
-example (CI):
-  neuron-lab run train.ipynb --fail-on-fallback --allow-fallback atan2 --max-peak-memory 2GiB --json run.json
-"""
+""" + "examples:\n" + examples(EXAMPLES)
 
 # How the run command's parser presents itself in its usage and --help, as a subcommand and on its own alike.
 PARSER: dict[str, Any] = {"description": DESCRIPTION, "epilog": EPILOG,
@@ -84,20 +98,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gates (exit code 3 when one fails)")
     g.add_argument("--fail-on-fallback", action="store_true", help="fail on any CPU fallback")
     g.add_argument("--allow-fallback", metavar="OP", action="append", default=[],
-                   help="exempt an op from --fail-on-fallback: atan2, aten::atan2 or aten::atan2.out (repeatable)")
+                   help="exempt an op from --fail-on-fallback: normal (every overload, in-place normal_ too), "
+                        "normal_ (in-place only) or aten::normal.out (that overload); repeatable")
     g.add_argument("--max-peak-memory", type=size, metavar="SIZE", default=None,
                    help="fail when a cell's peak device memory exceeds SIZE (512MiB, 2GiB)")
     g.add_argument("--fail-on-graph-break", action="store_true", help="fail on any torch.compile graph break")
 
 
 def op_matches(spec: str, op: str) -> bool:
-    """Whether ``--allow-fallback spec`` covers ``op``: ``atan2`` and ``aten::atan2`` cover every overload of
-    ``aten::atan2``; ``aten::atan2.out`` (or ``atan2.out``) only that overload."""
-    def split(name: str) -> tuple[str, str, str | None]:
+    """Whether ``--allow-fallback spec`` covers ``op``, as ATen names its variants.
+
+    A base name (``normal``, ``aten::normal``) covers the op, its in-place form and all their overloads
+    (``aten::normal.Tensor_float``, ``aten::normal_``, ``aten::normal.out``); an in-place name (``normal_``)
+    covers only the in-place forms; a name with an overload (``aten::normal.out``, ``atan2.default``) only
+    that overload, where ``aten::atan2`` and ``aten::atan2.default`` are the same one.
+    """
+    def split(name: str) -> tuple[str, str, str]:
         ns, _, rest = name.strip().rpartition("::")
         base, _, overload = rest.partition(".")
-        return ns or "aten", base, overload or None
+        return ns or "aten", base, overload
 
     s_ns, s_base, s_overload = split(spec)
     o_ns, o_base, o_overload = split(op)
-    return (s_ns, s_base) == (o_ns, o_base) and s_overload in (None, o_overload)
+    if s_ns != o_ns:
+        return False
+    if "." in spec:
+        return (s_base, s_overload or "default") == (o_base, o_overload or "default")
+    return o_base in (s_base, f"{s_base}_")

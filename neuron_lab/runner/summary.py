@@ -33,7 +33,7 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         m = self.total.memory
-        return {"cells": self.cells, "ran": self.ran, "seconds": round(self.seconds, 3),
+        return {"cells": self.cells, "ran": self.ran, "failures": len(self.errors), "seconds": round(self.seconds, 3),
                 "fallback_calls": self.total.fallback_calls,
                 "fallbacks": [_row_dict(r) for r in self.total.fallbacks],
                 "downcasts": [_row_dict(r) for r in self.total.downcasts],

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, validate
+from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
+
+_LOWERINGS = ("eager", "inductor")  # the emulator's (backend/emulator/compile.py); the session passes the choice on
 
 
 class NeuronLab(Configurable):
@@ -29,8 +32,23 @@ class NeuronLab(Configurable):
     display_as = Enum(["auto", "widget", "static"], "auto",
                       help="How the live views show: widgets (auto: under a kernel) or static text/HTML updated "
                            "after each cell (auto: elsewhere).").tag(config=True)
+    oom_traceback = Enum(["short", "full"], "short",
+                         help="After the device's out-of-memory error: 'short' ends the traceback in your code and "
+                              "frees what the failing frames held once the report lists it; 'full' keeps the "
+                              "emulator's frames and their tensors (for %debug; `%neuron free` drops them).",
+                         ).tag(config=True)
     compile_backend = Unicode("neuron", help="The torch.compile backend of compile mode when none is given.",
                               ).tag(config=True)
+    compile_lowering = Enum(_LOWERINGS, "eager",
+                            help="How the emulator runs torch.compile(backend='neuron') graphs: eager runs each graph "
+                                 "op by op on the device (fast compiles, per-op reports and CPU fallbacks inside "
+                                 "graphs); inductor compiles them with host Inductor (compiled speed, slow compiles). "
+                                 "Default: NEURON_LAB_COMPILE_LOWERING, else eager.").tag(config=True)
+
+    @default("compile_lowering")
+    def _lowering_from_env(self) -> str:
+        env = os.environ.get("NEURON_LAB_COMPILE_LOWERING", "")
+        return env if env in _LOWERINGS else "eager"
 
     @validate("device_variable")
     def _identifier(self, proposal):

@@ -91,7 +91,7 @@ def release(shell: Any) -> FreeReport:
     report = FreeReport()
     _drop_output_cache(shell, device_type, report)
     _drop_last_values(shell, device_type, report)
-    _clear_traceback_frames(shell, device_type, report)
+    clear_traceback_frames(shell, device_type, report)
     gc.collect()
     b.synchronize()
     empty = getattr(getattr(torch, device_type, None), "empty_cache", None)
@@ -145,7 +145,7 @@ def _last_tracebacks(shell: Any) -> list[tuple[str, Any]]:
     return tbs
 
 
-def _clear_traceback_frames(shell: Any, device_type: str, report: FreeReport) -> None:
+def clear_traceback_frames(shell: Any, device_type: str, report: FreeReport) -> None:
     """The locals of the last tracebacks' function frames that hold device tensors, each frame once."""
     cleared: set[int] = set()
     for holder, tb in _last_tracebacks(shell):

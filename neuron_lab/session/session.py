@@ -24,6 +24,7 @@ from neuron_lab.report.model import Report
 from neuron_lab.session import devices, free
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
+from neuron_lab.session.oom import OomHandler
 from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import SiteMap, Tracker
 from neuron_lab.units import ShownAsText, count, format_size
@@ -77,6 +78,7 @@ class Session:
         self._raw_cell = ""
         self._nested: dict[str, int] = {}  # code name of a nested run_cell -> its line offset in the outer cell
         self._default_device_before: torch.device | None = None
+        self._oom = OomHandler(shell, config)
         self.device = self._initial_device()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -91,8 +93,11 @@ class Session:
 
     def start(self) -> None:
         self.config.observe(self._device_variable_renamed, names="device_variable")
+        self.config.observe(self._apply_compile_lowering, names="compile_lowering")
+        self._apply_compile_lowering()
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
+        self._oom.install()
         # Formatting the cell's value or its traceback is IPython's work, not the cell's: a tensor's
         # repr runs reductions and copies that would otherwise show up at the cell's last line.
         self._excluding = []
@@ -121,6 +126,19 @@ class Session:
         (the old one is left as it is: it is the user's variable now)."""
         self.shell.user_ns[change["new"]] = self.device
 
+    def _apply_compile_lowering(self, change: dict | None = None) -> None:
+        """``NeuronLab.compile_lowering`` reaches the backend through its interface; a backend whose compiler
+        offers no choice is left alone at load, and says so when the setting is changed."""
+        if not _backend.is_active():
+            return
+        b = _backend.active()
+        if change is None and self.config.compile_lowering not in b.compile_lowerings:
+            return
+        try:
+            b.set_compile_lowering(self.config.compile_lowering)
+        except NotImplementedError as e:
+            warnings.warn(str(e), UserWarning, stacklevel=2)
+
     def close(self) -> None:
         """Undo everything: views, events, an open cell (unloading from inside a cell), its modes, default device.
 
@@ -129,6 +147,9 @@ class Session:
             self.views.close()
             self.views = None
         self.config.unobserve(self._device_variable_renamed, names="device_variable")
+        self.config.unobserve(self._apply_compile_lowering, names="compile_lowering")
+        if _backend.is_active() and _backend.active().compile_lowerings:
+            _backend.active().set_compile_lowering(None)  # back to NEURON_LAB_COMPILE_LOWERING's choice
         for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
             if fn in self.shell.events.callbacks[name]:
                 self.shell.events.unregister(name, fn)
@@ -139,6 +160,7 @@ class Session:
                 else:
                     del obj.__dict__[name]  # the class's method shows through again
         self._excluding = []
+        self._oom.uninstall()
         if self._cell_modes is not None:
             self._cell_modes.close()
             self._cell_modes = None
@@ -216,11 +238,18 @@ class Session:
             return
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
+        oom = None
+        if isinstance(error, torch.OutOfMemoryError) and _backend.is_active():
+            with tracker.excluded():  # before the report reads memory: it counts what the OOM gave back
+                oom = self._oom.after()
         report = tracker.stop(error, cell=n, site_maps=self.site_maps)
+        report.oom = oom
         end_s = self.timeline.now()
         self.timeline.sample(report.memory.after, end_s)
         if report.touched_device:  # the timeline marks the cells that used the device
             self.timeline.mark_cell(n, self._cell_start_s, end_s)
+        if isinstance(error, torch.OutOfMemoryError):  # the memory timeline marks where the device ran out
+            self.timeline.mark("oom", end_s, f"out of memory in In[{n}]")
         self._keep(report)
         self._notify(self.listeners, report)
 

@@ -8,14 +8,22 @@
   with the user stack of the break, which names breaks the metrics leave without a reason;
 - the backend's own lowering time (``NeuronBackend.lowering_us``, passed in) adds what a backend lowers lazily,
   after dynamo's window closed.
+
+Dynamo's own warnings about a graph break (``Graph break from `Tensor.item()` ...`` and its user
+stack, the extension's frames included) are kept out of the cell's output while a window is open:
+the report says the same per break, in plain words, with dynamo's hint (:func:`explain_break`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
 import threading
 import time
+import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +50,134 @@ def short_reason(text: str) -> str:
     return head
 
 
+# Dynamo's break reasons a newcomer meets most, in plain words: (pattern on dynamo's text, sentence, a hint
+# for when dynamo gives none). ``{name}`` is the first `quoted` name in dynamo's explanation.
+_PLAIN: tuple[tuple[re.Pattern[str], str, str], ...] = tuple((re.compile(p, re.I), text, hint) for p, text, hint in (
+    (r"generic_jump|data.dependent (branch|jump|control flow)",
+     "Python `if`/`while` on a tensor's value: which way it goes depends on the data, which the compiler cannot "
+     "see while tracing, so the graph ends here and Python decides at run time",
+     "compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond`), or decide outside the "
+     "compiled code"),
+    (r"Tensor\.item\(\)",
+     "`.item()` (or `int()`, `float()`, `bool()` of a tensor) turns a device value into a Python number, "
+     "which a compiled graph cannot hold", ""),
+    (r"tolist\(\)", "`.tolist()` copies a tensor into a Python list, which a compiled graph cannot hold", ""),
+    (r"numpy\(\)", "`.numpy()` copies a tensor into a NumPy array, which a compiled graph cannot hold", ""),
+    (r"builtin operator", "a call to Python's `{name}`, which cannot be part of a compiled graph", ""),
+    (r"marked as skipped", "a call to `{name}`, a function the compiler does not trace into (a Python builtin "
+     "or a C extension)", "call it outside the compiled code; for a C extension of your own, register it as a "
+     "custom op (`torch.library.custom_op`)"),
+    (r"Dynamic shape operator", "`{name}` makes a tensor whose shape depends on the data (a boolean mask, "
+     "`nonzero`, `unique`): a compiled graph needs its shapes before it runs", ""),
+))
+_NO_HELP = ("Please report an issue", "please file an issue", "If it is ")  # not a fix, or only maybe one
+_QUOTED = re.compile(r"`([^`]+?)\.?`")
+
+
+def explain_break(text: str) -> tuple[str, str, str]:
+    """(plain reason, dynamo's own words in one short line, a hint) for one of dynamo's break reasons.
+
+    Dynamo's reasons are written for compiler developers ("generic_jump TensorVariable()"); a
+    researcher needs what in their line broke the graph and what to write instead.
+    """
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    if not lines:
+        return "graph break (dynamo recorded no reason)", "", ""
+    note = lines[0]
+    explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+    hints = [ln.removeprefix("Hint:").strip() for ln in lines if ln.startswith("Hint:")]
+    hint = next((h for h in hints if not any(x.lower() in h.lower() for x in _NO_HELP)), "")
+    quoted = _QUOTED.search(explanation)
+    for pattern, plain, own_hint in _PLAIN:
+        if pattern.search(note) or pattern.search(explanation):
+            if "{name}" in plain:
+                if quoted is None:
+                    continue
+                plain = plain.format(name=quoted.group(1))
+            return plain, note, hint or own_hint
+    return (explanation.rstrip(".") or note), note, hint
+
+
+class _KeepDynamoBreakWarnings(logging.Filter):
+    """On torch's log handlers: dynamo's graph-break warnings go to the open windows, not to stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.name.startswith("torch._dynamo"):
+            return True
+        with _active_lock:
+            traces = list(_active)
+        if not traces:
+            return True
+        message = record.getMessage()
+        if "graph break" not in message.lower():
+            return True
+        for t in traces:
+            t.dynamo_warnings.append(message)
+        return False
+
+
+_quiet = _KeepDynamoBreakWarnings()
+_held: dict[str, Any] = {}  # what the open windows installed, undone when the last one closes
+
+
+def _show_unless_dynamo(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` while windows are open: dynamo also warns this way about a call it cannot
+    trace (``time.sleep``); the break's report says it."""
+    if f"{os.sep}torch{os.sep}_dynamo{os.sep}" in str(filename):
+        with _active_lock:
+            traces = list(_active)
+        for t in traces:
+            t.dynamo_warnings.append(str(message))
+        return
+    _held["showwarning"](message, category, filename, lineno, file, line)
+
+
+def _open_window(trace: CompileTrace) -> None:
+    """The first open window puts the filter on the handlers dynamo's records reach and takes over
+    ``warnings.showwarning``; every window is told of the graphs ``backend="neuron"`` gets directly."""
+    with _active_lock:
+        first = not _active
+        _active.append(trace)
+    if not first:
+        return
+    from neuron_lab.backend import dynamo
+
+    _held["handlers"] = [h for name in ("torch._dynamo", "torch") for h in logging.getLogger(name).handlers]
+    for h in _held["handlers"]:
+        h.addFilter(_quiet)
+    _held["showwarning"] = warnings.showwarning
+    warnings.showwarning = _show_unless_dynamo
+    _held["unsubscribe"] = dynamo.on_graph(_report_graph)
+
+
+def _close_window(trace: CompileTrace) -> None:
+    with _active_lock:
+        if trace not in _active:
+            return
+        _active.remove(trace)
+        last = not _active
+    if not last or not _held:
+        return
+    for h in _held.pop("handlers"):
+        h.removeFilter(_quiet)
+    shown = _held.pop("showwarning")
+    if warnings.showwarning is _show_unless_dynamo:  # unless somebody replaced it meanwhile
+        warnings.showwarning = shown
+    _held.pop("unsubscribe")()
+
+
+def _report_graph(gm: Any) -> None:
+    """One graph reached a backend: tell the open windows (once, whichever path reported it)."""
+    if getattr(gm, "_neuron_lab_reported", False):
+        return
+    gm._neuron_lab_reported = True
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    with _active_lock:
+        traces = list(_active)
+    for t in traces:
+        t._on_graph(reason)
+
+
 def observed(backend: str | Callable) -> Callable:
     """A backend that reports each graph to the active windows, then compiles it with ``backend``.
 
@@ -55,11 +191,7 @@ def observed(backend: str | Callable) -> Callable:
         inner = lookup_backend(backend) if isinstance(backend, str) else backend
 
         def wrapper(gm, example_inputs, **kwargs):
-            reason = getattr(gm, "compile_subgraph_reason", None)
-            with _active_lock:
-                traces = list(_active)
-            for t in traces:
-                t._on_graph(reason)
+            _report_graph(gm)
             return inner(gm, example_inputs, **kwargs)
 
         wrapper.__name__ = getattr(inner, "__name__", "backend")  # dynamo's errors name it: say the user's backend
@@ -70,8 +202,11 @@ def observed(backend: str | Callable) -> Callable:
 class CompileTrace:
     """Collects :class:`Compiles` between :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, locator: Locator | None, lowering_us: Callable[[], int] | None = None) -> None:
+    def __init__(self, locator: Locator | None, lowering_us: Callable[[], int] | None = None,
+                 metrics: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.locator = locator
+        self._backend_metrics = metrics  # the backend's per-graph records (NeuronBackend.dynamo_metrics)
+        self._metrics_at_start = 0
         self._backend_lowering_us = lowering_us  # the backend's lowering time so far (NeuronBackend.lowering_us)
         self._lock = threading.Lock()
         self._t0: dict[str, tuple[float, int]] = {}
@@ -82,6 +217,9 @@ class CompileTrace:
         self._observed_breaks: list[GraphBreak] = []
         self._seen_metrics: set[int] = set()
         self._callbacks: tuple[Callable, Callable] | None = None
+        self.dynamo_warnings: list[str] = []  # dynamo's graph-break warnings, kept from the cell's output
+        self._graphs_seen = 0  # graphs that reached an observed backend in this window
+        self._compiling: tuple[str, float, int] | None = None  # (frame, start, graphs before) while dynamo compiles
 
     def start(self) -> None:
         from torch._dynamo.callback import callback_handler
@@ -89,19 +227,17 @@ class CompileTrace:
 
         self._seen_metrics = {id(m) for m in get_compilation_metrics()}
         self._lowering_at_start = self._lowering_us()
+        self._metrics_at_start = len(self._backend_metrics()) if self._backend_metrics is not None else 0
         on_start = callback_handler.register_start_callback(self._on_start)
         on_end = callback_handler.register_end_callback(self._on_end)
         self._callbacks = (on_start, on_end)
-        with _active_lock:
-            _active.append(self)
+        _open_window(self)
 
     def stop(self) -> Compiles:
         from torch._dynamo.callback import callback_handler
         from torch._dynamo.utils import get_compilation_metrics
 
-        with _active_lock:
-            if self in _active:
-                _active.remove(self)
+        _close_window(self)
         if self._callbacks is not None:
             on_start, on_end = self._callbacks
             if on_start in callback_handler.start_callbacks:
@@ -115,7 +251,27 @@ class CompileTrace:
         # Inductor does); that time is compile time too. Lowering inside a window is counted once.
         outside_us = self._lowering_us() - self._lowering_at_start - self._lowering_inside_us
         self._result.compile_s += max(outside_us, 0) / 1e6
+        self._compiling = None
+        if self._backend_metrics is not None:  # a graph the backend could not lower as asked is said, not hidden
+            for m in self._backend_metrics()[self._metrics_at_start:]:
+                if m.get("lowering_reason"):
+                    self._result.failures.append(f"graph {m.get('graph_name', '?')} runs eagerly on the device: "
+                                                 f"{m['lowering_reason']}")
         return self._result
+
+    def compiling(self) -> dict[str, Any] | None:
+        """What dynamo is compiling right now, for live views; None when it compiles nothing.
+
+        ``{"frame": the function being compiled ("PolarNet.__call__", "forward (resumed after line 7)"),
+        "graphs": graphs compiled so far in this window, "elapsed_s": seconds since this frame's compile began}``.
+        Plain reads of values the compiling thread replaces whole: safe to call from any thread, several
+        times a second.
+        """
+        current = self._compiling
+        if current is None:
+            return None
+        frame, t0, _ = current
+        return {"frame": frame, "graphs": self._graphs_seen, "elapsed_s": time.perf_counter() - t0}
 
     def _lowering_us(self) -> int:
         return self._backend_lowering_us() if self._backend_lowering_us is not None else 0
@@ -123,6 +279,10 @@ class CompileTrace:
     # -- callbacks ----------------------------------------------------------------------------
     def _on_start(self, args: Any) -> None:
         trigger = self.locator.locate(sys._getframe(1)) if self.locator is not None else None
+        frame = _compiled_frame_name(sys._getframe(1))
+        if frame is None and self._compiling is not None:
+            frame = self._compiling[0]  # a lazily compiled backward: the same frame's
+        self._compiling = (frame or "graph", time.perf_counter(), self._graphs_seen)
         lowering = self._lowering_us()
         with self._lock:
             self._t0[str(args.compile_id)] = (time.perf_counter(), lowering)
@@ -132,6 +292,7 @@ class CompileTrace:
                 self._result.frames += 1
 
     def _on_end(self, args: Any) -> None:
+        self._compiling = None
         lowering = self._lowering_us()
         with self._lock:
             start = self._t0.pop(str(args.compile_id), None)
@@ -140,6 +301,7 @@ class CompileTrace:
                 self._lowering_inside_us += lowering - start[1]
 
     def _on_graph(self, reason: Any) -> None:
+        self._graphs_seen += 1
         if reason is None or not getattr(reason, "graph_break", False):
             return
         site = None
@@ -148,7 +310,7 @@ class CompileTrace:
                 site = self._site(fs.filename, fs.lineno)
                 break
         with self._lock:
-            self._observed_breaks.append(GraphBreak(short_reason(reason.reason), site))
+            self._observed_breaks.append(GraphBreak(**_break_words(reason.reason), site=site))
 
     # -- metrics ------------------------------------------------------------------------------
     def _site(self, filename: str | None, line: int | None) -> Site | None:
@@ -175,10 +337,10 @@ class CompileTrace:
                 line = int(resumed["line"])
                 key = (m.co_filename, line)
                 if key not in breaks:
-                    why = last_restart.get(m.co_filename or "", "graph break (dynamo recorded no reason)")
-                    breaks[key] = GraphBreak(why, self._site(m.co_filename, line))
+                    why = last_restart.get(m.co_filename or "", "")
+                    breaks[key] = GraphBreak(**_break_words(why), site=self._site(m.co_filename, line))
             if m.restart_reasons:
-                last_restart[m.co_filename or ""] = short_reason(sorted(m.restart_reasons)[0])
+                last_restart[m.co_filename or ""] = sorted(m.restart_reasons)[0]
             if m.recompile_reason:
                 reason = m.recompile_reason.strip().split("\n")[0]
                 res.recompiles.append(Recompile(code, reason, where))
@@ -192,3 +354,21 @@ class CompileTrace:
             line = int(resumed["line"]) if resumed else m.co_firstlineno
             return m.co_name or "?", self._site(m.co_filename, line)
         return m.co_name or "?", trigger or self._site(m.co_filename, m.co_firstlineno)
+
+
+def _break_words(text: str) -> dict[str, str]:
+    reason, note, hint = explain_break(text)
+    return {"reason": reason, "note": note, "hint": hint}
+
+
+def _compiled_frame_name(frame: types.FrameType | None) -> str | None:
+    """The function dynamo's ``_compile`` is converting, from its frame up the stack (None: none found)."""
+    while frame is not None:
+        if frame.f_code.co_name in ("compile_inner", "_compile"):
+            code = frame.f_locals.get("code")
+            if isinstance(code, types.CodeType):
+                resumed = _RESUME.match(code.co_name)
+                return f"{resumed['fn']} (resumed after line {resumed['line']})" if resumed else code.co_name
+        frame = frame.f_back
+    return None
+

@@ -9,6 +9,7 @@ bounded number of times while every call is still counted at its line.
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 
@@ -68,10 +69,11 @@ class OpTrace:
                 if stack not in sc.stacks:
                     sc.stacks.append(stack)
 
-    def rows(self) -> list[OpRow]:
-        """In the order of :data:`neuron_lab.kinds.KINDS`; most calls first; sites by count."""
+    def rows(self, *, copies: bool = False) -> list[OpRow]:
+        """In report order (:func:`neuron_lab.kinds.row_order`); sites by count. ``copies``: copied under the lock,
+        for another thread (a live view) to read while calls go on."""
         with self._lock:
-            rows = list(self._rows.values())
+            rows = [copy.deepcopy(r) for r in self._rows.values()] if copies else list(self._rows.values())
             for r in rows:
                 r.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-        return sorted(rows, key=lambda r: (kinds.order(r.kind), -r.count, r.op))
+        return sorted(rows, key=kinds.row_order)

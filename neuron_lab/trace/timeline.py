@@ -1,4 +1,5 @@
-"""Allocated device bytes over the session, with the cells marked: what the memory timeline plots.
+"""Allocated device bytes over the session, with the cells and events (an out-of-memory error) marked: what the
+memory timeline plots.
 
 The session adds two exact samples per cell (before and after, read at the cell's one
 synchronize) and live views add samples while a cell runs. It is bounded without dropping the
@@ -19,6 +20,15 @@ class CellSpan:
     end_s: float
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A moment worth a marker on the timeline: ``kind`` (``"oom"``) at ``t_s``, described by ``label``."""
+
+    kind: str
+    t_s: float
+    label: str
+
+
 class Timeline:
     def __init__(self, max_samples: int = 4096, max_cells: int = 1024) -> None:
         self.t0 = time.perf_counter()
@@ -27,6 +37,7 @@ class Timeline:
         self._lock = threading.Lock()
         self._samples: list[tuple[float, int]] = []
         self._cells: list[CellSpan] = []
+        self._marks: list[Mark] = []
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -46,6 +57,16 @@ class Timeline:
             self._cells.append(CellSpan(cell, start_s, end_s))
             del self._cells[:-self.max_cells]
 
+    def mark(self, kind: str, t: float, label: str) -> None:
+        """Mark a moment (the session marks a cell that ended out of memory); safe from any thread."""
+        with self._lock:
+            self._marks.append(Mark(kind, t, label))
+            del self._marks[:-self.max_cells]
+
+    def marks(self) -> list[Mark]:
+        with self._lock:
+            return list(self._marks)
+
     def points(self, limit: int = 600) -> list[tuple[float, int]]:
         """At most ``limit`` samples in time order, each bucket keeping its largest value."""
         with self._lock:
@@ -63,3 +84,4 @@ class Timeline:
         with self._lock:
             self._samples.clear()
             self._cells.clear()
+            self._marks.clear()

@@ -18,7 +18,7 @@ import psutil
 
 from neuron_lab import backend as _backend
 from neuron_lab.kinds import REPORTED
-from neuron_lab.report.model import Memory, Report
+from neuron_lab.report.model import Memory, OpRow, Report
 from neuron_lab.trace.compiles import CompileTrace
 from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.sites import FileLocator, Locator
@@ -39,7 +39,7 @@ class Tracker:
         self.report = Report(title, cell, device, mode, self.backend.description, callsites=callsites,
                              detail=detail, profile=profile.name if profile is not None else None)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
-        self._compiles = CompileTrace(locator, self.backend.lowering_us)
+        self._compiles = CompileTrace(locator, self.backend.lowering_us, self.backend.dynamo_metrics)
         self._unsubscribe = None
         self._running = False
         self._excluded_calls = 0
@@ -69,6 +69,19 @@ class Tracker:
             return self._ops.fallback_calls, self.report.ops, self.report.wall_s
         return (self._ops.fallback_calls, self.backend.op_calls() - self._calls_before - self._excluded_calls,
                 time.perf_counter() - self._t0)
+
+    def rows_so_far(self) -> list[OpRow]:
+        """The window's op rows so far (fallbacks, host ops, downcasts), as copies: safe from any thread."""
+        return self._ops.rows(copies=True)
+
+    def compiling(self) -> dict[str, Any] | None:
+        """The compile in progress, for live views (the live strip, the Compiles tab); None when none runs.
+
+        ``{"frame": the function dynamo is compiling ("PolarNet.__call__"), "graphs": graphs compiled so far in
+        this window (this cell), "elapsed_s": seconds since that frame's compile started}``. Plain reads, safe
+        from any thread: poll it at the views' refresh rate while the cell runs.
+        """
+        return self._compiles.compiling() if self._running else None
 
     def ran_on(self, device: str | None = None, mode: str | None = None) -> None:
         """The window's code runs on ``device`` and/or in ``mode`` (a ``%%neuron`` cell chooses them)."""

@@ -20,12 +20,15 @@ def hub_of(session: Any) -> Any:
     return session.views
 
 
-def show(session: Any, views: list[str] | tuple[str, ...] = VIEWS) -> Any:
-    """The view object for ``views``; display it (or make it a cell's value) to see it."""
+def show(session: Any, views: list[str] | tuple[str, ...] = VIEWS, *, live: bool = True) -> Any:
+    """The view object for ``views``; display it (or make it a cell's value) to see it.
+
+    ``live``: it follows the session; otherwise it shows the state at the end of the running cell and stays so.
+    """
     unknown = [v for v in views if v not in (*VIEWS, STRIP)]
     if unknown:
         raise ValueError(f"unknown view {', '.join(map(repr, unknown))}; views: {', '.join(VIEWS)}")
-    return hub_of(session).show(list(views))
+    return hub_of(session).show(list(views), follow=live)
 
 
 __all__ = ["VIEWS", "hub_of", "show"]

@@ -1,10 +1,12 @@
 """One hub per session: the open views, the refresh thread, and the cell hooks that feed them.
 
-Sampling is plain counter reads (``backend.memory_sample``, the tracker's counts); the thread
-only assigns widget traits, which ipykernel sends as comm messages from any thread. It never
-prints or displays, and it exists only while a live view is open. What the views do inside a
-user's cell (opening a view, the strip at a cell's start) is the hub's work, not the cell's: it
-runs outside the cell's report (``Tracker.excluded``).
+A view either follows the session (the dashboard, a view asked for ``--live``) or is a snapshot: it shows
+the state at the end of the cell that opened it and stays so, so a notebook read top to bottom (or run
+with Run All) shows each cell's own state. Sampling is plain counter reads (``backend.memory_sample``, the
+tracker's counts) and a copy of the running cell's op rows; the thread only assigns widget traits, which
+ipykernel sends as comm messages from any thread. It never prints or displays, and it exists only while a
+view is being updated. What the views do inside a user's cell (opening a view, the strip at a cell's start)
+is the hub's work, not the cell's: it runs outside the cell's report (``Tracker.excluded``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ MAX_STATIC = 16
 class Hub:
     def __init__(self, session: Any) -> None:
         self.session = session
-        self.panels: weakref.WeakSet = weakref.WeakSet()
-        self.static: list[Any] = []  # StaticViews, updated after each cell (newest MAX_STATIC kept)
+        self.panels: weakref.WeakSet = weakref.WeakSet()  # the views still updated: followers, this cell's snapshots
+        self.made: weakref.WeakSet = weakref.WeakSet()  # every widget view, snapshots included (closed with the hub)
+        self.static: list[Any] = []  # StaticViews still updated after a cell (newest MAX_STATIC kept)
         self.strips: list[tuple[Any, Any]] = []  # (panel, display handle) of this cell's auto-dashboard strip
         self.error: BaseException | None = None  # the refresh thread's last failure (it never prints)
         self._free_pending = False
+        self._free_clicked: weakref.WeakSet = weakref.WeakSet()  # the views whose Free button waits
         self._lock = threading.Lock()  # guards ``panels``: the thread iterates while cells open views
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -35,29 +39,33 @@ class Hub:
         session.listeners.append(self._cell_done)
 
     # -- views ----------------------------------------------------------------------------------
-    def show(self, views: list[str]) -> Any:
-        """A live widget where the frontend has widgets, else a static view updated after each cell."""
+    def show(self, views: list[str], *, follow: bool = True) -> Any:
+        """A widget where the frontend has widgets, else a static view. ``follow``: updated after every cell
+        (and, as a widget, while cells run); otherwise a snapshot, last updated when the running cell ends."""
         if _frontend(self.session) == "widget":
-            return self.open(views)
+            return self.open(views, follow=follow)
         from neuron_lab.widgets.static import StaticView
 
         with self._aside():
-            view = StaticView(self, views)
-        self.static = [*self.static, view][-MAX_STATIC:]
+            view = StaticView(self, views, follow=follow)
+        if follow or self.session.running is not None:
+            self.static = [*self.static, view][-MAX_STATIC:]
         return view
 
-    def open(self, views: list[str]) -> Any:
+    def open(self, views: list[str], *, follow: bool = True) -> Any:
         with self._aside():
-            return self._open(views)
+            return self._open(views, follow=follow)
 
-    def _open(self, views: list[str]) -> Any:
+    def _open(self, views: list[str], *, follow: bool = True) -> Any:
         from neuron_lab.widgets.panel import Panel
 
-        panel = Panel(self, views)
-        with self._lock:
-            self.panels.add(panel)
+        panel = Panel(self, views, follow=follow)
+        self.made.add(panel)
         panel.refresh()
-        self._ensure_thread()
+        if follow or self.session.running is not None:  # a snapshot outside a cell is final at once
+            with self._lock:
+                self.panels.add(panel)
+            self._ensure_thread()
         return panel
 
     @contextmanager
@@ -83,20 +91,25 @@ class Hub:
         for p in self.open_panels():
             p.refresh()
 
-    def free(self) -> None:
-        """What the memory view's button does: ``%neuron free``, then fresh data everywhere.
+    def free(self, clicked: Any = None) -> None:
+        """What the memory view's button does: ``%neuron free``, then fresh data in the following views and in
+        the view ``clicked`` (a snapshot's button shows what it did).
 
         It clears frames and collects garbage, so it runs only on the main thread between cells; a click
         delivered elsewhere (a kernel subshell, while a cell runs) waits for the end of the running or next cell.
         """
+        if clicked is not None:
+            self._free_clicked.add(clicked)
         if threading.current_thread() is not threading.main_thread() or self.session.running is not None:
             self._free_pending = True
             return
         self._free_pending = False
         text = str(self.session.free())
-        for p in self.open_panels():
+        shown = {*self.open_panels(), *self._free_clicked}
+        self._free_clicked = weakref.WeakSet()
+        for p in shown:
             p.freed = text
-        self.refresh()
+            p.refresh()
 
     # -- cell hooks (main thread) -----------------------------------------------------------------
     def _cell_started(self, session: Any) -> None:
@@ -114,8 +127,11 @@ class Hub:
             self.free()  # refreshes too
         else:
             self.refresh()
+        with self._lock:  # this cell's snapshots are final now
+            self.panels = weakref.WeakSet(p for p in self.panels if p.follow)
         for view in self.static:
             view.update()
+        self.static = [v for v in self.static if v.follow]
         strips, self.strips = self.strips, []
         if strips:
             from IPython.display import HTML
@@ -161,7 +177,7 @@ class Hub:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5)
         self._thread = None
-        for p in self.open_panels():
+        for p in list(self.made):
             p.close()
         self.static.clear()
         for fn, hooks in ((self._cell_started, self.session.starting), (self._cell_done, self.session.listeners)):

@@ -76,39 +76,157 @@ function memoryBar(live, testid) {
     h("div", { class: "nl-bar-peak", style: `left:${peak}%` }));
 }
 
-function sparkline(points, cells, running) {
-  const W = 600, H = 70;
-  const all = points.concat(running);
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("class", "nl-spark");
-  svg.setAttribute("preserveAspectRatio", "none");
-  svg.setAttribute("data-testid", "nl-timeline");
-  if (!all.length) return svg;
-  const t0 = all[0][0], t1 = Math.max(all[all.length - 1][0], t0 + 1e-6);
-  const top = Math.max(...all.map((p) => p[1]), 1);
-  const x = (t) => ((t - t0) / (t1 - t0)) * W;
-  const y = (b) => H - 2 - (b / top) * (H - 12);
-  for (const { cell, start_s: s, end_s: e } of cells) {
-    if (e < t0) continue;
-    const r = document.createElementNS(ns, "rect");
-    r.setAttribute("x", x(s)); r.setAttribute("width", Math.max(x(e) - x(s), 1));
-    r.setAttribute("y", 0); r.setAttribute("height", H); r.setAttribute("class", "nl-spark-cell");
-    const title = document.createElementNS(ns, "title");
-    title.textContent = `In[${cell}]`;
-    r.append(title);
-    svg.append(r);
-    const l = document.createElementNS(ns, "text");
-    l.setAttribute("x", x(s) + 2); l.setAttribute("y", 9); l.setAttribute("class", "nl-spark-label");
-    l.textContent = cell;
-    svg.append(l);
+// The memory timeline, drawn by uPlot (vendor/, put before this file by panel.py). x: seconds since the session
+// started, or cells (each the same width, so a long compile does not squash the rest); y: allocated bytes in
+// one unit (B/KiB/MiB/GiB). Cell bands carry DOM labels, left out where they would not fit or would overlap;
+// OOM marks and the session's peak are markers. Drag to zoom in, wheel to zoom around the cursor, double-click
+// or "reset zoom" to see it all; the zoom and the axis choice stay across updates (ui state).
+const UNITS = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10], ["B", 1]];
+const unitFor = (top) => UNITS.find(([, s]) => top >= s) || UNITS[UNITS.length - 1];
+const LABEL_PX = 7; // an estimate of a label character's width, for the overlap test
+
+// time -> x in the by-cell axis: cell i spans [i, i+1]; time between cells collapses onto a boundary
+function byCell(spans) {
+  return (t) => {
+    let i = 0;
+    for (const { start_s: s, end_s: e } of spans) {
+      if (t < s) return i;
+      if (t <= e) return i + (e > s ? (t - s) / (e - s) : 1);
+      i += 1;
+    }
+    return i;
+  };
+}
+
+// the cell edges in view, thinned to one per 60 px
+function edges(u, n) {
+  const { min, max } = u.scales.x, out = [];
+  let last = -Infinity;
+  for (let i = Math.max(Math.ceil(min), 0); i <= Math.min(Math.floor(max), n); i++) {
+    const x = u.valToPos(i, "x");
+    if (x - last >= 60) { out.push(i); last = x; }
   }
-  const path = document.createElementNS(ns, "path");
-  path.setAttribute("d", all.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" "));
-  path.setAttribute("class", "nl-spark-line");
-  svg.append(path);
-  return svg;
+  return out;
+}
+
+// the labels that fit: each inside its band, none over the one before it
+function placeLabels(bands) {
+  const shown = [];
+  let right = -Infinity;
+  for (const b of bands) {
+    const w = b.text.length * LABEL_PX + 4;
+    if (b.x1 - b.x0 < w || b.x0 < right) continue;
+    shown.push(b);
+    right = b.x0 + w;
+  }
+  return shown;
+}
+
+function timeline(ctx, m, live) {
+  const { ui } = ctx;
+  const mode = ui.xmode || "time";
+  const spans = m.cells.slice().sort((a, b) => a.start_s - b.start_s);
+  if (live.busy && live.t !== undefined) spans.push({ cell: live.cell ?? "?", start_s: live.t - (live.elapsed_s || 0), end_s: live.t, running: true });
+  const pts = m.points.concat(ctx.running).sort((a, b) => a[0] - b[0]);
+  const wrap = h("div", { class: "nl-chart", "data-testid": "nl-timeline", "data-xmode": mode });
+  const pick = (v, label) => h("button", {
+    class: "nl-button" + (mode === v ? " nl-active" : ""), "data-xmode": v,
+    onclick: () => { ui.xmode = v; ui.zoom = null; ctx.rerender(); },
+  }, label);
+  const bar = h("div", { class: "nl-chart-bar" }, h("span", { class: "nl-muted" }, "x axis: "),
+    pick("time", "by time"), pick("cell", "by cell"),
+    h("button", { class: "nl-button", "data-testid": "nl-zoom-reset", onclick: () => { ui.zoom = null; ctx.rerender(); } }, "reset zoom"),
+    h("span", { class: "nl-muted" }, " drag or wheel to zoom"));
+  if (!pts.length) return h("div", {}, bar, h("div", { class: "nl-muted" }, "no memory samples yet"));
+  const X = mode === "cell" ? byCell(spans) : (t) => t;
+  const peakRow = m.rows.reduce((a, r) => (a && a.memory.peak >= r.memory.peak ? a : r), null);
+  const peak = Math.max(live.peak || 0, peakRow ? peakRow.memory.peak : 0, ...pts.map((p) => p[1]));
+  const [unit, scale] = unitFor(Math.max(peak, 1));
+  const xs = pts.map((p) => X(p[0])), ys = pts.map((p) => p[1] / scale);
+  const width = Math.max(ctx.width - 60, 240), height = 170;
+  const title = (text, cls, testid) => h("div", { class: cls, "data-testid": testid }, text);
+  const yTitle = title(`allocated (${unit})`, "nl-axis-title nl-axis-y", "nl-axis-y");
+  const xTitle = title(mode === "cell" ? "cells, each the same width (ticks: seconds since the session started)"
+    : "seconds since the session started", "nl-axis-title nl-axis-x", "nl-axis-x");
+  const tOf = (x) => { // x -> seconds, for the by-cell ticks
+    if (mode !== "cell") return x;
+    const i = Math.min(Math.floor(x), spans.length - 1), s = spans[Math.max(i, 0)];
+    return s ? s.start_s + (s.end_s - s.start_s) * Math.min(Math.max(x - i, 0), 1) : 0;
+  };
+  const xMax = mode === "cell" ? Math.max(spans.length, 1) : Math.max(xs[xs.length - 1], xs[0] + 1e-3);
+  const overlay = h("div", { class: "nl-chart-overlay" });
+  const drawMarks = (u) => {
+    const c = u.ctx, top = u.bbox.top, hgt = u.bbox.height;
+    c.save();
+    spans.forEach((b, i) => {
+      const x0 = u.valToPos(mode === "cell" ? i : b.start_s, "x", true), x1 = u.valToPos(mode === "cell" ? i + 1 : b.end_s, "x", true);
+      c.fillStyle = i % 2 ? "rgba(52,152,219,0.08)" : "rgba(52,152,219,0.16)";
+      c.fillRect(x0, top, Math.max(x1 - x0, 1), hgt);
+    });
+    for (const mk of m.marks || []) {
+      const x = u.valToPos(X(mk.t_s), "x", true);
+      c.strokeStyle = "#c0392b"; c.lineWidth = 2 * devicePixelRatio;
+      c.beginPath(); c.moveTo(x, top); c.lineTo(x, top + hgt); c.stroke();
+    }
+    const py = u.valToPos(peak / scale, "y", true);
+    c.strokeStyle = "#c0392b"; c.lineWidth = devicePixelRatio; c.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+    c.beginPath(); c.moveTo(u.bbox.left, py); c.lineTo(u.bbox.left + u.bbox.width, py); c.stroke();
+    c.restore();
+  };
+  const drawLabels = (u) => { // DOM labels over the plot area: bands, marks, the peak
+    const kids = [], w = u.bbox.width / devicePixelRatio;
+    const bands = spans.map((b, i) => ({ // the part of each band in view
+      text: cellLabel(b.cell), x0: Math.max(u.valToPos(mode === "cell" ? i : b.start_s, "x"), 0),
+      x1: Math.min(u.valToPos(mode === "cell" ? i + 1 : b.end_s, "x"), w) })).filter((b) => b.x1 > b.x0);
+    for (const b of placeLabels(bands)) {
+      kids.push(h("div", { class: "nl-band-label", "data-testid": "nl-band-label", style: `left:${b.x0 + 2}px` }, b.text));
+    }
+    for (const mk of m.marks || []) { // the label on the side with room
+      const px = u.valToPos(X(mk.t_s), "x");
+      kids.push(h("div", { class: "nl-mark nl-mark-" + mk.kind, "data-testid": "nl-mark-" + mk.kind, title: mk.label,
+        style: px > w - 40 ? `right:${w - px + 3}px` : `left:${px + 3}px` }, mk.kind === "oom" ? "OOM" : mk.kind));
+    }
+    kids.push(h("div", { class: "nl-mark nl-mark-peak", "data-testid": "nl-mark-peak",
+      style: `top:${u.valToPos(peak / scale, "y") + 2}px; right:4px` },
+      `peak ${fmtBytes(peak)}` + (peakRow && peakRow.memory.peak >= peak ? ` (${cellLabel(peakRow.cell)})` : "")));
+    overlay.replaceChildren(...kids);
+  };
+  const axisFont = "11px sans-serif";
+  const opts = {
+    width, height, legend: { show: false },
+    cursor: { drag: { x: true, y: false }, points: { show: false } },
+    scales: { x: { time: false, range: () => (ui.zoom ? ui.zoom : [mode === "cell" ? 0 : xs[0], xMax]) },
+      y: { range: (u, lo, hi) => [0, Math.max(peak / scale, hi) * 1.2 || 1] } }, // room above the peak for the labels
+    axes: [
+      { font: axisFont, size: 30, space: 60, values: (u, vals) => vals.map((v) => fmtSec(Math.max(tOf(v), 0))),
+        // by cell, the ticks are the cells' edges (each labelled with the time it began), at least 60 px apart
+        ...(mode === "cell" ? { splits: (u) => edges(u, spans.length) } : {}) },
+      { font: axisFont, size: 56, values: (u, vals) => vals.map((v) => +v.toFixed(2) + " " + unit) },
+    ],
+    series: [{}, { stroke: "#e67e22", width: 1.5, fill: "rgba(230,126,34,0.12)", points: { show: false } }],
+    hooks: {
+      drawClear: [drawMarks], draw: [drawLabels],
+      setSelect: [(u) => {
+        if (u.select.width < 3) return;
+        ui.zoom = [u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x")];
+        u.setSelect({ left: 0, width: 0 }, false);
+        u.setScale("x", { min: ui.zoom[0], max: ui.zoom[1] });
+      }],
+      ready: [(u) => {
+        u.over.append(overlay);
+        u.over.addEventListener("dblclick", () => { ui.zoom = null; ctx.rerender(); });
+        u.over.addEventListener("wheel", (e) => {
+          e.preventDefault();
+          const { min, max } = u.scales.x, at = u.posToVal(e.offsetX, "x"), f = e.deltaY > 0 ? 1.25 : 0.8;
+          ui.zoom = [at - (at - min) * f, at + (max - at) * f];
+          u.setScale("x", { min: ui.zoom[0], max: ui.zoom[1] });
+        }, { passive: false });
+      }],
+    },
+  };
+  opts.cursor.drag.setScale = false;
+  ctx.charts.push(new uPlot(opts, [xs, ys], wrap)); // eslint-disable-line no-undef
+  return h("div", {}, bar, h("div", { class: "nl-chart-row" }, yTitle, h("div", { class: "nl-chart-main" }, wrap, xTitle)));
 }
 
 function memoryView(ctx) {
@@ -134,12 +252,20 @@ function memoryView(ctx) {
       h("span", {}, "peak ", h("b", { "data-testid": "nl-mem-peak" }, fmtBytes(live.peak || 0))),
       h("span", {}, "capacity ", h("b", {}, fmtBytes(live.capacity || 0)))),
     memoryBar(live, "nl-mem-bar"),
-    sparkline(m.points, live.busy && live.t !== undefined
-      ? m.cells.concat([{ cell: live.cell ?? "?", start_s: live.t - (live.elapsed_s || 0), end_s: live.t }])
-      : m.cells, ctx.running),
+    timeline(ctx, m, live),
     h("div", { class: "nl-actions" }, button, note, m.freed ? h("pre", { class: "nl-pre" }, m.freed) : null),
     rows.length ? h("div", { class: "nl-scroll" }, table(["cell", "before", "after", "delta", "peak", "wall"], rows))
       : h("div", { class: "nl-muted" }, "no cell has used the device yet"));
+}
+
+// when the data was taken: the tensors are listed between cells only (a scan of every object, not a counter read)
+function asOf({ data, live, follow }) {
+  const at = data.as_of || {};
+  if (!follow) return `as of the end of ${cellLabel(at.cell)}`;
+  if (live.busy && live.t !== undefined && at.t !== undefined) {
+    return `as of ${cellLabel(at.cell)}, ${fmtSec(Math.max(live.t - at.t, 0))} ago: refreshed when ${cellLabel(live.cell)} ends`;
+  }
+  return `as of ${cellLabel(at.cell)}: refreshed after each cell`;
 }
 
 // -- tensors --------------------------------------------------------------------------------------
@@ -169,7 +295,7 @@ function tensorsView(ctx) {
     h("div", { class: "nl-scroll" }, table(
       [th("names", "names"), th("shape", "shape"), th("dtype", "dtype"), th("bytes", "bytes"),
         th("requires_grad", "grad"), th("held_by", "held by")], body)),
-    h("div", { class: "nl-muted" }, "refreshed after each cell; the view holds no tensor"));
+    h("div", { class: "nl-muted", "data-testid": "nl-tensors-as-of" }, asOf(ctx) + "; the view holds no tensor"));
 }
 
 // -- fallbacks ------------------------------------------------------------------------------------
@@ -200,10 +326,13 @@ function fallbacksView(ctx) {
   const hd = data.header || {};
   if (!f) return h("div", {}, "…");
   const scope = ui.scope || "cell";
-  const rows = scope === "all" ? f.all : f.cell;
+  // while a cell runs, "this cell" is the running one, with its rows so far (live.rows)
+  const running = live.busy && live.rows;
+  const cell = running ? live.cell : f.last;
+  const rows = scope === "all" ? f.all : running ? live.rows : f.cell;
   const pick = (s, label) => h("label", {}, h("input", Object.assign({ type: "radio", name: "scope-" + ctx.uid, value: s },
     scope === s ? { checked: "" } : {})), label);
-  const radios = [pick("cell", `this cell (In[${f.last ?? "–"}])`), pick("all", "all cells")];
+  const radios = [pick("cell", `this cell (${cellLabel(cell)}${running ? ", running" : ""})`), pick("all", "all cells")];
   for (const r of radios) r.querySelector("input").addEventListener("change", (e) => { ui.scope = e.target.value; ctx.rerender(); });
   const shown = sections(data, rows).map(([kind, mine]) => h("div", { class: "nl-section", "data-kind": kind },
     h("div", { class: "nl-subtitle" },
@@ -219,9 +348,16 @@ function fallbacksView(ctx) {
       ` ${offDeviceCall(data, live.fallback_calls)} so far`) : null,
     h("div", { class: "nl-filter" }, radios),
     shown.length ? shown : h("div", { class: "nl-muted", "data-testid": "nl-no-fallbacks" },
-      `no ${title} in this ${scope === "all" ? "session" : "cell"}`),
+      scope === "all" ? `no ${title} in this session` : `no ${title} in ${cellLabel(cell)}${running ? " so far" : ""}`),
+    scope === "all" && running ? h("div", { class: "nl-muted" }, `all cells: up to the last finished one; ${cellLabel(cell)} joins when it ends`) : null,
     f.callsites ? null : h("div", { class: "nl-muted" }, "call sites are off (%config NeuronLab.callsites = True)"));
 }
+
+// a compile in progress (live.compiling), one line: "compiling forward of MyLM: 2 graphs so far, 3.1 s"
+const compiling = (live) => (live.busy && live.compiling
+  ? h("span", { class: "nl-running", "data-testid": "nl-compiling" }, `compiling ${live.compiling.frame}: `
+    + `${live.compiling.graphs} ${plural(live.compiling.graphs, "graph")} so far, ${fmtSec(live.compiling.elapsed_s)}`)
+  : null);
 
 // -- compiles -------------------------------------------------------------------------------------
 function compilesView(ctx) {
@@ -247,6 +383,7 @@ function compilesView(ctx) {
   const t = c.totals;
   return h("div", {},
     h("div", { class: "nl-numbers" }, h("span", {}, `${t.compiles} frames compiled · ${t.graph_breaks} graph breaks · ${t.recompiles} recompiles`)),
+    compiling(ctx.live),
     rows.length ? h("div", { class: "nl-scroll" }, table(
       ["cell", "mode", "graphs", "breaks", "recompiles", "compile", "run", "compile/run", "details"], rows))
       : h("div", { class: "nl-muted" }, "nothing compiled yet: `%%neuron compile` compiles a cell's module calls"));
@@ -259,7 +396,8 @@ function stripView(ctx) {
     h("span", {}, `${live.device || ""} · ${live.mode || ""}`), memoryBar(live, "nl-strip-bar"),
     h("span", {}, fmtBytes(live.allocated || 0) + " / " + fmtBytes(live.capacity || 0)),
     h("span", {}, h("b", {}, fmtInt(live.fallback_calls)), " " + offDeviceCall(data, live.fallback_calls)),
-    h("span", { class: "nl-muted" }, live.busy ? `running ${fmtSec(live.elapsed_s || 0)}` : `done in ${fmtSec(live.elapsed_s || 0)}`));
+    h("span", { class: "nl-muted" }, live.busy ? `running ${fmtSec(live.elapsed_s || 0)}` : `done in ${fmtSec(live.elapsed_s || 0)}`),
+    compiling(live));
 }
 
 const RENDER = { memory: memoryView, tensors: tensorsView, fallbacks: fallbacksView, compiles: compilesView, strip: stripView };
@@ -273,13 +411,23 @@ function render({ model, el }) {
   let running = []; // live samples of the running cell, drawn after the session's points
   let lastBusy = false;
 
+  let charts = []; // the uPlot instances drawn last, destroyed before the next draw
+
   function rerender() {
     const views = model.get("views");
     const data = model.get("data") || {};
-    const live = model.get("live") || {};
+    const follow = model.get("follow") !== false;
+    const live = follow ? model.get("live") || {} : { ...(model.get("live") || {}), busy: false };
     if (!ui.tab || !views.includes(ui.tab)) ui.tab = views[0];
-    const ctx = { model, data, live, ui, uid, running, rerender };
+    for (const c of charts) c.destroy();
+    charts = [];
+    const ctx = { model, data, live, ui, uid, running, rerender, charts, follow, width: root.clientWidth || 640 };
     const kids = [];
+    if (!follow) {
+      kids.push(h("div", { class: "nl-muted nl-scope", "data-testid": "nl-scope" },
+        `as of the end of ${cellLabel((data.as_of || {}).cell)}: this view keeps its cell's state `
+        + "(`--live` follows the session)"));
+    }
     if (views.length > 1) {
       kids.push(h("div", { class: "nl-tabs" }, views.map((v) => h("button", {
         class: "nl-tab" + (v === ui.tab ? " nl-active" : ""), "data-view": v,
@@ -310,6 +458,7 @@ function render({ model, el }) {
     model.off("change:data", onData);
     model.off("change:live", onLive);
     model.off("change:views", rerender);
+    for (const c of charts) c.destroy();
   };
 }
 

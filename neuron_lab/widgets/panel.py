@@ -1,9 +1,9 @@
 """The live view: one anywidget that shows any of the views, as tabs when there are several.
 
-The kernel sends data (``data``, rebuilt after each cell) and counters (``live``, a few times a
-second while a cell runs); ``panel.js`` draws them and keeps the UI state (tab, sort, filter,
-expanded rows) in the browser, because browser-to-kernel messages wait while a cell is busy.
-The one kernel action, "free", therefore runs between cells, and the button says so.
+The kernel sends data (``data``, rebuilt after each cell; a snapshot's only until its own cell ends) and
+counters (``live``, a few times a second while a cell runs); ``panel.js`` draws them and keeps the UI state
+(tab, sort, filter, expanded rows, the chart's zoom) in the browser, because browser-to-kernel messages wait
+while a cell is busy. The one kernel action, "free", therefore runs between cells, and the button says so.
 """
 
 from __future__ import annotations
@@ -19,19 +19,21 @@ import traitlets
 from neuron_lab.widgets import snapshot, static
 
 _HERE = Path(__file__).parent
+_VENDOR = _HERE / "vendor"  # uPlot (MIT, its LICENSE beside it), bundled: the notebook may have no network
 
 
 class Panel(anywidget.AnyWidget):
-    _esm = (_HERE / "panel.js").read_text()
-    _css = (_HERE / "panel.css").read_text()
+    _esm = (_VENDOR / "uPlot.iife.min.js").read_text() + "\n" + (_HERE / "panel.js").read_text()
+    _css = (_VENDOR / "uPlot.min.css").read_text() + "\n" + (_HERE / "panel.css").read_text()
 
     views = traitlets.List(traitlets.Unicode()).tag(sync=True)
     data = traitlets.Dict().tag(sync=True)
     live = traitlets.Dict().tag(sync=True)
     uid = traitlets.Unicode().tag(sync=True)  # keys the browser-side UI state across re-renders
+    follow = traitlets.Bool(True).tag(sync=True)  # False: a snapshot of the cell that opened it
 
-    def __init__(self, hub: Any, views: list[str], **kwargs: Any) -> None:
-        super().__init__(views=list(views), uid=uuid.uuid4().hex, **kwargs)
+    def __init__(self, hub: Any, views: list[str], *, follow: bool = True, **kwargs: Any) -> None:
+        super().__init__(views=list(views), uid=uuid.uuid4().hex, follow=follow, **kwargs)
         self.hub = hub
         self.sync_lock = threading.Lock()  # the refresh thread and the main thread both send
         self.freed: str | None = None
@@ -55,7 +57,7 @@ class Panel(anywidget.AnyWidget):
     # -- browser -> kernel (between cells) ----------------------------------------------------
     def _on_frontend_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("action") == "free":
-            self.hub.free()
+            self.hub.free(self)
 
     # -- display ------------------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any):

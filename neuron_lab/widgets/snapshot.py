@@ -6,7 +6,8 @@ the header carries the op-kind table (:func:`neuron_lab.kinds.as_json`), how rep
 sections (:func:`neuron_lab.kinds.sections`) and the views' titles, so the widget (``panel.js``) spells none of
 them. What only the session has: the memory timeline and the device tensors'
 holders. The static views (``static.py``) read the same JSON. ``live()`` is the part that changes while a
-cell runs: plain counter reads, so the refresh thread may call it.
+cell runs: counter reads and the running cell's op rows (copied under the trace's lock), so the refresh thread
+may call it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def header(session: Any) -> dict[str, Any]:
             "titles": TITLES}
 
 
+def as_of(session: Any) -> dict[str, Any]:
+    """Whose state the data is: the newest cell run (the running one, or the last) and when, on the timeline."""
+    return {"cell": session.locator.newest_cell(), "t": round(session.timeline.now(), 3)}
+
+
 def live(session: Any) -> dict[str, Any]:
     """What moves while a cell runs; safe from the refresh thread."""
     if not _backend.is_active():
@@ -49,14 +55,30 @@ def live(session: Any) -> dict[str, Any]:
     d: dict[str, Any] = {"busy": False, "allocated": allocated, "peak": peak, "capacity": b.capacity(),
                          "t": round(session.timeline.now(), 3), "mode": session.mode, "device": str(session.device)}
     tracker = session.running
-    if tracker is not None:
+    if tracker is not None:  # the running cell's: its counters, its op rows so far, a compile in progress
         fallback_calls, ops, elapsed = tracker.live()
         d.update(busy=True, cell=session.running_cell(), fallback_calls=fallback_calls, ops=ops,
-                 elapsed_s=round(elapsed, 3), mode=tracker.report.mode, device=tracker.report.device)
+                 elapsed_s=round(elapsed, 3), mode=tracker.report.mode, device=tracker.report.device,
+                 rows=_rows_so_far(tracker), compiling=_compiling(tracker))
     elif session.history:
         last = _last(session)
         d.update(cell=last.cell, fallback_calls=last.fallback_calls, ops=last.ops, elapsed_s=round(last.wall_s, 3))
     return d
+
+
+def _rows_so_far(tracker: Any) -> list[dict[str, Any]]:
+    """The running cell's op rows without their stacks: the tab shows sites, and this is sent a few times a second."""
+    rows = as_data(tracker.rows_so_far())
+    for row in rows:
+        for site in row["sites"]:
+            site["stacks"] = []
+    return rows
+
+
+def _compiling(tracker: Any) -> dict[str, Any] | None:
+    """The compile in progress (``{"frame", "graphs", "elapsed_s"}``), elapsed rounded so equal ticks send nothing."""
+    c = tracker.compiling()
+    return None if c is None else {**c, "elapsed_s": round(c["elapsed_s"], 1)}
 
 
 def _last(session: Any) -> Report | None:
@@ -68,8 +90,9 @@ def _newest(session: Any) -> list[Report]:
 
 
 def memory(session: Any) -> dict[str, Any]:
-    """The timeline (``[seconds, bytes]`` points, the cells' spans) and each kept cell's memory."""
+    """The timeline (``[seconds, bytes]`` points, the cells' spans, its marks) and each kept cell's memory."""
     return {"points": as_data(session.timeline.points()), "cells": as_data(session.timeline.cells()),
+            "marks": as_data(session.timeline.marks()),
             "rows": [as_data(r, "cell", "wall_s", "memory") for r in _newest(session)]}
 
 
@@ -104,7 +127,7 @@ BUILDERS: dict[str, Callable[[Any], dict[str, Any]]] = {
 
 def build(session: Any, views: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """The data of ``views`` (the strip needs only the header and ``live``)."""
-    data = {"header": header(session)}
+    data = {"header": header(session), "as_of": as_of(session)}
     for v in views:
         if v in BUILDERS:
             data[v] = BUILDERS[v](session)

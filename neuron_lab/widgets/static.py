@@ -3,20 +3,21 @@ frontends without ipywidgets), read from the same snapshot JSON as ``panel.js``.
 
 :data:`RENDERERS` holds one (text, HTML) pair per view. Where a view shows the report's facts it reads them back
 into the report model and draws them with the report's renderers: op rows with their call sites are
-:func:`~neuron_lab.report.text.op_lines` and :func:`~neuron_lab.report.html.op_table`, tables are
+:func:`~neuron_lab.report.text.op_sections` and :func:`~neuron_lab.report.html.op_sections_html`, tables are
 :func:`~neuron_lab.report.html.table`, a cell's memory is a :class:`~neuron_lab.report.model.Memory`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from html import escape
 from typing import Any
 
 from neuron_lab import kinds
-from neuron_lab.report.html import op_table, table
+from neuron_lab.report.html import op_sections_html, table
 from neuron_lab.report.model import Memory, OpRow, Site
-from neuron_lab.report.text import op_lines
+from neuron_lab.report.text import op_sections
 from neuron_lab.units import count, format_delta, format_seconds, format_size
 from neuron_lab.widgets import snapshot
 
@@ -33,12 +34,19 @@ def _strip_line(data: dict, live: dict) -> str:
     calls = count(live.get("fallback_calls", 0), kinds.KINDS[kinds.FALLBACK].call)
     if live.get("busy"):  # the count is the running cell's, so it says whose
         state = f"In[{live.get('cell') or '?'}] running {format_seconds(live.get('elapsed_s', 0))}: {calls} so far"
+        if live.get("compiling"):
+            state += f" · {compiling_line(live['compiling'])}"
     elif live.get("cell"):
         state = f"In[{live.get('cell')}] {format_seconds(live.get('elapsed_s', 0))}: {calls}"
     else:
         state = "idle"
     return (f"neuron_lab · {live.get('device', h.get('device'))} · mode {live.get('mode', h.get('mode'))} · "
             f"{format_size(live.get('allocated', 0))} of {format_size(cap)}{pct} · {state}")
+
+
+def compiling_line(c: dict) -> str:
+    """A compile in progress, as the live strip and the Compiles tab say it."""
+    return f"compiling {c['frame']}: {count(c['graphs'], 'graph')} so far, {format_seconds(c['elapsed_s'])}"
 
 
 def _site_text(site: dict | None) -> str:
@@ -74,18 +82,70 @@ def _spark(points: list) -> str:
     return "".join(BLOCKS[min(int(v / top * (len(BLOCKS) - 1) + 0.5), len(BLOCKS) - 1)] for v in vals)
 
 
-def _svg(points: list, cells: list, width: int = 480, height: int = 60) -> str:
+_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
+_LABEL_PX = 6  # a label character's width at 10px, for the overlap test
+
+
+def _ticks(top: float, n: int = 4) -> list[float]:
+    """About ``n`` round tick values from 0 to ``top``."""
+    raw = top / n
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    return [i * step for i in range(int(top / step) + 1)]
+
+
+def _svg(points: list, cells: list, marks: list, peak: int, width: int = 560, height: int = 150) -> str:
+    """The memory timeline as SVG, the widget's chart by time: axes with units, labelled cell bands (a label that
+    does not fit or would overlap the one before is left out; the band's tooltip names it), OOM and peak marks."""
     if not points:
         return ""
-    t_max = max(points[-1][0], 1e-9)
-    top = max(b for _, b in points) or 1
-    path = " ".join(f"{i and 'L' or 'M'}{t / t_max * width:.1f},{height - b / top * (height - 4):.1f}"
-                    for i, (t, b) in enumerate(points))
-    marks = "".join(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height}" stroke="#bbb" stroke-dasharray="2,2"/>'
-                    for x in (c["start_s"] / t_max * width for c in cells))
-    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-label="allocated bytes over the session">{marks}<path d="{path}" fill="none" stroke="#e67e22" '
-            'stroke-width="1.5"/></svg>')
+    left, right, top, bottom = 64, 8, 14, 32
+    pw, ph = width - left - right, height - top - bottom
+    t0, t1 = points[0][0], max(points[-1][0], points[0][0] + 1e-3)
+    unit, scale = next((u, s) for u, s in _UNITS if max(peak, 1) >= s)
+    y_top = max(peak, max(b for _, b in points), 1) / scale * 1.1
+
+    def x(t: float) -> float:
+        return left + (min(max(t, t0), t1) - t0) / (t1 - t0) * pw
+
+    def y(b: float) -> float:
+        return top + ph - b / scale / y_top * ph
+
+    out = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+           'aria-label="device memory allocated over the session" style="font:10px sans-serif">']
+    right_edge = -1.0
+    for c in cells:
+        x0, x1 = x(c["start_s"]), x(c["end_s"])
+        label = f"In[{c['cell']}]"
+        out.append(f'<rect x="{x0:.1f}" y="{top}" width="{max(x1 - x0, 1):.1f}" height="{ph}" '
+                   f'fill="rgba(52,152,219,0.14)"><title>{escape(label)}</title></rect>')
+        if x1 - x0 >= len(label) * _LABEL_PX + 4 and x0 >= right_edge:
+            out.append(f'<text x="{x0 + 2:.1f}" y="{top + 10}" fill="#555">{escape(label)}</text>')
+            right_edge = x0 + len(label) * _LABEL_PX + 4
+    for v in _ticks(y_top / 1.1):
+        at = y(v * scale)
+        out.append(f'<line x1="{left - 3}" x2="{left + pw}" y1="{at:.1f}" y2="{at:.1f}" stroke="#eee"/>'
+                   f'<text x="{left - 5}" y="{at + 3:.1f}" text-anchor="end">{v:g} {unit}</text>')
+    for v in _ticks(t1 - t0, 5):
+        out.append(f'<text x="{x(t0 + v):.1f}" y="{top + ph + 13}" text-anchor="middle">{v:g} s</text>')
+    path = " ".join(f"{'L' if i else 'M'}{x(t):.1f},{y(b):.1f}" for i, (t, b) in enumerate(points))
+    out.append(f'<path d="{path}" fill="none" stroke="#e67e22" stroke-width="1.5"/>')
+    out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y(peak):.1f}" y2="{y(peak):.1f}" stroke="#c0392b" '
+               f'stroke-dasharray="4,3"/><text x="{left + 4}" y="{y(peak) - 3:.1f}" '
+               f'fill="#c0392b">peak {format_size(peak)}</text>')
+    for m in marks:  # the label on the side with room
+        at = x(m["t_s"])
+        side = f'x="{at - 3:.1f}" text-anchor="end"' if at > left + pw - 40 else f'x="{at + 3:.1f}"'
+        out.append(f'<line x1="{at:.1f}" x2="{at:.1f}" y1="{top}" y2="{top + ph}" stroke="#c0392b" stroke-width="2">'
+                   f'<title>{escape(m["label"])}</title></line><text {side} y="{top + ph - 3}" fill="#c0392b">'
+                   f'{"OOM" if m["kind"] == "oom" else escape(m["kind"])}</text>')
+    out.append(f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + ph}" stroke="#999"/>'
+               f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" stroke="#999"/>'
+               f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle" fill="#666">'
+               'seconds since the session started</text>'
+               f'<text transform="translate(10,{top + ph / 2:.1f}) rotate(-90)" text-anchor="middle" fill="#666">'
+               f'allocated ({unit})</text></svg>')
+    return "".join(out)
 
 
 def _memory_text(data: dict, live: dict) -> str:
@@ -102,7 +162,9 @@ def _memory_html(data: dict, live: dict) -> str:
     m = data["memory"]
     rows = [[f"In[{cell}]", format_size(mem.before), format_size(mem.after), format_delta(mem.delta),
              format_size(mem.peak)] for cell, mem in _memories(data)]
-    return _svg(m["points"], m["cells"]) + table(["cell", "before", "after", "delta", "peak"], rows)
+    peak = max([live.get("peak", 0), *(mem.peak for _, mem in _memories(data))])
+    return (_svg(m["points"], m["cells"], m.get("marks", []), peak)
+            + table(["cell", "before", "after", "delta", "peak"], rows))
 
 
 # -- tensors -------------------------------------------------------------------------------------
@@ -130,15 +192,12 @@ def _tensors_html(data: dict, live: dict) -> str:
 def _fallbacks_text(data: dict, live: dict) -> str:
     lines = [f"{snapshot.TITLES['fallbacks']}, all cells ({_profile(data)}):"]
     sections = _sections(data)
-    for kind, rows in sections:
-        lines += op_lines(kind.title, rows)
-    return "\n".join(lines if sections else [*lines, "  none"])
+    return "\n".join([*lines, *op_sections(sections)] if sections else [*lines, "  none"])
 
 
 def _fallbacks_html(data: dict, live: dict) -> str:
     head = f"<b>{escape(snapshot.TITLES['fallbacks'])}, all cells</b> ({escape(_profile(data))})"
-    return head + "".join(op_table(f"{kind.title}: {sum(r.count for r in rows):,} calls" if kind.off_device
-                                   else kind.title, rows) for kind, rows in _sections(data))
+    return head + op_sections_html(_sections(data))
 
 
 # -- compiles ------------------------------------------------------------------------------------
@@ -187,14 +246,15 @@ def render_html(data: dict, live: dict, views: list[str]) -> str:
 
 
 class StaticView:
-    """A view for frontends without widgets: shown once, then updated in place after each cell.
+    """A view for frontends without widgets: shown once, then updated in place after each cell (``follow``)
+    or only at the end of the cell that opened it (a snapshot).
 
     In a kernel the update is an ``update_display_data`` (the saved notebook keeps the latest);
     a terminal prints it once, since it cannot update in place.
     """
 
-    def __init__(self, hub: Any, views: list[str]) -> None:
-        self.hub, self.views = hub, list(views)
+    def __init__(self, hub: Any, views: list[str], *, follow: bool = True) -> None:
+        self.hub, self.views, self.follow = hub, list(views), follow
         self.handle: Any = None
         self.data: dict = {}
         self.live: dict = {}

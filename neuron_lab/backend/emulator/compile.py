@@ -2,14 +2,17 @@
 
 Dynamo hands over a torch-level graph; aot_autograd turns it into aten inference, forward and
 backward graphs on ``neuron`` fake tensors, which is what TorchNeuron's own backend sees. Each
-graph is then lowered one of two ways (``NEURON_LAB_COMPILE_LOWERING``):
+graph is then lowered one of two ways (:func:`set_lowering`, else ``NEURON_LAB_COMPILE_LOWERING``):
 
-- ``inductor`` (default): a copy of the graph with ``device=neuron`` rewritten to ``cpu`` is compiled
+- ``eager`` (default): the aten graph runs op by op on the device, through the emulator's fallback,
+  so every op inside a compiled graph is recorded (and reported as a CPU fallback where the coverage
+  profile says so) as in eager mode, with eager's numerics. What the emulator must show about a
+  compile is the graph structure and what would not run natively on Trainium, not host speed; and a
+  compile costs aot_autograd's tracing only, no code generation.
+- ``inductor``: a copy of the graph with ``device=neuron`` rewritten to ``cpu`` is compiled
   by host Inductor on first call, on zero-copy CPU aliases of the device inputs, and its results are
-  adopted back as device tensors. Running eager through the emulator costs a Python fallback per op
-  (about 1.8x CPU eager on a small MLP); this runs at about CPU-Inductor speed.
-- ``eager``: the aten graph runs op by op on the device, through the emulator's fallback, so every op
-  is recorded as in eager mode. A graph Inductor cannot lower falls back to this, with the reason.
+  adopted back as device tensors: about CPU-Inductor speed, after an Inductor compile (seconds to
+  minutes). A graph Inductor cannot lower runs eagerly instead, with the reason in its metrics record.
 
 As in TorchNeuron, ``dynamic=True`` is rejected, a non-default ``mode`` warns and is ignored, and
 each graph appends a ``get_dynamo_metrics()`` record, plus the nodes the coverage profile says
@@ -34,15 +37,34 @@ from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_con
 from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab.backend.emulator import runtime
+from neuron_lab.backend.emulator.graph_lines import located_forward
 from neuron_lab.kinds import NATIVE
 
 Tensor = torch.Tensor
 LOWERING_ENV = "NEURON_LAB_COMPILE_LOWERING"
-LOWERINGS = ("inductor", "eager")
+LOWERINGS = ("eager", "inductor")
+DEFAULT_LOWERING = "eager"
 DYNAMIC_ERROR = ('torch.compile(backend="neuron") does not support dynamic=True: the Neuron backend compiles '
                  "static shapes. Leave dynamic unset (or False); shapes that vary between calls recompile per shape.")
 _CPU = torch.device("cpu")
 _nth: Counter[str] = Counter()  # graphs compiled per "{model}_{aot_id}_{type}" prefix
+_chosen: str | None = None  # set_lowering's choice; None: the environment variable decides
+
+
+def lowering() -> str:
+    """The lowering the next compiled graph gets: the one chosen in-process, else the env var's, else eager."""
+    name = _chosen or os.environ.get(LOWERING_ENV) or DEFAULT_LOWERING
+    if name not in LOWERINGS:
+        raise ValueError(f"{LOWERING_ENV}={name!r}: expected one of {', '.join(LOWERINGS)}")
+    return name
+
+
+def set_lowering(name: str | None) -> None:
+    """The lowering of graphs compiled from now on (``%config NeuronLab.compile_lowering``); None: the env var's."""
+    global _chosen
+    if name is not None and name not in LOWERINGS:
+        raise ValueError(f"unknown compile lowering {name!r}: expected one of {', '.join(LOWERINGS)}")
+    _chosen = name
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
@@ -55,13 +77,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mo
                       UserWarning, stacklevel=2)
     options = options or {}
     model_name = str(options.get("model_name") or _module_name() or "model")
-    lowering = os.environ.get(LOWERING_ENV, "inductor") or "inductor"
-    if lowering not in LOWERINGS:
-        raise ValueError(f"{LOWERING_ENV}={lowering!r}: expected one of {', '.join(LOWERINGS)}")
+    chosen = lowering()
 
     def compiler(graph_type: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
         def compile_one(g: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-            return _compile_aten_graph(g, inputs, graph_type, model_name, lowering)
+            return _compile_aten_graph(g, inputs, graph_type, model_name, chosen)
 
         return compile_one
 
@@ -117,7 +137,7 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         "torch_neuronx_compile_us": 0,
         "graph_type": graph_type,
         "lowering": lowering,
-        "lowering_reason": f"{LOWERING_ENV}=eager" if lowering == "eager" else None,
+        "lowering_reason": None,
         "fallback_nodes": _fallback_nodes(gm, rt.profile),
     }
     graph = NeuronGraph(gm, example_inputs, metrics, rt.bridge)
@@ -168,10 +188,17 @@ def _no_host_kernel(gm: torch.fx.GraphModule) -> list[str]:
     return sorted(name for name in names if not has(name, "CPU"))
 
 
+_VIEW, _RESHAPE = torch.ops.aten.view.default, torch.ops.aten.reshape.default
+
+
 def _host_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of ``gm`` that computes on the host: ``device=neuron`` becomes ``cpu``, device constants host aliases.
 
-    The neuron fake-tensor metadata is dropped so Inductor re-derives it from the real CPU inputs.
+    The neuron fake-tensor metadata is dropped so Inductor re-derives it from the real CPU inputs. Its
+    strides can differ from the ones the graph was traced with (attention's ``[2,2,32,16]`` with strides
+    ``(1024,32,1,64)`` in gpt2 and t5), so a ``view`` the trace allowed may not be a view on the host:
+    the copy says ``reshape``, which is the same view where one exists and a copy where none does (the
+    graph is functional, so nothing observes the difference).
     """
     graph = torch.fx.Graph()
     env = graph.graph_copy(gm.graph, {})
@@ -181,6 +208,8 @@ def _host_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return _CPU if isinstance(a, torch.device) and a.type != "cpu" else a
 
     for n in graph.nodes:
+        if n.target is _VIEW:
+            n.target = _RESHAPE
         n.args = torch.fx.node.map_aggregate(n.args, to_cpu)
         n.kwargs = torch.fx.node.map_aggregate(n.kwargs, to_cpu)
         for key in ("val", "tensor_meta", "example_value"):
@@ -220,6 +249,7 @@ class NeuronGraph:
         self._out_on_device = tuple(_on_device(o.meta.get("val")) if isinstance(o, torch.fx.Node) else False
                                     for o in outputs)
         self.eager = metrics["lowering"] == "eager"
+        self._run_eagerly: Callable[..., Any] | None = None
         missing = [] if self.eager else _no_host_kernel(gm)
         if missing:
             self._use_eager(f"no CPU kernel for {', '.join(missing)}, so host Inductor cannot run it")
@@ -235,7 +265,7 @@ class NeuronGraph:
         inputs = list(args)  # keeps the device tensors, whose memory the host aliases borrow, alive
         args.clear()
         if self.eager:
-            return self.gm(*inputs)
+            return self._eager(inputs)
         to_host = self._bridge.to_host
         host = [to_host(a) if isinstance(a, Tensor) and not a.is_cpu else a for a in inputs]
         key = _signature(host) if self._dynamic else None
@@ -243,11 +273,23 @@ class NeuronGraph:
         if fn is None:
             fn = self._lower(host, key)
             if fn is None:
-                return self.gm(*inputs)
+                return self._eager(inputs)
         from_host = self._bridge.from_host
         index = next((a.device.index for a in inputs if isinstance(a, Tensor) and not a.is_cpu), None)
         return [from_host(r, index) if dev and r is not None else r
                 for r, dev in zip(fn(*host), self._out_on_device)]
+
+    def _eager(self, inputs: list[Any]) -> Any:
+        """Op by op on the device, each op at its user line (``gm.forward`` where none is known).
+
+        Not ``gm(...)``: a module call here is no user's, and compile mode must not compile it again.
+        """
+        if self._run_eagerly is None:
+            try:
+                self._run_eagerly = located_forward(self.gm) or self.gm.forward
+            except Exception:  # the lines are a nicety: the graph runs as generated rather than not at all
+                self._run_eagerly = self.gm.forward
+        return self._run_eagerly(*inputs)
 
     def _lower(self, host: list[Any], key: tuple | None) -> Callable[..., Any] | None:
         import torch._inductor
