@@ -274,7 +274,8 @@ def check_eager_vs_compile(r: Ran) -> None:
     rep = r.report("check-break")
     assert " · compile · " in rep[0] and rep[0].endswith(" · 2 graphs, 1 break, 0 recompiles"), rep[0]
     i = rep.index(f"  graph break at In[{model}] line {line}: if h.mean() > 0.5:")
-    assert rep[i + 1] == "      why: generic_jump TensorVariable()", rep[i + 1]
+    assert rep[i + 1].startswith("      why: Python `if`/`while` on a tensor's value"), rep[i + 1]
+    assert rep[i + 2].startswith("      fix: ") and rep[i + 3] == "      dynamo: generic_jump TensorVariable()", rep
     r.says("2 graphs and 1 graph break", f"`In[{model}] line {line}`, the `if`", "`generic_jump TensorVariable()`")
 
     fixed = r.report("check-nobreak")
@@ -348,7 +349,8 @@ def check_huggingface(r: Ran) -> None:
     assert "trained on neuron:0: loss " in r.stdout("train")
     gpt2 = r.report("train")
     assert "no CPU fallbacks" in gpt2[0] and _calls(gpt2) == {}
-    assert any(x.startswith("64-bit downcasts (") for x in gpt2)
+    assert any(x.startswith("64-bit downcasts: ") and x.endswith(" — `%neuron report --full` lists them")
+               for x in gpt2)  # one line in a report's default detail
     t5 = r.report("train-derived")
     assert _calls(t5) == {"aten::minimum": 12}  # 3 per step, 4 steps
     line = r.line("train-derived", "result = trainer.train()")
@@ -361,6 +363,60 @@ def check_huggingface(r: Ran) -> None:
            "The bundled coverage profile predicts no CPU fallback for it.")
 
 
+# -- 07: a language model, end to end -------------------------------------------------------------------
+def check_language_model(r: Ran) -> None:
+    assert "device neuron:0 · 256.00 MiB" in r.stdout("load")
+    train = r.report("train")
+    assert "no CPU fallbacks" in train[0] and len(train) <= 4, train  # a clean cell: a few lines
+    assert train[-1].startswith("64-bit downcasts: ") and train[-1].endswith(" — `%neuron report --full` lists them")
+
+    sample = r.report("sample")
+    line = r.line("sample", "nxt = torch.multinomial(probs, 1)")
+    assert _ops(sample, "CPU fallbacks") == {
+        "aten::multinomial": (24, [f"In[{r.n('sample')}] line {line}: nxt = torch.multinomial(probs, 1)  (24×)"])}
+    assert "no CPU fallbacks" in r.report("sample-fixed")[0]
+
+    parity = _shown(r, "parity", "neuron_lab parity ")
+    assert re.fullmatch(r"neuron_lab parity neuron:0 vs cpu: agree \(\d+ items, 1 step\)", parity[0]), parity[0]
+    assert parity[1] == "randomness: 5 random ops (native_dropout ×4, randint ×1) replayed from the neuron:0 run"
+
+    compiled = r.report("compile")
+    assert " · compile · " in compiled[0] and "1 graph, 0 breaks, 0 recompiles" in compiled[0], compiled[0]
+    ops = int(re.search(r" · ([\d,]+) ops · ", compiled[0])[1].replace(",", ""))
+    assert ops > 300, compiled[0]  # the graphs ran op by op on the device, and the report saw each op
+
+    broke = r.report("graph-break")
+    assert "1 graph, 1 break, 0 recompiles" in broke[0], broke[0]
+    at = r.line("chatty", "if logits.mean() > 0:")
+    i = broke.index(f"  graph break at In[{r.n('chatty')}] line {at}: if logits.mean() > 0:")
+    assert broke[i + 1].startswith("      why: Python `if`/`while` on a tensor's value")
+    assert broke[i + 2].startswith("      fix: compute both sides and choose with `torch.where(cond, a, b)`")
+    assert [o for o in r.cell("graph-break").outputs if o.output_type == "stream" and o.name == "stderr"] == []
+
+    (error,) = [o for o in r.cell("oom").outputs if o.output_type == "error"]
+    assert error.ename == "OutOfMemoryError"
+    assert "neuron_lab" not in ANSI.sub("", "\n".join(error.traceback))
+    oom = r.report("oom")
+    assert any(x.startswith("out of memory: ") and x.endswith(" held when the error unwound, by:") for x in oom)
+    assert any("[32, 4096, 192] float32" in x for x in oom), oom  # the biggest holder: attention's projections
+    assert any(x.startswith("freed after the error: ") for x in oom)
+    before = re.search(r"^memory: (\S+) MiB → ", "\n".join(oom), re.M)[1]
+    after = re.fullmatch(r"allocated after the OOM: (\S+) MiB\n", r.stdout("after-oom"))[1]
+    assert float(after) <= float(before), (after, before)
+
+    view = r.value("memory-view").splitlines()  # the view's text; its widget and HTML draw the same timeline
+    assert any(x.lstrip().startswith(f"In[{r.n('oom')}] ") and x.endswith("peak 197.59 MiB") for x in view), view
+    r.says("the CPU run replays the device run's draws", "dynamo's own warnings do not flood the cell")
+
+
+def _shown(r: Ran, tag: str, prefix: str) -> list[str]:
+    """The lines of the one display under the cell whose text/plain starts with ``prefix``."""
+    shown = [o.data["text/plain"] for o in r.cell(tag).outputs
+             if "data" in o and o.data.get("text/plain", "").startswith(prefix)]
+    assert len(shown) == 1, f"{tag}: {len(shown)} outputs starting {prefix!r}"
+    return shown[0].splitlines()
+
+
 CHECKS: dict[str, Callable[[Ran], None]] = {
     "01_quickstart.ipynb": check_quickstart,
     "02_finding_fallbacks.ipynb": check_finding_fallbacks,
@@ -368,6 +424,7 @@ CHECKS: dict[str, Callable[[Ran], None]] = {
     "04_eager_vs_compile.ipynb": check_eager_vs_compile,
     "05_on_trainium.ipynb": check_on_trainium,
     "06_huggingface.ipynb": check_huggingface,
+    "07_language_model.ipynb": check_language_model,
 }
 
 
