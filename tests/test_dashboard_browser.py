@@ -93,8 +93,10 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     panel.locator(".nl-tab[data-view=fallbacks]").click()
     row = panel.locator("[data-testid=nl-fallback-row][data-op='aten::atan2.out']")
     row.wait_for(state="visible", timeout=10_000)
-    assert "30×" in row.locator("summary").inner_text()
+    summary = row.locator("summary").inner_text()
+    assert "30×" in summary and "source:" not in summary and "EquiformerV3" not in summary, summary
     row.locator("summary").click()
+    assert row.locator("[data-testid=nl-reason-source]").inner_text().startswith("source: "), "the reason's source"
     site = row.locator("[data-testid=nl-site]").first
     cells = [c.strip() for c in site.locator("td").all_inner_texts()]
     assert cells == ["In[5]", "line 4", "loss = torch.atan2(model(x), x).pow(2).mean()", "30×"], cells

@@ -308,13 +308,17 @@ function opRow(r, ui, ctx) {
   if (r.unattributed) sites.push(h("tr", {}, h("td", { colspan: 4, class: "nl-muted" },
     `${fmtInt(r.unattributed)} calls without a user line`)));
   const shapes = r.shapes.map((s) => "(" + s.join(", ") + ")").join(" ");
+  // a reason is a sentence, then where the fact comes from, after the model's marker (report.model.SOURCE)
+  const marker = ctx.data.header && ctx.data.header.reason_source;
+  const [why, source] = marker && r.reason.includes(marker) ? r.reason.split(marker, 2) : [r.reason, ""];
   const d = h("details", {
     class: "nl-op", "data-testid": "nl-fallback-row", "data-op": r.op,
     ontoggle: (e) => { if (e.target.open) ui.open.add(key); else ui.open.delete(key); },
   },
     h("summary", {}, h("code", {}, r.op), h("span", { class: "nl-num" }, ` ${fmtInt(r.count)}×`),
-      h("span", {}, ` ${fmtSec(r.host_ns / 1e9)}`), h("span", { class: "nl-muted" }, ` ${r.reason}`),
+      h("span", {}, ` ${fmtSec(r.host_ns / 1e9)}`), h("span", { class: "nl-muted" }, ` ${why}`),
       h("span", { class: "nl-muted" }, ` · first ${shapes} ${r.dtypes.join(" ")}`)),
+    source ? h("div", { class: "nl-muted", "data-testid": "nl-reason-source" }, `source: ${source}`) : null,
     table(["cell", "line", "source", "calls"], sites));
   if (ui.open.has(key)) d.open = true;
   return d;
@@ -367,7 +371,8 @@ function compilesView(ctx) {
     const details = [];
     const k = r.compiles;
     for (const b of k.breaks) details.push(h("div", { class: "nl-break" }, "graph break at ", h("code", {}, siteLabel(b.site)),
-      b.site ? h("code", { class: "nl-muted" }, " " + b.site.source) : null, ": " + b.reason));
+      b.site ? h("code", { class: "nl-muted" }, " " + b.site.source) : null, ": " + b.reason,
+      b.hint ? h("div", { class: "nl-muted" }, "fix: " + b.hint) : null));
     for (const x of k.recompiles) details.push(h("div", { class: "nl-recompile" }, `recompile of ${x.code}`,
       x.site ? h("code", {}, " " + siteLabel(x.site)) : null, ": " + x.reason));
     for (const x of k.failures) details.push(h("div", { class: "nl-up" }, "failed: " + x));

@@ -19,7 +19,7 @@ from neuron_lab import backend as _backend
 from neuron_lab import kinds
 from neuron_lab.backend import profiles
 from neuron_lab.report.aggregate import merge_rows
-from neuron_lab.report.model import Report, as_data
+from neuron_lab.report.model import SOURCE, Report, as_data
 
 TITLES = {"memory": "Memory", "tensors": "Tensors", "fallbacks": kinds.title(kinds.FALLBACK), "compiles": "Compiles"}
 VIEWS = tuple(TITLES)  # the views, in tab order: the one list (``%neuron dashboard``, ``neuron_lab.show``)
@@ -38,7 +38,7 @@ def header(session: Any) -> dict[str, Any]:
             "backend": _backend.active().name if _backend.is_active() else "none",
             "profile": prof.name if prof else None, "profile_hint": hint, "kinds": kinds.as_json(),
             "sections": [[k.name, [n for n in kinds.KINDS if n in members]] for k, members in kinds.sections()],
-            "titles": TITLES}
+            "titles": TITLES, "reason_source": SOURCE}
 
 
 def as_of(session: Any) -> dict[str, Any]:
