@@ -1,7 +1,8 @@
-"""The dashboard in a real JupyterLab in Chromium: it renders, its memory value moves while the training
-cell is still running, its fallback tab follows the running cell, the CPU-fallback inspector lists the known op
-with its cell and line, the memory timeline has axes with units, readable cell labels, a by-cell axis and zoom;
-and the two single tensor views around the training keep their own cells' states (issue 17 points 4, 5, 8).
+"""The dashboard in a real JupyterLab in Chromium: it renders, its memory value moves while the training cell is still
+running, its fallback tab follows the running cell, a slow compile shows its progress, the CPU-fallback inspector
+lists the known op with its cell and line, the memory timeline has axes with units, readable cell labels, a by-cell
+axis and zoom; and the two single tensor views around the training keep their own cells' states (issue 17 points 4,
+5, 8).
 
 The screenshot it saves (``out/test-artifacts/dashboard-*.png``) is the one in the README; with
 ``NEURON_LAB_UPDATE_SCREENSHOTS=1`` it is also copied to ``docs/``.
@@ -44,8 +45,19 @@ CELLS = [
     "    keep.append(torch.ones(4096, device='neuron'))\n"
     "    time.sleep(0.2)",
     "%neuron tensors",  # In[6]: a snapshot, after it
-    "torch.empty(2 ** 50, dtype=torch.uint8, device='neuron')",  # In[7]: out of memory, marked on the timeline
+    # In[7]: a compile that takes its time (a backend that sleeps): the live views show it while it runs
+    "def slow_backend(gm, example_inputs):\n"
+    "    time.sleep(4)\n"
+    "    return gm.forward\n"
+    "def double(t):\n"
+    "    return t * 2\n"
+    "y = torch.compile(double, backend=slow_backend)(x)",
+    "torch.empty(2 ** 50, dtype=torch.uint8, device='neuron')",  # In[8]: out of memory, marked on the timeline
 ]
+COMPILE_CELL = 6  # 0-based; it runs as In[7]
+# the compile-progress line of the Compiles tab while the compile cell runs
+COMPILING = f"""(cell) => {{ const l = document.querySelector('.jp-Notebook [data-testid=nl-compiling]');
+    return ({JS_CELL_RUNNING})(cell) && l ? l.textContent : null; }}"""
 # the band labels of the memory timeline: text and left/right edges in px
 BAND_LABELS = """(panel) => [...panel.querySelectorAll('[data-testid=nl-band-label]')].map((l) => {
     const r = l.getBoundingClientRect(); return [l.textContent, r.left, r.right]; })"""
@@ -88,9 +100,15 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     as_of = panel.locator("[data-testid=nl-tensors-as-of]").inner_text()
     assert as_of.startswith("as of In[4], ") and "ago: refreshed when In[5] ends" in as_of, as_of
 
+    # a compile in progress: the Compiles tab names the frame and counts the seconds
+    panel.locator(".nl-tab[data-view=compiles]").click()
+    progress = wait_for(page, COMPILING, timeout=60, arg=COMPILE_CELL)
+    assert progress.startswith("compiling double: 0 graphs so far, "), progress
+
     wait_idle(page, timeout=60)
     # the inspector: the known op, its count, and its cell, line and source
     panel.locator(".nl-tab[data-view=fallbacks]").click()
+    panel.locator(".nl-filter input[value=all]").check()  # the last device cell (the compile) has none
     row = panel.locator("[data-testid=nl-fallback-row][data-op='aten::atan2.out']")
     row.wait_for(state="visible", timeout=10_000)
     summary = row.locator("summary").inner_text()
@@ -118,7 +136,7 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     assert panel.locator("[data-testid=nl-timeline] canvas").count() == 1
     assert panel.locator("[data-testid=nl-mark-peak]").inner_text().startswith("peak ")
     oom = panel.locator("[data-testid=nl-mark-oom]")
-    assert oom.inner_text() == "OOM" and oom.get_attribute("title") == "out of memory in In[7]"
+    assert oom.inner_text() == "OOM" and oom.get_attribute("title") == "out of memory in In[8]"
     plot, mark = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box(), oom.bounding_box()
     assert plot["x"] <= mark["x"] and mark["x"] + mark["width"] <= plot["x"] + plot["width"]  # inside the box
     by_time = panel.evaluate(BAND_LABELS)
@@ -129,7 +147,8 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     by_cell = panel.evaluate(BAND_LABELS)
     assert all(a[2] <= b[1] for a, b in zip(by_cell, by_cell[1:])), by_cell
     # each cell the same width: the quick cells (In[2]'s setup) get a label they had no room for by time
-    assert [t for t, _, _ in by_cell] == ["In[2]", "In[5]"] and len(by_cell) > len(by_time), (by_time, by_cell)
+    assert [t for t, _, _ in by_cell] == ["In[2]", "In[5]", "In[7]"] and len(by_cell) > len(by_time), (
+        by_time, by_cell)
     shot = panel.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-timeline-by-cell.png"))
     assert shot
     box = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box()
@@ -140,10 +159,10 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     panel.locator("[data-testid=nl-zoom-reset]").click()
     assert panel.evaluate(BAND_LABELS) == by_cell
     box = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box()  # a new chart: measure again
-    page.mouse.move(box["x"] + box["width"] * 0.55, box["y"] + 20)
+    page.mouse.move(box["x"] + box["width"] * 0.40, box["y"] + 20)
     page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * 0.95, box["y"] + 20, steps=5)
-    page.mouse.up()  # drag-select: In[5] fills the plot, In[2] is out of view
+    page.mouse.move(box["x"] + box["width"] * 0.62, box["y"] + 20, steps=5)
+    page.mouse.up()  # drag-select, by cell: In[5] (the middle third) fills the plot, In[2] and In[7] out of view
     (label,) = panel.evaluate(BAND_LABELS)
     assert label[0] == "In[5]" and box["x"] <= label[1], label  # in view, at the left edge of its visible part
     panel.locator("[data-testid=nl-timeline] .u-over").dblclick()
