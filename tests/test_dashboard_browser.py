@@ -27,6 +27,7 @@ from browser import (
 pytest_plugins = ["browser"]
 
 TRAIN_CELL = 4  # 0-based; it runs as In[5]
+RELEASE = ROOT / "out" / "test-artifacts" / "release-training-cell"  # made by the test: the training may end
 CELLS = [
     "%load_ext neuron_lab",
     "import time\nimport torch\n"
@@ -35,8 +36,8 @@ CELLS = [
     "x = torch.randn(32, 64).to('neuron')",
     "%neuron tensors",  # In[3]: a snapshot, before the training
     "%neuron dashboard",
-    # In[5]: the fallback is line 4; ~12 s of training (slack for the live checks on a loaded machine),
-    # keeping 16 KiB more device memory per step
+    # In[5]: the fallback is line 4; 30 steps that keep 16 KiB more device memory each, then the cell stays
+    # running until the test has made its live checks (RELEASE), so a loaded machine cannot outrun them
     "keep = []\n"
     "for step in range(30):\n"
     "    opt.zero_grad()\n"
@@ -44,7 +45,11 @@ CELLS = [
     "    loss.backward()\n"
     "    opt.step()\n"
     "    keep.append(torch.ones(4096, device='neuron'))\n"
-    "    time.sleep(0.4)",
+    "    time.sleep(0.2)\n"
+    "import os\n"
+    "t_end = time.time() + 90\n"
+    f"while not os.path.exists({str(RELEASE)!r}) and time.time() < t_end:\n"
+    "    time.sleep(0.1)",
     "%neuron tensors",  # In[6]: a snapshot, after it
     # In[7]: a compile that takes its time (a backend that sleeps): the live views show it while it runs
     "def slow_backend(gm, example_inputs):\n"
@@ -73,6 +78,8 @@ ALLOCATED_WHILE_TRAINING = f"""([cell, other]) => {{
 
 def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     page = lab_page
+    RELEASE.parent.mkdir(parents=True, exist_ok=True)
+    RELEASE.unlink(missing_ok=True)
     open_notebook(page, jupyter_lab, "dashboard.ipynb", CELLS)
     run_all(page)
 
@@ -101,6 +108,7 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     as_of = panel.locator("[data-testid=nl-tensors-as-of]").inner_text()
     assert as_of.startswith("as of In[4], ") and "ago: refreshed when In[5] ends" in as_of, as_of
 
+    RELEASE.touch()  # the training cell may end now
     # a compile in progress: the Compiles tab names the frame and counts the seconds
     panel.locator(".nl-tab[data-view=compiles]").click()
     progress = wait_for(page, COMPILING, timeout=60, arg=COMPILE_CELL)
