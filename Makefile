@@ -38,7 +38,7 @@ lab: $(CORE)
 # Everything on the compiled core, then the backend tests and the OpInfo sweep again on the pure-Python core.
 BACKEND_TESTS := tests/test_device.py tests/test_memory.py tests/test_op_reporting.py tests/test_serialization.py \
 	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py \
-	tests/test_torch_neuronx.py tests/test_compile_cells.py
+	tests/test_torch_neuronx.py tests/test_compile_cells.py tests/test_distributed.py
 test: $(CORE)
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo

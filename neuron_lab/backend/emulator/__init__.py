@@ -71,9 +71,15 @@ def install(profile=None) -> _rt.Runtime:
     rt.problems = problems
     rt.emulate_downcast = emulate_downcast
     _rt.set_runtime(rt)
+    if topo.local_rank is not None:  # a torchrun rank starts on its own device, as under TorchNeuron
+        if core is not None:
+            rt.devices.set_device(topo.local_rank)
+        elif topo.local_rank:
+            problems.append(f"rank {topo.local_rank} runs on neuron:0: the pure-Python core has one device "
+                            f"({why})")
 
     # Imported after the rename: these modules build `neuron` devices at import.
-    from neuron_lab.backend.emulator import autocast, device_module, patches
+    from neuron_lab.backend.emulator import autocast, device_module, distributed, patches
 
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch._register_device_module("neuron", device_module)
@@ -84,6 +90,7 @@ def install(profile=None) -> _rt.Runtime:
     patches.install(python_core=core is None)
     _hide_from_dynamo()
     neuronx_finder.install()  # `import torch_neuronx` now finds the emulation, unless a real one is on sys.path
+    distributed.register()  # init_process_group(backend="neuron"), as `import torch_neuronx` provides
     return rt
 
 

@@ -3,13 +3,17 @@
 An instance has chips of physical NeuronCores and HBM; at logical-core size ``LNC`` every ``LNC``
 physical cores form one logical NeuronCore, which TorchNeuron shows as one ``neuron:i`` device with
 its share of the HBM. ``NEURON_RT_VISIBLE_CORES`` and ``NEURON_RT_NUM_CORES`` then select devices as
-the runtime does. Bad settings never stop the emulator: they fall back to the defaults and are
-reported as problems for ``neuron-lab doctor`` and the load banner.
+the runtime does. Under ``torchrun`` (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` set) a process is one rank
+and gets what TorchNeuron gives it: ``LOCAL_WORLD_SIZE`` device indices, of which it owns
+``neuron:{LOCAL_RANK}``, on core ``NEURON_RT_VISIBLE_CORES`` (one core) or else core ``LOCAL_RANK``.
+Bad settings never stop the emulator: they fall back to the defaults and are reported as problems for
+``neuron-lab doctor`` and the load banner.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from neuron_lab.units import format_size, parse_size
@@ -20,6 +24,7 @@ CAPACITY_ENV = "NEURON_LAB_DEVICE_MEMORY"
 LNC_ENVS = ("NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VIRTUAL_CORE_SIZE")
 VISIBLE_ENV = "NEURON_RT_VISIBLE_CORES"
 NUM_ENV = "NEURON_RT_NUM_CORES"
+LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 MAX_CAPACITY = 1 << 50  # 1 PiB: larger values are typing mistakes, not devices
 MAX_DEVICES = 127  # PyTorch's device index is an int8
 
@@ -50,12 +55,15 @@ class Topology:
     capacities: list[int]  # one per visible device, neuron:0 first
     cores: list[int]  # the logical core each device is, as the runtime numbers them
     problems: list[str] = field(default_factory=list)
+    local_rank: int | None = None  # under torchrun: the one device index this process owns
 
     @property
     def summary(self) -> str:
         caps = {format_size(c) for c in self.capacities}
+        rank = ("" if self.local_rank is None else
+                f"; this rank owns neuron:{self.local_rank} (core {self.cores[self.local_rank]})")
         return (f"{self.instance} at LNC={self.lnc}: {len(self.capacities)} device(s) of "
-                f"{', '.join(sorted(caps))}")
+                f"{', '.join(sorted(caps))}{rank}")
 
 
 def _whole(text: str) -> bool:
@@ -133,8 +141,37 @@ def detect(env: dict[str, str] | None = None) -> Topology:
             cores = cores[:int(num)]
         else:
             problems.append(f"{NUM_ENV}={num!r}: give 1 to {len(cores)}; using {len(cores)}")
+    ranked = _rank_topology(env, cores, logical, bool(visible), problems)
+    if ranked is not None:
+        local_rank, cores = ranked
+        return Topology(inst.name, lnc, [capacity] * len(cores), cores, problems, local_rank)
     if len(cores) > MAX_DEVICES:
         problems.append(f"{len(cores)} logical cores, but PyTorch numbers devices up to neuron:{MAX_DEVICES - 1}: "
                         f"the first {MAX_DEVICES} are visible (select others with {VISIBLE_ENV})")
         cores = cores[:MAX_DEVICES]
     return Topology(inst.name, lnc, [capacity] * len(cores), cores, problems)
+
+
+def _rank_topology(env: Mapping[str, str], cores: list[int], logical: int, visible_set: bool,
+                   problems: list[str]) -> tuple[int, list[int]] | None:
+    """Under torchrun: (local rank, the core of each of the ``LOCAL_WORLD_SIZE`` devices), else None.
+
+    Peers' devices are numbered as torchrun's default mapping (core = local rank) would place them.
+    """
+    rank, size = env.get(LOCAL_RANK_ENV, "").strip(), env.get(LOCAL_WORLD_SIZE_ENV, "").strip()
+    if not (rank or size):
+        return None
+    if not (_whole(rank) and _whole(size) and int(rank) < int(size) <= MAX_DEVICES):
+        problems.append(f"{LOCAL_RANK_ENV}={rank!r} with {LOCAL_WORLD_SIZE_ENV}={size!r} is not a rank of a local "
+                        f"world of 1 to {MAX_DEVICES}; not mapping this process to a rank's device")
+        return None
+    local_rank, size_ = int(rank), int(size)
+    if size_ > logical:
+        problems.append(f"{size_} local ranks but {logical} logical cores: a Trn instance could not start them")
+    core = local_rank
+    if visible_set:
+        if len(cores) != 1:
+            problems.append(f"{VISIBLE_ENV} gives rank {local_rank} {len(cores)} cores; TorchNeuron takes exactly "
+                            f"one per process; using core {cores[0]}")
+        core = cores[0]
+    return local_rank, [core if i == local_rank else i for i in range(size_)]

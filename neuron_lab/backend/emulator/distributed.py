@@ -1,0 +1,261 @@
+"""The `neuron` c10d backend on the emulator: ``init_process_group(backend="neuron")`` over gloo.
+
+A `neuron` tensor's bytes are host memory, so each collective hands gloo the tensors' zero-copy host
+aliases and gloo writes the results straight into device memory; no transport of our own. As
+TorchNeuron's ``ProcessGroupNeuron`` is, the group is a Python subclass of the C++ ``ProcessGroup``
+(PyTorch 2.13 cannot subclass the C++ ``Backend`` from Python), so it replaces the whole group and takes
+CPU tensors too (they pass through). Each call returns a Work whose future's value is the caller's
+device tensors, completed when gloo's work is. Reductions gloo lacks are built as TorchNeuron builds
+them: AVG as SUM then divide, PREMUL_SUM as multiply then SUM.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from neuron_lab.backend.emulator import runtime as _rt
+
+BACKEND = "neuron"
+ReduceOp = dist.ReduceOp
+
+
+def register() -> None:
+    """Register the ``neuron`` backend for the ``neuron`` device, once; a torch without c10d skips it."""
+    if dist.is_available() and not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, create, devices=[BACKEND])
+
+
+def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupNeuron:
+    """The creator c10d calls for each group; the first one attaches this process to its rank's device."""
+    global _attached
+    if not _attached:
+        _attached = True
+        _attach(rank)
+    return ProcessGroupNeuron(store, rank, size, timeout)
+
+
+_attached = False
+
+
+def _attach(rank: int) -> None:
+    """What TorchNeuron does at the first group: ``NEURON_RT_VISIBLE_CORES`` defaults to the local rank, and
+    that device becomes current. A process the emulator already mapped at install (``LOCAL_RANK`` set
+    then, as torchrun does) keeps its mapping; one whose launcher set ``LOCAL_RANK`` later (``mp.spawn``
+    workers) moves to ``neuron:{LOCAL_RANK}`` when that device exists."""
+    local = os.environ.get("LOCAL_RANK", "").strip()
+    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", local or str(rank))
+    rt = _rt.get()
+    if rt.topology.local_rank is None and local.isdigit() and int(local) < rt.devices.device_count():
+        rt.devices.set_device(int(local))
+
+
+def _host(x: Any) -> Any:
+    """``x`` with every `neuron` tensor replaced by its zero-copy host alias (lists kept as lists)."""
+    if isinstance(x, torch.Tensor):
+        return _rt.get().bridge.to_host(x) if x.device.type == BACKEND else x
+    if isinstance(x, (list, tuple)):
+        return [_host(v) for v in x]
+    return x
+
+
+def _flat(x: Any) -> list[torch.Tensor]:
+    """The tensors of a nested list, in order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for v in x for t in _flat(v)]
+
+
+def _future(work: dist.Work) -> torch.futures.Future:
+    """The work's future; gloo's send, recv and barrier have none, so a thread waits on those."""
+    try:
+        return work.get_future()
+    except RuntimeError:
+        fut: torch.futures.Future = torch.futures.Future()
+
+        def wait() -> None:
+            try:
+                work.wait()
+                fut.set_result(None)
+            except Exception as e:  # noqa: BLE001  (handed to whoever waits on the future)
+                fut.set_exception(e)
+
+        threading.Thread(target=wait, name="neuron-c10d-wait", daemon=True).start()
+        return fut
+
+
+def _done(works: Sequence[dist.Work], value: Any, after: Callable[[], None] | None = None) -> dist.Work:
+    """A Work completed with ``value`` once all gloo ``works`` are, running ``after`` (a host fix-up) first."""
+    futures = [_future(w) for w in works]
+    fut = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+
+    def finish(f: torch.futures.Future) -> Any:
+        for inner in (f.value() if len(futures) > 1 else [f]):
+            inner.value()  # re-raises gloo's error
+        if after is not None:
+            after()
+        return value
+
+    return _create_work_from_future(fut.then(finish))
+
+
+def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+                 in_place: bool) -> tuple[Any, list[torch.Tensor], Callable[[], None] | None]:
+    """Gloo's options, inputs and fix-up for ``opts.reduceOp``: AVG and PREMUL_SUM become SUM."""
+    op = opts.reduceOp
+    if op == ReduceOp.PREMUL_SUM:
+        factor = op.factor
+        if in_place:
+            for t in inputs:
+                t.mul_(factor)
+        else:
+            inputs = [t * factor for t in inputs]
+        opts.reduceOp = ReduceOp.SUM  # rewrites `op` in place (it is the options' own copy, not the caller's)
+        return opts, inputs, None
+    if op != ReduceOp.AVG:
+        return opts, inputs, None
+    opts.reduceOp = ReduceOp.SUM
+
+    def average() -> None:
+        for t in outputs:
+            if t.is_floating_point() or t.is_complex():
+                t.div_(size)
+            else:
+                t.floor_divide_(size)
+
+    return opts, inputs, average
+
+
+class ProcessGroupNeuron(dist.ProcessGroup):
+    """The emulated ``neuron`` process group: gloo on host aliases of device tensors."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._group_name = ""
+
+    # -- identity: DeviceMesh, DTensor and functional collectives look groups up by name -------------
+    def name(self) -> str:
+        return BACKEND
+
+    def _get_backend_name(self) -> str:
+        return BACKEND
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    # -- reductions ------------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        hosts = _host(tensors)
+        opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
+        return _done([self._gloo.allreduce(hosts, opts)], tensors, after)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        hosts = _host(tensors)
+        opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
+        return _done([self._gloo.allreduce_coalesced(hosts, opts)], tensors, after)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ReduceOptions()
+        hosts = _host(tensors)
+        root = opts.rootRank == self.rank()
+        opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts if root else [], in_place=True)
+        return _done([self._gloo.reduce(hosts, opts)], tensors, after)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        outs, ins = _host(outputs), _host(input_lists)
+        opts, flat, after = _sum_instead(opts, self.size(), _flat(ins), outs, in_place=False)
+        it = iter(flat)
+        ins = [[next(it) for _ in group] for group in ins]
+        return _done([self._gloo.reduce_scatter(outs, ins, opts)], outputs, after)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        out = _host(output)
+        opts, (inp,), after = _sum_instead(opts, self.size(), [_host(input)], [out], in_place=False)
+        return _done([self._gloo._reduce_scatter_base(out, inp, opts)], output, after)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _done(works, outputs)
+
+    # -- data movement ---------------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return _done([self._gloo.broadcast(_host(tensors), opts)], tensors)
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return _done([self._gloo.allgather(_host(output_lists), _host(inputs), opts)], output_lists)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return _done([self._gloo.allgather_coalesced(_host(output_lists), _host(inputs), opts)], output_lists)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return _done([self._gloo._allgather_base(_host(output), _host(input), opts)], output)
+
+    _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _done(works, outputs)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        work = self._gloo.alltoall_base(_host(output), _host(input), output_split_sizes, input_split_sizes, opts)
+        return _done([work], output)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        return _done([self._gloo.alltoall(_host(outputs), _host(inputs), opts)], outputs)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.GatherOptions()
+        return _done([self._gloo.gather(_host(output_lists), _host(inputs), opts)], output_lists)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.ScatterOptions()
+        return _done([self._gloo.scatter(_host(outputs), _host(input_lists), opts)], outputs)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return _done([self._gloo.barrier(opts)], None)
+
+    # -- point to point --------------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:  # noqa: N803 (c10d's names)
+        return _done([self._gloo.send(_host(tensors), dstRank, tag)], tensors)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:  # noqa: N803
+        return _done([self._gloo.recv(_host(tensors), srcRank, tag)], tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        """Gloo's own Work: the caller asks it for the sender's rank, which a future-made Work lacks."""
+        return self._gloo.recv_anysource(_host(tensors), tag)

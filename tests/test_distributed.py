@@ -1,0 +1,352 @@
+"""The emulated `neuron` process group with real processes: every collective against gloo on CPU, DDP,
+DTensor tensor parallelism and FSDP2 parity after 3 AdamW steps, the rank-to-device mapping, and torchrun.
+
+Each test starts 2 ranks (``RANK``/``LOCAL_RANK``/... set as torchrun sets them) on a free port, bounded in
+time; a rank that fails or hangs gets every rank killed. Ranks compare `neuron` results with the same code on
+CPU tensors over a gloo subgroup in the same process, and print JSON the test asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import core
+
+COMPILED = core() == "compiled"
+RANKS = 2
+VENV_BIN = Path(sys.executable).parent
+
+PRELUDE = """
+import json, os
+import torch, torch.distributed as dist
+import torch_neuronx  # registers the `neuron` device and process-group backend, as on a Trn instance
+
+dist.init_process_group(backend="neuron")
+rank, world = dist.get_rank(), dist.get_world_size()
+dev = torch.device("neuron", torch.neuron.current_device())
+cpu_group = dist.new_group(backend="gloo")
+
+def report(**facts):
+    print(json.dumps(facts), flush=True)
+"""
+
+
+def test_topology_maps_a_torchrun_rank_to_its_device_and_core() -> None:
+    from neuron_lab.backend.emulator.topology import detect
+
+    rank = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    t = detect(rank)
+    assert (t.local_rank, t.cores, len(t.capacities), t.problems) == (1, [0, 1], 2, [])
+    assert t.summary.endswith("this rank owns neuron:1 (core 1)")
+    assert detect({**rank, "NEURON_RT_VISIBLE_CORES": "3"}).cores == [0, 3]
+    assert "exactly one per process" in detect({**rank, "NEURON_RT_VISIBLE_CORES": "2-3"}).problems[0]
+    assert "could not start them" in detect({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}).problems[0]
+    bad = detect({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert bad.local_rank is None and "not mapping" in bad.problems[0] and len(bad.capacities) == 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(tmp_path: Path, body: str, env: dict[int, dict[str, str]] | None = None, setup: str = "",
+               timeout: float = 120) -> list[Any]:
+    """Run ``PRELUDE + setup + body`` as :data:`RANKS` ranks (``env``: extra variables per rank); each rank's
+    last JSON line, in rank order."""
+    script = tmp_path / "rank.py"
+    script.write_text(PRELUDE + setup + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
+    port = str(_free_port())
+    procs = []
+    for r in range(RANKS):
+        rank_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(RANKS),
+                    "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(RANKS), "OMP_NUM_THREADS": "1",
+                    **(env or {}).get(r, {})}
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=rank_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return _collect(procs, timeout)
+
+
+def _collect(procs: list[subprocess.Popen], timeout: float) -> list[Any]:
+    """Every process's last stdout line as JSON; on a failure or the deadline, kill them all and fail."""
+    deadline = time.monotonic() + timeout
+    outs: list[tuple[str, str]] = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(deadline - time.monotonic(), 0.1)))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ranks still running after {timeout}s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, (_out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {r} failed (rc {p.returncode}):\n{err[-4000:]}"
+    return [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+
+
+def _communicate_group(proc: subprocess.Popen, out: Path, timeout: float = 120) -> list[Any]:
+    """The ``rank{N}.json`` files the ranks of a launcher (started in its own session) wrote to ``out``, in
+    rank order; past the deadline the launcher and its ranks are killed."""
+    try:
+        _stdout, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's ranks too
+        proc.wait()
+        pytest.fail(f"launcher still running after {timeout}s")
+    assert proc.returncode == 0, err[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
+
+
+def test_every_collective_equals_gloo_on_cpu(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, """
+        def run(device, group):
+            t = lambda *v: torch.tensor(v, dtype=torch.float32, device=device)
+            got = {}
+            for name, op in [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("product", dist.ReduceOp.PRODUCT),
+                             ("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX),
+                             ("premul_sum", dist._make_nccl_premul_sum(0.5))]:
+                if name in ("avg", "premul_sum") and device.type == "cpu":
+                    x = t(rank + 1.0, 2.0 * rank - 3)  # gloo has neither: the definition, by hand
+                    dist.all_reduce(x, group=group)
+                    x = x / world if name == "avg" else x * 0.5
+                else:
+                    x = t(rank + 1.0, 2.0 * rank - 3)
+                    dist.all_reduce(x, op=op, group=group)
+                got["all_reduce_" + name] = x.tolist()
+            x = t(rank, rank) if rank else t(7.0, 8.0)
+            dist.broadcast(x, src=0, group=group)
+            got["broadcast"] = x.tolist()
+            outs = [t(0, 0) for _ in range(world)]
+            dist.all_gather(outs, t(rank, 10.0 + rank), group=group)
+            got["all_gather"] = [o.tolist() for o in outs]
+            out = torch.empty(2 * world, device=device)
+            dist.all_gather_into_tensor(out, t(rank, -rank), group=group)
+            got["all_gather_into_tensor"] = out.tolist()
+            out = torch.empty(2, device=device)
+            dist.reduce_scatter_tensor(out, torch.arange(4.0, device=device) * (rank + 1), group=group)
+            got["reduce_scatter_tensor"] = out.tolist()
+            out = torch.empty(4, device=device)
+            dist.all_to_all_single(out, torch.arange(4.0, device=device) + 10 * rank, group=group)
+            got["all_to_all_single"] = out.tolist()
+            x = t(rank + 1.0)
+            dist.reduce(x, dst=0, group=group)
+            got["reduce_on_root"] = x.tolist() if rank == 0 else None
+            outs = [t(0.0) for _ in range(world)] if rank == 1 else None
+            dist.gather(t(rank + 4.0), outs, dst=1, group=group)
+            got["gather_on_root"] = [o.tolist() for o in outs] if rank == 1 else None
+            x = t(-1.0)
+            dist.scatter(x, [t(20.0), t(21.0)] if rank == 0 else None, src=0, group=group)
+            got["scatter"] = x.tolist()
+            x = t(-1.0, -1.0)
+            if rank == 0:
+                dist.send(t(5.0, 6.0), dst=1, group=group)
+            else:
+                dist.recv(x, src=0, group=group)
+            got["send_recv"] = x.tolist()
+            y = t(0, 0)
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, t(rank, rank), 1 - rank, group=group),
+                                             dist.P2POp(dist.irecv, y, 1 - rank, group=group)]):
+                w.wait()
+            got["isend_irecv"] = y.tolist()
+            x = t(rank + 2.0)
+            work = dist.all_reduce(x, async_op=True, group=group)
+            work.wait()
+            got["async_all_reduce"] = [x.tolist(), work.is_completed(), work.get_future().value()[0].device.type]
+            objs = [None] * world
+            dist.all_gather_object(objs, {"rank": rank}, group=group)
+            got["all_gather_object"] = objs
+            obj = [{"from": rank}]
+            dist.broadcast_object_list(obj, src=1, group=group)
+            got["broadcast_object_list"] = obj
+            dist.barrier(group=group)
+            return got
+
+        sub = dist.new_group(list(range(world)))  # a subgroup of the default backend: `neuron` again
+        x = torch.tensor([rank + 1.0], device=dev)
+        dist.all_reduce(x, group=sub)
+        report(neuron=run(dev, None), cpu=run(torch.device("cpu"), cpu_group),
+               subgroup=[dist.get_backend(sub), x.tolist()])
+    """)
+    expected = [{
+        "all_reduce_sum": [3.0, -4.0], "all_reduce_avg": [1.5, -2.0], "all_reduce_product": [2.0, 3.0],
+        "all_reduce_min": [1.0, -3.0], "all_reduce_max": [2.0, -1.0], "all_reduce_premul_sum": [1.5, -2.0],
+        "broadcast": [7.0, 8.0], "all_gather": [[0.0, 10.0], [1.0, 11.0]],
+        "all_gather_into_tensor": [0.0, 0.0, 1.0, -1.0], "reduce_scatter_tensor": [[0.0, 3.0], [6.0, 9.0]][r],
+        "all_to_all_single": [[0.0, 1.0, 10.0, 11.0], [2.0, 3.0, 12.0, 13.0]][r],
+        "reduce_on_root": [3.0] if r == 0 else None, "gather_on_root": [[4.0], [5.0]] if r == 1 else None,
+        "scatter": [20.0 + r], "send_recv": [[-1.0, -1.0], [5.0, 6.0]][r],
+        "isend_irecv": [[1.0, 1.0], [0.0, 0.0]][r], "all_gather_object": [{"rank": 0}, {"rank": 1}],
+        "broadcast_object_list": [{"from": 1}],
+    } for r in range(RANKS)]
+    for r, facts in enumerate(ranks):
+        assert facts["subgroup"] == ["neuron", [3.0]]
+        neuron, cpu = facts["neuron"], facts["cpu"]
+        assert neuron.pop("async_all_reduce") == [[5.0], True, "neuron"]
+        assert cpu.pop("async_all_reduce") == [[5.0], True, "cpu"]
+        assert neuron == cpu == expected[r]
+
+
+@pytest.mark.skipif(not COMPILED, reason="one device per rank needs the compiled core (the pure-Python core has "
+                    "only neuron:0)")
+def test_each_rank_owns_neuron_local_rank_on_its_visible_core(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, """
+        from neuron_lab.backend.emulator import runtime
+        x = torch.ones(2, device="neuron")
+        report(current=torch.neuron.current_device(), count=torch.neuron.device_count(), tensor=str(x.device),
+               core=runtime.get().topology.cores[torch.neuron.current_device()],
+               visible=os.environ["NEURON_RT_VISIBLE_CORES"])
+    """, env={1: {"NEURON_RT_VISIBLE_CORES": "3"}})
+    assert ranks == [{"current": 0, "count": 2, "tensor": "neuron:0", "core": 0, "visible": "0"},
+                     {"current": 1, "count": 2, "tensor": "neuron:1", "core": 3, "visible": "3"}]
+
+
+TRAIN = """
+def train(model, device, steps=3):
+    torch.manual_seed(1)
+    batches = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(steps)]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for x, y in batches:
+        x, y = x[rank * 4:(rank + 1) * 4].to(device), y[rank * 4:(rank + 1) * 4].to(device)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+def full(p):
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+
+def max_diff(a, b):
+    return max((full(p) - full(q)).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+"""
+
+
+def test_ddp_three_adamw_steps_equal_gloo_on_cpu_with_and_without_a_comm_hook(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        on_neuron = DDP(mlp().to(dev), device_ids=[dev.index])
+        on_cpu = DDP(mlp(), process_group=cpu_group)
+        from neuron_lab.backend.emulator import runtime
+        for model, device in ((on_neuron, dev), (on_cpu, "cpu")):
+            train(model, device)
+        hooked = None
+        if runtime.get().core == "compiled":  # find_unused_parameters copies through pinned memory: C++ only
+            hooked = DDP(mlp().to(dev), device_ids=[dev.index], find_unused_parameters=True)
+            hooked.register_comm_hook(None, allreduce_hook)
+            train(hooked, dev)
+        report(diff=max_diff(on_neuron, on_cpu), hooked=None if hooked is None else max_diff(hooked, on_cpu),
+               device=str(next(on_neuron.parameters()).device))
+    """)
+    assert [r["device"] for r in ranks] == (["neuron:0", "neuron:1"] if COMPILED else ["neuron:0", "neuron:0"])
+    assert all(r["diff"] <= 1e-6 for r in ranks), ranks
+    assert all((r["hooked"] <= 1e-6) if COMPILED else r["hooked"] is None for r in ranks), ranks
+
+
+def test_dtensor_tensor_parallel_mlp_equals_gloo_on_cpu(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        on_neuron = parallelize_module(mlp().to(dev), DeviceMesh("neuron", list(range(world))), plan)
+        on_cpu = parallelize_module(mlp(), DeviceMesh.from_group(cpu_group, "cpu"), plan)
+        train(on_neuron, dev)
+        train(on_cpu, "cpu")
+        w = on_neuron[0].weight
+        report(diff=max_diff(on_neuron, on_cpu), local=[str(w.to_local().device), list(w.to_local().shape)])
+    """)
+    assert all(r["local"][1] == [16, 16] for r in ranks)
+    assert all(r["diff"] <= 1e-6 for r in ranks), ranks
+
+
+@pytest.mark.skipif(not COMPILED, reason="FSDP2 frees and refills parameter storage with storage.resize_, which only "
+                    "the compiled core can do for a `neuron` storage")
+def test_fsdp2_fully_shard_equals_gloo_on_cpu(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        def sharded(model, mesh):
+            for layer in (model[0], model[2]):
+                fully_shard(layer, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+
+        on_neuron = sharded(mlp().to(dev), DeviceMesh("neuron", list(range(world))))
+        on_cpu = sharded(mlp(), DeviceMesh.from_group(cpu_group, "cpu"))
+        train(on_neuron, dev)
+        train(on_cpu, "cpu")
+        w = on_neuron[0].weight
+        report(diff=max_diff(on_neuron, on_cpu), local=[str(w.to_local().device), list(w.to_local().shape)])
+    """)
+    assert [r["local"] for r in ranks] == [["neuron:0", [16, 16]], ["neuron:1", [16, 16]]]
+    assert all(r["diff"] <= 1e-6 for r in ranks), ranks
+
+
+def test_torchrun_script_all_reduces_on_neuron(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        import torch, torch.distributed as dist
+        import torch_neuronx, torch_neuronx.distributed
+
+        dist.init_process_group(backend="neuron")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        x = torch.full((3,), float(dist.get_rank() + 1), device="neuron")
+        dist.all_reduce(x)
+        facts = {"rank": dist.get_rank(), "backend": dist.get_backend(), "sum": x.tolist(), "device": str(x.device),
+                 "count": torch.neuron.device_count(), "emulated": torch_neuronx.EMULATED,
+                 "group": type(dist.group.WORLD) is torch_neuronx.distributed.ProcessGroupNeuron}
+        with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
+            json.dump(facts, f)
+        dist.destroy_process_group()
+    """))
+    proc = subprocess.Popen([str(VENV_BIN / "torchrun"), "--nproc_per_node", str(RANKS), "--master_port",
+                             str(_free_port()), str(script), str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    facts = _communicate_group(proc, tmp_path)
+    devices = ["neuron:0", "neuron:1"] if COMPILED else ["neuron:0", "neuron:0"]
+    assert facts == [{"rank": r, "backend": "neuron", "sum": [3.0, 3.0, 3.0], "device": devices[r],
+                      "count": RANKS if COMPILED else 1, "emulated": True, "group": True} for r in range(RANKS)]
+
+
+def test_mp_spawn_workers_take_their_local_rank_device(tmp_path: Path) -> None:
+    script = tmp_path / "spawn.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+        def worker(rank, port, out):
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),
+                              LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+            dist.init_process_group(backend="neuron")
+            x = torch.full((2,), float(rank), device="neuron")
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+                json.dump({"rank": rank, "device": str(x.device), "max": x.tolist(),
+                           "visible": os.environ["NEURON_RT_VISIBLE_CORES"]}, f)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.spawn(worker, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script), str(_free_port()), str(tmp_path)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    facts = _communicate_group(proc, tmp_path)
+    devices = ["neuron:0", "neuron:1"] if COMPILED else ["neuron:0", "neuron:0"]
+    assert facts == [{"rank": r, "device": devices[r], "max": [1.0, 1.0], "visible": str(r)} for r in range(RANKS)]
