@@ -60,6 +60,7 @@ bench: $(CORE)
 	$(BIN)/python bench/widgets_overhead.py
 	$(BIN)/python bench/checks_overhead.py --steps 50
 	$(BIN)/python bench/compile_lm.py
+	$(BIN)/python bench/distributed.py
 
 # Regenerates README.md's reference blocks (magics, settings, environment) from the code.
 readme: $(STAMP)
