@@ -10,11 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+SOURCE = "\nsource: "  # a reason's sentence for a newcomer, then where the fact comes from (an issue, a table)
+
 NATIVE = "native"
 FALLBACK = "fallback"  # CPU_FALLBACK in TorchNeuron's compatibility table
 HOST = "host"  # explicit host kernels TorchNeuron runs on the CPU without reporting them
 DOWNCAST = "downcast"  # a 64-bit dtype computed in 32 bits
 NKI = "nki"  # a custom kernel registered with torch_neuronx.nki_op: it runs on the device
+COLLECTIVE = "collective"  # a torch.distributed call on a `neuron` process group: bytes, ranks, time to completion
+UNSUPPORTED = "unsupported"  # a call TorchNeuron does not support (the emulator still runs it): a note, gateable
 
 
 @dataclass(frozen=True)
@@ -27,17 +31,24 @@ class Kind:
     off_device: bool  # it did not run on the device: it counts as a fallback call (and for fallback gates)
     reported: bool  # reports list its ops row by row (native ops are only counted)
     one_line: bool = False  # a note on calls that ran on the device: a report sums it up in one line (tables: --full)
+    note: bool = False  # a note on a call that is recorded under its own kind as well: not counted as a call
+    timed_as: str = "on the host"  # what a row's time measures, as a section's title says it
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(FALLBACK, "CPU fallbacks", "CPU fallback call", off_device=True, reported=True),
     Kind(HOST, "host ops", "host op call", off_device=True, reported=True),
-    Kind(DOWNCAST, "64-bit downcasts", "64-bit downcast", off_device=False, reported=True, one_line=True),
+    Kind(UNSUPPORTED, "not supported on TorchNeuron", "unsupported call", off_device=False, reported=True, note=True,
+         timed_as="from call to completion"),
+    Kind(DOWNCAST, "64-bit downcasts", "64-bit downcast", off_device=False, reported=True, one_line=True, note=True),
     Kind(NKI, "NKI kernels", "NKI kernel call", off_device=False, reported=True),
+    Kind(COLLECTIVE, "collectives", "collective call", off_device=False, reported=True,
+         timed_as="from call to completion"),
     Kind(NATIVE, "native ops", "op", off_device=False, reported=False),
 )}
 REPORTED = frozenset(k.name for k in KINDS.values() if k.reported)  # the kinds whose calls a report lists
 OFF_DEVICE = frozenset(k.name for k in KINDS.values() if k.off_device)
+NOTES = frozenset(k.name for k in KINDS.values() if k.note)
 _ORDER = {name: i for i, name in enumerate(KINDS)}
 
 

@@ -62,16 +62,16 @@ def _free_port() -> int:
 
 
 def _run_ranks(tmp_path: Path, body: str, env: dict[int, dict[str, str]] | None = None, setup: str = "",
-               timeout: float = 120) -> list[Any]:
-    """Run ``PRELUDE + setup + body`` as :data:`RANKS` ranks (``env``: extra variables per rank); each rank's
-    last JSON line, in rank order."""
+               timeout: float = 120, ranks: int = RANKS) -> list[Any]:
+    """Run ``PRELUDE + setup + body`` as ``ranks`` ranks (``env``: extra variables per rank); each rank's last JSON
+    line, in rank order."""
     script = tmp_path / "rank.py"
     script.write_text(PRELUDE + setup + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
     port = str(_free_port())
     procs = []
-    for r in range(RANKS):
-        rank_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(RANKS),
-                    "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(RANKS), "OMP_NUM_THREADS": "1",
+    for r in range(ranks):
+        rank_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(ranks),
+                    "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1",
                     **(env or {}).get(r, {})}
         procs.append(subprocess.Popen([sys.executable, str(script)], env=rank_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
@@ -228,6 +228,13 @@ def mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
+def sharded(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
 def full(p):
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
 
@@ -279,12 +286,6 @@ def test_dtensor_tensor_parallel_mlp_equals_gloo_on_cpu(tmp_path: Path) -> None:
 def test_fsdp2_fully_shard_equals_gloo_on_cpu(tmp_path: Path) -> None:
     ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
-
-        def sharded(model, mesh):
-            for layer in (model[0], model[2]):
-                fully_shard(layer, mesh=mesh)
-            return fully_shard(model, mesh=mesh)
 
         on_neuron = sharded(mlp().to(dev), DeviceMesh("neuron", list(range(world))))
         on_cpu = sharded(mlp(), DeviceMesh.from_group(cpu_group, "cpu"))
@@ -295,6 +296,29 @@ def test_fsdp2_fully_shard_equals_gloo_on_cpu(tmp_path: Path) -> None:
     """)
     assert [r["local"] for r in ranks] == [["neuron:0", [16, 16]], ["neuron:1", [16, 16]]]
     assert all(r["diff"] <= 1e-6 for r in ranks), ranks
+
+
+@pytest.mark.skipif(not COMPILED, reason="four devices in four processes need the compiled core")
+def test_four_ranks_ddp_and_fsdp2_equal_gloo_on_cpu_each_on_its_own_device(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, setup=TRAIN.replace("x[rank * 4:(rank + 1) * 4]", "x[rank * 2:(rank + 1) * 2]")
+                       .replace("y[rank * 4:(rank + 1) * 4]", "y[rank * 2:(rank + 1) * 2]"), ranks=4, timeout=240,
+                       body="""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ddp, ddp_cpu = DDP(mlp().to(dev), device_ids=[dev.index]), DDP(mlp(), process_group=cpu_group)
+        train(ddp, dev)
+        train(ddp_cpu, "cpu")
+
+        fsdp = sharded(mlp().to(dev), DeviceMesh("neuron", list(range(world))))
+        fsdp_cpu = sharded(mlp(), DeviceMesh.from_group(cpu_group, "cpu"))
+        train(fsdp, dev)
+        train(fsdp_cpu, "cpu")
+        w = fsdp[0].weight.to_local()
+        report(ddp=max_diff(ddp, ddp_cpu), fsdp=max_diff(fsdp, fsdp_cpu), local=[str(w.device), list(w.shape)],
+               count=torch.neuron.device_count())
+    """)
+    assert [r["local"] for r in ranks] == [[f"neuron:{r}", [8, 16]] for r in range(4)]
+    assert all(r["count"] == 4 and r["ddp"] <= 1e-6 and r["fsdp"] <= 1e-6 for r in ranks), ranks
 
 
 def test_torchrun_script_all_reduces_on_neuron(tmp_path: Path) -> None:
@@ -350,3 +374,65 @@ def test_mp_spawn_workers_take_their_local_rank_device(tmp_path: Path) -> None:
     facts = _communicate_group(proc, tmp_path)
     devices = ["neuron:0", "neuron:1"] if COMPILED else ["neuron:0", "neuron:0"]
     assert facts == [{"rank": r, "device": devices[r], "max": [1.0, 1.0], "visible": str(r)} for r in range(RANKS)]
+
+
+def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, """
+        import neuron_lab
+        with neuron_lab.track() as rep:
+            x = torch.ones(256, device=dev)
+            dist.all_reduce(x)
+            dist.all_reduce(x)
+            dist.all_reduce(x, op=dist.ReduceOp.AVG)
+            out = torch.empty(512, device=dev)
+            dist.all_gather_into_tensor(out, x)
+            dist.barrier()
+            dist.barrier(group=dist.new_group([0, 1]))
+            dist.broadcast(torch.ones(4, dtype=torch.float64, device=dev), src=0)
+            splits = [2, 1] if rank == 0 else [1, 2]
+            dist.all_to_all_single(torch.empty(3, device=dev), torch.ones(3, device=dev), splits, splits)
+            if rank == 0:
+                dist.send(x, 1)
+            else:
+                dist.recv(x, 0)
+        from neuron_lab.runner.gates import unsupported_gate
+        gate = unsupported_gate([rep])
+        report(rows={f"{r.kind} {r.op}": [r.count, r.nbytes, r.ranks, [[s.site.line, s.count] for s in r.sites]]
+                     for r in rep.ops_not_native if r.kind in ("collective", "unsupported")},
+               why={r.op: r.why for r in rep.ops_not_native if r.kind == "unsupported"},
+               text=str(rep), gate=[gate.passed, gate.why])
+    """)
+    lines = [line.strip() for line in (tmp_path / "rank.py").read_text().splitlines()]
+
+    def at(text: str) -> list[list[int]]:
+        return [[lines.index(text) + 1, 1]]
+
+    for r, facts in enumerate(ranks):
+        p2p, p2p_at = ("c10d::send", at("dist.send(x, 1)")) if r == 0 else ("c10d::recv", at("dist.recv(x, 0)"))
+        reduce_at = [i + 1 for i, line in enumerate(lines) if line == "dist.all_reduce(x)"]
+        sub_barrier, broadcast = at("dist.barrier(group=dist.new_group([0, 1]))"), at(
+            "dist.broadcast(torch.ones(4, dtype=torch.float64, device=dev), src=0)")
+        to_all = [[next(i + 1 for i, line in enumerate(lines) if "all_to_all_single" in line), 1]]
+        assert facts["rows"] == {
+            "collective c10d::all_reduce.sum": [2, 2048, 2, [[reduce_at[0], 1], [reduce_at[1], 1]]],
+            "collective c10d::all_reduce.avg": [1, 1024, 2, at("dist.all_reduce(x, op=dist.ReduceOp.AVG)")],
+            "collective c10d::all_gather_into_tensor": [1, 1024, 2, at("dist.all_gather_into_tensor(out, x)")],
+            "collective c10d::barrier": [2, 0, 2, at("dist.barrier()") + sub_barrier],
+            "collective c10d::broadcast": [1, 32, 2, broadcast],
+            "collective c10d::all_to_all_single": [1, 12, 2, to_all],
+            f"collective {p2p}": [1, 1024, 2, p2p_at],
+            "unsupported c10d::barrier": [1, 0, 2, sub_barrier],
+            "unsupported c10d::broadcast": [1, 32, 2, broadcast],
+            "unsupported c10d::all_to_all_single": [1, 12, 2, to_all],
+            f"unsupported {p2p}": [1, 1024, 2, p2p_at],
+        }, facts["rows"]
+        assert facts["why"]["c10d::barrier"] == ("TorchNeuron's barrier runs on the default group only (nrt_barrier), "
+                                                 "not on a subgroup")
+        assert facts["why"]["c10d::all_to_all_single"].startswith("TorchNeuron's all_to_all_single takes equal splits")
+        assert facts["why"]["c10d::broadcast"].startswith("TorchNeuron does not broadcast float64 tensors")
+        assert facts["why"][p2p].startswith("TorchNeuron's process group has no point-to-point send/recv")
+        text = facts["text"]
+        assert "4 unsupported calls" in text and "collectives (7 ops, 9 calls," in text, text
+        assert "2.00 KiB over 2 ranks  [256] float32" in text, text
+        passed, why = facts["gate"]
+        assert not passed and why.startswith("4 unsupported calls of 4 ops: "), why

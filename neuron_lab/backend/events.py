@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor as _Tensor
 
-from neuron_lab.kinds import DOWNCAST, KINDS
+from neuron_lab.kinds import KINDS, NOTES
 
 MAX_SIGNATURES = 4  # distinct (shapes, dtypes) kept per op
 SIGNATURE_PROBES = 256  # calls per op that are inspected for a new signature
@@ -29,7 +29,9 @@ class OpEvent(NamedTuple):
     reason: str
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
-    host_ns: int  # time spent running the op on the host
+    host_ns: int  # time spent running the op on the host (a collective: from the call to its completion)
+    nbytes: int = 0  # a collective's payload: the bytes of the tensors it was handed
+    ranks: int = 0  # a collective's group size
 
     @property
     def qualified_name(self) -> str:
@@ -98,7 +100,7 @@ class OpRecorder:
                 st = self._stats[key] = OpStats(name, overload, kind, reason)
             st.count += 1
             st.host_ns += host_ns
-            if kind != DOWNCAST:  # a downcast is a note on a call that is recorded as well
+            if kind not in NOTES:  # a downcast is a note on a call that is recorded as well
                 self.calls += 1
             probe = st.count <= SIGNATURE_PROBES and len(st.signatures) < MAX_SIGNATURES
         sig = None
@@ -114,6 +116,18 @@ class OpRecorder:
             for fn, kinds in list(self._subscribers):
                 if kind in kinds:
                     fn(event, args, kwargs)
+
+    def wants(self, kind: str) -> bool:
+        """Whether a subscriber takes events of ``kind`` (producers skip making them otherwise)."""
+        return kind in self._wanted
+
+    def emit(self, event: OpEvent, args: tuple = ()) -> None:
+        """Hand ``event`` (a collective: made by Python code, not by a core's op path) to its subscribers; no
+        aggregates are kept for it."""
+        if event.kind in self._wanted:
+            for fn, kinds in list(self._subscribers):
+                if event.kind in kinds:
+                    fn(event, args, {})
 
     def record_transfer(self, h2d: int = 0, d2h: int = 0) -> None:
         with self._lock:

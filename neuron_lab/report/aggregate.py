@@ -20,10 +20,11 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
             key = (r.op, r.kind)
             m = rows.get(key)
             if m is None:
-                m = rows[key] = OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes)
+                m = rows[key] = OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes, ranks=r.ranks)
                 sites[key] = {}
             m.count += r.count
             m.host_ns += r.host_ns
+            m.nbytes += r.nbytes
             m.unattributed += r.unattributed
             for sc in r.sites:
                 where = (sc.site.filename, sc.site.line, sc.site.cell)

@@ -12,6 +12,7 @@ from neuron_lab.kinds import Kind
 from neuron_lab.report.model import GraphBreak, OpRow, Recompile, Report
 from neuron_lab.report.text import (
     FOLD,
+    RANK_HEADER,
     agreeing_text,
     agreement_notes,
     check_summary_line,
@@ -24,7 +25,10 @@ from neuron_lab.report.text import (
     oom_lines,
     ordered_items,
     parity_head,
+    rank_rows,
+    ranks_summary_line,
     section_refs,
+    shape_text,
     summary_line,
     timing_rows,
     verdict,
@@ -66,15 +70,17 @@ def _site_cells(row: OpRow, full: bool) -> str:
 def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -> list[list[str]]:
     return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}",
              *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
-             escape(", ".join(f"{list(s)} {d}" for s, d in zip(r.shapes, r.dtypes))),
+             escape(shape_text(r)),
              f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why), _site_cells(r, full)] for r in rows]
 
 
-def op_table(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None) -> str:
+def op_table(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None,
+             timed_as: str = "on the host") -> str:
     """A titled, folded table of ops that did not run natively, with their call sites (stacks when ``full``); the why
     column holds the number of the reason in ``refs`` (the reason itself when ``refs`` is None)."""
     timed = host_timed(rows)
-    header = ["op", "calls", *(["host time"] if timed else []), "first shapes", "why", "called from"]
+    time = "host time" if timed_as == "on the host" else "time"
+    header = ["op", "calls", *([time] if timed else []), "first shapes", "why", "called from"]
     return folded(title, header, _op_rows(rows, full, timed, refs or {}))
 
 
@@ -100,7 +106,7 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
             parts.append(f"<div>{escape(one_line(kind, rows))}</div>")
             continue
         title = f"{kind.title}: {sum(x.count for x in rows):,} calls" if kind.off_device else kind.title
-        parts.append(op_table(title, rows, full, refs))
+        parts.append(op_table(title, rows, full, refs, kind.timed_as))
     return "".join(parts) + reasons_html(refs)
 
 
@@ -199,3 +205,13 @@ def render_check_html(result: Any) -> str:
                 f"<div>numeric agreement, compiled against eager: {escape(verdict(result.agreement))}</div>")
     return (f"<div class='neuron-lab-check' style='font-family:monospace;font-size:12px'>{body}"
             f"{_agreement_html(result.agreement, divergence=result.kind != 'parity')}</div>")
+
+
+def render_ranks_html(rr: Any) -> str:
+    """The facts of :func:`~neuron_lab.report.text.render_ranks_text`: the rank table, then all ranks' rows."""
+    from neuron_lab.report.aggregate import merge_rows
+
+    table = folded(ranks_summary_line(rr), RANK_HEADER, [[escape(c) for c in row] for row in rank_rows(rr)])
+    merged = Report("all ranks", None, "", "", "", ops_not_native=merge_rows(rr.reports))
+    rows = op_sections_html(merged.sections()) if merged.ops_not_native else ""
+    return f"<div class=\"neuron-lab-ranks\">{table}{rows}</div>"

@@ -11,10 +11,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
-from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, Kind, sections
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
 from neuron_lab.units import ShownAsText
-
-SOURCE = "\nsource: "  # a reason's sentence for a newcomer, then where the fact comes from (an issue, a table)
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class SiteCount:
 
 @dataclass
 class OpRow:
-    """One op that did not run natively (a CPU fallback, a host op or a 64-bit downcast) in the window."""
+    """One op the report lists (a CPU fallback, a host op, a 64-bit downcast, an NKI kernel, a collective, ...)."""
 
     op: str  # "aten::atan2.out"
     kind: str  # a name of neuron_lab.kinds.KINDS
@@ -55,6 +53,8 @@ class OpRow:
     dtypes: tuple[str, ...] = ()
     sites: list[SiteCount] = field(default_factory=list)
     unattributed: int = 0  # calls with no user line (call sites off, or no user frame on the stack)
+    nbytes: int = 0  # a collective's payload, all calls together
+    ranks: int = 0  # a collective's group size (of its first call)
 
     @property
     def host_ms(self) -> float:
@@ -75,7 +75,7 @@ class OpRow:
         """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
         return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(tuple(s) for s in d["shapes"]),
                    tuple(d["dtypes"]), [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
-                                        for sc in d["sites"]], d["unattributed"])
+                                        for sc in d["sites"]], d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0))
 
 
 @dataclass

@@ -12,10 +12,12 @@ from neuron_lab.units import count, format_delta, format_seconds, format_size
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
 
 
-def _shape(row: OpRow) -> str:
+def shape_text(row: OpRow) -> str:
+    """The first call's shapes and dtypes; for a collective, its bytes and group size first."""
+    moved = f"{format_size(row.nbytes)} over {row.ranks} ranks  " if row.ranks else ""
     if not row.shapes:
-        return ""
-    return ", ".join(f"{list(s)} {d}" for s, d in zip(row.shapes, row.dtypes))
+        return moved.rstrip()
+    return moved + ", ".join(f"{list(s)} {d}" for s, d in zip(row.shapes, row.dtypes))
 
 
 def summary_line(r: Report) -> str:
@@ -49,7 +51,8 @@ def reason_numbers(rows: list[OpRow]) -> dict[str, int]:
     once and its rows refer to the number."""
     refs: dict[str, int] = {}
     for r in rows:
-        refs.setdefault(r.reason, len(refs) + 1)
+        if r.reason:  # a collective needs no why
+            refs.setdefault(r.reason, len(refs) + 1)
     return refs
 
 
@@ -76,19 +79,20 @@ def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
     return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"
 
 
-def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None) -> list[str]:
+def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None,
+             timed_as: str = "on the host") -> list[str]:
     """A titled list of ops that did not run natively, each with its call sites (stacks when ``full``) and the number
     of its reason in ``refs`` (the reason itself when ``refs`` is None)."""
     total = sum(x.count for x in rows)
     timed = host_timed(rows)
-    host = f", {format_seconds(sum(x.host_ns for x in rows) / 1e9)} on the host" if timed else ""
+    host = f", {format_seconds(sum(x.host_ns for x in rows) / 1e9)} {timed_as}" if timed else ""
     lines = [f"{title} ({count(len(rows), 'op')}, {count(total, 'call')}{host}):"]
     shown = rows if full else rows[:FOLD]
     for row in shown:
         time = f"  {format_seconds(row.host_ns / 1e9):>9}" if timed else ""
         why = f"  why [{refs[row.reason]}]" if refs is not None and row.reason in refs else ""
-        lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {_shape(row)}{why}".rstrip())
-        if refs is None:
+        lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {shape_text(row)}{why}".rstrip())
+        if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
@@ -117,7 +121,8 @@ def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = Fal
     refs = section_refs(sections, full, None if full else FOLD)
     lines = []
     for kind, rows in sections:
-        lines += [one_line(kind, rows)] if kind.one_line and not full else op_lines(kind.title, rows, full, refs)
+        lines += ([one_line(kind, rows)] if kind.one_line and not full
+                  else op_lines(kind.title, rows, full, refs, kind.timed_as))
     return lines + reason_lines(refs)
 
 
@@ -436,3 +441,62 @@ def render_check_text(result: Any) -> str:
                       *compare_facts(result),
                       *compile_event_lines(result.breaks, result.recompiles, result.failures),
                       f"numeric agreement, compiled against eager: {verdict(a)}", *_agreement_lines(a)])
+
+
+# -- several ranks: %%neuron ranks, neuron-lab run --nproc (neuron_lab.report.ranks) ---------------------------------
+def ranks_summary_line(rr: Any) -> str:
+    """The one line of a :class:`~neuron_lab.report.ranks.RanksReport`: ranks, the slowest and the skew, and what
+    any rank did off the device or failed at."""
+    parts = [rr.title, count(len(rr.ranks), "rank")]
+    slow = rr.slowest
+    if slow is not None and len(rr.reports) > 1:
+        parts.append(f"slowest rank {slow.rank} ({format_seconds(slow.report.wall_s)}, skew "
+                     f"{format_seconds(rr.skew_s)})")
+    elif slow is not None:
+        parts.append(format_seconds(slow.report.wall_s))
+    calls = sum(r.collectives()[0] for r in rr.ranks)
+    parts.append(count(calls, kinds.KINDS[kinds.COLLECTIVE].call))
+    fallback = sum(r.fallback_calls for r in rr.reports)
+    parts.append(count(fallback, kinds.KINDS[FALLBACK].call) if fallback else "no CPU fallbacks")
+    unsupported = sum(r.unsupported_calls() for r in rr.ranks)
+    if unsupported:
+        parts.append(count(unsupported, kinds.KINDS[kinds.UNSUPPORTED].call))
+    if rr.failed:
+        parts.append(f"{count(len(rr.failed), 'rank')} failed ({', '.join(str(r.rank) for r in rr.failed)})")
+    return "neuron_lab " + " · ".join(parts)
+
+
+def rank_rows(rr: Any) -> list[list[str]]:
+    """One row per rank, as the text table and the HTML table show them."""
+    out = []
+    for r in rr.ranks:
+        rep = r.report
+        if rep is None:
+            out.append([str(r.rank), "", "", "", "", "", "", r.problem or ""])
+            continue
+        calls, nbytes, ns = r.collectives()
+        coll = f"{count(calls, 'call')}, {format_size(nbytes)}, {format_seconds(ns / 1e9)}" if calls else "none"
+        out.append([str(r.rank), rep.device, format_seconds(rep.wall_s), format_size(rep.memory.after),
+                    format_size(rep.memory.peak), f"{rep.fallback_calls:,}", coll, r.problem or ""])
+    return out
+
+
+RANK_HEADER = ["rank", "device", "time", "memory", "peak", "fallbacks", "collectives", "error"]
+
+
+def render_ranks_text(rr: Any, detail: str = "table") -> str:
+    """Every rank's line, then the rows of all ranks together (counts summed over the ranks), then each failed
+    rank's error in full."""
+    from neuron_lab.report.aggregate import merge_rows
+
+    head = ranks_summary_line(rr)
+    if detail == "summary":
+        return head
+    rows = [RANK_HEADER, *rank_rows(rr)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(RANK_HEADER))]
+    lines = [head, *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)]
+    merged = Report("all ranks", None, "", "", "", ops_not_native=merge_rows(rr.reports))
+    if merged.ops_not_native:
+        lines.append(f"all {count(len(rr.reports), 'rank')} together:")
+        lines += ["  " + line for line in op_sections(merged.sections(), detail == "full")]
+    return "\n".join(lines)

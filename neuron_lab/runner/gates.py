@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_lab.kinds import OFF_DEVICE
+from neuron_lab.kinds import KINDS, OFF_DEVICE, UNSUPPORTED
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Report
 from neuron_lab.runner.options import op_matches
@@ -45,6 +45,8 @@ def evaluate(reports: list[Report], args: argparse.Namespace) -> list[GateResult
         out.append(memory_gate(reports, args.max_peak_memory))
     if args.fail_on_graph_break:
         out.append(graph_break_gate(reports))
+    if args.fail_on_unsupported:
+        out.append(unsupported_gate(reports))
     return out
 
 
@@ -112,3 +114,16 @@ def graph_break_gate(reports: list[Report]) -> GateResult:
     return GateResult("--fail-on-graph-break", False, f"{count(len(breaks), 'graph break')}: {where}",
                       "no graph breaks", count(len(breaks), "graph break"),
                       [r.title for r in reports if r.compiles.breaks])
+
+
+def unsupported_gate(reports: list[Report]) -> GateResult:
+    """Fails on any call the reports mark as not supported on TorchNeuron, naming each with its first line."""
+    name, limit = "--fail-on-unsupported", f"no calls {KINDS[UNSUPPORTED].title}"
+    rows = [r for r in merge_rows(reports) if r.kind == UNSUPPORTED]
+    if not rows:
+        return GateResult(name, True, f"no calls {KINDS[UNSUPPORTED].title}", limit, "none")
+    calls = sum(r.count for r in rows)
+    why = (f"{count(calls, KINDS[UNSUPPORTED].call)} of {count(len(rows), 'op')}: "
+           + "; ".join(f"{op_line(r)} ({r.why})" for r in rows))
+    return GateResult(name, False, why, limit, count(calls, "call"),
+                      [r.title for r in reports if any(o.kind == UNSUPPORTED for o in r.ops_not_native)])

@@ -24,7 +24,7 @@ MEANINGS = {
     EXIT_CELL_ERROR: "a cell raised or timed out (the run stops at that cell)",
     EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script, a "
                 "profile that does not load), or an output file that cannot be written",
-    EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break",
+    EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported",
     EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
@@ -103,6 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-peak-memory", type=size, metavar="SIZE", default=None,
                    help="fail when a cell's peak device memory exceeds SIZE (512MiB, 2GiB)")
     g.add_argument("--fail-on-graph-break", action="store_true", help="fail on any torch.compile graph break")
+    g.add_argument("--fail-on-unsupported", action="store_true",
+                   help="fail on any call TorchNeuron does not support (collectives it lacks or restricts: send/recv, "
+                        "a subgroup barrier, uneven all_to_all, complex all_reduce, float64 broadcast, fp8 all_gather)")
 
 
 def op_matches(spec: str, op: str) -> bool:

@@ -40,10 +40,11 @@ class OpTrace:
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason,
-                                              shapes=event.shapes, dtypes=event.dtypes)
+                                              shapes=event.shapes, dtypes=event.dtypes, ranks=event.ranks)
                 self._sites[key] = {}
             row.count += 1
             row.host_ns += event.host_ns
+            row.nbytes += event.nbytes
             if event.kind in kinds.OFF_DEVICE:
                 self.fallback_calls += 1
             if self.locator is None:

@@ -11,8 +11,9 @@ them: AVG as SUM then divide, PREMUL_SUM as multiply then SUM.
 
 from __future__ import annotations
 
+import functools
 import os
-import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -22,6 +23,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from neuron_lab.backend.emulator import runtime as _rt
+from neuron_lab.backend.events import OpEvent, signature_of
+from neuron_lab.kinds import COLLECTIVE, SOURCE, UNSUPPORTED
 
 BACKEND = "neuron"
 ReduceOp = dist.ReduceOp
@@ -73,37 +76,47 @@ def _flat(x: Any) -> list[torch.Tensor]:
     return [t for v in x for t in _flat(v)]
 
 
-def _future(work: dist.Work) -> torch.futures.Future:
-    """The work's future; gloo's send, recv and barrier have none, so a thread waits on those."""
-    try:
-        return work.get_future()
-    except RuntimeError:
-        fut: torch.futures.Future = torch.futures.Future()
-
-        def wait() -> None:
-            try:
-                work.wait()
-                fut.set_result(None)
-            except Exception as e:  # noqa: BLE001  (handed to whoever waits on the future)
-                fut.set_exception(e)
-
-        threading.Thread(target=wait, name="neuron-c10d-wait", daemon=True).start()
-        return fut
-
-
 def _done(works: Sequence[dist.Work], value: Any, after: Callable[[], None] | None = None) -> dist.Work:
-    """A Work completed with ``value`` once all gloo ``works`` are, running ``after`` (a host fix-up) first."""
-    futures = [_future(w) for w in works]
-    fut = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+    """A completed Work whose value is ``value``, once every gloo work is done and ``after`` (a host fix-up) ran.
 
-    def finish(f: torch.futures.Future) -> Any:
-        for inner in (f.value() if len(futures) > 1 else [f]):
-            inner.value()  # re-raises gloo's error
-        if after is not None:
-            after()
-        return value
+    The collective completes before the call returns (a device whose memory is the host's has nothing to
+    overlap it with), so no Python callback is ever left to run on gloo's threads while the interpreter exits:
+    one left there aborts the process ("terminate called without an active exception").
+    """
+    for w in works:
+        w.wait()
+    if after is not None:
+        after()
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return _create_work_from_future(fut)
 
-    return _create_work_from_future(fut.then(finish))
+
+class _Pending(dist.Work):
+    """Gloo's pending point-to-point work, keeping the device tensors it reads or writes alive until it is done (gloo
+    holds only their host aliases)."""
+
+    def __init__(self, work: dist.Work, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._work, self._tensors = work, tensors
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        return self._work.wait(timeout) if timeout else self._work.wait()
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self) -> Any:
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._tensors
 
 
 def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
@@ -133,6 +146,60 @@ def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list
     return opts, inputs, average
 
 
+FP8 = frozenset(str(d).removeprefix("torch.") for d in (getattr(torch, n, None) for n in dir(torch) if "float8" in n)
+                if isinstance(d, torch.dtype))
+_APRIL = SOURCE + "torch-neuronx's ProcessGroupNeuron and its distributed tests' skip reasons (April 2026 source)"
+
+
+def unsupported(pg: dist.ProcessGroup, name: str, tensors: list[torch.Tensor], args: tuple) -> str:
+    """Why TorchNeuron's process group would refuse this call ("" when it runs there): the emulator still runs it,
+    and the report says so."""
+    dtypes = {t.dtype for t in tensors}
+    if name in ("send", "recv"):
+        return ("TorchNeuron's process group has no point-to-point send/recv (it raises \"No backend type "
+                "associated with device type neuron\"); pipeline schedules need it" + _APRIL
+                + "; releases after 2.33 may add it")
+    if name == "barrier" and pg is not dist.distributed_c10d._world.default_pg:
+        return "TorchNeuron's barrier runs on the default group only (nrt_barrier), not on a subgroup" + _APRIL
+    if name == "all_to_all_single" and any(len(set(s)) > 1 for s in args[2:4] if s):
+        return ("TorchNeuron's all_to_all_single takes equal splits only (uneven splits raise NotImplementedError)"
+                + _APRIL)
+    if any(d.is_complex for d in dtypes) and name.startswith("all_reduce"):
+        return "TorchNeuron does not all_reduce complex tensors" + _APRIL
+    if torch.float64 in dtypes and name == "broadcast":
+        return "TorchNeuron does not broadcast float64 tensors (the device has no 64-bit floats)" + _APRIL
+    if name.startswith("all_gather") and {str(d).removeprefix("torch.") for d in dtypes} & FP8:
+        return "TorchNeuron does not all_gather fp8 tensors" + _APRIL
+    return ""
+
+
+def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Work]], Callable[..., dist.Work]]:
+    """Report each call of the wrapped collective as a ``collective`` event (``payload``: the index of the argument
+    holding the tensors it was handed), and as ``unsupported`` too when TorchNeuron would refuse it."""
+    def wrap(method: Callable[..., dist.Work]) -> Callable[..., dist.Work]:
+        @functools.wraps(method)
+        def call(self: ProcessGroupNeuron, *args: Any, **kwargs: Any) -> dist.Work:
+            recorder = _rt.get().recorder
+            if not recorder.wants(COLLECTIVE) and not recorder.wants(UNSUPPORTED):
+                return method(self, *args, **kwargs)
+            given = (*args, *kwargs.values())
+            tensors = _flat(given[payload]) if payload is not None and payload < len(given) else []
+            opts = next((a for a in given if hasattr(a, "reduceOp")), None)
+            op = opts.reduceOp.op.name.lower() if opts is not None else ""  # before AVG/PREMUL_SUM become SUM
+            limit = unsupported(self, name, tensors, given)
+            start = time.perf_counter_ns()
+            work = method(self, *args, **kwargs)
+            shapes, dtypes = signature_of(tuple(tensors), {})
+            event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes, time.perf_counter_ns() - start,
+                            sum(t.numel() * t.element_size() for t in tensors), self.size())
+            recorder.emit(event, tuple(tensors))
+            if limit:
+                recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
+            return work
+        return call
+    return wrap
+
+
 class ProcessGroupNeuron(dist.ProcessGroup):
     """The emulated ``neuron`` process group: gloo on host aliases of device tensors."""
 
@@ -156,18 +223,21 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return self._group_name
 
     # -- reductions ------------------------------------------------------------------------------
+    @_observed("all_reduce", 0)
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceOptions()
         hosts = _host(tensors)
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
         return _done([self._gloo.allreduce(hosts, opts)], tensors, after)
 
+    @_observed("all_reduce_coalesced", 0)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         hosts = _host(tensors)
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
         return _done([self._gloo.allreduce_coalesced(hosts, opts)], tensors, after)
 
+    @_observed("reduce", 0)
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceOptions()
         hosts = _host(tensors)
@@ -175,6 +245,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts if root else [], in_place=True)
         return _done([self._gloo.reduce(hosts, opts)], tensors, after)
 
+    @_observed("reduce_scatter", 1)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -184,6 +255,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         ins = [[next(it) for _ in group] for group in ins]
         return _done([self._gloo.reduce_scatter(outs, ins, opts)], outputs, after)
 
+    @_observed("reduce_scatter_tensor", 1)
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         out = _host(output)
@@ -198,20 +270,24 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return _done(works, outputs)
 
     # -- data movement ---------------------------------------------------------------------------
+    @_observed("broadcast", 0)
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
         return _done([self._gloo.broadcast(_host(tensors), opts)], tensors)
 
+    @_observed("all_gather", 1)
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
         return _done([self._gloo.allgather(_host(output_lists), _host(inputs), opts)], output_lists)
 
+    @_observed("all_gather_coalesced", 1)
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
         return _done([self._gloo.allgather_coalesced(_host(output_lists), _host(inputs), opts)], output_lists)
 
+    @_observed("all_gather_into_tensor", 1)
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
         return _done([self._gloo._allgather_base(_host(output), _host(input), opts)], output)
@@ -223,6 +299,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return _done(works, outputs)
 
+    @_observed("all_to_all_single", 1)
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -231,31 +308,41 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    @_observed("all_to_all", 1)
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         return _done([self._gloo.alltoall(_host(outputs), _host(inputs), opts)], outputs)
 
+    @_observed("gather", 1)
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.GatherOptions()
         return _done([self._gloo.gather(_host(output_lists), _host(inputs), opts)], output_lists)
 
+    @_observed("scatter", 0)
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ScatterOptions()
         return _done([self._gloo.scatter(_host(outputs), _host(input_lists), opts)], outputs)
 
+    @_observed("barrier", None)
     def barrier(self, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BarrierOptions()
         return _done([self._gloo.barrier(opts)], None)
 
     # -- point to point --------------------------------------------------------------------------
+    @_observed("send", 0)
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:  # noqa: N803 (c10d's names)
-        return _done([self._gloo.send(_host(tensors), dstRank, tag)], tensors)
+        """Gloo's own Work, left pending: a send completes only once its peer receives (``isend`` then ``recv`` on
+        both ranks must not deadlock). Gloo writes into the device memory's host alias itself."""
+        return _Pending(self._gloo.send(_host(tensors), dstRank, tag), tensors)
 
+    @_observed("recv", 0)
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:  # noqa: N803
-        return _done([self._gloo.recv(_host(tensors), srcRank, tag)], tensors)
+        """Gloo's own Work, as :meth:`send`."""
+        return _Pending(self._gloo.recv(_host(tensors), srcRank, tag), tensors)
 
+    @_observed("recv", 0)
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         """Gloo's own Work: the caller asks it for the sender's rank, which a future-made Work lacks."""
         return self._gloo.recv_anysource(_host(tensors), tag)

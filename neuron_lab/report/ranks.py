@@ -1,0 +1,91 @@
+"""One window run on several ranks (a ``%%neuron ranks`` cell, a ``neuron-lab run --nproc`` script): each rank's own
+:class:`Report`, or what stopped it, and the facts only the ranks together have (the slowest rank, the skew).
+
+The per-rank reports are ordinary reports, so every single-rank renderer, gate and JSON reader applies to each;
+this model adds the comparison across ranks and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_lab.kinds import COLLECTIVE, UNSUPPORTED
+from neuron_lab.report.model import Report
+from neuron_lab.units import ShownAsText
+
+
+@dataclass
+class RankResult:
+    """What one rank did: its report, or why there is none (it died, or never answered)."""
+
+    rank: int
+    report: Report | None = None
+    error: str | None = None  # "exit code -9 (killed)", "ValueError: bad shape", "no answer after 60 s"
+    where: str = ""  # the process: "engine 2 (pid 4242)", "pid 4242"
+
+    @property
+    def failed(self) -> bool:
+        return self.report is None or self.report.error is not None or self.error is not None
+
+    @property
+    def problem(self) -> str | None:
+        """The rank's error in one line: its own, or its report's."""
+        return self.error or (self.report.error if self.report is not None else None)
+
+    def collectives(self) -> tuple[int, int, int]:
+        """Calls, bytes and nanoseconds of its collectives."""
+        rows = [r for r in self.report.ops_not_native if r.kind == COLLECTIVE] if self.report else []
+        return sum(r.count for r in rows), sum(r.nbytes for r in rows), sum(r.host_ns for r in rows)
+
+    def unsupported_calls(self) -> int:
+        return sum(r.count for r in self.report.ops_not_native if r.kind == UNSUPPORTED) if self.report else 0
+
+
+@dataclass
+class RanksReport(ShownAsText):
+    """The same window on every rank, in rank order."""
+
+    title: str  # "In[5]", "train.py"
+    ranks: list[RankResult] = field(default_factory=list)
+
+    @property
+    def reports(self) -> list[Report]:
+        """The reports the ranks gave back, in rank order (failed ranks without one left out)."""
+        return [r.report for r in self.ranks if r.report is not None]
+
+    @property
+    def slowest(self) -> RankResult | None:
+        """The rank whose window took longest: the one the others waited for at their next collective."""
+        done = [r for r in self.ranks if r.report is not None]
+        return max(done, key=lambda r: r.report.wall_s, default=None)
+
+    @property
+    def skew_s(self) -> float:
+        """Slowest minus fastest wall time over the ranks that reported."""
+        walls = [r.wall_s for r in self.reports]
+        return max(walls) - min(walls) if walls else 0.0
+
+    @property
+    def failed(self) -> list[RankResult]:
+        return [r for r in self.ranks if r.failed]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
+                "ranks": [{"rank": r.rank, "where": r.where, "error": r.error,
+                           "report": None if r.report is None else r.report.as_dict()} for r in self.ranks]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RanksReport:
+        return cls(d["title"], [RankResult(r["rank"], None if r["report"] is None else Report.from_dict(r["report"]),
+                                           r["error"], r["where"]) for r in d["ranks"]])
+
+    def __str__(self) -> str:
+        from neuron_lab.report.text import render_ranks_text
+
+        return render_ranks_text(self)
+
+    def _repr_html_(self) -> str:
+        from neuron_lab.report.html import render_ranks_html
+
+        return render_ranks_html(self)

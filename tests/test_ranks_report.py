@@ -1,0 +1,54 @@
+"""The multi-rank report (``neuron_lab.report.ranks``): what every renderer shows for one window on several ranks."""
+
+from __future__ import annotations
+
+import json
+
+from neuron_lab.kinds import COLLECTIVE, FALLBACK
+from neuron_lab.report.model import Memory, OpRow, Report, Site, SiteCount
+from neuron_lab.report.ranks import RankResult, RanksReport
+
+MiB = 1 << 20
+
+
+def _rank(rank: int, wall_s: float, peak: int, fallbacks: int = 0) -> Report:
+    line = SiteCount(Site("<ipython-input-7>", 3, "dist.all_reduce(x)", cell=7), 4)
+    rows = [OpRow("c10d::all_reduce.sum", COLLECTIVE, "", 4, 2_000_000 * (rank + 1), ((256,),), ("float32",),
+                  [line], nbytes=4096, ranks=3)]
+    if fallbacks:
+        rows.append(OpRow("aten::atan2.out", FALLBACK, "no kernel", fallbacks, 1_000_000, ((4,),), ("float32",),
+                          [SiteCount(Site("<ipython-input-7>", 2, "y = x.atan2(x)", cell=7), fallbacks)]))
+    return Report("In[7]", 7, f"neuron:{rank}", "default", "emulator", wall_s=wall_s, ops=10,
+                  memory=Memory(0, MiB, peak, 24 << 30), ops_not_native=rows)
+
+
+def _three_ranks() -> RanksReport:
+    return RanksReport("In[7]", [RankResult(0, _rank(0, 0.5, 2 * MiB), where="engine 0"),
+                                 RankResult(1, _rank(1, 0.75, 3 * MiB, fallbacks=2), where="engine 1"),
+                                 RankResult(2, None, "engine 2 died (exit code -9)", "engine 2")])
+
+
+def test_the_text_names_the_slowest_rank_the_skew_and_each_ranks_facts() -> None:
+    text = str(_three_ranks()).splitlines()
+    assert text[0] == ("neuron_lab In[7] · 3 ranks · slowest rank 1 (750.0 ms, skew 250.0 ms) · 8 collective calls · "
+                       "2 CPU fallback calls · 1 rank failed (2)")
+    assert text[1].split() == ["rank", "device", "time", "memory", "peak", "fallbacks", "collectives", "error"]
+    assert text[2].split() == ["0", "neuron:0", "500.0", "ms", "1.00", "MiB", "2.00", "MiB", "0", "4", "calls,", "4.00",
+                               "KiB,", "2.0", "ms"]
+    assert text[3].split()[:2] == ["1", "neuron:1"] and text[3].split()[8] == "2"
+    assert text[4].split() == ["2", "engine", "2", "died", "(exit", "code", "-9)"]
+    assert text[5] == "all 2 ranks together:"
+    assert "    c10d::all_reduce.sum                   8×     6.0 ms  8.00 KiB over 3 ranks  [256] float32" in text
+    assert "        at In[7] line 3: dist.all_reduce(x)  (8×)" in text
+
+
+def test_html_and_json_carry_the_same_facts() -> None:
+    rr = _three_ranks()
+    html = rr._repr_html_()
+    assert "slowest rank 1 (750.0 ms, skew 250.0 ms)" in html and "engine 2 died (exit code -9)" in html
+    assert "c10d::all_reduce.sum" in html and "8.00 KiB over 3 ranks" in html
+    data = json.loads(json.dumps(rr.as_dict()))
+    assert (data["slowest"], data["skew_s"]) == (1, 0.25)
+    back = RanksReport.from_dict(data)
+    assert str(back) == str(rr)
+    assert [r.report.ops_not_native[0].nbytes if r.report else None for r in back.ranks] == [4096, 4096, None]
