@@ -16,7 +16,7 @@ import re
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import IO, Any
@@ -27,7 +27,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from neuron_lab.compat import nbclient as compat
 from neuron_lab.runner import kernel
 from neuron_lab.runner.inputs import Program
-from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, TIMEOUT, CellRecord
+from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, STOPPED, TIMEOUT, CellRecord
 
 STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -52,21 +52,31 @@ class Outcome:
     kernel_error: str | None = None  # why the kernel failed, when it did
     kernel_stderr: str = ""  # the last lines the kernel process wrote to its stderr (shown when it failed)
     interrupted: bool = False  # Ctrl-C (SIGINT): the running cell was interrupted and the run stopped there
+    pid: int | None = None  # the kernel process, once started (a local kernel's)
     seconds: float = 0.0
 
 
 def run(program: Program, env: dict[str, str], timeout: float | None,
         on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> Outcome:
-    return asyncio.run(_Run(program, env, timeout, on_cell, on_ready).main())
+    return asyncio.run(Run(program, env, timeout, on_cell, on_ready).main())
 
 
-class _Run:
-    """One run of a program in one kernel; each step below has one job."""
+class Run:
+    """One run of a program in one kernel; each step below has one job.
+
+    Several ranks (``runner.ranks``) pass ``pace``, awaited before each cell (False stops the run there), and
+    ``on_start``, called once the kernel started, when nbclient has just put its own Ctrl-C handler in place:
+    by default this kernel's :func:`on_ctrl_c` replaces it, the ranks' replaces it with one for every rank.
+    """
 
     def __init__(self, program: Program, env: dict[str, str], timeout: float | None,
-                 on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> None:
+                 on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None],
+                 pace: Callable[[CellRecord], Awaitable[bool]] | None = None,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.program, self.env, self.timeout = program, env, timeout
-        self.on_cell, self.on_ready = on_cell, on_ready
+        self.on_cell, self.on_ready, self.pace = on_cell, on_ready, pace
+        self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
+        self.stopped: str | None = None  # why the caller ended this kernel (another rank failed)
         self.outcome = Outcome([CellRecord(index, k) for k, index in enumerate(program.code_cells, 1)])
         self.script: dict[str, Any] | None = None  # what the kernel needs to name a script's lines (kernel.Script)
         if program.kind == "script":
@@ -94,7 +104,8 @@ class _Run:
         try:
             async with self.client.async_setup_kernel(env=self.env, stderr=kernel_stderr):
                 started = True
-                _on_ctrl_c(self.client, self.outcome)
+                self.outcome.pid = getattr(self.client.km.provisioner, "pid", None)
+                self.on_start()
                 await self._language_info()
                 await self._load()
                 await self._cells()
@@ -126,6 +137,8 @@ class _Run:
     async def _cells(self) -> None:
         """Run the cells in order, reporting each; the run stops at the first that does not end OK, or at Ctrl-C."""
         for rec in self.outcome.cells:
+            if self.pace is not None and not await self.pace(rec):
+                break
             loaded = await self._cell(rec)
             self.on_cell(rec)
             if loaded:
@@ -136,7 +149,7 @@ class _Run:
                 break
 
     def _death(self, rec: CellRecord) -> str | None:
-        """Why the kernel is gone after ``rec`` ran, if it is."""
+        """Why the kernel is gone after ``rec`` ran, if it is (not when the caller stopped it)."""
         if rec.status != DIED:
             return None
         if self.outcome.interrupted:
@@ -150,7 +163,7 @@ class _Run:
         await self._execute(cell, rec)
         rec.seconds = time.monotonic() - t0
         rec.execution_count = cell.get("execution_count")
-        return None if rec.status == DIED else await self._fetch(rec)
+        return None if rec.status in (DIED, STOPPED) else await self._fetch(rec)
 
     async def _execute(self, cell: Any, rec: CellRecord) -> None:
         """Run one cell; how it ended goes into ``rec`` (status and error)."""
@@ -169,9 +182,20 @@ class _Run:
                          "traceback": ""}
             await nbclient.util.ensure_async(self.client.km.interrupt_kernel())  # the kernel finishes the report
         except DeadKernelError:
-            rec.status = DIED
-            rec.error = {"ename": "kernel died", "evalue": "the kernel process ended while the cell ran",
-                         "traceback": ""}
+            rec.status = STOPPED if self.stopped else DIED
+            why = self.stopped or "the kernel process ended while the cell ran"
+            rec.error = {"ename": rec.status, "evalue": why, "traceback": ""}
+
+    async def stop(self, why: str) -> None:
+        """End this kernel now, because of ``why``: the running cell ends as ``stopped``, the rest are not run.
+
+        A kill, not an interrupt: a rank waiting in a collective for a rank that failed waits in C++, where
+        an interrupt does not reach it.
+        """
+        km = self.client.km
+        if km is not None and await nbclient.util.ensure_async(km.is_alive()):  # one that died is reported so
+            self.stopped = why
+            await nbclient.util.ensure_async(km.shutdown_kernel(now=True))
 
     async def _fetch(self, rec: CellRecord) -> dict[str, Any] | None:
         """The cell's report into ``rec``; what the kernel said about neuron_lab when this cell loaded it."""
@@ -198,16 +222,21 @@ def _tail(kernel_stderr: IO[bytes]) -> str:
     return "\n".join([x for x in lines if not x.startswith(_TCP_WARNING)][-_STDERR_TAIL:])
 
 
-def _on_ctrl_c(client: nbclient.NotebookClient, outcome: Outcome) -> None:
-    """Ctrl-C interrupts the running cell, as Jupyter's stop button does, so its report and the files still come;
-    a second Ctrl-C shuts the kernel down (nbclient's own handler, which this one replaces)."""
+def on_ctrl_c(kernels: list[tuple[nbclient.NotebookClient, Outcome]]) -> None:
+    """Ctrl-C interrupts the running cell of every kernel, as Jupyter's stop button does, so its report and the
+    files still come; a second Ctrl-C shuts the kernels down (nbclient's own handler, which this one replaces)."""
     def interrupt() -> None:
-        if outcome.interrupted:
-            asyncio.ensure_future(compat.shut_down(client))
+        if any(outcome.interrupted for _, outcome in kernels):
+            for client, _ in kernels:
+                if client.km is not None:
+                    asyncio.ensure_future(compat.shut_down(client))
             return
-        outcome.interrupted = True
-        print("interrupted: stopping at the running cell (Ctrl-C again shuts the kernel down)", flush=True)
-        asyncio.ensure_future(nbclient.util.ensure_async(client.km.interrupt_kernel()))
+        s = "s" if len(kernels) > 1 else ""
+        print(f"interrupted: stopping at the running cell (Ctrl-C again shuts the kernel{s} down)", flush=True)
+        for client, outcome in kernels:
+            outcome.interrupted = True
+            if client.km is not None:
+                asyncio.ensure_future(nbclient.util.ensure_async(client.km.interrupt_kernel()))
 
     try:
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupt)

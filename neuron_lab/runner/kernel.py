@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from contextlib import redirect_stdout
 from dataclasses import dataclass
@@ -110,8 +111,9 @@ def install(shell: Any, script: dict[str, Any] | None = None) -> Payload:
         extension.load(shell)
     if script is not None:
         shell.user_ns["__file__"] = script["file"]
-    Collector.attach(extension.session_of(shell), None if script is None else Script(**script))
-    return Payload(_info(out.getvalue().strip()))
+    session = extension.session_of(shell)
+    Collector.attach(session, None if script is None else Script(**script))
+    return Payload(_info(extension.banner(session) if _on_rank_device(session) else out.getvalue().strip()))
 
 
 def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
@@ -125,8 +127,25 @@ def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     collector, loaded = Collector.of(session), None
     if collector is None:
         collector = Collector.attach(session, None if script is None else Script(**script))
+        _on_rank_device(session)
         loaded = _info(extension.banner(session))
     return Payload({"loaded": loaded, "reports": collector.hand_over()})
+
+
+def _on_rank_device(session: Any) -> bool:
+    """A torchrun rank (``neuron-lab run --nproc``) owns ``neuron:{LOCAL_RANK}``, its current device: make that the
+    notebook device, as it is in the script's own ``torch.neuron.current_device()``. Whether it changed."""
+    from neuron_lab import backend
+
+    if not backend.is_active() or "LOCAL_RANK" not in os.environ:
+        return False
+    import torch
+
+    dev = torch.device("neuron", torch.neuron.current_device())
+    if session.device == dev:
+        return False
+    session.set_device(dev)
+    return True
 
 
 def _info(banner: str) -> dict[str, Any]:

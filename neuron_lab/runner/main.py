@@ -1,5 +1,8 @@
 """``neuron-lab run PATH``: load the input, run it in a fresh kernel, print progress and a summary, gate, export.
 
+With ``--nproc N`` the same steps run over N ranks, one kernel each (``runner.ranks``), shown across ranks
+(``runner.ranks_view``).
+
 The exit code says what happened (``options.MEANINGS``); every file asked for is written whatever
 happened, except for bad usage (exit 2), so a CI job keeps the report of a run that failed.
 """
@@ -9,10 +12,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuron_lab.runner import execute, export, gates, inputs, options, page, progress, summary
+from neuron_lab.runner import (
+    execute,
+    export,
+    gates,
+    inputs,
+    launch,
+    options,
+    page,
+    progress,
+    ranks,
+    ranks_view,
+    summary,
+)
 from neuron_lab.runner.records import FAILED
 
 
@@ -52,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     except inputs.InputError as e:
         print(f"neuron-lab run: {e}", file=sys.stderr)
         return options.EXIT_USAGE
+    if args.nproc is not None:
+        return run_ranks(args, program, env)
     total = len(program.code_cells)
     _say(progress.starting(program))
     outcome = execute.run(program, env, args.timeout,
@@ -67,9 +85,50 @@ def run(args: argparse.Namespace) -> int:
         _say(f"kernel failed: {outcome.kernel_error}")
         if outcome.kernel_stderr:
             _say("  the kernel's stderr ended with:", *(f"    {line}" for line in outcome.kernel_stderr.splitlines()))
-    wrote = _write(args, program, outcome, result, checked, code)
+    wrote = _write(args, program.nb, code, checked,
+                   lambda: page.head(f"neuron-lab run {program.path}", f"exit {code}: {_why(code, code, checked)}",
+                                     result, checked),
+                   lambda code: document(args, program, outcome, result, checked, code))
     _say(f"exit {wrote}: {_why(wrote, code, checked)}")
     return wrote
+
+
+def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, str]) -> int:
+    """``--nproc N``: the program on N ranks at once (``runner.ranks``), shown across ranks (``runner.ranks_view``)."""
+    total = len(program.code_cells)
+    _say(ranks_view.starting(program, args.nproc))
+    outcome = ranks.run(program, launch.rank_envs(env, args.nproc), args.timeout,
+                        on_cell=lambda so_far, number: _say(*ranks_view.cell(so_far, number, total)),
+                        on_ready=lambda rank, info: _say(ranks_view.ready(rank, info)))
+    checked = gates.evaluate(ranks_view.gate_reports(outcome), args)
+    code = ranks_exit_code(outcome, checked)
+    _say(*ranks_view.summary(program, outcome))
+    if checked:
+        _say("gates:", *(f"  {g.line}" for g in checked))
+    for rank, why in outcome.kernel_errors:
+        _say(f"kernel failed on rank {rank}: {why}")
+        if outcome.ranks[rank].kernel_stderr:
+            _say("  the kernel's stderr ended with:",
+                 *(f"    {line}" for line in outcome.ranks[rank].kernel_stderr.splitlines()))
+    wrote = _write(args, outcome.notebook, code, checked,
+                   lambda: ranks_view.head(f"neuron-lab run --nproc {args.nproc} {program.path}",
+                                           f"exit {code}: {_why(code, code, checked)}", program, outcome, checked),
+                   lambda code: ranks_view.document(args, program, outcome, checked, code))
+    _say(f"exit {wrote}: {_why(wrote, code, checked)}")
+    return wrote
+
+
+def ranks_exit_code(outcome: ranks.RanksOutcome, checked: list[gates.GateResult]) -> int:
+    """As :func:`exit_code`, over every rank: Ctrl-C, then a rank's dead kernel, a rank's failed cell, a gate."""
+    if outcome.interrupted:
+        return options.EXIT_INTERRUPTED
+    if outcome.kernel_errors:
+        return options.EXIT_KERNEL
+    if any(c.status in FAILED for o in outcome.ranks for c in o.cells):
+        return options.EXIT_CELL_ERROR
+    if any(not g.passed for g in checked):
+        return options.EXIT_GATE
+    return options.EXIT_OK
 
 
 def _why(code: int, before_writing: int, checked: list[gates.GateResult]) -> str:
@@ -105,9 +164,10 @@ def document(args: argparse.Namespace, program: inputs.Program, outcome: execute
             "kernel_stderr": outcome.kernel_stderr if outcome.kernel_error else None}
 
 
-def _write(args: argparse.Namespace, program: inputs.Program, outcome: execute.Outcome, result: summary.Summary,
-           checked: list[gates.GateResult], code: int) -> int:
-    """Write the files asked for; one that cannot be written is reported, and turns a success into exit 2."""
+def _write(args: argparse.Namespace, nb: Any, code: int, checked: list[gates.GateResult], head: Callable[[], str],
+           doc: Callable[[int], dict[str, Any]]) -> int:
+    """Write the files asked for (``nb`` the executed notebook, ``head`` the HTML's, ``doc`` the JSON for the final
+    exit code); one that cannot be written is reported, and turns a success into exit 2."""
     def attempt(what: str, path: str, write: Any) -> bool:
         try:
             write()
@@ -119,16 +179,14 @@ def _write(args: argparse.Namespace, program: inputs.Program, outcome: execute.O
 
     ok = True
     if args.output_file:
-        ok &= attempt("--output", args.output_file, lambda: export.write_notebook(program.nb, args.output_file))
+        ok &= attempt("--output", args.output_file, lambda: export.write_notebook(nb, args.output_file))
     if args.html_file:
-        head = page.head(f"neuron-lab run {program.path}", f"exit {code}: {_why(code, code, checked)}", result,
-                         checked)
-        ok &= attempt("--html", args.html_file, lambda: export.write_html(program.nb, args.html_file, head))
+        ok &= attempt("--html", args.html_file, lambda: export.write_html(nb, args.html_file, head()))
     if not ok and code == options.EXIT_OK:
         code = options.EXIT_USAGE
     if args.json_file:
-        doc = document(args, program, outcome, result, checked, code)
-        if not attempt("--json", args.json_file, lambda: export.write_json(doc, args.json_file)) \
+        data = doc(code)
+        if not attempt("--json", args.json_file, lambda: export.write_json(data, args.json_file)) \
                 and code == options.EXIT_OK:
             code = options.EXIT_USAGE
     return code

@@ -36,6 +36,7 @@ EXAMPLES = (
     ("neuron-lab run nb.ipynb --fail-on-fallback --allow-fallback normal", "CI: no CPU fallback but normal"),
     ("neuron-lab run nb.ipynb --max-peak-memory 2GiB", "CI: no cell over 2 GiB on the device"),
     ("neuron-lab run train.py --timeout 600", "a `# %%` script, 10 minutes per cell"),
+    ("neuron-lab run train.py --nproc 4 --fail-on-unsupported", "4 ranks, as torchrun starts them"),
 )
 
 
@@ -51,6 +52,13 @@ A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) out
 
 A script (.py) runs as one cell per `# %%` chunk (a script without markers is one cell);
 its call sites are reported as FILE:LINE.
+
+--nproc N runs N ranks at once, one kernel each, with the variables torchrun sets (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT): rank R owns neuron:R. The
+ranks go cell by cell in step (no rank starts a cell before every rank finished the one before), so
+each cell is reported across ranks; the gates judge every rank's reports and name the rank. When a
+rank fails, the ranks still running are stopped (a collective would wait for it forever). --output
+and --html hold rank 0's executed notebook; --json every rank's.
 
 """ + "examples:\n" + examples(EXAMPLES)
 
@@ -84,6 +92,17 @@ def seconds(text: str) -> float:
     return s
 
 
+def ranks(text: str) -> int:
+    """argparse type of ``--nproc``: a whole number of ranks, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks (a whole number, at least 1)")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a notebook (.ipynb) or a Python script (.py)")
     p.add_argument("--backend", choices=("auto", "emulator"), default=None,
@@ -92,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="NEURON_LAB_PROFILE in the kernel: a bundled coverage profile or a profile file")
     p.add_argument("--timeout", type=seconds, metavar="S", default=None,
                    help=f"seconds each cell may run (more than 0, at most {MAX_TIMEOUT_S:g})")
+    p.add_argument("--nproc", type=ranks, metavar="N", default=None,
+                   help="run N ranks as torchrun --nproc-per-node N does, one kernel each, and merge their reports")
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")

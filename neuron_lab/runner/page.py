@@ -32,7 +32,7 @@ def head(title: str, verdict: str, s: Summary, checked: list[GateResult]) -> str
     parts = [CSS, '<section class="neuron-lab-run">', f"<h2>{escape(title)}</h2>", f"<p>{escape(verdict)}</p>",
              f'<table class="neuron-lab-run-summary">{rows}</table>']
     if checked:
-        parts.append(_gates(checked))
+        parts.append(gates_table(checked))
     else:
         parts.append("<p>gates: none enabled</p>")
     parts.append("</section>")
@@ -56,7 +56,7 @@ def facts(s: Summary) -> list[tuple[str, str]]:
             ("peak device memory", peak), ("time", f"{format_seconds(s.seconds)} (kernel start included)")]
 
 
-def _gates(checked: list[GateResult]) -> str:
+def gates_table(checked: list[GateResult]) -> str:
     head_row = "".join(f"<th>{h}</th>" for h in ("gate", "verdict", "limit", "measured", "cells blamed"))
     rows = []
     for g in checked:

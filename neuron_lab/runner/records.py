@@ -9,6 +9,7 @@ from neuron_lab.report.model import Report
 
 OK, ERROR, TIMEOUT, INTERRUPTED = "ok", "error", "timeout", "interrupted"
 DIED, NOT_RUN = "kernel died", "not run"
+STOPPED = "stopped"  # one of several ranks: its kernel was ended because another rank failed
 FAILED = (ERROR, TIMEOUT, INTERRUPTED)  # the cell ran and did not finish: its error is kept
 
 

@@ -1,0 +1,130 @@
+"""Run one program as N ranks at once (``neuron-lab run --nproc N``): one kernel per rank, in step.
+
+Each rank is the single-rank executor (:class:`execute.Run`) in its own kernel with its own torchrun
+environment (``runner.launch``), so each gets the per-cell reports a 1-rank run gets. They run
+concurrently, cell by cell: no rank starts cell k+1 before every rank has finished cell k, so cell k is
+one window on every rank (one ``RanksReport``). When a rank fails (raises, times out, is interrupted, its
+kernel dies or never starts) the kernels of the ranks still running a cell are ended: they may be
+waiting in a collective for the failed rank, which would wait forever; no rank starts another cell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_lab.runner.execute import Outcome, Run, on_ctrl_c
+from neuron_lab.runner.inputs import Program
+from neuron_lab.runner.records import NOT_RUN, OK, STOPPED, CellRecord
+
+
+@dataclass
+class RanksOutcome:
+    ranks: list[Outcome]  # each rank's, in rank order; rank r's cell k is ``ranks[r].cells[k - 1]``
+    notebook: Any = None  # rank 0's executed notebook (what --output and --html write)
+    failure: str | None = None  # the first failure, which stopped the other ranks: "rank 1 failed (error in t.py:5)"
+    seconds: float = 0.0
+
+    @property
+    def interrupted(self) -> bool:
+        return any(o.interrupted for o in self.ranks)
+
+    @property
+    def kernel_errors(self) -> list[tuple[int, str]]:
+        """(rank, why) of each rank whose kernel died or could not start or load neuron_lab."""
+        return [(r, o.kernel_error) for r, o in enumerate(self.ranks) if o.kernel_error]
+
+    def cell(self, number: int) -> list[CellRecord]:
+        """Cell ``number`` (1-based) as each rank ran it, in rank order."""
+        return [o.cells[number - 1] for o in self.ranks]
+
+
+def run(program: Program, envs: list[dict[str, str]], timeout: float | None,
+        on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None]) -> RanksOutcome:
+    """Run ``program`` once per environment; ``on_cell`` gets the outcome so far and a cell's number once every
+    rank is done with that cell, ``on_ready`` each rank's kernel-ready info."""
+    return asyncio.run(_Ranks(program, envs, timeout, on_cell, on_ready).main())
+
+
+class _Ranks:
+    """The ranks' runs and where each is: the cells it finished, whether it is in a cell, whether it ended."""
+
+    def __init__(self, program: Program, envs: list[dict[str, str]], timeout: float | None,
+                 on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None]) -> None:
+        self.on_cell, n = on_cell, len(envs)
+        self.runs = [Run(dataclasses.replace(program, nb=copy.deepcopy(program.nb)), env, timeout,
+                         on_cell=functools.partial(self._finished, r), on_ready=functools.partial(on_ready, r),
+                         pace=functools.partial(self._pace, r), on_start=self._catch_ctrl_c)
+                     for r, env in enumerate(envs)]
+        self.cells = len(program.code_cells)
+        self.outcome = RanksOutcome([run.outcome for run in self.runs], self.runs[0].program.nb)
+        self.finished, self.running, self.ended = [0] * n, [False] * n, [False] * n
+        self.done = [asyncio.Event() for _ in range(self.cells + 1)]  # done[k]: every rank is past cell k
+        self.done[0].set()
+        self.shown = 0  # cells handed to on_cell
+        self.stops: list[asyncio.Future[None]] = []
+
+    async def main(self) -> RanksOutcome:
+        start = time.monotonic()
+        self._catch_ctrl_c()
+        await asyncio.gather(*(self._rank(r) for r in range(len(self.runs))))
+        await asyncio.gather(*self.stops, return_exceptions=True)
+        self.outcome.seconds = time.monotonic() - start
+        return self.outcome
+
+    async def _rank(self, r: int) -> None:
+        try:
+            await self.runs[r].main()
+        finally:
+            self.ended[r], self.running[r] = True, False
+            if not all(self.ended):  # nbclient took its Ctrl-C handler away as this rank's kernel ended
+                self._catch_ctrl_c()
+            error = self.runs[r].outcome.kernel_error
+            if error:
+                self._fail(r, error)
+            self._advance()
+
+    def _catch_ctrl_c(self) -> None:
+        """Ctrl-C interrupts every rank's kernel (a rank that then fails stops the others)."""
+        on_ctrl_c([(run.client, run.outcome) for run in self.runs])
+
+    async def _pace(self, r: int, rec: CellRecord) -> bool:
+        """Before cell k on rank ``r``: wait until every rank is past cell k - 1; go on unless a rank failed."""
+        await self.done[rec.number - 1].wait()
+        if self.outcome.failure is not None or self.runs[r].outcome.interrupted:
+            return False
+        self.running[r] = True
+        return True
+
+    def _finished(self, r: int, rec: CellRecord) -> None:
+        self.running[r], self.finished[r] = False, rec.number
+        if rec.status not in (OK, STOPPED):
+            self._fail(r, f"{rec.status} in {rec.label}")
+        self._advance()
+
+    def _fail(self, r: int, why: str) -> None:
+        """The first failure ends the kernels of the other ranks still in a cell."""
+        if self.outcome.failure is not None:
+            return
+        self.outcome.failure = f"rank {r} failed ({why})"
+        for q, run in enumerate(self.runs):
+            if q != r and self.running[q]:
+                self.stops.append(asyncio.ensure_future(
+                    run.stop(f"{self.outcome.failure}; a collective here would wait for it forever")))
+
+    def _advance(self) -> None:
+        """Hand over each cell every rank is past, in order, and let the ranks start the next."""
+        while self.shown < self.cells:
+            k = self.shown + 1
+            if not all(self.ended[q] or self.finished[q] >= k for q in range(len(self.runs))):
+                return
+            self.shown = k
+            if any(rec.status != NOT_RUN for rec in self.outcome.cell(k)):
+                self.on_cell(self.outcome, k)
+            self.done[k].set()

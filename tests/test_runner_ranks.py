@@ -1,0 +1,286 @@
+"""`neuron-lab run --nproc N`: a script on N ranks started as torchrun starts them, one kernel each, in step.
+
+Each test runs the real command on a tiny `# %%` script written here and checks what a user or a CI job
+relies on: the per-cell lines across ranks, the merged summary, the gates over every rank, the exit code
+and the --json/--html/--output files. The ranks' collectives are the emulator's `neuron` process group
+over gloo, so the counts asserted are exact. A run that outlives its bound is killed with its kernels
+(each kernel exits when its parent does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from conftest import core
+
+from neuron_lab.runner import launch, main, options
+
+RUN_TIMEOUT = 240  # seconds for one whole `neuron-lab run --nproc`
+COMPILED = core() == "compiled"  # the pure-Python core has one device: every rank is on neuron:0 there
+
+
+def dev(rank: int) -> str:
+    return f"neuron:{rank if COMPILED else 0}"
+
+
+def script(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def run(tmp: Path, *args: str) -> tuple[int, str]:
+    """``neuron-lab run ARGS`` in a new process (and session, so a run past its bound dies with its kernels)."""
+    env = {**os.environ, "IPYTHONDIR": str(tmp / "ipython")}
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", *args], cwd=tmp, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"neuron-lab run still running after {RUN_TIMEOUT}s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def calls(report: dict[str, Any], kind: str = "collective") -> dict[str, int]:
+    return {r["op"]: r["count"] for r in report["ops_not_native"] if r["kind"] == kind}
+
+
+TRAIN = """
+    import torch
+    import torch.distributed as dist
+    import torch_neuronx
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend="neuron")
+    rank = dist.get_rank()
+    dev = torch.device("neuron", torch.neuron.current_device())
+    print("rank", rank, "of", dist.get_world_size(), "on", dev, "of", torch.neuron.device_count())
+    # %%
+    x = torch.full((256,), float(rank + 1)).to(dev)
+    dist.all_reduce(x)
+    print("sum", x[0].item())
+    # %%
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 4).to(dev), device_ids=[dev.index])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.ones(8, 16).to(dev) * (rank + 1)).sum()
+    loss.backward()
+    opt.step()
+    # %%
+    dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_all_reduce_and_a_ddp_step_report_per_rank_and_merged(tmp_path):
+    path = script(tmp_path, "train.py", TRAIN)
+    code, text = run(tmp_path, path.name, "--nproc", "2", "--backend", "emulator", "--json", "run.json",
+                     "--html", "run.html", "--output", "run.ipynb")
+    assert code == 0, text
+    assert text.startswith("neuron-lab run train.py (script, 4 code cells) on 2 ranks: starting 2 kernels\n")
+    for r in range(2):
+        assert re.search(rf"^rank {r} kernel ready · neuron_lab \S+: emulator backend.* · device {dev(r)} · ", text,
+                         re.M), text
+    # Cell 2: one all_reduce per rank, at the script's line, each rank on its own device.
+    assert re.search(r"^\[2/4\] train\.py:10 ok \S+ \S+ · 2 ranks · slowest rank [01] \(.*, skew .*\) · "
+                     r"2 collective calls · no CPU fallbacks$", text, re.M), text
+    assert re.search(rf"^    0     {dev(0)}  .* 1 call, 1\.00 KiB, ", text, re.M), text
+    assert re.search(rf"^    1     {dev(1)}  .* 1 call, 1\.00 KiB, ", text, re.M), text
+    assert "\n            at train.py:12: dist.all_reduce(x)  (2×)\n" in text
+    # Cell 3: DDP's construction (2 broadcasts, 1 all_gather per rank) and its gradient all_reduce per rank.
+    assert re.search(r"^\[3/4\] train\.py:14 ok .* · 8 collective calls · no CPU fallbacks$", text, re.M), text
+    assert "\n            at train.py:19: loss.backward()  (2×)\n" in text
+    summary = text[text.index("summary: 4 of 4 cells ran on 2 ranks in "):]
+    assert re.search(r"^  neuron_lab train\.py · 2 ranks · slowest rank [01] .* · 10 collective calls · "
+                     r"no CPU fallbacks$", summary, re.M), summary
+    for r in range(2):
+        assert re.search(rf"^  {r}     {dev(r)}  .* 5 calls, 1\.59 KiB, ", summary, re.M), summary
+    assert re.search(r"^      c10d::all_reduce\.sum +4× ", summary, re.M), summary
+    assert "\n  errors: none\n" in summary and summary.rstrip().endswith("exit 0: " + options.MEANINGS[0])
+
+    doc = load(tmp_path / "run.json")
+    assert doc["nproc"] == 2 and doc["exit_code"] == 0 and doc["kernel_errors"] == []
+    assert [c["label"] for c in doc["cells"]] == ["train.py:1", "train.py:10", "train.py:14", "train.py:21"]
+    assert [c["status"] for c in doc["cells"]] == ["ok"] * 4
+    ranks = doc["cells"][1]["ranks"]["ranks"]
+    assert [(r["rank"], r["report"]["device"], r["error"]) for r in ranks] == [(0, dev(0), None), (1, dev(1), None)]
+    assert all(re.fullmatch(r"kernel pid \d+", r["where"]) for r in ranks) and ranks[0]["where"] != ranks[1]["where"]
+    assert [calls(r["report"]) for r in ranks] == [{"c10d::all_reduce.sum": 1}] * 2
+    assert [calls(r["report"]) for r in doc["cells"][2]["ranks"]["ranks"]] == \
+        [{"c10d::all_reduce.sum": 1, "c10d::broadcast": 2, "c10d::all_gather": 1}] * 2
+    assert [[rec["status"] for rec in c["records"]] for c in doc["cells"]] == [["ok", "ok"]] * 4
+    whole = doc["summary"]["ranks"]
+    assert whole["title"] == "train.py" and whole["slowest"] in (0, 1)
+    assert [sum(calls(r["report"]).values()) for r in whole["ranks"]] == [5, 5]
+
+    # --output and --html hold rank 0's notebook: the script saw torchrun's variables and its own device.
+    nb = nbformat.read(tmp_path / "run.ipynb", as_version=4)
+    assert nb.cells[0].outputs[0]["text"] == f"rank 0 of 2 on {dev(0)} of {2 if COMPILED else 1}\n"
+    page = (tmp_path / "run.html").read_text()
+    assert "neuron-lab run --nproc 2 train.py" in page and 'class="neuron-lab-ranks"' in page
+    assert page.count('class="neuron-lab-ranks"') == 5  # the run's table, then one per cell
+    assert "The cells below are rank 0&#x27;s." in page or "The cells below are rank 0's." in page
+
+
+P2P = """
+    import torch, torch.distributed as dist
+    import torch_neuronx
+    dist.init_process_group(backend="neuron")
+    x = torch.ones(8).to(device)
+    if dist.get_rank() == 0:
+        dist.send(x, 1)
+    else:
+        dist.recv(x, 0)
+    dist.destroy_process_group()
+"""
+
+
+def test_the_unsupported_gate_fails_on_send_and_recv_naming_lines_and_ranks(tmp_path):
+    path = script(tmp_path, "p2p.py", P2P)
+    code, text = run(tmp_path, path.name, "--nproc", "2", "--fail-on-unsupported", "--json", "run.json")
+    assert code == options.EXIT_GATE, text
+    assert re.search(r"^\[1/1\] p2p\.py:1 ok .* · 2 collective calls · no CPU fallbacks · 2 unsupported calls$",
+                     text, re.M), text
+    gate_line = next(line for line in text.splitlines() if line.startswith("  FAIL  --fail-on-unsupported: "))
+    assert gate_line.startswith("  FAIL  --fail-on-unsupported: 2 unsupported calls of 2 ops: c10d::"), gate_line
+    # The ops come slowest first: send and recv in either order.
+    assert "c10d::send ×1 at p2p.py:6 (" in gate_line and "c10d::recv ×1 at p2p.py:8 (" in gate_line, gate_line
+    assert text.rstrip().endswith("exit 3: a gate failed: --fail-on-unsupported")
+    gate = load(tmp_path / "run.json")["gates"][0]
+    assert (gate["passed"], gate["measured"], gate["blamed"]) == (False, "2 calls", ["rank 0 p2p.py:1",
+                                                                                   "rank 1 p2p.py:1"])
+
+
+RAISES = """
+    import torch, torch.distributed as dist
+    import torch_neuronx
+    dist.init_process_group(backend="neuron")
+    rank = dist.get_rank()
+    # %%
+    x = torch.ones(8).to(device)
+    if rank == 1:
+        raise ValueError("rank 1 has a bad shard")
+    dist.all_reduce(x)  # rank 0 waits here for rank 1, which never comes
+    # %%
+    print("never")
+"""
+
+
+def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stopped(tmp_path):
+    path = script(tmp_path, "bad.py", RAISES)
+    code, text = run(tmp_path, path.name, "--nproc", "2", "--json", "run.json")
+    assert code == options.EXIT_CELL_ERROR, text
+    stopped = "stopped: rank 1 failed (error in bad.py:5); a collective here would wait for it forever"
+    assert re.search(r"^\[2/3\] bad\.py:5 error on rank 1, stopped on rank 0 \S+ \S+ · 2 ranks · .* · "
+                     r"2 ranks failed \(0, 1\)$", text, re.M), text
+    assert re.search(rf"^    1     {dev(1)} .* ValueError: rank 1 has a bad shard$", text, re.M), text
+    assert re.search(rf"^    0 +{re.escape(stopped)}$", text, re.M), text
+    assert "\n    rank 1:\n" in text and "ValueError: rank 1 has a bad shard" in text
+    summary = text[text.index("summary: 2 of 3 cells ran on 2 ranks"):]
+    assert "\n  error on rank 1 in bad.py:5 [2/3]: ValueError: rank 1 has a bad shard\n" in summary
+    assert f"\n  stopped on rank 0 in bad.py:5 [2/3]: {stopped}\n" in summary
+    assert "\n  not run: 1 cell ([3/3])\n" in summary
+    doc = load(tmp_path / "run.json")
+    assert doc["summary"]["failure"] == "rank 1 failed (error in bad.py:5)"
+    assert [rec["status"] for rec in doc["cells"][1]["records"]] == ["stopped", "error"]
+    assert [rec["status"] for rec in doc["cells"][2]["records"]] == ["not run", "not run"]
+    assert doc["cells"][1]["ranks"]["ranks"][1]["report"]["error"] == "ValueError: rank 1 has a bad shard"
+
+
+DIES = """
+    import os, time
+    import torch
+    rank = int(os.environ["RANK"])  # no process group: each rank is an independent copy, as under torchrun
+    x = torch.ones(4).to(device)
+    # %%
+    if rank == 1:
+        os.kill(os.getpid(), 9)
+    while True:  # rank 0 waits for rank 1 forever, as it would in a collective
+        time.sleep(0.05)
+"""
+
+
+def test_a_rank_whose_kernel_dies_exits_4_and_the_other_rank_is_stopped(tmp_path):
+    path = script(tmp_path, "dies.py", DIES)
+    code, text = run(tmp_path, path.name, "--nproc", "2", "--json", "run.json")
+    assert code == options.EXIT_KERNEL, text
+    assert re.search(r"^\[1/2\] dies\.py:1 ok .* · 0 collective calls · no CPU fallbacks$", text, re.M), text
+    assert re.search(r"^\[2/2\] dies\.py:5 kernel died on rank 1, stopped on rank 0 ", text, re.M), text
+    assert "\nkernel failed on rank 1: the kernel died while running cell [2/2]\n" in text
+    assert text.rstrip().endswith("exit 4: " + options.MEANINGS[4])
+    doc = load(tmp_path / "run.json")
+    assert [(r["rank"], r["report"]["device"]) for r in doc["cells"][0]["ranks"]["ranks"]] == [(0, dev(0)),
+                                                                                             (1, dev(1))]
+    assert [rec["status"] for rec in doc["cells"][1]["records"]] == ["stopped", "kernel died"]
+    assert [(e["rank"], e["error"]) for e in doc["kernel_errors"]] == [(1, "the kernel died while running cell [2/2]")]
+
+
+FOUR = """
+    import os
+    import torch, torch.distributed as dist
+    import torch_neuronx
+    dist.init_process_group(backend="neuron")
+    rank = dist.get_rank()
+    # %%
+    x = torch.full((4,), float(rank)).to(device)
+    dist.all_reduce(x)
+    gathered = torch.zeros(16).to(device)
+    dist.all_gather_into_tensor(gathered, x)
+    assert x.tolist() == [6.0] * 4 and gathered.tolist() == [6.0] * 16
+    facts = (rank, os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], torch.neuron.device_count(), str(x.device))
+    print(facts)
+    # %%
+    dist.destroy_process_group()
+"""
+
+
+def test_four_ranks_each_on_its_own_device_with_exact_collectives(tmp_path):
+    path = script(tmp_path, "four.py", FOUR)
+    code, text = run(tmp_path, path.name, "--nproc", "4", "--json", "run.json", "--max-peak-memory", "1MiB")
+    assert code == 0, text
+    assert re.search(r"^\[2/3\] four\.py:6 ok .* · 4 ranks · slowest rank [0-3] .* · 8 collective calls · "
+                     r"no CPU fallbacks$", text, re.M), text
+    for r in range(4):
+        assert re.search(rf"^    {r}     {dev(r)}  .* 2 calls, 32 B, ", text, re.M), text
+    assert "\n            at four.py:8: dist.all_reduce(x)  (4×)\n" in text
+    assert "\n            at four.py:10: dist.all_gather_into_tensor(gathered, x)  (4×)\n" in text
+    assert re.search(r"^  pass  --max-peak-memory 1\.00 MiB: the highest peak was \S+ \S+$", text, re.M), text
+    doc = load(tmp_path / "run.json")
+    ranks = doc["cells"][1]["ranks"]["ranks"]
+    assert [(r["rank"], r["report"]["device"]) for r in ranks] == [(r, dev(r)) for r in range(4)]
+    assert [calls(r["report"]) for r in ranks] == [{"c10d::all_reduce.sum": 1, "c10d::all_gather_into_tensor": 1}] * 4
+    assert re.search(r"in rank [0-3] four\.py:6$", doc["gates"][0]["measured"]), doc["gates"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_nproc_must_be_a_whole_number_of_ranks(tmp_path, capsys, value):
+    path = script(tmp_path, "a.py", "print(1)\n")
+    with pytest.raises(SystemExit) as e:
+        main.main([str(path), "--nproc", value])
+    assert e.value.code == options.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"argument --nproc: {value!r} is not a number of ranks (a whole number, at least 1)" in err
+
+
+def test_each_rank_gets_torchruns_variables_and_one_free_port():
+    envs = launch.rank_envs({"PATH": "/bin"}, 3, port=29511)
+    assert [(e["RANK"], e["LOCAL_RANK"], e["ROLE_RANK"]) for e in envs] == [(str(r),) * 3 for r in range(3)]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"], e["OMP_NUM_THREADS"],
+             e["PATH"], e["TORCHELASTIC_RUN_ID"]) for e in envs} == \
+        {("3", "3", "127.0.0.1", "29511", "1", "/bin", envs[0]["TORCHELASTIC_RUN_ID"])}
+    assert launch.rank_envs({"OMP_NUM_THREADS": "4"}, 2)[1]["OMP_NUM_THREADS"] == "4"
