@@ -409,6 +409,76 @@ def check_language_model(r: Ran) -> None:
     r.says("the CPU run replays the device run's draws", "dynamo's own warnings do not flood the cell")
 
 
+# -- 08: distributed training on 4 emulated cores ----------------------------------------------------------
+def _rank_lines(report: list[str]) -> dict[str, list[str]]:
+    """The rank table of a ``%%neuron ranks`` report: rank -> its cells (device, time, memory, peak, fallbacks,
+    collectives)."""
+    return {cells[0]: cells[1:] for cells in (re.split(r"  +", line.strip()) for line in report[2:])
+            if cells[0].isdigit()}
+
+
+def _starting(lines: list[str], prefix: str) -> int:
+    """The index of the one line starting with ``prefix``."""
+    hits = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+    assert len(hits) == 1, (prefix, lines)
+    return hits[0]
+
+
+def _ranks_out(r: Ran, tag: str) -> str:
+    """What the ranks printed in a ``%%neuron ranks`` cell, each line prefixed ``[stdout:RANK]`` as ``%%px`` does."""
+    return "".join(o.data["text/plain"] for o in r.cell(tag).outputs
+                   if "data" in o and o.data.get("text/plain", "").startswith("[stdout:"))
+
+
+def check_distributed(r: Ran) -> None:
+    start = r.stdout("start")
+    assert [f"neuron_lab: rank {k} ready: pid" in start for k in range(4)] == [True] * 4, start
+    assert "4 ranks ready in " in start
+    setup = _ranks_out(r, "setup")
+    assert all(f"[stdout:{k}] rank {k} of 4 on neuron:{k}, 4 devices in this process" in setup for k in range(4)), setup
+
+    ddp = _shown(r, "ddp", "neuron_lab In[")
+    assert ddp[0].startswith(f"neuron_lab In[{r.n('ddp')}] · 4 ranks · slowest rank ")
+    assert " · 32 collective calls · no CPU fallbacks" in ddp[0], ddp[0]
+    ranks = _rank_lines(ddp)
+    assert [ranks[str(k)][0] for k in range(4)] == ["neuron:0", "neuron:1", "neuron:2", "neuron:3"]
+    assert {ranks[str(k)][2] for k in range(4)} == {"2.19 MiB"}  # the same model and optimizer state on each rank
+    assert all(ranks[str(k)][5].startswith("8 calls, 1.75 MiB, ") for k in range(4)), ranks
+    backward = r.line("ddp", "loss.backward()")
+    reduce = _starting(ddp, "    c10d::all_reduce.sum                  12× ")
+    assert ddp[reduce].endswith("5.24 MiB over 4 ranks  [114400] float32"), ddp[reduce]
+    assert ddp[reduce + 1] == f"        at In[{r.n('ddp')}] line {backward}: loss.backward()  (12×)"
+    printed = _ranks_out(r, "ddp")
+    losses = [re.search(rf"\[stdout:{k}\] rank {k}: loss (\S+), parameters on this rank 457,600 bytes", printed)
+              for k in range(4)]
+    assert all(losses), printed
+
+    fsdp = _shown(r, "fsdp", "neuron_lab In[")
+    assert " · 96 collective calls · no CPU fallbacks" in fsdp[0], fsdp[0]
+    ranks = _rank_lines(fsdp)
+    assert {ranks[str(k)][2] for k in range(4)} == {"450.88 KiB"}  # a quarter of each weight, and its optimizer state
+    out = _ranks_out(r, "fsdp")
+    for k in range(4):  # FSDP2 trains the same model to the same loss as DDP, on each rank's own data
+        assert f"[stdout:{k}] rank {k}: loss {losses[k][1]}, parameters on this rank 114,400 bytes (0.25 of DDP's)" \
+            in out, out
+    _starting(fsdp, "    c10d::reduce_scatter_tensor.avg       36× ")
+    assert f"        at In[{r.n('fsdp')}] line {r.line('fsdp', 'loss.backward()')}: loss.backward()  (36×)" in fsdp
+    _starting(fsdp, "    c10d::all_gather_into_tensor          60× ")
+
+    flagged = _shown(r, "unsupported", "neuron_lab In[")
+    assert " · 6 collective calls · no CPU fallbacks · 2 unsupported calls" in flagged[0], flagged[0]
+    i = _starting(flagged, "  not supported on TorchNeuron (1 op, 2 calls, ")
+    assert flagged[i + 1].startswith("    c10d::barrier                          2×") and flagged[i + 1].endswith(
+        "0 B over 2 ranks  why [1]"), flagged[i + 1]
+    assert flagged[i + 2].startswith(f"        at In[{r.n('unsupported')}] line 4: dist.barrier(group=pair)")
+    assert "    [1] TorchNeuron's barrier runs on the default group only (nrt_barrier), not on a subgroup" in flagged
+    barriers = [x for x in flagged if x.startswith("    c10d::barrier ")]  # a row per group size
+    assert [x[x.index("0 B over"):] for x in barriers] == [
+        "0 B over 2 ranks  why [1]", "0 B over 4 ranks", "0 B over 2 ranks"], barriers
+    assert r.value("stop").startswith("neuron_lab ranks: stopped 4 ranks (pids ")
+    r.says("all 114,400 gradients", "64 logical NeuronCores")
+
+
 def _shown(r: Ran, tag: str, prefix: str) -> list[str]:
     """The lines of the one display under the cell whose text/plain starts with ``prefix``."""
     shown = [o.data["text/plain"] for o in r.cell(tag).outputs
@@ -425,6 +495,7 @@ CHECKS: dict[str, Callable[[Ran], None]] = {
     "05_on_trainium.ipynb": check_on_trainium,
     "06_huggingface.ipynb": check_huggingface,
     "07_language_model.ipynb": check_language_model,
+    "08_distributed.ipynb": check_distributed,
 }
 
 

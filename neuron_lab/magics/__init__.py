@@ -20,9 +20,11 @@ from neuron_lab.checks import CompareOptions, ParityOptions, limits
 from neuron_lab.magics import parser as _parser
 from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
+from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.text import summary_line
 from neuron_lab.session import Session, devices
-from neuron_lab.units import ShownAsText
+from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
+from neuron_lab.units import ShownAsText, count
 
 _PARSER = _parser.build()
 
@@ -72,6 +74,8 @@ class NeuronMagics(Magics):
     # -- cell forms -----------------------------------------------------------------------------
     def _cell(self, args, line: str, cell: str):
         __tracebackhide__ = True  # noqa: F841
+        if args.command == "ranks":
+            return self._run_on_ranks(args, cell)
         if args.command in ("parity", "compare"):
             options = self._check_options(args, cell)
             return checks.run_check(self.session.cell_to_check(cell, f"%%neuron {line}\n{cell}"), options)
@@ -211,6 +215,50 @@ class NeuronMagics(Magics):
 
     def cmd_free(self, args):
         return self.session.free()
+
+    # -- ranks ----------------------------------------------------------------------------------------
+    def cmd_ranks(self, args):
+        s = self.session
+        running = s.ranks is not None and not s.ranks.stopped
+        if args.action == "start":
+            if running and not args.restart:
+                raise _usage_error("ranks", f"{count(len(s.ranks.engines), 'rank')} already running (pids "
+                                            f"{', '.join(str(e.pid) for e in s.ranks.engines)}); `%neuron ranks "
+                                            "stop` first, or add --restart")
+            if running:
+                self._stop_ranks()
+            try:
+                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S)
+            except RanksError as e:
+                raise UsageError(f"%neuron ranks start: {e}; nothing is left running") from None
+            return None
+        if args.action == "stop":
+            if not running:
+                return _Text("neuron_lab ranks: none running")
+            return self._stop_ranks()
+        return s.ranks if running else _Text("neuron_lab ranks: none running; start them with "
+                                             "`%neuron ranks start N`")
+
+    def _stop_ranks(self) -> _Text:
+        ranks, self.session.ranks = self.session.ranks, None
+        pids = ranks.stop()
+        return _Text(f"neuron_lab ranks: stopped {count(len(ranks.engines), 'rank')}" +
+                     (f" (pids {', '.join(map(str, pids))})" if pids else ""))
+
+    def _run_on_ranks(self, args, cell: str) -> RanksReport:
+        ranks = self.session.ranks
+        if ranks is None or ranks.stopped:
+            raise UsageError("%%neuron ranks: no ranks are running; start them first with `%neuron ranks start N` "
+                             "on a line of its own (e.g. `%neuron ranks start 2`)")
+        number = self.session.locator.current_cell()
+        number = self.shell.execution_count if number is None else number
+        report = ranks.run(cell, f"In[{number}]", cell=number, line_offset=1, timeout_s=args.timeout)
+        if report.failed:
+            from IPython.display import display
+
+            display(report)
+            raise RanksFailed(report)
+        return report
 
     # -- live views -------------------------------------------------------------------------------
     def _show(self, views: list[str], live: bool = True):

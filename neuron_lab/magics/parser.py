@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from neuron_lab.checks import limits
+from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, MAX_RANKS
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
@@ -134,6 +135,17 @@ def build() -> NeuronArgumentParser:
     pa.add_argument("--seed", type=int, metavar="S", help="torch.manual_seed(S), S from 0 to 2**64-1, before the "
                     "device run; the reference starts from the same state (default: the generators as the cell "
                     "finds them)")
+    ra = command("ranks", help="run cells on N ranks of one `neuron` process group, one ipyparallel engine each; "
+                               "one report for all ranks",
+                 description="`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, "
+                             "neuron:RANK each). A `%%neuron ranks` cell runs on all of them and reports each rank's "
+                             "time, memory, fallbacks, collectives and error, and the skew. `stop` stops them.")
+    ra.add_argument("action", nargs="?", choices=("start", "stop"), help="start N ranks, or stop them")
+    ra.add_argument("n", nargs="?", type=int, metavar="N", help=f"how many ranks to start, 1 to {MAX_RANKS}")
+    ra.add_argument("--timeout", type=float, metavar="S",
+                    help="start: seconds to wait for the engines and, at a collective, for the other ranks "
+                         f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
+    ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     co = command("compare", help="cell magic: time the cell eager and compiled, on copies, and compare their outputs",
                  description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
                              "copies of what the cell reads; then the cell runs once for real.")
@@ -186,13 +198,13 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
                          "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
                          "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
                          "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
-                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph]")
+                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | %%neuron ranks [--timeout S]")
     if cell and cmd is None:
         raise UsageError("%%neuron: name what the cell runs with.\n"
                          "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
                          "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
                          "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
-                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph]")
+                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | %%neuron ranks [--timeout S]")
     if not cell and cmd in CELL_ONLY:
         then = f"; for the cells that follow use `%neuron mode {cmd}`" if cmd in ("compile", "eager") else \
             " (it checks that one cell)"
@@ -203,9 +215,36 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
         if args.move or args.all or args.default:
             raise UsageError("%%neuron device: --move, --all and --default are line-magic options; "
                              "use `%neuron device DEVICE --move NAME` on a line of its own.")
+    if cmd == "ranks":
+        _check_ranks(p, args, cell)
     if not cell and cmd == "device" and (args.move or args.all) and not args.device:
         raise UsageError("%neuron device: --move and --all need a DEVICE to move to; put it first, "
                          f"as in `%neuron device cpu --move x`\n{usage(p, 'device')}")
     if not cell and cmd == "device" and args.move and args.all:
         raise UsageError(f"%neuron device: give either --move NAME ... or --all, not both\n{usage(p, 'device')}")
     return args
+
+
+def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) -> None:
+    """``start N [--timeout S] [--restart]`` / ``stop`` / nothing (status) on a line; ``[--timeout S]`` on a cell."""
+    def refuse(why: str) -> UsageError:
+        return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks')}")
+
+    if cell and (args.action or args.n is not None or args.restart):
+        raise refuse("the cell form runs the cell on the ranks and takes only --timeout S; start and stop them "
+                     "with `%neuron ranks start N` / `%neuron ranks stop` on a line of their own")
+    if args.timeout is not None and not (args.timeout > 0 and args.timeout != float("inf")):
+        raise refuse(f"--timeout must be a number of seconds > 0, not {args.timeout:g}")
+    if cell:
+        return
+    if args.action == "start":
+        if args.n is None:
+            raise refuse("start needs N, how many ranks: `%neuron ranks start 2`")
+        if not 1 <= args.n <= MAX_RANKS:
+            raise refuse(f"N must be from 1 to {MAX_RANKS}, not {args.n}")
+        return
+    if args.n is not None:
+        raise refuse(f"N goes with start: `%neuron ranks start {args.n}`")
+    if args.timeout is not None or args.restart:
+        raise refuse("--timeout and --restart go with start (`%neuron ranks start N --timeout S`); a cell's "
+                     "deadline is `%%neuron ranks --timeout S`")

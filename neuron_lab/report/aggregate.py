@@ -9,15 +9,15 @@ from neuron_lab.report.model import Compiles, Memory, OpRow, Report, SiteCount
 
 
 def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
-    """One row per (op, kind) over ``reports``: counts and host time summed, sites kept per cell line.
+    """One row per (op, kind, group size) over ``reports``: counts and host time summed, sites kept per cell line.
 
     The first call's shapes and dtypes and the reason come from the earliest report that has the op.
     """
-    rows: dict[tuple[str, str], OpRow] = {}
-    sites: dict[tuple[str, str], dict[tuple, SiteCount]] = {}
+    rows: dict[tuple[str, str, int], OpRow] = {}
+    sites: dict[tuple[str, str, int], dict[tuple, SiteCount]] = {}
     for report in reports:
         for r in report.ops_not_native:
-            key = (r.op, r.kind)
+            key = (r.op, r.kind, r.ranks)
             m = rows.get(key)
             if m is None:
                 m = rows[key] = OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes, ranks=r.ranks)

@@ -54,7 +54,7 @@ class OpRow:
     sites: list[SiteCount] = field(default_factory=list)
     unattributed: int = 0  # calls with no user line (call sites off, or no user frame on the stack)
     nbytes: int = 0  # a collective's payload, all calls together
-    ranks: int = 0  # a collective's group size (of its first call)
+    ranks: int = 0  # a collective's group size: a collective has a row per group size
 
     @property
     def host_ms(self) -> float:

@@ -70,6 +70,7 @@ class Session:
         self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
         self.timeline = Timeline()
         self.views: Any = None  # the live views' hub, attached by neuron_lab.widgets; closed with the session
+        self.ranks: Any = None  # the engines of `%neuron ranks start N` (session.ranks.Ranks); stopped with it
         self._cell_start_s = 0.0
         self._compiled_before: int | None = None
         self._depth = 0
@@ -146,6 +147,9 @@ class Session:
         if self.views is not None:
             self.views.close()
             self.views = None
+        if self.ranks is not None:
+            self.ranks.stop()
+            self.ranks = None
         self.config.unobserve(self._device_variable_renamed, names="device_variable")
         self.config.unobserve(self._apply_compile_lowering, names="compile_lowering")
         if _backend.is_active() and _backend.active().compile_lowerings:

@@ -27,15 +27,15 @@ class OpTrace:
         self.stack_limit = stack_limit
         self.stack_depth = stack_depth
         self._lock = threading.Lock()
-        self._rows: dict[tuple[str, str], OpRow] = {}
-        self._sites: dict[tuple[str, str], dict[tuple[str, int], SiteCount]] = {}
+        self._rows: dict[tuple[str, str, int], OpRow] = {}  # (op, kind, group size): a collective per group size
+        self._sites: dict[tuple[str, str, int], dict[tuple[str, int], SiteCount]] = {}
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
         self.fallback_calls = 0  # CPU fallback and host calls so far: live views read it from their thread
 
     def __call__(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
         if self.paused:
             return
-        key = (event.qualified_name, event.kind)
+        key = (event.qualified_name, event.kind, event.ranks)
         with self._lock:
             row = self._rows.get(key)
             if row is None:

@@ -300,7 +300,7 @@ function tensorsView(ctx) {
 
 // -- fallbacks ------------------------------------------------------------------------------------
 function opRow(r, ui, ctx) {
-  const key = r.kind + ":" + r.op;
+  const key = r.kind + ":" + r.op + ":" + (r.ranks || 0);  // a collective has a row per group size
   const sites = r.sites.map(({ site: s, count }) => h("tr", { "data-testid": "nl-site" },
     h("td", {}, s.cell !== null && s.cell !== undefined ? cellLabel(s.cell) : siteLabel(s)),
     h("td", {}, `line ${s.line}`), h("td", {}, h("code", {}, s.source)),

@@ -1,0 +1,426 @@
+"""``%neuron ranks``: N ranks of one process group on ipyparallel engines, and one notebook cell run on all of them.
+
+Engine ``i`` is rank ``i``. Each engine gets torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) before anything in it imports torch, so the emulator
+installs with ``neuron:{rank}`` as its device; then it loads neuron_lab as a notebook does, imports
+``torch_neuronx`` and joins ``init_process_group(backend="neuron")``. A cell runs on every engine through
+``view.execute``, the machinery of ``%%px``, with each rank's output prefixed as ``%%px`` prefixes it; each engine's
+own session makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`.
+
+Nothing here waits on a process that is gone: engines are watched by pid while a cell runs, so a dead rank is
+reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import psutil
+
+from neuron_lab.report.model import Report
+from neuron_lab.report.ranks import RankResult, RanksReport
+from neuron_lab.units import ShownAsText, count
+
+MAX_RANKS = 64  # more local engines than this is a typo, not a plan
+DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
+POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
+FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
+PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+STOP_WAIT_S = 5.0  # a process asked to terminate at stop gets this long before it is killed
+
+
+class RanksError(RuntimeError):
+    """The ranks could not start, or are not there to run on; the message says what to do."""
+
+
+class RanksFailed(Exception):
+    """A ``%%neuron ranks`` cell in which a rank failed, raised once the report is shown: "Run all" stops there, as
+    it stops at any failing cell; the report is ``.report``."""
+
+    def __init__(self, report: RanksReport) -> None:
+        self.report = report
+        super().__init__("; ".join(f"rank {r.rank}: {r.problem}" for r in report.failed))
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a traceback (each rank's own traceback was streamed already)."""
+        return [f"{type(self).__name__}: {count(len(self.report.failed), 'rank')} of {len(self.report.ranks)} "
+                f"failed in {self.report.title}", *(f"  rank {r.rank}: {r.problem}" for r in self.report.failed)]
+
+
+# -- on each engine -------------------------------------------------------------------------------------------------
+_LAST: dict[int | None, Report] = {}  # the engine's last cell report by its number, until the notebook fetches it
+
+
+def _set_env_code(env: dict[str, str]) -> str:
+    """The first code an engine runs: the rank's variables, before anything imports torch (a string: sending a
+    function of neuron_lab would import neuron_lab, and so torch, to unpickle it)."""
+    return (f"import os as _os, sys as _sys\n_nl_torch_first = 'torch' in _sys.modules\n"
+            f"_os.environ.update({env!r})\ndel _os, _sys\n")
+
+
+def _engine_setup(timeout_s: float) -> dict[str, Any]:
+    """Run on each engine after its variables are set: neuron_lab as in a notebook, then the process group."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    torch_first = shell.user_ns.pop("_nl_torch_first", True)
+    shell.run_line_magic("load_ext", "neuron_lab")
+    import torch
+    import torch.distributed as dist
+    import torch_neuronx  # noqa: F401  (the `neuron` process-group backend, as on a Trn instance)
+
+    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=timeout_s))
+    session = shell.find_line_magic("neuron").__self__.session
+    session.config.auto_report = False  # the notebook shows all ranks in one report instead
+    session.set_device(torch.device("neuron", torch.neuron.current_device()))
+    session.listeners.append(_keep_last)
+    return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
+
+
+def _keep_last(report: Report) -> None:
+    _LAST.clear()
+    _LAST[report.cell] = report
+
+
+def _engine_report(cell: int | None) -> str | None:
+    """The report of cell number ``cell`` (None: the last cell's) as JSON, once; None when that cell made none (an
+    interrupted earlier cell's report is not this one's)."""
+    report = _LAST.pop(cell, None) if cell is not None else _LAST.popitem()[1] if _LAST else None
+    _LAST.clear()
+    return None if report is None else json.dumps(report.as_dict())
+
+
+def _engine_stop() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# -- in the notebook ------------------------------------------------------------------------------------------------
+@dataclass
+class Engine:
+    """One rank's engine as the notebook knows it."""
+
+    rank: int
+    pid: int
+    device: str
+    died: bool = False
+    busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
+    busy_title: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"engine {self.rank} (pid {self.pid})"
+
+    def alive(self) -> bool:
+        self.died = self.died or not _running(self.pid)
+        return not self.died
+
+    def free(self) -> bool:
+        """Not running an earlier cell any more (it finished, or the engine is gone)."""
+        if self.busy is not None and (self.busy.ready() or not self.alive()):
+            self.busy = None
+        return self.busy is None
+
+
+class Ranks(ShownAsText):
+    """A running ipyparallel cluster of N ranks in one ``neuron`` process group; ``str()`` is its status."""
+
+    def __init__(self, cluster: Any, client: Any, engines: list[Engine], timeout_s: float, profile_dir: str,
+                 port: int) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.engines = engines
+        self.timeout_s = timeout_s
+        self.port = port
+        self._profile_dir = profile_dir
+        self._stopped = False
+        atexit.register(self.stop)  # the kernel exits: the engines go with it
+
+    # -- start --------------------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print) -> Ranks:
+        """Start ``n`` local engines and make them ranks 0..n-1 of one process group; on any failure every
+        process started is stopped again and :class:`RanksError` says why."""
+        if not 1 <= n <= MAX_RANKS:
+            raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
+        try:
+            import ipyparallel as ipp
+        except ImportError:
+            raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
+
+        profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
+        cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True)
+        client = None
+        started = time.monotonic()
+        try:
+            progress(f"neuron_lab: starting {count(n, 'ipyparallel engine')} (ranks 0..{n - 1})…")
+            cluster.start_cluster_sync()
+            client = cluster.connect_client_sync()
+            client.wait_for_engines(n, timeout=timeout_s)
+            port = _free_port()
+            progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
+                     f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
+            pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
+            for i in range(n):
+                client[i].execute(_set_env_code(_rank_env(i, n, port)), silent=True, block=False)
+            pending = {i: client[i].apply_async(_engine_setup, timeout_s) for i in range(n)}
+            engines: list[Engine] = []
+            for i, ar in pending.items():
+                info = _wait_setup(ar, i, pids[i], started + timeout_s)
+                if info["torch_first"]:
+                    raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
+                                     f"(an IPython startup file?), so its device is not neuron:{i}")
+                engines.append(Engine(i, info["pid"], info["device"]))
+                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}")
+        except BaseException as e:
+            _shutdown(cluster, client, profile_dir)
+            if isinstance(e, (RanksError, KeyboardInterrupt)):
+                raise
+            if isinstance(e, (TimeoutError, ipp.error.TimeoutError)):
+                raise RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)") \
+                    from None
+            raise RanksError(f"the ranks did not start: {_one_line(e)}") from None
+        progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; run a cell on all "
+                 "of them with `%%neuron ranks`, stop them with `%neuron ranks stop`")
+        return cls(cluster, client, engines, timeout_s, profile_dir, port)
+
+    # -- run ----------------------------------------------------------------------------------------------------
+    def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
+            timeout_s: float | None = None) -> RanksReport:
+        """Run ``body`` on every rank at once (their output streamed, prefixed by rank, as ``%%px`` does) and merge
+        their reports. ``cell``/``line_offset``: the notebook cell and where its body starts, so each report names
+        the notebook's lines; ``timeout_s``: how long to wait for the ranks (None: as long as they run)."""
+        results: dict[int, RankResult] = {}
+        running: dict[int, Any] = {}
+        for e in self.engines:
+            if not e.alive():
+                results[e.rank] = RankResult(e.rank, error=f"engine {e.rank} died (pid {e.pid})", where=e.where)
+            elif not e.free():
+                results[e.rank] = RankResult(e.rank, error=f"still running {e.busy_title}; not run here",
+                                             where=e.where)
+        for e in self.engines:  # sent back to back: the ranks start together
+            if e.rank not in results:
+                if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
+                    self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
+                running[e.rank] = self.client[e.rank].execute(body, silent=False, block=False)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        streams = [ar.stream_output() for ar in running.values()]
+        for s in streams:
+            s.__enter__()
+        try:
+            self._wait(running, results, deadline, timeout_s, title)
+        except KeyboardInterrupt:
+            self._interrupt([r for r in running if r not in results], running, title)
+            raise
+        finally:
+            for rank, ar in running.items():
+                if ar.ready() and not self.engines[rank].died:  # a dead engine's output is as complete as it gets
+                    ar.wait_for_output(FETCH_TIMEOUT_S)
+            for s in reversed(streams):
+                s.__exit__(None, None, None)
+        for rank in running:
+            if rank not in results:
+                results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
+        return RanksReport(title, [results[e.rank] for e in self.engines])
+
+    def _wait(self, running: dict[int, Any], results: dict[int, RankResult], deadline: float | None,
+              timeout_s: float | None, title: str) -> None:
+        """Until every rank finished, died, or passed the deadline; ranks still running :data:`PEER_GRACE_S` after
+        another rank failed are reported as busy (a collective would wait for the failed rank until the group's
+        timeout), so the notebook is not held that long."""
+        waiting = dict(running)
+        failed_at: tuple[int, float] | None = None  # the first rank that failed, and when the notebook saw it
+        while waiting:
+            for rank, ar in list(waiting.items()):
+                e = self.engines[rank]
+                if ar.ready() and _engine_died(ar):  # the controller noticed before the notebook did
+                    e.died = True
+                if ar.ready() and not e.died:
+                    del waiting[rank]
+                elif not e.alive():
+                    del waiting[rank]
+                    results[rank] = RankResult(rank, error=f"engine {rank} died (pid {e.pid})", where=e.where)
+            if failed_at is None:
+                failed = [r for r in running if r not in waiting and (r in results or not running[r].successful())]
+                failed_at = (failed[0], time.monotonic()) if failed else None
+            if waiting and failed_at is not None and time.monotonic() >= failed_at[1] + PEER_GRACE_S:
+                for rank in waiting:  # not interrupted: a rank in a collective cannot be, one at work need not be
+                    e = self.engines[rank]
+                    e.busy, e.busy_title = running[rank], title
+                    results[rank] = RankResult(rank, error=(
+                        f"still running {PEER_GRACE_S:g} s after rank {failed_at[0]} failed (waiting for it at a "
+                        f"collective?): busy until its cell ends, at the latest when the group's timeout "
+                        f"({self.timeout_s:g} s) ends the collective; `%neuron ranks start N --restart` starts afresh"),
+                        where=e.where)
+                return
+            if waiting and deadline is not None and time.monotonic() >= deadline:
+                for rank in waiting:
+                    results[rank] = RankResult(rank, error=f"no answer after {timeout_s:g} s; interrupted",
+                                               where=self.engines[rank].where)
+                self._interrupt(list(waiting), running, title)
+                return
+            if waiting:
+                next(iter(waiting.values())).wait(POLL_S)
+
+    def _interrupt(self, ranks: list[int], running: dict[int, Any], title: str) -> None:
+        """SIGINT to ranks still in the cell (``%%px`` does so on Ctrl-C); each stays busy until it is free."""
+        live = [r for r in ranks if self.engines[r].alive()]
+        for r in live:
+            self.engines[r].busy, self.engines[r].busy_title = running[r], title
+        if live:
+            print(f"neuron_lab: sending SIGINT to {count(len(live), 'rank')} still running {title} "
+                  f"({', '.join(map(str, live))})", file=sys.stderr)
+            self.client.send_signal(signal.SIGINT, targets=live, block=False)
+
+    def _fetch(self, e: Engine, title: str, cell: int | None, line_offset: int) -> RankResult:
+        """The engine's report of the cell, its lines renamed to the notebook cell's."""
+        try:
+            data = self.client[e.rank].apply_async(_engine_report, cell).get(timeout=FETCH_TIMEOUT_S)
+        except Exception as err:
+            if not e.alive():
+                return RankResult(e.rank, error=f"engine {e.rank} died (pid {e.pid})", where=e.where)
+            return RankResult(e.rank, error=f"no report: {_one_line(err)}", where=e.where)
+        if data is None:
+            return RankResult(e.rank, error="no report: neuron_lab did not track the cell", where=e.where)
+        report = Report.from_dict(json.loads(data))
+        own = report.cell
+        report.map_sites(lambda s: s if s.cell is None or s.cell != own  # one name on every rank: they merge
+                         else replace(s, filename=title, cell=cell, line=s.line + line_offset))
+        report.title = title
+        return RankResult(e.rank, report, where=e.where)
+
+    # -- stop ---------------------------------------------------------------------------------------------------
+    def stop(self) -> list[int]:
+        """Leave the process group on each live rank, stop the cluster and wait until every engine is gone;
+        the pids that were running. Harmless twice."""
+        if self._stopped:
+            return []
+        self._stopped = True
+        atexit.unregister(self.stop)
+        live = [e for e in self.engines if e.alive() and e.free()]
+        if live:
+            try:
+                self.client[[e.rank for e in live]].apply_async(_engine_stop).get(timeout=FETCH_TIMEOUT_S)
+            except Exception:
+                pass  # the engines are stopped below all the same
+        pids = [e.pid for e in self.engines if e.alive()]
+        _shutdown(self.cluster, self.client, self._profile_dir)
+        return pids
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # -- status -------------------------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        if self._stopped:
+            return "neuron_lab ranks: stopped"
+        up = [e for e in self.engines if e.alive()]
+        lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on ipyparallel, process "
+                 f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.port}, timeout {self.timeout_s:g} s)"]
+        for e in self.engines:
+            state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
+            lines.append(f"  rank {e.rank}  pid {e.pid:<8} {e.device:<10} {state}")
+        return "\n".join(lines)
+
+
+def _rank_env(rank: int, n: int, port: int) -> dict[str, str]:
+    """What torchrun sets for a rank on one node (``OMP_NUM_THREADS=1`` too, unless the user set it)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+            "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]:
+    """One engine's setup result; a rank that raises, dies or passes the deadline is a :class:`RanksError`."""
+    while not ar.ready():
+        if not _running(pid):
+            raise RanksError(f"engine {rank} died while starting (pid {pid})")
+        if time.monotonic() >= deadline:
+            raise RanksError(f"rank {rank} did not join the process group in time (pid {pid}); --timeout S "
+                             "waits longer")
+        ar.wait(POLL_S)
+    try:
+        return ar.get()
+    except Exception as e:
+        raise RanksError(f"rank {rank} failed to start: {_one_line(e)}") from None
+
+
+def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
+    """Stop the cluster and make sure its engines and controller are gone (killed if they do not go), then drop
+    its files."""
+    launched = [getattr(cluster.controller, "pid", -1)] if cluster.controller is not None else []
+    launched += [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
+    pids = [pid for pid in launched if pid > 0]
+    procs = _tree(pids)  # the engines' nannies and the controller's schedulers too
+    if client is not None:
+        client.close()
+    try:
+        cluster.stop_cluster_sync()
+    except Exception:
+        pass  # an engine already gone; its pid is checked below
+    for signal_them, wait_s in ((psutil.Process.terminate, STOP_WAIT_S), (psutil.Process.kill, FETCH_TIMEOUT_S)):
+        for p in procs:  # what the cluster's stop left: an engine's nanny waits for a heartbeat that never comes
+            try:
+                signal_them(p)
+            except psutil.NoSuchProcess:
+                pass
+        _gone, procs = psutil.wait_procs(procs, timeout=wait_s)
+    shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """The process is there and has not exited (an exited child stays a zombie until it is reaped)."""
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _tree(pids: list[int]) -> list[psutil.Process]:
+    """These processes and all their descendants that are still there."""
+    procs: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs.update({q.pid: q for q in [p, *p.children(recursive=True)]})
+        except psutil.NoSuchProcess:
+            pass
+    return list(procs.values())
+
+
+def _engine_died(ar: Any) -> bool:
+    """Whether a finished AsyncResult is ipyparallel's word that its engine died (or was stopped) while running it."""
+    try:
+        ar.get(0)
+    except Exception as e:
+        names = [getattr(e, "ename", None) or type(e).__name__, *(x[0] for x in getattr(e, "elist", []))]
+        return "EngineError" in names
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as its traceback's last line; an engine's RemoteError as the engine's own exception."""
+    name, value = getattr(e, "ename", None) or type(e).__name__, getattr(e, "evalue", None)
+    text = str(e) if value is None else value
+    return f"{name}: {(text.strip().splitlines() or [''])[-1]}".rstrip(": ")

@@ -1,0 +1,272 @@
+"""`%neuron ranks` in a real IPython shell: two ipyparallel engines as ranks 0 and 1 of one `neuron` process group,
+`%%neuron ranks` cells that all_reduce and take a DDP step, a rank that raises, a rank that is killed, restart and
+stop; and every refusal of the grammar.
+
+The two engines start once per module (15-20 s on a loaded 2-core machine; the file takes about 50 s). Every wait is
+bounded: the ranks start with ``--timeout 60`` (engines and collectives), the cells that could wait run with
+``--timeout 60``, and whatever a test started is killed by pid on its way out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from shells import loaded_shell, run
+
+from neuron_lab.extension import session_of
+from neuron_lab.report.ranks import RanksReport
+from neuron_lab.session.ranks import RanksFailed
+
+START = "%neuron ranks start {n} --timeout 60"
+
+ALL_REDUCE_AND_DDP = """%%neuron ranks --timeout 60
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+rank = dist.get_rank()
+x = torch.full((256,), rank + 1.0, device=device)
+dist.all_reduce(x)
+print(f"rank {rank}: sum {x[0].item():g}")
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(8, 4).to(device))
+model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
+"""
+
+
+def _pids(sh: InteractiveShell) -> list[int]:
+    return [e.pid for e in session_of(sh).ranks.engines]
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _gone(pids: set[int] | list[int]) -> bool:
+    """No such process, or only its zombie entry (a child that has exited, not yet reaped)."""
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return all(gone(pid) for pid in pids)
+
+
+def _kill(pids: set[int]) -> None:
+    """The test's own engines and controller, by pid, whatever happened."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+            procs[-1].kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def ranks_shell() -> Iterator[tuple[InteractiveShell, str]]:
+    """A shell with ranks 0 and 1 started; the start's output."""
+    before = _children()
+    with loaded_shell(instance=True) as sh:
+        try:
+            _, cap = run(sh, START.format(n=2))
+            yield sh, cap.stdout
+        finally:
+            _kill(_children() - before)
+
+
+@pytest.fixture(scope="module")
+def plain_shell() -> Iterator[InteractiveShell]:
+    """A shell with no ranks started."""
+    with loaded_shell() as sh:
+        yield sh
+
+
+def ranks_error(sh: InteractiveShell, cell: str) -> str:
+    res, _cap = run(sh, cell, ok=False)
+    assert isinstance(res.error_in_exec, UsageError), repr(res.error_in_exec)
+    return str(res.error_in_exec)
+
+
+# -- two ranks --------------------------------------------------------------------------------------------------------
+def test_start_shows_progress_and_status_names_each_rank(ranks_shell) -> None:
+    sh, out = ranks_shell
+    pids = _pids(sh)
+    assert out.splitlines()[0] == "neuron_lab: starting 2 ipyparallel engines (ranks 0..1)…"
+    assert f"neuron_lab: rank 0 ready: pid {pids[0]}, neuron:0" in out
+    assert f"neuron_lab: rank 1 ready: pid {pids[1]}, neuron:1" in out
+    res, _ = run(sh, "%neuron ranks")
+    lines = str(res.result).splitlines()
+    assert lines[0].startswith("neuron_lab ranks: 2 of 2 ranks up on ipyparallel, process group `neuron`")
+    assert lines[1].split() == ["rank", "0", "pid", str(pids[0]), "neuron:0", "up"]
+    assert lines[2].split() == ["rank", "1", "pid", str(pids[1]), "neuron:1", "up"]
+    msg = ranks_error(sh, "%neuron ranks start 2")
+    assert msg.startswith(f"%neuron ranks: 2 ranks already running (pids {pids[0]}, {pids[1]}); `%neuron ranks stop` "
+                          "first, or add --restart")
+
+
+def test_a_cell_on_all_ranks_reports_each_rank_and_all_together(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, cap = run(sh, ALL_REDUCE_AND_DDP)
+    rr = res.result
+    assert isinstance(rr, RanksReport) and rr.title == f"In[{res.execution_count}]"
+    for rank in (0, 1):  # each rank's output, prefixed as %%px prefixes it; 1 + 2 on both ranks
+        assert f"[stdout:{rank}] \nrank {rank}: sum 3\n" in cap.stdout
+    assert [r.rank for r in rr.ranks] == [0, 1] and not rr.failed
+    assert [r.report.device for r in rr.ranks] == ["neuron:0", "neuron:1"]
+    for r in rr.ranks:
+        rows = {row.op: row for row in r.report.ops_not_native if row.kind == "collective"}
+        ar = rows["c10d::all_reduce.sum"]
+        # 1 call of ours (256 float32) and DDP's gradient bucket (8*4 + 4 float32) in its backward
+        assert (ar.count, ar.ranks, ar.nbytes) == (2, 2, 256 * 4 + 36 * 4), rows
+        # DDP's construction: its parameters' shapes checked (1 all_gather), its state broadcast from rank 0 (2)
+        assert {op: (row.count, row.nbytes) for op, row in rows.items()} == {
+            "c10d::all_reduce.sum": (2, 1168), "c10d::broadcast": (2, 192), "c10d::all_gather": (1, 8)}
+        assert r.collectives()[:2] == (5, 1368)
+        ours = [sc for sc in ar.sites if sc.site.source == "dist.all_reduce(x)"]
+        assert [(sc.site.cell, sc.site.line, sc.count) for sc in ours] == [(res.execution_count, 6, 1)]
+        assert r.report.memory.after > 0 and r.report.memory.peak >= r.report.memory.after
+        assert r.report.cell == res.execution_count
+    assert rr.slowest is not None and rr.skew_s >= 0
+    text = str(rr)
+    assert text.startswith(f"neuron_lab In[{res.execution_count}] · 2 ranks · slowest rank {rr.slowest.rank} (")
+    assert [line.split()[:2] for line in text.splitlines()[2:4]] == [["0", "neuron:0"], ["1", "neuron:1"]]
+    assert f"        at In[{res.execution_count}] line 6: dist.all_reduce(x)  (2×)" in text.splitlines()  # both ranks
+    status = str(sh.run_line_magic("neuron", "ranks")).splitlines()  # after a cell: both still up, not busy
+    assert [line.split()[-1] for line in status[1:]] == ["up", "up"]
+
+
+def test_a_rank_that_raises_is_reported_with_its_rank(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, cap = run(sh, "%%neuron ranks\nimport torch, torch.distributed as dist\ny = torch.ones(3, device=device)\n"
+                       "if dist.get_rank() == 1:\n    raise ValueError('bad shard on rank 1')\nprint('fine')\n",
+                   ok=False)
+    err = res.error_in_exec
+    assert isinstance(err, RanksFailed), repr(err)
+    assert err._render_traceback_() == [f"RanksFailed: 1 rank of 2 failed in In[{res.execution_count}]",
+                                        "  rank 1: ValueError: bad shard on rank 1"]
+    rr = err.report
+    assert [(r.rank, r.problem) for r in rr.ranks] == [(0, None), (1, "ValueError: bad shard on rank 1")]
+    assert rr.ranks[1].report.memory.after > 0  # its report up to the error, as a failing notebook cell's
+    assert "[stdout:0] \nfine\n" in cap.stdout and "[stdout:1]" not in cap.stdout
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", cap.stderr)  # rank 1's traceback, as %%px shows it: lines of the body
+    assert "[1:execute]\n" in shown and f"In[{res.execution_count}], line 4" in shown
+    assert shown.rstrip().endswith("ValueError: bad shard on rank 1")
+    assert "1 rank failed (1)" in str(rr)
+
+
+def test_ranks_past_the_cells_deadline_are_reported_interrupted_and_free_again(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, cap = run(sh, "%%neuron ranks --timeout 3\nimport time\nwhile True:\n    time.sleep(0.05)\n", ok=False)
+    n = res.execution_count
+    assert [(r.rank, r.problem) for r in res.error_in_exec.report.ranks] == [
+        (0, "no answer after 3 s; interrupted"), (1, "no answer after 3 s; interrupted")]
+    assert f"neuron_lab: sending SIGINT to 2 ranks still running In[{n}] (0, 1)" in cap.stderr
+    for e in session_of(sh).ranks.engines:  # the interrupt ends each rank's cell: its own result says when
+        e.busy.wait(60)
+        assert e.free()
+    res, cap = run(sh, "%%neuron ranks\nprint('after the interrupt')\n")
+    assert not res.result.failed and cap.stdout.count("after the interrupt") == 2
+
+
+def test_a_rank_left_waiting_for_a_failed_rank_is_reported_at_once_and_freed_by_the_matching_call(
+        ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, _cap = run(sh, "%%neuron ranks\nimport torch, torch.distributed as dist\nif dist.get_rank() == 1:\n"
+                        "    raise ValueError('rank 1 fails before the all_reduce')\n"
+                        "dist.all_reduce(torch.ones(1, device=device))\n", ok=False)
+    [zero, one] = res.error_in_exec.report.ranks  # reported after the grace, not after the group's 60 s timeout
+    assert one.problem == "ValueError: rank 1 fails before the all_reduce"
+    assert zero.problem.startswith("still running 5 s after rank 1 failed (waiting for it at a collective?): busy "
+                                   "until its cell ends, at the latest when the group's timeout (60 s) ends")
+    res, _cap = run(sh, "%%neuron ranks\nimport torch, torch.distributed as dist\n"
+                        "dist.all_reduce(torch.ones(1, device=device))\n", ok=False)
+    assert res.error_in_exec.report.ranks[0].problem.startswith("still running In[")  # not sent to the busy rank
+    busy = session_of(sh).ranks.engines[0]
+    busy.busy.wait(60)  # rank 1's all_reduce matched rank 0's: its cell ends
+    assert busy.free()
+
+
+def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no_process(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    pids = _pids(sh)
+    res, _cap = run(sh, "%%neuron ranks --timeout 60\nimport os, signal, torch.distributed as dist\n"
+                        "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\nprint('rank 0 lives')\n",
+                    ok=False)
+    rr = res.error_in_exec.report  # reported as dead, not as the cell's 60 s passing
+    assert [(r.rank, r.problem) for r in rr.ranks] == [(0, None), (1, f"engine 1 died (pid {pids[1]})")]
+    # the next cell is not sent to the dead rank, and says so at once
+    res, cap = run(sh, "%%neuron ranks\nprint('again')\n", ok=False)
+    assert [(r.rank, r.problem) for r in res.error_in_exec.report.ranks] == [(0, None),
+                                                                            (1, f"engine 1 died (pid {pids[1]})")]
+    assert "again" in cap.stdout
+    status = str(sh.run_line_magic("neuron", "ranks")).splitlines()
+    assert status[0].startswith("neuron_lab ranks: 1 of 2 ranks up")
+    assert [line.split()[-1] for line in status[1:]] == ["up", "died"]
+
+    old = _children()  # engines, their nannies, the controller and its schedulers
+    run(sh, START.format(n=1) + " --restart")
+    assert _gone(old)
+    [new] = _pids(sh)
+    res, _ = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nw = dist.get_world_size()\n")
+    assert [r.report.device for r in res.result.ranks] == ["neuron:0"]
+
+    cluster = _children()
+    res, _ = run(sh, "%neuron ranks stop")
+    assert str(res.result) == f"neuron_lab ranks: stopped 1 rank (pids {new})"
+    assert _gone(cluster)
+    assert session_of(sh).ranks is None
+    assert "no ranks are running" in ranks_error(sh, "%%neuron ranks\nprint(1)\n")
+
+
+# -- the grammar --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("cell", "message"), [
+    ("%%neuron ranks\nx = 1\n", "%%neuron ranks: no ranks are running; start them first with `%neuron ranks start N` "
+                                "on a line of its own (e.g. `%neuron ranks start 2`)"),
+    ("%neuron ranks start", "%neuron ranks: start needs N, how many ranks: `%neuron ranks start 2`"),
+    ("%neuron ranks start 0", "%neuron ranks: N must be from 1 to 64, not 0"),
+    ("%neuron ranks start 65", "%neuron ranks: N must be from 1 to 64, not 65"),
+    ("%neuron ranks start 2 --timeout 0", "%neuron ranks: --timeout must be a number of seconds > 0, not 0"),
+    ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
+    ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
+    ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
+                                         "--timeout S"),
+    ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),
+    ("%neuron ranks start two", "%neuron ranks: argument N: invalid int value: 'two'"),
+])
+def test_ranks_refusals(plain_shell: InteractiveShell, cell: str, message: str) -> None:
+    msg = ranks_error(plain_shell, cell)
+    assert msg.startswith(message), msg
+    if not cell.startswith("%%neuron ranks\n"):  # a grammar error: the usage follows
+        assert msg.endswith("usage: %neuron ranks [--timeout S] [--restart] [{start,stop}] [N]")
+    assert session_of(plain_shell).ranks is None
+
+
+def test_status_and_stop_without_ranks_say_so(plain_shell: InteractiveShell) -> None:
+    sh = plain_shell
+    assert str(run(sh, "%neuron ranks")[0].result) == ("neuron_lab ranks: none running; start them with "
+                                                       "`%neuron ranks start N`")
+    assert str(run(sh, "%neuron ranks stop")[0].result) == "neuron_lab ranks: none running"
+
+
+def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell) -> None:
+    before = _children()
+    try:
+        msg = ranks_error(plain_shell, "%neuron ranks start 2 --timeout 0.01")  # no engine registers in 10 ms
+        assert msg == ("%neuron ranks start: the engines did not start within 0.01 s (--timeout S waits longer); "
+                       "nothing is left running")
+        assert _gone(_children() - before) and session_of(plain_shell).ranks is None
+    finally:
+        _kill(_children() - before)
+
+
+def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
+    doc = plain_shell.find_line_magic("neuron").__doc__
+    assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
+    assert "--- ranks ---\nusage: %neuron ranks [--timeout S] [--restart] [{start,stop}] [N]\n\n" \
+           "`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, neuron:RANK each)" in doc
