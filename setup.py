@@ -33,7 +33,7 @@ def _core():
     if os.environ.get("NEURON_LAB_BUILD_CORE", "1") == "0":
         return [], {}
     try:
-        from torch.utils.cpp_extension import BuildExtension, CppExtension
+        from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
     except ImportError:
         print("neuron_lab: torch is not importable at build time; the compiled core is not built "
               "(install torch first, then build with --no-build-isolation)", file=sys.stderr)
@@ -53,6 +53,7 @@ def _core():
     ext = CppExtension(
         "neuron_lab.backend.emulator._core",
         sorted(str(p) for p in CSRC.glob("*.cpp")),
+        include_dirs=[os.path.join(include_paths()[0], "kineto")],  # the profiler hooks' Kineto headers
         extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-Wno-unused-parameter"],
     )
     return [ext], {"build_ext": OptionalBuild}

@@ -201,3 +201,6 @@ class CoreBridge:
 def configure(core: ModuleType, capacities: list[int], classify: Any, recorder: CoreRecorder, site: Any,
               emulate_downcast: bool) -> None:
     core.configure(capacities, list(CORE_KINDS), classify, recorder.deliver, site, emulate_downcast)
+    # torch.profiler: calls of off-device kinds are host work ("CPU fallback: aten::nonzero"), the rest device kernels
+    core.set_trace_kinds(list(CORE_KINDS),
+                         [KINDS[k].call.removesuffix(" call") if KINDS[k].off_device else "" for k in CORE_KINDS])

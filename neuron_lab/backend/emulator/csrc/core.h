@@ -10,6 +10,7 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -147,6 +148,19 @@ void set_wanted(int kinds_mask);
 void set_emulate_downcast(bool on);
 int64_t op_calls();
 std::vector<int64_t> transfers();  // h2d, d2h since the last clear; then the same since the start
+
+// -- torch.profiler (profiler.cpp) ------------------------------------------------------------
+// Set while a profiler wants device time: an op checks it once and times itself only then.
+extern std::atomic<bool> g_profiling;
+inline bool profiling() { return g_profiling.load(std::memory_order_relaxed); }
+int64_t profile_clock();  // Unix epoch ns, the clock of Kineto's CPU ops
+// One op call on `device` from start to end: a kernel on the device's lane, or host work for off-device kinds.
+void trace_kernel(const std::string& name, c10::DeviceIndex device, int kind, int64_t start_ns, int64_t end_ns);
+void trace_copy(bool to_device, bool from_device, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,
+                int64_t end_ns);
+// Kind names by index, and for kinds that run on the host the label their calls get ("CPU fallback"), else "".
+void set_trace_kinds(const std::vector<std::string>& names, const std::vector<std::string>& labels);
+bool profiler_registered();  // both of PyTorch's PrivateUse1 profiler hooks are ours
 
 // -- Python, called from C++ (module.cpp): each takes the GIL and turns a Python exception into a
 // C++ exception that PyTorch re-raises unchanged in Python (KeyboardInterrupt included).

@@ -11,6 +11,7 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
+#include <ATen/record_function.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
@@ -52,6 +53,16 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// Hides a host kernel's own ATen calls from RecordFunction observers (profilers): they are how the emulator
+// computes, not ops of the device. Only while one listens: switching RecordFunction off rebuilds its thread-local
+// callback list, which an unobserved op should not pay for.
+struct QuietHost {
+  std::optional<at::DisableRecordFunctionGuard> guard;
+  QuietHost() {
+    if (at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION)) guard.emplace();
+  }
+};
 
 struct Plan {
   std::string name, overload;
@@ -507,6 +518,8 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   std::vector<std::pair<at::Tensor, at::Tensor>> written;
   const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && downcast(p, hargs, written);
 
+  const bool traced = profiling();
+  const int64_t w0 = traced ? profile_clock() : 0;
   int64_t t0 = now_ns();
   const size_t base = stack->size();
   auto call = [&] {
@@ -524,12 +537,16 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
       sync_layouts(p, orig, hargs);
     }
   };
-  if (p.implicit_rng) {
-    dropout_on_device(c.device, hargs, stack);
-  } else {
-    call();
+  {
+    QuietHost quiet;  // profilers see the device op alone, as on TorchNeuron
+    if (p.implicit_rng) {
+      dropout_on_device(c.device, hargs, stack);
+    } else {
+      call();
+    }
   }
   int64_t host_ns = now_ns() - t0;
+  if (traced) trace_kernel(p.name, c.device, kind.first, w0, profile_clock());
   for (auto& [t, l] : written) t.copy_(l);
 
   // Results: written arguments are returned as the caller's tensors; new results become device memory.
@@ -593,8 +610,16 @@ void count_transfer(int64_t to_device, int64_t to_host) {
 }
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
-  host(self).copy_(host(src));
+  const bool traced = profiling();
+  const int64_t w0 = traced ? profile_clock() : 0;
+  {
+    QuietHost quiet;
+    host(self).copy_(host(src));
+  }
   int64_t n = src.numel() * static_cast<int64_t>(src.element_size());
+  if (traced) {
+    trace_copy(!self.is_cpu(), !src.is_cpu(), (self.is_cpu() ? src : self).device().index(), n, w0, profile_clock());
+  }
   if (src.is_cpu() != self.is_cpu()) count_transfer(src.is_cpu() ? n : 0, self.is_cpu() ? n : 0);
   static Plan& plan = named("aten::copy_", "");
   record(plan, kNative, "", 0, {self, src});
@@ -618,18 +643,25 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
                    std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
                    std::optional<c10::MemoryFormat> memory_format) {
   c10::Device target = device.value_or(self.device());
+  const bool traced = profiling();
+  const int64_t w0 = traced ? profile_clock() : 0;
+  QuietHost quiet;  // the host copy below is this op's own work
   at::Tensor h = host(self);
   at::Tensor r = at::_to_copy(h, dtype, layout, c10::Device(c10::kCPU), std::nullopt, non_blocking, memory_format);
   static Plan& plan = named("aten::_to_copy", "");
   record(plan, kNative, "", 0, {self});
-  if (self.is_cpu()) count_transfer(r.numel() * static_cast<int64_t>(r.element_size()), 0);
+  const int64_t n = r.numel() * static_cast<int64_t>(r.element_size());
+  if (self.is_cpu()) count_transfer(n, 0);
   if (target.type() != c10::DeviceType::PrivateUse1) {
-    count_transfer(0, r.numel() * static_cast<int64_t>(r.element_size()));
-    return pin_memory.value_or(false) ? r.pin_memory() : r;
+    count_transfer(0, n);
+    if (pin_memory.value_or(false)) r = r.pin_memory();
+    if (traced) trace_copy(false, true, self.device().index(), n, w0, profile_clock());
+    return r;
   }
   if (r.storage().data() == h.storage().data()) r = r.clone();
   auto idx = target.has_index() ? checked_index(target.index())
                                 : (self.is_cpu() ? current_device() : self.device().index());
+  if (traced) trace_copy(true, !self.is_cpu(), idx, n, w0, profile_clock());
   return on_device(adopt(r, idx), r);
 }
 
@@ -663,7 +695,14 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   count_transfer(0, static_cast<int64_t>(self.element_size()));
-  return at::_local_scalar_dense(host(self));
+  const bool traced = profiling();
+  const int64_t w0 = traced ? profile_clock() : 0;
+  QuietHost quiet;
+  auto v = at::_local_scalar_dense(host(self));
+  if (traced) {
+    trace_copy(false, true, self.device().index(), static_cast<int64_t>(self.element_size()), w0, profile_clock());
+  }
+  return v;
 }
 
 Stack through(const char* name, const char* overload, Stack args) {

@@ -232,6 +232,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("forget_kinds", &forget_kinds);
   m.def("set_wanted", &set_wanted);
   m.def("op_calls", &op_calls);
+
+  // torch.profiler
+  m.def("set_trace_kinds", &set_trace_kinds,
+        "Kind names by index, and for kinds that run on the host the label their calls get in traces, else ''.");
+  m.def("profiler_registered", &profiler_registered,
+        "Whether the core serves both of PyTorch's PrivateUse1 profiler hooks (Kineto and the legacy stubs).");
   m.def("transfers", &transfers);
 
   m.def("to_host", &host_alias, "The CPU alias of a device tensor's bytes (no copy).");
