@@ -61,6 +61,7 @@ bench: $(CORE)
 	$(BIN)/python bench/checks_overhead.py --steps 50
 	$(BIN)/python bench/compile_lm.py
 	$(BIN)/python bench/distributed.py
+	$(BIN)/python bench/ranks_start.py
 
 # Regenerates README.md's reference blocks (magics, settings, environment) from the code.
 readme: $(STAMP)
