@@ -292,9 +292,18 @@ def test_fsdp2_fully_shard_equals_gloo_on_cpu(tmp_path: Path) -> None:
         train(on_neuron, dev)
         train(on_cpu, "cpu")
         w = on_neuron[0].weight
-        report(diff=max_diff(on_neuron, on_cpu), local=[str(w.to_local().device), list(w.to_local().shape)])
+        torch.neuron.synchronize()
+        sharded = torch.neuron.memory_allocated()
+        on_neuron[0].unshard()  # all-gathers the layer's full weights: device memory grows by them
+        gathered = torch.neuron.memory_allocated()
+        on_neuron[0].reshard()  # and frees them again
+        report(diff=max_diff(on_neuron, on_cpu), local=[str(w.to_local().device), list(w.to_local().shape)],
+               memory=[sharded, gathered, torch.neuron.memory_allocated()])
     """)
     assert [r["local"] for r in ranks] == [["neuron:0", [16, 16]], ["neuron:1", [16, 16]]]
+    for r in ranks:  # layer 0 unsharded is its 32x16 weight and 32 biases in float32: 2,176 bytes more
+        sharded, gathered, resharded = r["memory"]
+        assert gathered - sharded == 2176 and resharded == sharded, r["memory"]
     assert all(r["diff"] <= 1e-6 for r in ranks), ranks
 
 
