@@ -62,11 +62,11 @@ def _free_port() -> int:
 
 
 def _run_ranks(tmp_path: Path, body: str, env: dict[int, dict[str, str]] | None = None, setup: str = "",
-               timeout: float = 120, ranks: int = RANKS) -> list[Any]:
-    """Run ``PRELUDE + setup + body`` as ``ranks`` ranks (``env``: extra variables per rank); each rank's last JSON
+               timeout: float = 120, ranks: int = RANKS, prelude: str = PRELUDE) -> list[Any]:
+    """Run ``prelude + setup + body`` as ``ranks`` ranks (``env``: extra variables per rank); each rank's last JSON
     line, in rank order."""
     script = tmp_path / "rank.py"
-    script.write_text(PRELUDE + setup + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
+    script.write_text(prelude + setup + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
     port = str(_free_port())
     procs = []
     for r in range(ranks):
@@ -197,6 +197,25 @@ def test_every_collective_equals_gloo_on_cpu(tmp_path: Path) -> None:
         assert neuron.pop("async_all_reduce") == [[5.0], True, "neuron"]
         assert cpu.pop("async_all_reduce") == [[5.0], True, "cpu"]
         assert neuron == cpu == expected[r]
+
+
+@pytest.mark.parametrize("backend", ["cpu:gloo,neuron:neuron", None])
+def test_a_mixed_or_default_backend_and_functional_collectives(tmp_path: Path, backend: str | None) -> None:
+    ranks = _run_ranks(tmp_path, prelude=PRELUDE.replace('backend="neuron"', f"backend={backend!r}"), body="""
+        import torch.distributed._functional_collectives as fc
+        x = torch.full((2,), rank + 1.0, device=dev)
+        summed = fc.all_reduce(x, "sum", dist.group.WORLD)
+        gathered = fc.all_gather_tensor(x, 0, dist.group.WORLD)
+        c = torch.full((2,), rank + 1.0)  # a CPU tensor on the same group
+        dist.all_reduce(c)
+        report(backend=dist.get_backend(), sum=summed.tolist(), gathered=gathered.tolist(), cpu=c.tolist(),
+               device=str(summed.device))
+    """)
+    for r, facts in enumerate(ranks):
+        # with no backend named, torch 2.13's get_backend() answers "undefined" for a group of two backends
+        assert facts == {"backend": backend or "undefined", "sum": [3.0, 3.0],
+                         "gathered": [1.0, 1.0, 2.0, 2.0], "cpu": [3.0, 3.0],
+                         "device": f"neuron:{r}" if COMPILED else "neuron:0"}, facts
 
 
 @pytest.mark.skipif(not COMPILED, reason="one device per rank needs the compiled core (the pure-Python core has "
