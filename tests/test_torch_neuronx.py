@@ -39,8 +39,7 @@ def test_torch_neuronx_is_the_emulation_with_torchneurons_surface(run_python) ->
         fallback, executed = torch_neuronx.get_fallback_ops(), torch_neuronx.get_executed_ops()
         torch_neuronx.clear_op_tracking()
         errors = []
-        for call in (lambda: torch_neuronx.profiling.NeuronConfig(),
-                     lambda: torch_neuronx.set_device(torch.device("neuron:1")),
+        for call in (lambda: torch_neuronx.set_device(torch.device("neuron:1")),
                      lambda: torch_neuronx.set_device(torch.neuron.device_count()),
                      lambda: torch_neuronx.wrap_nki(print)):
             try:
@@ -56,17 +55,15 @@ def test_torch_neuronx_is_the_emulation_with_torchneurons_surface(run_python) ->
                           "count": torch_neuronx.device_count(), "devices": torch.neuron.device_count(),
                           "current": torch.neuron.current_device() == last,
                           "same_module": torch_neuronx.neuron.memory_stats is torch.neuron.memory_stats,
+                          "profiler": torch_neuronx.NeuronProfiler is torch_neuronx.profiling.NeuronProfiler,
                           "errors": errors}))
     """, {})
     assert out["spec"] and out["meta"] == "none"  # find_spec sees it; pip and importlib.metadata do not
     assert "neuron_lab" in out["repr"] and out["version"] == "2.13.3.0+neuronlab.emulator" and out["emulated"]
     assert out["fallback"] == ["aten::atan2"] and "aten::add" in out["executed"] and out["cleared"] == []
     assert out["types"] == ["list", "list"]  # unique names in a list, as TorchNeuron's binding returns them
-    assert (out["count"], out["current"], out["same_module"]) == (out["devices"], True, True)
-    not_emulated, by_device, out_of_range, wrap = out["errors"]
-    assert not_emulated == ("NotEmulatedError: torch_neuronx.profiling.NeuronConfig is not emulated yet by neuron_lab "
-                            "(device profiling of the emulated device is not built yet; torch.profiler records the "
-                            "host side); on a Trn instance the real torch-neuronx provides it")
+    assert (out["count"], out["current"], out["same_module"], out["profiler"]) == (out["devices"], True, True, True)
+    by_device, out_of_range, wrap = out["errors"]
     assert by_device.startswith("ValueError: Invalid device id device(type='neuron', index=1)")
     n = out["devices"]  # 4 on the compiled core (a trn2.3xlarge), 1 on the pure-Python core
     assert out_of_range == f"ValueError: Invalid device id {n}: torch_neuronx.set_device takes an int in [0, {n})"

@@ -3,8 +3,9 @@
 :mod:`neuron_lab.backend.emulator.neuronx_finder` hands this package out under the name ``torch_neuronx``
 (no files on ``sys.path``, no package metadata: pip, backend selection and a later real install are
 unaffected), so code written for Trainium (``import torch_neuronx``), and libraries that look for it
-(transformers, accelerate), run on the emulated `neuron` device. Its names follow TorchNeuron's; a name
-the emulator has no meaning for yet exists and raises :class:`NotEmulatedError`. It says what it is:
+(transformers, accelerate), run on the emulated `neuron` device. Its names follow TorchNeuron's; what the
+emulator cannot serve raises :class:`NotEmulatedError` saying why (``wrap_nki`` without AWS's ``nki``).
+It says what it is:
 ``EMULATED`` is true, ``__version__`` ends in ``+neuronlab.emulator``, and the module's repr names the emulator.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from neuron_lab import kinds as _kinds
 from neuron_lab.backend.emulator import device_module as _dm
 from neuron_lab.backend.emulator.nki import nki_op, wrap_nki
-from neuron_lab.backend.emulator.not_emulated import NotEmulatedError, not_emulated
+from neuron_lab.backend.emulator.not_emulated import NotEmulatedError
 
 from . import distributed, neuron, profiling  # noqa: F401  (submodules users import from the package)
 
@@ -90,9 +91,8 @@ def clear_op_tracking() -> None:
 get_dynamo_metrics = _dm.get_dynamo_metrics
 reset_dynamo_metrics = _dm.reset_dynamo_metrics
 
-# -- not emulated yet ---------------------------------------------------------------------------
-NeuronProfiler = not_emulated("torch_neuronx.NeuronProfiler", "profiling on the emulated device is not built yet; "
-                              "torch.profiler records the host side")
+# -- profiling: torch.profiler's trace with the device lanes, into NeuronConfig's directory ------
+NeuronProfiler = profiling.NeuronProfiler
 
 __all__ = ["EMULATED", "Event", "NeuronProfiler", "NotEmulatedError", "Stream", "StreamContext", "clear_op_tracking",
            "current_device", "current_stream", "default_stream", "device", "device_count", "empty_cache",
