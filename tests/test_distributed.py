@@ -208,13 +208,16 @@ def test_a_mixed_or_default_backend_and_functional_collectives(tmp_path: Path, b
         gathered = fc.all_gather_tensor(x, 0, dist.group.WORLD)
         c = torch.full((2,), rank + 1.0)  # a CPU tensor on the same group
         dist.all_reduce(c)
+        parts = [torch.arange(4.0, device=dev) * (rank + 1), torch.arange(4.0, device=dev) * (rank + 1) * 10]
+        averaged = fc.reduce_scatter_tensor_coalesced(parts, "avg", [0, 0], dist.group.WORLD)  # AVG on each tensor
         report(backend=dist.get_backend(), sum=summed.tolist(), gathered=gathered.tolist(), cpu=c.tolist(),
-               device=str(summed.device))
+               device=str(summed.device), averaged=[t.tolist() for t in averaged])
     """)
     for r, facts in enumerate(ranks):
         # with no backend named, torch 2.13's get_backend() answers "undefined" for a group of two backends
         assert facts == {"backend": backend or "undefined", "sum": [3.0, 3.0],
                          "gathered": [1.0, 1.0, 2.0, 2.0], "cpu": [3.0, 3.0],
+                         "averaged": [[[0.0, 1.5], [0.0, 15.0]], [[3.0, 4.5], [30.0, 45.0]]][r],
                          "device": f"neuron:{r}" if COMPILED else "neuron:0"}, facts
 
 

@@ -23,7 +23,8 @@ import nbformat
 import pytest
 from conftest import core
 
-from neuron_lab.runner import launch, main, options
+from neuron_lab.runner import main, options
+from neuron_lab.session import launch
 
 RUN_TIMEOUT = 240  # seconds for one whole `neuron-lab run --nproc`
 COMPILED = core() == "compiled"  # the pure-Python core has one device: every rank is on neuron:0 there

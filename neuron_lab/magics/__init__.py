@@ -252,7 +252,10 @@ class NeuronMagics(Magics):
                              "on a line of its own (e.g. `%neuron ranks start 2`)")
         number = self.session.locator.current_cell()
         number = self.shell.execution_count if number is None else number
-        report = ranks.run(cell, f"In[{number}]", cell=number, line_offset=1, timeout_s=args.timeout)
+        try:
+            report = ranks.run(cell, f"In[{number}]", cell=number, line_offset=1, timeout_s=args.timeout)
+        except RanksError as e:
+            raise UsageError(f"%%neuron ranks: {e}") from None
         if report.failed:
             from IPython.display import display
 

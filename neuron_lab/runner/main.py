@@ -21,7 +21,6 @@ from neuron_lab.runner import (
     export,
     gates,
     inputs,
-    launch,
     options,
     page,
     progress,
@@ -30,6 +29,7 @@ from neuron_lab.runner import (
     summary,
 )
 from neuron_lab.runner.records import FAILED
+from neuron_lab.session import launch
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Run one program as N ranks at once (``neuron-lab run --nproc N``): one kernel per rank, in step.
 
 Each rank is the single-rank executor (:class:`execute.Run`) in its own kernel with its own torchrun
-environment (``runner.launch``), so each gets the per-cell reports a 1-rank run gets. They run
+environment (``session.launch``), so each gets the per-cell reports a 1-rank run gets. They run
 concurrently, cell by cell: no rank starts cell k+1 before every rank has finished cell k, so cell k is
 one window on every rank (one ``RanksReport``). When a rank fails (raises, times out, is interrupted, its
 kernel dies or never starts) the kernels of the ranks still running a cell are ended: they may be

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import psutil
 
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RankResult, RanksReport
+from neuron_lab.session import launch
 from neuron_lab.units import ShownAsText, count
 
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
@@ -60,7 +60,7 @@ class RanksFailed(Exception):
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
-_LAST: dict[int | None, Report] = {}  # the engine's last cell report by its number, until the notebook fetches it
+_LAST: list[Report] = []  # the engine's last cell report, until the notebook fetches it
 
 
 def _set_env_code(env: dict[str, str]) -> str:
@@ -90,16 +90,14 @@ def _engine_setup(timeout_s: float) -> dict[str, Any]:
 
 
 def _keep_last(report: Report) -> None:
-    _LAST.clear()
-    _LAST[report.cell] = report
+    _LAST[:] = [report]
 
 
-def _engine_report(cell: int | None) -> str | None:
-    """The report of cell number ``cell`` (None: the last cell's) as JSON, once; None when that cell made none (an
-    interrupted earlier cell's report is not this one's)."""
-    report = _LAST.pop(cell, None) if cell is not None else _LAST.popitem()[1] if _LAST else None
-    _LAST.clear()
-    return None if report is None else json.dumps(report.as_dict())
+def _engine_report(cell: int) -> str | None:
+    """The report of cell number ``cell`` as JSON, once; None when that cell made none (an interrupted earlier
+    cell's report is not this one's)."""
+    report = _LAST.pop() if _LAST else None
+    return None if report is None or report.cell != cell else json.dumps(report.as_dict())
 
 
 def _engine_stop() -> None:
@@ -171,12 +169,14 @@ class Ranks(ShownAsText):
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()
             client.wait_for_engines(n, timeout=timeout_s)
-            port = _free_port()
+            port = launch.free_port()
+            # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
+            envs = launch.rank_envs({k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}, n, port)
             progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
                      f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
             pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
             for i in range(n):
-                client[i].execute(_set_env_code(_rank_env(i, n, port)), silent=True, block=False)
+                client[i].execute(_set_env_code(envs[i]), silent=True, block=False)
             pending = {i: client[i].apply_async(_engine_setup, timeout_s) for i in range(n)}
             engines: list[Engine] = []
             for i, ar in pending.items():
@@ -204,12 +204,15 @@ class Ranks(ShownAsText):
         """Run ``body`` on every rank at once (their output streamed, prefixed by rank, as ``%%px`` does) and merge
         their reports. ``cell``/``line_offset``: the notebook cell and where its body starts, so each report names
         the notebook's lines; ``timeout_s``: how long to wait for the ranks (None: as long as they run)."""
+        dead = [e for e in self.engines if not e.alive()]
+        if dead:  # its peers' first collective would wait for it until the group's timeout
+            raise RanksError(f"{count(len(dead), 'rank')} of the group died ({', '.join(e.where for e in dead)}): the "
+                             f"others would wait for it at their first collective; `%neuron ranks start "
+                             f"{len(self.engines)} --restart` starts the group afresh")
         results: dict[int, RankResult] = {}
         running: dict[int, Any] = {}
         for e in self.engines:
-            if not e.alive():
-                results[e.rank] = RankResult(e.rank, error=f"engine {e.rank} died (pid {e.pid})", where=e.where)
-            elif not e.free():
+            if not e.free():  # run on the others: the matching call can free a rank waiting at a collective
                 results[e.rank] = RankResult(e.rank, error=f"still running {e.busy_title}; not run here",
                                              where=e.where)
         for e in self.engines:  # sent back to back: the ranks start together
@@ -254,8 +257,9 @@ class Ranks(ShownAsText):
                 elif not e.alive():
                     del waiting[rank]
                     results[rank] = RankResult(rank, error=f"engine {rank} died (pid {e.pid})", where=e.where)
-            if failed_at is None:
-                failed = [r for r in running if r not in waiting and (r in results or not running[r].successful())]
+            if failed_at is None:  # a rank left out (busy) counts as failed: the others may wait for it
+                failed = [r for r in results if r not in running] + [
+                    r for r in running if r not in waiting and (r in results or not running[r].successful())]
                 failed_at = (failed[0], time.monotonic()) if failed else None
             if waiting and failed_at is not None and time.monotonic() >= failed_at[1] + PEER_GRACE_S:
                 for rank in waiting:  # not interrupted: a rank in a collective cannot be, one at work need not be
@@ -338,13 +342,6 @@ class Ranks(ShownAsText):
         return "\n".join(lines)
 
 
-def _rank_env(rank: int, n: int, port: int) -> dict[str, str]:
-    """What torchrun sets for a rank on one node (``OMP_NUM_THREADS=1`` too, unless the user set it)."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-            "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-
-
 def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]:
     """One engine's setup result; a rank that raises, dies or passes the deadline is a :class:`RanksError`."""
     while not ar.ready():
@@ -411,12 +408,6 @@ def _engine_died(ar: Any) -> bool:
         names = [getattr(e, "ename", None) or type(e).__name__, *(x[0] for x in getattr(e, "elist", []))]
         return "EngineError" in names
     return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _one_line(e: BaseException) -> str:

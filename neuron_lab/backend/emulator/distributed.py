@@ -119,6 +119,20 @@ class _Pending(dist.Work):
         return self._tensors
 
 
+_OPTION_FIELDS = ("reduceOp", "rootRank", "rootTensor", "timeout", "asyncOp")
+
+
+def _as_sum(opts: Any) -> Any:
+    """A copy of ``opts`` with ``reduceOp`` SUM: the caller's own options stay as given (a coalesced call hands the
+    same options to each of its tensors)."""
+    copy = type(opts)()
+    for name in _OPTION_FIELDS:
+        if hasattr(opts, name):
+            setattr(copy, name, getattr(opts, name))
+    copy.reduceOp = ReduceOp.SUM
+    return copy
+
+
 def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
                  in_place: bool) -> tuple[Any, list[torch.Tensor], Callable[[], None] | None]:
     """Gloo's options, inputs and fix-up for ``opts.reduceOp``: AVG and PREMUL_SUM become SUM."""
@@ -130,11 +144,9 @@ def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list
                 t.mul_(factor)
         else:
             inputs = [t * factor for t in inputs]
-        opts.reduceOp = ReduceOp.SUM  # rewrites `op` in place (it is the options' own copy, not the caller's)
-        return opts, inputs, None
+        return _as_sum(opts), inputs, None
     if op != ReduceOp.AVG:
         return opts, inputs, None
-    opts.reduceOp = ReduceOp.SUM
 
     def average() -> None:
         for t in outputs:
@@ -143,7 +155,7 @@ def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list
             else:
                 t.floor_divide_(size)
 
-    return opts, inputs, average
+    return _as_sum(opts), inputs, average
 
 
 FP8 = frozenset(str(d).removeprefix("torch.") for d in (getattr(torch, n, None) for n in dir(torch) if "float8" in n)
@@ -188,14 +200,15 @@ def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Wo
             op = opts.reduceOp.op.name.lower() if opts is not None else ""  # before AVG/PREMUL_SUM become SUM
             limit = unsupported(self, name, tensors, given)
             start = time.perf_counter_ns()
-            work = method(self, *args, **kwargs)
-            shapes, dtypes = signature_of(tuple(tensors), {})
-            event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes, time.perf_counter_ns() - start,
-                            sum(t.numel() * t.element_size() for t in tensors), self.size())
-            recorder.emit(event, tuple(tensors))
-            if limit:
-                recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
-            return work
+            try:
+                return method(self, *args, **kwargs)
+            finally:  # a collective that raised (a peer gone, the group's timeout) is reported at its line too
+                shapes, dtypes = signature_of(tuple(tensors), {})
+                event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes, time.perf_counter_ns() - start,
+                                sum(t.numel() * t.element_size() for t in tensors), self.size())
+                recorder.emit(event, tuple(tensors))
+                if limit:
+                    recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
         return call
     return wrap
 
@@ -344,5 +357,5 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     @_observed("recv", 0)
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
-        """Gloo's own Work: the caller asks it for the sender's rank, which a future-made Work lacks."""
-        return self._gloo.recv_anysource(_host(tensors), tag)
+        """Gloo's pending Work, as :meth:`recv`: the caller asks it for the sender's rank."""
+        return _Pending(self._gloo.recv_anysource(_host(tensors), tag), tensors)

@@ -1,4 +1,5 @@
-"""The environment of each rank of ``neuron-lab run --nproc N``: the variables torchrun gives its workers.
+"""The environment of each rank, as torchrun gives it to its workers: ``neuron-lab run --nproc N``'s kernels and
+``%neuron ranks start N``'s engines alike.
 
 torchrun (``torch.distributed.run``, one node, ``--nproc-per-node N``) starts N workers with these; a script
 reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, ``init_process_group`` the ``MASTER_*`` rendezvous, and the
