@@ -62,6 +62,7 @@ bench: $(CORE)
 	$(BIN)/python bench/compile_lm.py
 	$(BIN)/python bench/distributed.py
 	$(BIN)/python bench/ranks_start.py
+	$(BIN)/python bench/profile_overhead.py
 
 # Regenerates README.md's reference blocks (magics, settings, environment) from the code.
 readme: $(STAMP)

@@ -35,6 +35,14 @@ def track(**kwargs):
     return _track(**kwargs)
 
 
+def profile(*, export=None, row_limit=10):
+    """``with neuron_lab.profile(export="trace.json") as report: ...``: the block runs under torch.profiler; its report
+    adds each op's device and host time and the line that issued it, and the time per line (``%%neuron profile``)."""
+    from neuron_lab.trace.profile import profile as _profile
+
+    return _profile(export=export, row_limit=row_limit)
+
+
 def dashboard(views=None):
     """The live dashboard (memory, tensors, fallbacks, compiles) for the current IPython session.
 

@@ -24,6 +24,7 @@ from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.text import summary_line
 from neuron_lab.session import Session, devices
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
+from neuron_lab.trace import profile as profiling
 from neuron_lab.units import ShownAsText, count
 
 _PARSER = _parser.build()
@@ -79,6 +80,8 @@ class NeuronMagics(Magics):
         if args.command in ("parity", "compare"):
             options = self._check_options(args, cell)
             return checks.run_check(self.session.cell_to_check(cell, f"%%neuron {line}\n{cell}"), options)
+        if args.command == "profile":
+            return self._run_profiled(args, line, cell)
         mode = options = None
         device_text = args.device
         if args.command == "compile":
@@ -89,6 +92,24 @@ class NeuronMagics(Magics):
         device = self._parse_device(device_text, args.command) if device_text else None
         return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}", mode=mode, options=options,
                                           device=device)
+
+    def _run_profiled(self, args, line: str, cell: str):
+        """``%%neuron profile``: the cell runs once under torch.profiler; the profile joins the cell's report."""
+        __tracebackhide__ = True  # noqa: F841
+        try:
+            path = profiling.check_export_path(args.export) if args.export else None
+            limit = profiling.check_row_limit(args.row_limit if args.row_limit is not None
+                                              else profiling.DEFAULT_ROW_LIMIT)
+            p = profiling.OpProfile(self.session.locator, with_stack=path is not None).start()
+        except ValueError as e:  # the cell form's errors say `%%neuron`; the command is a line magic too
+            raise UsageError(f"%%neuron profile: {e}\n{_parser.usage(_PARSER, 'profile')}") from None
+        tracker = self.session.running
+        try:
+            return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}")
+        finally:
+            profiled = p.result(export=path, row_limit=limit)
+            if tracker is not None:
+                tracker.report.profiled = profiled
 
     def _check_options(self, args, cell: str) -> ParityOptions | CompareOptions:
         """Options of `%%neuron parity` / `compare`, checked before the cell runs: their bounds by the option

@@ -17,7 +17,7 @@ from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, MAX_RANKS
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
-LINE_ONLY = ("status", "mode", "report", "reset", "free", "profile", *VIEWS)
+LINE_ONLY = ("status", "mode", "report", "reset", "free", *VIEWS)
 CELL_ONLY = ("compile", "eager", "parity", "compare")
 WIDTH = 100  # columns of the command list in ``%neuron?``
 # What ``%neuron?`` leads with: the common tasks, one real command each (tests parse every one).
@@ -28,6 +28,11 @@ EXAMPLES = (
     ("%%neuron parity --against cpu", "first line of a cell: run it on the device and on the CPU, compare"),
     ("%neuron dashboard", "live tabs: device memory, device tensors, CPU fallbacks, compiles"),
 )
+CELL_FORMS = ("cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
+              "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
+              "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
+              "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | %%neuron ranks [--timeout S] | "
+              "%%neuron profile [--export PATH] [--row-limit N]")
 
 
 class NeuronArgumentParser(MagicArgumentParser):
@@ -106,16 +111,16 @@ def build() -> NeuronArgumentParser:
                        ("fallbacks", "the CPU-fallback inspector: ops that did not run natively, with call sites"),
                        ("compiles", "graphs, graph breaks, recompiles and compile time per cell")):
         sv = command(name, help=f"view: {what}; the state at the end of its cell, or --live",
-                     description=f"{what[0].upper()}{what[1:]}. A snapshot of the state at the end of this "
-                                 "cell, kept as it is (a notebook reads top to bottom); with --live it follows the "
-                                 "session like `%neuron dashboard`.")
+                     description=f"{what[0].upper()}{what[1:]}. The state at the end of this cell, kept as "
+                                 "it is; --live follows the session like `%neuron dashboard`.")
         sv.add_argument("--live", action="store_true", help="follow the session: update after every cell and "
                                                             "while cells run")
-    pr = command("profile", help="show or switch the op-coverage profile",
+    pr = command("profile", help="show or switch the op-coverage profile; %%neuron profile: time per op and line",
                  description="The coverage profile decides which ops the emulator runs natively and which "
-                             "it reports as CPU fallbacks.")
+                             "it reports as CPU fallbacks. `%%neuron profile` runs the cell under torch.profiler.")
     pr.add_argument("profile", nargs="?", metavar="NAME|FILE", help="a bundled profile's name, or a profile JSON file")
-
+    pr.add_argument("--export", metavar="PATH", help="cell form: write a Perfetto trace")
+    pr.add_argument("--row-limit", type=int, metavar="N", help="cell form: rows shown (default 10)")
     c = command("compile", help="cell magic: run the cell with its outermost nn.Module calls compiled by "
                                 "torch.compile")
     _compile_options(c)
@@ -195,16 +200,10 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
                          f"{usage(p, cmd) if cmd else p.format_usage().rstrip()}")
     if cell and cmd in LINE_ONLY:
         raise UsageError(f"%%neuron {cmd}: is a line magic; use `%neuron {cmd}` on a line of its own.\n"
-                         "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
-                         "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
-                         "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
-                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | %%neuron ranks [--timeout S]")
+                         + CELL_FORMS)
     if cell and cmd is None:
         raise UsageError("%%neuron: name what the cell runs with.\n"
-                         "cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
-                         "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
-                         "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
-                         "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | %%neuron ranks [--timeout S]")
+                         + CELL_FORMS)
     if not cell and cmd in CELL_ONLY:
         then = f"; for the cells that follow use `%neuron mode {cmd}`" if cmd in ("compile", "eager") else \
             " (it checks that one cell)"
@@ -217,6 +216,13 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
                              "use `%neuron device DEVICE --move NAME` on a line of its own.")
     if cmd == "ranks":
         _check_ranks(p, args, cell)
+    if cmd == "profile" and cell and args.profile:
+        raise UsageError(f"%%neuron profile: the cell form takes only --export PATH and --row-limit N; switch the "
+                         f"coverage profile with `%neuron profile {args.profile}` on a line of its own\n"
+                         f"{usage(p, 'profile')}")
+    if cmd == "profile" and not cell and (args.export or args.row_limit is not None):
+        raise UsageError("%neuron profile: --export and --row-limit go with the cell form: put `%%neuron profile "
+                         f"--export PATH` on the first line of the cell to profile\n{usage(p, 'profile')}")
     if not cell and cmd == "device" and (args.move or args.all) and not args.device:
         raise UsageError("%neuron device: --move and --all need a DEVICE to move to; put it first, "
                          f"as in `%neuron device cpu --move x`\n{usage(p, 'device')}")

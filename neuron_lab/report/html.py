@@ -9,9 +9,12 @@ from html import escape
 from typing import Any
 
 from neuron_lab.kinds import Kind
-from neuron_lab.report.model import GraphBreak, OpRow, Recompile, Report
+from neuron_lab.report.model import GraphBreak, OpRow, Profiled, Recompile, Report
 from neuron_lab.report.text import (
     FOLD,
+    LINE_HEADER,
+    PERFETTO,
+    PROFILED_HEADER,
     RANK_HEADER,
     agreeing_text,
     agreement_notes,
@@ -21,10 +24,13 @@ from neuron_lab.report.text import (
     host_timed,
     item_header,
     item_rows,
+    line_rows,
     one_line,
     oom_lines,
     ordered_items,
     parity_head,
+    profiled_head,
+    profiled_rows,
     rank_rows,
     ranks_summary_line,
     section_refs,
@@ -167,12 +173,40 @@ def render_html(r: Report, detail: str | None = None) -> str:
         what = f"{count(c.frames, 'frame compile')}, {count(c.graphs, 'graph')}"
         parts.append(f"<div><b>compile</b>: {what}, {escape(timing)}</div>")
         parts.append(compile_events_html(c.breaks, c.recompiles, c.failures))
+    if r.profiled is not None:
+        parts.append(profiled_html(r.profiled, full))
     parts += [render_check_html(c) if full else f"<div>check: {escape(check_summary_line(c))}</div>"
               for c in r.checks]
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
     parts.append(oom_html(r))
     return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
+
+
+def profiled_html(p: Profiled, full: bool = False) -> str:
+    """The profile section (the facts of :func:`~neuron_lab.report.text.profiled_lines`): the op table and the time
+    per line, each showing ``row_limit`` rows and the rest behind a <details>."""
+    limit = None if full else p.row_limit
+
+    def fold(title: str, header: list[str], rows: list[list[str]]) -> str:
+        cells = [[escape(c) for c in row] for row in rows]
+        shown, rest = cells[:limit], cells[len(cells[:limit]):]
+        out = f"<div><b>{escape(title)}</b>{table(header, shown)}"
+        if rest:
+            out += f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>"
+        return out + "</div>"
+
+    parts = [f"<div><b>{escape(profiled_head(p))}</b></div>"]
+    if p.rows:
+        parts.append(fold("ops by device + host time", PROFILED_HEADER, profiled_rows(p)))
+    if p.lines:
+        parts.append(fold("time per line", LINE_HEADER, line_rows(p)))
+    if p.unattributed_ns:
+        parts.append(f"<div>{escape(format_seconds(p.unattributed_ns / 1e9))} in calls without a user line</div>")
+    if p.trace_path:
+        parts.append(f"<div>trace: <code>{escape(p.trace_path)}</code> (open it in "
+                     f"<a href='{PERFETTO}' target='_blank'>{PERFETTO}</a>)</div>")
+    return "<div class='neuron-lab-profile'>" + "".join(parts) + "</div>"
 
 
 # -- checks: %%neuron parity / compare (neuron_lab.report.checks, read by their fields as in text.py) --------------

@@ -147,6 +147,65 @@ class Compiles:
 
 
 @dataclass
+class LineTime:
+    """Profiled time of the op calls one user line issued (of one op, or of all ops at that line)."""
+
+    site: Site
+    calls: int = 0
+    device_ns: int = 0  # on the device lanes (kernels, copies)
+    host_ns: int = 0  # on the host, less the device time inside it (the emulator runs kernels on the calling thread)
+
+    @property
+    def total_ns(self) -> int:
+        return self.device_ns + self.host_ns
+
+
+@dataclass
+class ProfiledOp:
+    """One op of a profiled window (``%%neuron profile``, ``neuron_lab.profile()``): its calls and where they ran."""
+
+    op: str  # "aten::addmm", as torch.profiler names it
+    kind: str  # a name of neuron_lab.kinds.KINDS: "native", "fallback", ...
+    calls: int = 0
+    device_ns: int = 0
+    host_ns: int = 0
+    shapes: tuple[tuple[int, ...], ...] = ()  # of the first call
+    dtypes: tuple[str, ...] = ()
+    sites: list[LineTime] = field(default_factory=list)  # the lines that issued it, the most time first
+    unattributed: int = 0  # calls with no user line on the stack
+
+    @property
+    def total_ns(self) -> int:
+        return self.device_ns + self.host_ns
+
+
+@dataclass
+class Profiled:
+    """What torch.profiler saw of a window, per op and per user line, with the device lanes' busy time."""
+
+    rows: list[ProfiledOp] = field(default_factory=list)  # the most device + host time first
+    lines: list[LineTime] = field(default_factory=list)  # the most device + host time first
+    device_ns: int = 0  # all ops' device time
+    host_ns: int = 0
+    lanes: dict[str, int] = field(default_factory=dict)  # device lane ("neuron:0") -> ns it was busy
+    unattributed_ns: int = 0  # device + host time of calls with no user line
+    trace_path: str | None = None  # the exported Chrome/Perfetto trace, when one was written
+    row_limit: int = 10  # rows the renderers show before folding the rest
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profiled:
+        """The inverse of ``asdict(profiled)``: read back from a saved report."""
+        def line(x: dict[str, Any]) -> LineTime:
+            return LineTime(_site(x["site"]), x["calls"], x["device_ns"], x["host_ns"])
+
+        rows = [ProfiledOp(r["op"], r["kind"], r["calls"], r["device_ns"], r["host_ns"],
+                           tuple(tuple(s) for s in r["shapes"]), tuple(r["dtypes"]), [line(x) for x in r["sites"]],
+                           r["unattributed"]) for r in d["rows"]]
+        return cls(rows, [line(x) for x in d["lines"]], d["device_ns"], d["host_ns"], dict(d["lanes"]),
+                   d["unattributed_ns"], d["trace_path"], d["row_limit"])
+
+
+@dataclass
 class Report(ShownAsText):
     """Everything one window did on the device."""
 
@@ -168,6 +227,7 @@ class Report(ShownAsText):
     profile: str | None = None  # the coverage profile that classified the ops (None: the device reported them)
     checks: list[Any] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
     oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
+    profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
 
     # -- the views renderers use ----------------------------------------------------------
     @property
@@ -196,7 +256,7 @@ class Report(ShownAsText):
     @property
     def touched_device(self) -> bool:
         return bool(self.ops or self.ops_not_native or self.compiles or self.h2d_bytes or self.d2h_bytes
-                    or self.memory.delta or self.memory.peak > self.memory.before)
+                    or self.memory.delta or self.memory.peak > self.memory.before or self.profiled is not None)
 
     def map_sites(self, site: Callable[[Site], Site], frame: Callable[[str], str] | None = None) -> None:
         """Rewrite every user line the report names (op call sites, graph breaks, recompiles) with ``site``,
@@ -210,6 +270,10 @@ class Report(ShownAsText):
                 sc.site = site(sc.site)
                 if frame is not None:
                     sc.stacks = [tuple(frame(f) for f in st) for st in sc.stacks]
+        p = self.profiled
+        if p is not None:
+            for lt in [*p.lines, *(x for r in p.rows for x in r.sites)]:
+                lt.site = site(lt.site)
         c = self.compiles
         c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
         c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
@@ -238,7 +302,8 @@ class Report(ShownAsText):
                               oom["more"], oom["freed"])
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
-                   d["detail"], profile=d.get("profile"), oom=oom)
+                   d["detail"], profile=d.get("profile"), oom=oom,
+                   profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None)
 
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
-from neuron_lab.report.model import GraphBreak, OpRow, Recompile, Report
+from neuron_lab.report.model import GraphBreak, LineTime, OpRow, Profiled, ProfiledOp, Recompile, Report
 from neuron_lab.units import count, format_delta, format_seconds, format_size
 
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
@@ -35,6 +35,9 @@ def summary_line(r: Report) -> str:
         c = r.compiles
         parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'break')}, "
                      f"{count(len(c.recompiles), 'recompile')}")
+    if r.profiled is not None:
+        p = r.profiled
+        parts.append(f"profiled: device {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}")
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
     return "neuron_lab " + " · ".join(parts)
@@ -184,11 +187,79 @@ def render_text(r: Report, detail: str | None = None) -> str:
         lines += compile_event_lines(c.breaks, c.recompiles, c.failures, None if full else FOLD)
     if not r.callsites and r.fallbacks:
         lines.append("call sites are off (`%config NeuronLab.callsites = True` turns them on)")
+    if r.profiled is not None:
+        lines += profiled_lines(r.profiled, full)
     lines += [render_check_text(c) if full else f"check: {check_summary_line(c)}" for c in r.checks]
     if r.error:
         lines.append(f"raised: {r.error}")
     lines += oom_lines(r)
     return "\n".join(lines)
+
+
+# -- %%neuron profile / neuron_lab.profile(): torch.profiler's view (report.profiled) --------------------------------
+PERFETTO = "https://ui.perfetto.dev"
+PROFILED_HEADER = ["op", "ran", "calls", "device", "host", "first shapes", "issued at"]
+LINE_HEADER = ["line", "calls", "device", "host", "source"]
+
+
+def ran_text(kind: str) -> str:
+    """Where a profiled op ran, in a word or two: "native", "CPU fallback", "host op"."""
+    return "native" if kind == kinds.NATIVE else kinds.KINDS[kind].call.removesuffix(" call") \
+        if kind in kinds.KINDS else kind
+
+
+def profiled_head(p: Profiled) -> str:
+    """The profile in one line: ops, device and host time, each lane's busy time."""
+    lanes = ", ".join(f"{lane} busy {format_seconds(ns / 1e9)}" for lane, ns in p.lanes.items())
+    return (f"profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}, "
+            f"device {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}"
+            + (f" ({lanes})" if lanes else " (no device activity in the profile)"))
+
+
+def profiled_rows(p: Profiled) -> list[list[str]]:
+    """The op table's rows (:data:`PROFILED_HEADER`), the most device + host time first."""
+    def shapes(r: ProfiledOp) -> str:
+        if r.dtypes:
+            return ", ".join(f"{list(s)} {d}" for s, d in zip(r.shapes, r.dtypes))
+        return ", ".join(str(list(s)) for s in r.shapes)
+
+    def at(r: ProfiledOp) -> str:
+        where = r.sites[0].site.label if r.sites else "no user line"
+        more = len(r.sites) - 1 + (1 if r.sites and r.unattributed else 0)
+        return where + (f" (+{count(more, 'more line')})" if more > 0 else "")
+
+    return [[r.op, ran_text(r.kind), f"{r.calls:,}", format_seconds(r.device_ns / 1e9),
+             format_seconds(r.host_ns / 1e9), shapes(r), at(r)] for r in p.rows]
+
+
+def line_rows(p: Profiled) -> list[list[str]]:
+    """Time per user line (:data:`LINE_HEADER`), the most device + host time first."""
+    def one(x: LineTime) -> list[str]:
+        return [x.site.label, f"{x.calls:,}", format_seconds(x.device_ns / 1e9), format_seconds(x.host_ns / 1e9),
+                x.site.source]
+
+    return [one(x) for x in p.lines]
+
+
+def trace_line(p: Profiled) -> list[str]:
+    return [f"trace: {p.trace_path} (open it in {PERFETTO})"] if p.trace_path else []
+
+
+def profiled_lines(p: Profiled, full: bool = False) -> list[str]:
+    """The profile section: its head, the op table and the time per line (``row_limit`` rows each unless ``full``),
+    the calls no user line issued, and the exported trace."""
+    limit = None if full else p.row_limit
+    lines = [profiled_head(p)]
+    for title, header, rows, noun in (("ops by device + host time:", PROFILED_HEADER, profiled_rows(p), "op"),
+                                      ("time per line:", LINE_HEADER, line_rows(p), "line")):
+        if not rows:
+            continue
+        lines += [title, *_columns([header, *rows[:limit]])]
+        if len(rows) > len(rows[:limit]):
+            lines.append(f"  … {count(len(rows) - len(rows[:limit]), 'more ' + noun)} (`%neuron report --full`)")
+    if p.unattributed_ns:
+        lines.append(f"  {format_seconds(p.unattributed_ns / 1e9)} in calls without a user line")
+    return lines + trace_line(p)
 
 
 # -- checks: %%neuron parity / compare (neuron_lab.report.checks) -----------------------------------------

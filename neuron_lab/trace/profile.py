@@ -1,0 +1,285 @@
+"""A window of work under torch.profiler, turned into report data: time per op and per user line.
+
+The backend feeds torch.profiler (device kernels and copies on a lane per device, CPU fallbacks as host work
+named "CPU fallback: aten::atan2"); this module reads what it recorded. Kineto keeps no user line for an op
+in eager Python, so the lines come from the backend's own op events: while profiling, every op call of the
+backend is located with the session's :class:`~neuron_lab.trace.sites.Locator` as it runs, and the k-th call
+of an op is joined to the k-th profiled call of that op (both are in call order). Where the counts of an op
+differ (an op the backend does not report, as the device-to-host copy of ``.item()``), its calls are left
+without a line rather than given a wrong one. The raw profile is kept only until :meth:`OpProfile.result` has
+read it (and exported the trace).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+
+from neuron_lab import backend as _backend
+from neuron_lab.kinds import KINDS, NATIVE, OFF_DEVICE
+from neuron_lab.report.model import LineTime, Profiled, ProfiledOp, Report, Site
+from neuron_lab.trace.sites import FileLocator, Locator
+from neuron_lab.trace.tracker import Tracker
+
+# The host-work events the backend adds for off-device calls, by their name's prefix ("CPU fallback: aten::atan2")
+_HOST_WORK = {KINDS[k].call.removesuffix(" call") + ": ": k for k in OFF_DEVICE}
+DEFAULT_ROW_LIMIT = 10
+COPY = "copy"  # an op the backend reported no call of, whose device work is copies (`.item()`)
+
+
+class _Call(NamedTuple):
+    kind: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    where: tuple[str, int] | None  # (filename, line) of the user frame that issued it
+
+
+class _Calls:
+    """A backend subscriber: each op call's kind, shapes and user line, in call order per op name."""
+
+    def __init__(self, locator: Locator) -> None:
+        self.locator = locator
+        self.by_name: dict[str, list[_Call]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Any, args: tuple, kwargs: dict) -> None:
+        user = self.locator.user_frame(sys._getframe(1))
+        where = None if user is None else (user.f_code.co_filename, user.f_lineno)
+        call = _Call(event.kind, event.shapes, event.dtypes, where)
+        with self._lock:
+            self.by_name.setdefault(event.name, []).append(call)
+
+
+def check_export_path(path: str) -> str:
+    """The absolute path a trace will be written to; ValueError, before anything runs, when it cannot be."""
+    full = os.path.abspath(os.path.expanduser(path))
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise ValueError(f"--export {path}: is a directory; give a file name, e.g. {os.path.join(path, 'trace.json')}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--export {path}: no directory {folder}")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--export {path}: cannot write into {folder}")
+    return full
+
+
+def check_row_limit(n: int) -> int:
+    if n < 1:
+        raise ValueError(f"--row-limit must be 1 or more, not {n}")
+    return n
+
+
+class OpProfile:
+    """torch.profiler (CPU, and the device when a backend serves it) plus the backend's op events, from
+    :meth:`start` to :meth:`stop`; :meth:`result` reads them into a :class:`Profiled`.
+
+    ``with_stack`` adds torch's Python tracer: the exported trace then shows the Python frames above each op
+    (worth it for a trace viewer; the tables do not need it, and it costs the profiled code about a third more).
+    """
+
+    def __init__(self, locator: Locator | None = None, *, with_stack: bool = False) -> None:
+        self._calls = _Calls(locator if locator is not None else FileLocator())
+        activities = [ProfilerActivity.CPU]
+        if _backend.is_active():
+            activities.append(ProfilerActivity.PrivateUse1)
+        self._prof: Any = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=with_stack)
+        self._unsubscribe: Any = None
+        self._running = False
+
+    def start(self) -> OpProfile:
+        if torch._C._autograd._profiler_enabled():  # a second session would silently take the first one's events
+            raise ValueError("torch.profiler is already running: profiles do not nest; stop the other one first")
+        self._prof.__enter__()
+        self._running = True
+        if _backend.is_active():
+            self._unsubscribe = _backend.active().subscribe(self._calls)
+        return self
+
+    def stop(self) -> None:
+        """Idempotent."""
+        if not self._running:
+            return
+        self._running = False
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._prof.__exit__(None, None, None)
+
+    def result(self, *, export: str | None = None, row_limit: int = DEFAULT_ROW_LIMIT) -> Profiled:
+        """The profile as report data; with ``export``, the Chrome/Perfetto trace written there first."""
+        self.stop()
+        prof, self._prof = self._prof, None
+        if prof is None:
+            raise RuntimeError("OpProfile.result() reads a profile once")
+        if export is not None:
+            prof.export_chrome_trace(export)
+        out = _read(prof.profiler.kineto_results, self._calls)
+        out.trace_path, out.row_limit = export, row_limit
+        return out
+
+
+class _Event(NamedTuple):
+    """One profiled event, read once from Kineto's own events (FunctionEvents cost ~25 µs each to build)."""
+
+    name: str
+    device: str  # "" for host events, else the lane ("neuron:0")
+    start: int  # ns
+    end: int
+    cid: int  # correlation id (a host op's)
+    linked: int  # the host op's correlation id, for device and host-work events
+    thread: int
+    kineto: Any  # Kineto's event, for the shapes of the few ops no backend call describes
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(x) for x in self.kineto.shapes() if x)
+
+
+def _events(results: Any) -> list[_Event]:
+    out = []
+    cpu = DeviceType.CPU
+    for k in results.events():
+        dt = k.device_type()
+        start = k.start_ns()
+        device = "" if dt == cpu else f"{dt.name.lower()}:{k.device_index()}"
+        out.append(_Event(k.name(), device, start, start + k.duration_ns(), k.correlation_id(),
+                          k.linked_correlation_id(), k.start_thread_id(), k))
+    return out
+
+
+def _busy_ns(spans: list[tuple[int, int]]) -> int:
+    """The length of the union of intervals."""
+    total, end = 0, None
+    for s, e in sorted(spans):
+        if end is None or e > end:
+            total += e - (s if end is None else max(s, end))
+            end = e
+    return total
+
+
+def _contained(ops: list[_Event]) -> dict[int, list[_Event]]:
+    """For each op (by correlation id), the ops of ``ops`` that ran inside it on its thread."""
+    inside: dict[int, list[_Event]] = {}
+    by_thread: dict[int, list[_Event]] = {}
+    for e in ops:
+        by_thread.setdefault(e.thread, []).append(e)
+    for run in by_thread.values():
+        run.sort(key=lambda e: (e.start, -e.end))
+        for i, e in enumerate(run):
+            for f in run[i + 1:]:
+                if f.start >= e.end:
+                    break
+                if f.end <= e.end:
+                    inside.setdefault(e.cid, []).append(f)
+    return inside
+
+
+def _read(results: Any, calls: _Calls) -> Profiled:
+    events = _events(results)
+    host_work = {id(e): k for e in events if not e.device for prefix, k in _HOST_WORK.items()
+                 if e.name.startswith(prefix)}
+    ops = {e.cid: e for e in events if not e.device and e.name.startswith("aten::") and id(e) not in host_work}
+    owned: dict[int, list[_Event]] = {}  # op's correlation id -> its device events and host-work events
+    lanes: dict[str, list[tuple[int, int]]] = {}
+    for e in events:
+        if e.device:
+            lanes.setdefault(e.device, []).append((e.start, e.end))
+        if (e.device or id(e) in host_work) and e.linked in ops:
+            owned.setdefault(e.linked, []).append(e)
+    owners = [ops[i] for i in owned]
+    nested = _contained(owners)
+    # each op name's profiled calls, in call order: the ops with device or host work, else (no device
+    # activity in the profile) the innermost op of that name
+    by_name: dict[str, list[_Event]] = {}
+    for op in sorted(owners, key=lambda e: e.start):
+        by_name.setdefault(op.name, []).append(op)
+    missing = [e for e in ops.values() if e.name in calls.by_name and e.name not in by_name]
+    inner = _contained(missing)
+    for op in sorted(missing, key=lambda e: e.start):
+        if not any(f.name == op.name for f in inner.get(op.cid, ())):
+            by_name.setdefault(op.name, []).append(op)
+    rows: dict[tuple[str, str], ProfiledOp] = {}
+    row_sites: dict[tuple[str, str], dict[tuple[str, int], LineTime]] = {}
+    lines: dict[tuple[str, int], LineTime] = {}
+    sites: dict[tuple[str, int], Site] = {}
+    out = Profiled(lanes={lane: _busy_ns(spans) for lane, spans in sorted(lanes.items())})
+    for name, profiled in by_name.items():
+        made = calls.by_name.get(name, [])
+        if len(made) != len(profiled):  # the two do not pair up: no line rather than a wrong one
+            made = []
+        for k, op in enumerate(profiled):
+            call = made[k] if made else None
+            work = owned.get(op.cid, [])
+            dev = [e for e in work if e.device]
+            device_ns = sum(e.end - e.start for e in dev)
+            # the emulator runs a kernel on the calling thread, inside its op: that time is the device's, not the host's
+            overlap = sum(max(0, min(op.end, e.end) - max(op.start, e.start)) for e in dev)
+            host_ns = max(op.end - op.start - overlap - sum(f.end - f.start for f in nested.get(op.cid, ())), 0)
+            if call is not None:
+                kind, shapes, dtypes, where = call
+            else:
+                kind = next((host_work[id(e)] for e in work if id(e) in host_work),
+                            COPY if dev and all(e.name.startswith("Memcpy") for e in dev) else NATIVE)
+                shapes, dtypes, where = op.shapes, (), None
+            row = rows.get((name, kind))
+            if row is None:
+                row = rows[(name, kind)] = ProfiledOp(name, kind, shapes=shapes, dtypes=dtypes)
+                row_sites[(name, kind)] = {}
+            row.calls += 1
+            row.device_ns += device_ns
+            row.host_ns += host_ns
+            out.device_ns += device_ns
+            out.host_ns += host_ns
+            if where is None:
+                row.unattributed += 1
+                out.unattributed_ns += device_ns + host_ns
+                continue
+            site = sites.get(where)
+            if site is None:
+                site = sites[where] = calls.locator.site(*where)
+            for table, into in ((row_sites[(name, kind)], row.sites), (lines, None)):
+                lt = table.get(where)
+                if lt is None:
+                    lt = table[where] = LineTime(site)
+                    if into is not None:
+                        into.append(lt)
+                lt.calls += 1
+                lt.device_ns += device_ns
+                lt.host_ns += host_ns
+    for row in rows.values():
+        row.sites.sort(key=lambda x: -x.total_ns)
+    out.rows = sorted(rows.values(), key=lambda r: (-r.total_ns, r.op))
+    out.lines = sorted(lines.values(), key=lambda x: -x.total_ns)
+    return out
+
+
+@contextmanager
+def profile(*, export: str | None = None, row_limit: int = DEFAULT_ROW_LIMIT,
+            locator: Locator | None = None) -> Iterator[Report]:
+    """Run a block of a script under torch.profiler; the report (with ``report.profiled``) fills in when it exits.
+
+    >>> with neuron_lab.profile(export="trace.json") as report:
+    ...     loss = model(x).sum(); loss.backward()
+    >>> print(report)  # ops by device + host time, time per line; the trace opens in https://ui.perfetto.dev
+    """
+    path = check_export_path(export) if export is not None else None
+    check_row_limit(row_limit)
+    locator = locator if locator is not None else FileLocator()
+    p = OpProfile(locator, with_stack=path is not None).start()
+    t = Tracker("profile", locator=locator).start()
+    try:
+        yield t.report
+    except BaseException as e:
+        t.report.profiled = p.result(export=path, row_limit=row_limit)
+        t.stop(e)
+        raise
+    t.report.profiled = p.result(export=path, row_limit=row_limit)
+    t.stop()
