@@ -37,7 +37,7 @@ def test_the_text_names_the_slowest_rank_the_skew_and_each_ranks_facts() -> None
                                "KiB,", "2.0", "ms"]
     assert text[3].split()[:2] == ["1", "neuron:1"] and text[3].split()[8] == "2"
     assert text[4].split() == ["2", "engine", "2", "died", "(exit", "code", "-9)"]
-    assert text[5] == "all 2 ranks together:"
+    assert text[5] == "summed over 2 ranks:"
     assert "    c10d::all_reduce.sum                   8×     6.0 ms  8.00 KiB over 3 ranks  [256] float32" in text
     assert "        at In[7] line 3: dist.all_reduce(x)  (8×)" in text
 

@@ -243,9 +243,8 @@ def render_check_html(result: Any) -> str:
 
 def render_ranks_html(rr: Any) -> str:
     """The facts of :func:`~neuron_lab.report.text.render_ranks_text`: the rank table, then all ranks' rows."""
-    from neuron_lab.report.aggregate import merge_rows
-
     table = folded(ranks_summary_line(rr), RANK_HEADER, [[escape(c) for c in row] for row in rank_rows(rr)])
-    merged = Report("all ranks", None, "", "", "", ops_not_native=merge_rows(rr.reports))
-    rows = op_sections_html(merged.sections()) if merged.ops_not_native else ""
+    merged = rr.merged()
+    rows = (f"<div>summed over {count(len(rr.reports), 'rank')}:</div>{op_sections_html(merged.sections())}"
+            if merged.ops_not_native else "")
     return f"<div class=\"neuron-lab-ranks\">{table}{rows}</div>"

@@ -70,6 +70,12 @@ class RanksReport(ShownAsText):
     def failed(self) -> list[RankResult]:
         return [r for r in self.ranks if r.failed]
 
+    def merged(self) -> Report:
+        """The rows of every rank's report in one: counts, bytes and times summed over the ranks."""
+        from neuron_lab.report.aggregate import merge_rows
+
+        return Report(f"{len(self.reports)} ranks", None, "", "", "", ops_not_native=merge_rows(self.reports))
+
     def as_dict(self) -> dict[str, Any]:
         return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
                 "ranks": [{"rank": r.rank, "where": r.where, "error": r.error,

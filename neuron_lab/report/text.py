@@ -515,10 +515,10 @@ def render_check_text(result: Any) -> str:
 
 
 # -- several ranks: %%neuron ranks, neuron-lab run --nproc (neuron_lab.report.ranks) ---------------------------------
-def ranks_summary_line(rr: Any) -> str:
-    """The one line of a :class:`~neuron_lab.report.ranks.RanksReport`: ranks, the slowest and the skew, and what
-    any rank did off the device or failed at."""
-    parts = [rr.title, count(len(rr.ranks), "rank")]
+def ranks_summary_parts(rr: Any) -> list[str]:
+    """The facts of a :class:`~neuron_lab.report.ranks.RanksReport`'s one line after its title: ranks, the slowest
+    and the skew, collectives, and what any rank did off the device or failed at."""
+    parts = [count(len(rr.ranks), "rank")]
     slow = rr.slowest
     if slow is not None and len(rr.reports) > 1:
         parts.append(f"slowest rank {slow.rank} ({format_seconds(slow.report.wall_s)}, skew "
@@ -526,7 +526,8 @@ def ranks_summary_line(rr: Any) -> str:
     elif slow is not None:
         parts.append(format_seconds(slow.report.wall_s))
     calls = sum(r.collectives()[0] for r in rr.ranks)
-    parts.append(count(calls, kinds.KINDS[kinds.COLLECTIVE].call))
+    if calls:  # none observed says nothing on a backend that does not observe them
+        parts.append(count(calls, kinds.KINDS[kinds.COLLECTIVE].call))
     fallback = sum(r.fallback_calls for r in rr.reports)
     parts.append(count(fallback, kinds.KINDS[FALLBACK].call) if fallback else "no CPU fallbacks")
     unsupported = sum(r.unsupported_calls() for r in rr.ranks)
@@ -534,7 +535,11 @@ def ranks_summary_line(rr: Any) -> str:
         parts.append(count(unsupported, kinds.KINDS[kinds.UNSUPPORTED].call))
     if rr.failed:
         parts.append(f"{count(len(rr.failed), 'rank')} failed ({', '.join(str(r.rank) for r in rr.failed)})")
-    return "neuron_lab " + " · ".join(parts)
+    return parts
+
+
+def ranks_summary_line(rr: Any) -> str:
+    return "neuron_lab " + " · ".join([rr.title, *ranks_summary_parts(rr)])
 
 
 def rank_rows(rr: Any) -> list[list[str]]:
@@ -546,7 +551,7 @@ def rank_rows(rr: Any) -> list[list[str]]:
             out.append([str(r.rank), "", "", "", "", "", "", r.problem or ""])
             continue
         calls, nbytes, ns = r.collectives()
-        coll = f"{count(calls, 'call')}, {format_size(nbytes)}, {format_seconds(ns / 1e9)}" if calls else "none"
+        coll = f"{count(calls, 'call')}, {format_size(nbytes)}, {format_seconds(ns / 1e9)}" if calls else ""
         out.append([str(r.rank), rep.device, format_seconds(rep.wall_s), format_size(rep.memory.after),
                     format_size(rep.memory.peak), f"{rep.fallback_calls:,}", coll, r.problem or ""])
     return out
@@ -555,19 +560,14 @@ def rank_rows(rr: Any) -> list[list[str]]:
 RANK_HEADER = ["rank", "device", "time", "memory", "peak", "fallbacks", "collectives", "error"]
 
 
-def render_ranks_text(rr: Any, detail: str = "table") -> str:
-    """Every rank's line, then the rows of all ranks together (counts summed over the ranks), then each failed
-    rank's error in full."""
-    from neuron_lab.report.aggregate import merge_rows
-
-    head = ranks_summary_line(rr)
-    if detail == "summary":
-        return head
+def render_ranks_text(rr: Any) -> str:
+    """The summary line, every rank's line (its error in one line), then the rows of all ranks, summed over them."""
     rows = [RANK_HEADER, *rank_rows(rr)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(RANK_HEADER))]
-    lines = [head, *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)]
-    merged = Report("all ranks", None, "", "", "", ops_not_native=merge_rows(rr.reports))
+    lines = [ranks_summary_line(rr),
+             *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)]
+    merged = rr.merged()
     if merged.ops_not_native:
-        lines.append(f"all {count(len(rr.reports), 'rank')} together:")
-        lines += ["  " + line for line in op_sections(merged.sections(), detail == "full")]
+        lines.append(f"summed over {count(len(rr.reports), 'rank')}:")
+        lines += ["  " + line for line in op_sections(merged.sections())]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from neuron_lab.report.aggregate import merge_reports
 from neuron_lab.report.html import render_ranks_html
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RankResult, RanksReport
-from neuron_lab.report.text import render_ranks_text
+from neuron_lab.report.text import ranks_summary_parts, render_ranks_text
 from neuron_lab.runner import export, progress
 from neuron_lab.runner.execute import Outcome
 from neuron_lab.runner.gates import GateResult
@@ -80,7 +80,7 @@ def cell(outcome: RanksOutcome, number: int, total: int) -> list[str]:
     """``[2/3] train.py:5 ok 1.20 s · 4 ranks · slowest rank 2 (1.20 s, skew 0.30 s) · 8 collective calls ...``,
     then the rank table when a rank touched the device or failed, then each failed rank's traceback."""
     records, rr = outcome.cell(number), window(outcome, number)
-    head = render_ranks_text(rr, "summary").removeprefix(f"neuron_lab {rr.title} · ")
+    head = " · ".join(ranks_summary_parts(rr))
     slowest = max(rec.seconds for rec in records)
     lines = [f"[{records[0].number}/{total}] {rr.title} {status(records)} {format_seconds(slowest)} · {head}"]
     if any(rec.touched_device or rec.status in TROUBLE for rec in records):
