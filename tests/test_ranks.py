@@ -45,6 +45,14 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+_OTHERS: set[int] = set()  # this test process's children that are not the module's ranks (earlier tests' kernels)
+
+
+def _ranks_tree() -> set[int]:
+    """The processes of the module's ranks: engines, their nannies, the controller and its schedulers."""
+    return _children() - _OTHERS
+
+
 def _gone(pids: set[int] | list[int]) -> bool:
     """No such process, or only its zombie entry (a child that has exited, not yet reaped)."""
     def gone(pid: int) -> bool:
@@ -72,6 +80,7 @@ def _kill(pids: set[int]) -> None:
 def ranks_shell() -> Iterator[tuple[InteractiveShell, str]]:
     """A shell with ranks 0 and 1 started; the start's output."""
     before = _children()
+    _OTHERS.update(before)
     with loaded_shell(instance=True) as sh:
         try:
             _, cap = run(sh, START.format(n=2))
@@ -208,14 +217,14 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     assert status[0].startswith("neuron_lab ranks: 1 of 2 ranks up")
     assert [line.split()[-1] for line in status[1:]] == ["up", "died"]
 
-    old = _children()  # engines, their nannies, the controller and its schedulers
+    old = _ranks_tree()
     run(sh, START.format(n=1) + " --restart")
     assert _gone(old)
     [new] = _pids(sh)
     res, _ = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nw = dist.get_world_size()\n")
     assert [r.report.device for r in res.result.ranks] == ["neuron:0"]
 
-    cluster = _children()
+    cluster = _ranks_tree()
     res, _ = run(sh, "%neuron ranks stop")
     assert str(res.result) == f"neuron_lab ranks: stopped 1 rank (pids {new})"
     assert _gone(cluster)
