@@ -66,7 +66,9 @@ def _run_ranks(tmp_path: Path, body: str, env: dict[int, dict[str, str]] | None 
     """Run ``prelude + setup + body`` as ``ranks`` ranks (``env``: extra variables per rank); each rank's last JSON
     line, in rank order."""
     script = tmp_path / "rank.py"
-    script.write_text(prelude + setup + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
+    # the last collective on the neuron group: torch's own gloo group (the CPU reference) can abort a process at exit
+    # when its worker thread drops a finished work's Python-made tensors during finalization
+    script.write_text(prelude + setup + textwrap.dedent(body) + "\ndist.barrier()\ndist.destroy_process_group()\n")
     port = str(_free_port())
     procs = []
     for r in range(ranks):

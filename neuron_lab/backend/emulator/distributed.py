@@ -11,9 +11,12 @@ them: AVG as SUM then divide, PREMUL_SUM as multiply then SUM.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import functools
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -76,7 +79,8 @@ def _flat(x: Any) -> list[torch.Tensor]:
     return [t for v in x for t in _flat(v)]
 
 
-def _done(works: Sequence[dist.Work], value: Any, after: Callable[[], None] | None = None) -> dist.Work:
+def _done(works: Sequence[dist.Work], value: Any, after: Callable[[], None] | None = None,
+          group: ProcessGroupNeuron | None = None) -> dist.Work:
     """A completed Work whose value is ``value``, once every gloo work is done and ``after`` (a host fix-up) ran.
 
     The collective completes before the call returns (a device whose memory is the host's has nothing to
@@ -85,6 +89,11 @@ def _done(works: Sequence[dist.Work], value: Any, after: Callable[[], None] | No
     """
     for w in works:
         w.wait()
+    if group is not None:
+        # Gloo's worker drops its own reference to this work just after completing it; hold ours until the next
+        # collective completes (its single worker has dropped this one by then), so the last reference, and with it
+        # the host aliases' Python wrappers, is released on a Python thread, never on gloo's (see _GLOO_THREADS).
+        group._last = list(works)
     if after is not None:
         after()
     fut: torch.futures.Future = torch.futures.Future()
@@ -213,13 +222,37 @@ def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Wo
     return wrap
 
 
+# A gloo work holds the host aliases it was handed, each with a Python wrapper; whichever thread drops the work's last
+# reference decrefs those wrappers, taking the GIL. On gloo's worker thread during interpreter finalization, taking
+# the GIL ends the thread (pthread_exit), whose unwinding through a noexcept destructor aborts the process
+# ("terminate called without an active exception"). So gloo runs one worker thread (collectives here complete one
+# at a time anyway), each group holds its latest works until the next completes, and at exit those are kept for good.
+_GLOO_THREADS = 1
+_groups: weakref.WeakSet[ProcessGroupNeuron] = weakref.WeakSet()
+
+
+@atexit.register
+def _keep_last_works() -> None:
+    """Before finalization: the works gloo's worker may not have dropped yet are never released (the OS frees them)."""
+    for group in list(_groups):
+        last, group._last = group._last, []
+        if last:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(last))
+
+
 class ProcessGroupNeuron(dist.ProcessGroup):
     """The emulated ``neuron`` process group: gloo on host aliases of device tensors."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
-        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        opts._threads = _GLOO_THREADS
+        opts._timeout = timeout
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, opts)
         self._group_name = ""
+        self._last: list[dist.Work] = []
+        _groups.add(self)
 
     # -- identity: DeviceMesh, DTensor and functional collectives look groups up by name -------------
     def name(self) -> str:
@@ -241,14 +274,14 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         hosts = _host(tensors)
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
-        return _done([self._gloo.allreduce(hosts, opts)], tensors, after)
+        return _done([self._gloo.allreduce(hosts, opts)], tensors, after, group=self)
 
     @_observed("all_reduce_coalesced", 0)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         hosts = _host(tensors)
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
-        return _done([self._gloo.allreduce_coalesced(hosts, opts)], tensors, after)
+        return _done([self._gloo.allreduce_coalesced(hosts, opts)], tensors, after, group=self)
 
     @_observed("reduce", 0)
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -256,7 +289,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         hosts = _host(tensors)
         root = opts.rootRank == self.rank()
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts if root else [], in_place=True)
-        return _done([self._gloo.reduce(hosts, opts)], tensors, after)
+        return _done([self._gloo.reduce(hosts, opts)], tensors, after, group=self)
 
     @_observed("reduce_scatter", 1)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
@@ -266,14 +299,14 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         opts, flat, after = _sum_instead(opts, self.size(), _flat(ins), outs, in_place=False)
         it = iter(flat)
         ins = [[next(it) for _ in group] for group in ins]
-        return _done([self._gloo.reduce_scatter(outs, ins, opts)], outputs, after)
+        return _done([self._gloo.reduce_scatter(outs, ins, opts)], outputs, after, group=self)
 
     @_observed("reduce_scatter_tensor", 1)
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         out = _host(output)
         opts, (inp,), after = _sum_instead(opts, self.size(), [_host(input)], [out], in_place=False)
-        return _done([self._gloo._reduce_scatter_base(out, inp, opts)], output, after)
+        return _done([self._gloo._reduce_scatter_base(out, inp, opts)], output, after, group=self)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -286,24 +319,25 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     @_observed("broadcast", 0)
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        return _done([self._gloo.broadcast(_host(tensors), opts)], tensors)
+        return _done([self._gloo.broadcast(_host(tensors), opts)], tensors, group=self)
 
     @_observed("all_gather", 1)
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        return _done([self._gloo.allgather(_host(output_lists), _host(inputs), opts)], output_lists)
+        return _done([self._gloo.allgather(_host(output_lists), _host(inputs), opts)], output_lists, group=self)
 
     @_observed("all_gather_coalesced", 1)
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        return _done([self._gloo.allgather_coalesced(_host(output_lists), _host(inputs), opts)], output_lists)
+        work = self._gloo.allgather_coalesced(_host(output_lists), _host(inputs), opts)
+        return _done([work], output_lists, group=self)
 
     @_observed("all_gather_into_tensor", 1)
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        return _done([self._gloo._allgather_base(_host(output), _host(input), opts)], output)
+        return _done([self._gloo._allgather_base(_host(output), _host(input), opts)], output, group=self)
 
     _allgather_base = all_gather_single
 
@@ -317,31 +351,31 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                           input_split_sizes: list[int], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         work = self._gloo.alltoall_base(_host(output), _host(input), output_split_sizes, input_split_sizes, opts)
-        return _done([work], output)
+        return _done([work], output, group=self)
 
     alltoall_base = all_to_all_single
 
     @_observed("all_to_all", 1)
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
-        return _done([self._gloo.alltoall(_host(outputs), _host(inputs), opts)], outputs)
+        return _done([self._gloo.alltoall(_host(outputs), _host(inputs), opts)], outputs, group=self)
 
     @_observed("gather", 1)
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.GatherOptions()
-        return _done([self._gloo.gather(_host(output_lists), _host(inputs), opts)], output_lists)
+        return _done([self._gloo.gather(_host(output_lists), _host(inputs), opts)], output_lists, group=self)
 
     @_observed("scatter", 0)
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ScatterOptions()
-        return _done([self._gloo.scatter(_host(outputs), _host(input_lists), opts)], outputs)
+        return _done([self._gloo.scatter(_host(outputs), _host(input_lists), opts)], outputs, group=self)
 
     @_observed("barrier", None)
     def barrier(self, opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BarrierOptions()
-        return _done([self._gloo.barrier(opts)], None)
+        return _done([self._gloo.barrier(opts)], None, group=self)
 
     # -- point to point --------------------------------------------------------------------------
     @_observed("send", 0)
