@@ -189,3 +189,18 @@ def test_the_legacy_use_device_profiler_has_device_time_and_no_errors() -> None:
     """, {"NEURON_LAB_CORE": "compiled"})
     assert out["aten::mm"] > 0 and out["aten::atan2"] == 0
     assert "not enabled" not in err and "INTERNAL ASSERT" not in err
+
+
+def test_profile_memory_counts_device_bytes_as_the_devices_once(tmp_path: Path) -> None:
+    """As CUDA's allocator does: each allocation and free is a `[memory]` event of the device, with its totals;
+    the host bytes behind a fresh device tensor are not also counted as CPU memory."""
+    torch.empty(1, device="neuron")  # warm
+    with profile(activities=DEVICE, profile_memory=True) as prof:
+        x = torch.empty(1000, 4, device="neuron")
+        del x
+    (row,) = [r for r in prof.key_averages() if r.key == "aten::empty"]
+    assert (row.self_device_memory_usage, row.self_cpu_memory_usage) == (16000, 0)
+    memory = [e for e in _trace(prof, tmp_path) if e.get("name") == "[memory]"]
+    assert [(e["args"]["Device Type"], e["args"]["Device Id"], e["args"]["Bytes"]) for e in memory] == [
+        (20, 0, 16000), (20, 0, -16000)]  # 20: PrivateUse1
+    assert memory[0]["args"]["Total Allocated"] - memory[1]["args"]["Total Allocated"] == 16000

@@ -9,6 +9,7 @@
 #include "core.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -67,6 +68,15 @@ template <typename F>
 void for_pool(bool small, F f) {
   f(static_cast<size_t>(StatType::AGGREGATE));
   f(static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL));
+}
+
+// torch.profiler(profile_memory=True) records each allocation and free with the device's totals, as it does for
+// CUDA's allocator: the "[memory]" events, the memory columns of key_averages() and the trace's memory counter.
+void report_to_profiler(void* ptr, int64_t delta, const DeviceMemory& d, c10::DeviceIndex device) {
+  if (!c10::memoryProfilingEnabled()) return;
+  c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(d.stats.allocated_bytes[0].current),
+                                   static_cast<size_t>(d.stats.reserved_bytes[0].current),
+                                   c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
 void delete_block(void* ctx) {
@@ -150,6 +160,7 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, size_t
     by_ptr_[b->ptr] = b;
     total_ += static_cast<int64_t>(n);
     for (auto& w : windows_) w.second = std::max(w.second, total_);
+    report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
   }
   return c10::DataPtr(b->ptr, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
@@ -165,8 +176,12 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
     std::lock_guard<std::mutex> g(mu_);
     seg = reserve(n, device, &small);  // may raise OutOfMemoryError before any host memory is taken
   }
-  // One byte at least, so every live allocation has a pointer of its own.
-  c10::Storage host(c10::Storage::use_byte_size_t(), std::max<size_t>(n, 1), c10::GetCPUAllocator(), false);
+  // One byte at least, so every live allocation has a pointer of its own. Taken from the host directly, not
+  // through the CPU allocator, so that torch.profiler counts these bytes once, as the device's.
+  size_t bytes = std::max<size_t>(n, 1);
+  void* data = c10::alloc_cpu(bytes);
+  c10::Storage host(c10::Storage::use_byte_size_t(), bytes,
+                    c10::DataPtr(data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)), nullptr, false);
   return register_block(std::move(host), n, seg, small, device);
 }
 
@@ -201,6 +216,7 @@ void NeuronAllocator::release(Block* b) {
     d.live.erase(b);
     by_ptr_.erase(b->ptr);
     total_ -= static_cast<int64_t>(b->nbytes);
+    report_to_profiler(b->ptr, -static_cast<int64_t>(b->nbytes), d, b->device);
   }
   delete b;  // drops the host storage: the bytes go back to the host now
 }
