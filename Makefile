@@ -39,7 +39,13 @@ lab: $(CORE)
 BACKEND_TESTS := tests/test_device.py tests/test_memory.py tests/test_op_reporting.py tests/test_serialization.py \
 	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py \
 	tests/test_torch_neuronx.py tests/test_compile_cells.py tests/test_distributed.py
-test: $(CORE)
+# speedscope (MIT, from npm): the offline viewer tools/render_trace.py shows exported traces in; its test needs it.
+# Installed where npm is (CI installs npm); elsewhere that test skips and says how to install it.
+SPEEDSCOPE := $(VENV)/speedscope/node_modules/speedscope/package.json
+$(SPEEDSCOPE): | $(BIN)/python
+	npm install --prefix $(VENV)/speedscope --no-audit --no-fund --ignore-scripts --silent speedscope@1.25.0
+
+test: $(CORE) $(if $(shell command -v npm),$(SPEEDSCOPE))
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/python -m pytest -n 2 tests
