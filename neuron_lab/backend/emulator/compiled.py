@@ -104,6 +104,12 @@ class CoreMemory:
     def set_record_sites(self, enabled: bool) -> None:
         self._core.set_record_sites(enabled)
 
+    def record_history(self, enabled: bool, context: int, max_entries: int, clear: bool) -> None:
+        self._core.record_memory_history(enabled, context, max_entries, clear)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._core.memory_snapshot()
+
     def live(self) -> list[LiveBlock]:
         return [LiveBlock(ptr, n, getattr(torch, dtype) if dtype else None, shape, created, site)
                 for ptr, n, dtype, shape, created, site, _device in self._core.live_allocations()]

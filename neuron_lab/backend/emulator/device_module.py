@@ -7,14 +7,18 @@ exact rather than approximate: work recorded before an event is complete when it
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from neuron_lab.backend.emulator import memory_history as memory  # torch.neuron.memory, as torch.cuda.memory
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.units import format_size
+
+sys.modules.setdefault("torch.neuron.memory", memory)  # `from torch.neuron.memory import _snapshot` works too
 
 
 def _index(device: Any = None) -> int:

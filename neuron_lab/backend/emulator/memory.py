@@ -11,6 +11,7 @@ pointers are resolved.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
@@ -41,6 +42,7 @@ class Allocation:
     dtype: torch.dtype | None = None  # of the tensor the storage was made for
     shape: tuple[int, ...] | None = None
     site: tuple[str, ...] | None = None  # creation stack, when requested
+    frames: list[dict] | None = None  # creation stack for memory history, innermost first
 
 
 class Allocator:
@@ -61,6 +63,8 @@ class Allocator:
         self._ptr_of: dict[int, int] = {}  # id(weakref) -> pointer
         self._windows: dict[int, int] = {}  # open peak windows: id -> the highest `allocated` since it opened
         self._next_window = 0
+        self._history: deque[dict] | None = None  # memory history entries, as CUDA's snapshot spells them
+        self._context = 0  # which stacks history keeps: 0 none, 1 live blocks, 2 and allocations, 3 and frees
         self._reset_all()
 
     def _reset_all(self) -> None:
@@ -92,6 +96,8 @@ class Allocator:
         if self.allocated + nbytes > self.capacity:
             with self._lock:
                 self.num_ooms += 1
+                self._trace("oom", nbytes, _stack() if self._context >= 2 else None,
+                            device_free=self.capacity - self.allocated)
             raise torch.OutOfMemoryError(
                 f"neuron:0 out of memory (emulated): tried to allocate {format_size(nbytes)}; "
                 f"{format_size(self.allocated)} of {format_size(self.capacity)} already allocated, "
@@ -105,12 +111,16 @@ class Allocator:
         cpu_view = torch._C._construct_storage_from_data_pointer(ptr, _CPU, nbytes)
         rounded = -(-nbytes // BLOCK) * BLOCK
         site = tuple(traceback.format_list(traceback.extract_stack()[:-3])) if self.record_sites else None
+        frames = _stack() if self._context else None
         ref = weakref.ref(storage, self._dead.append)
         with self._lock:
             self._drain()
             self._ptr_of[id(ref)] = ptr
             self._live[ptr] = Allocation(ptr, nbytes, host, cpu_view, ref, time.monotonic_ns(),
-                                         dtype, tuple(shape) if shape is not None else None, site)
+                                         dtype, tuple(shape) if shape is not None else None, site, frames)
+            if self._history is not None:
+                self._trace("segment_alloc", rounded, frames, addr=ptr)
+                self._trace("alloc", nbytes, frames, addr=ptr)
             self.allocated += nbytes
             self.reserved += rounded
             self.total_allocated += nbytes
@@ -145,6 +155,10 @@ class Allocator:
                 self.total_freed += a.nbytes
                 self.total_released += rounded
                 self.n_free += 1
+                if self._history is not None:  # noticed after the storage died: the stack is the allocation's
+                    for action, size in (("free_requested", a.nbytes), ("free_completed", a.nbytes),
+                                         ("segment_free", rounded)):
+                        self._trace(action, size, a.frames, addr=ptr)
             self._ptr_of.pop(id(ref), None)
             self._dead.popleft()
 
@@ -185,6 +199,31 @@ class Allocator:
 
     def set_record_sites(self, enabled: bool) -> None:
         self.record_sites = enabled
+
+    # -- memory history (torch.neuron.memory): one segment per allocation, no cache -------------
+    def record_history(self, enabled: bool, context: int, max_entries: int, clear: bool) -> None:
+        """History on or off (off, or ``clear``, empties it); ``context`` as the compiled core's levels."""
+        with self._lock:
+            self._drain()
+            kept = () if not enabled or clear or self._history is None else self._history
+            self._history = deque(kept, maxlen=max(max_entries, 1)) if enabled else None
+            self._context = context if enabled else 0
+
+    def snapshot(self) -> dict:
+        """Segments and history with the keys and values of ``torch.cuda.memory._snapshot()``."""
+        with self._lock:
+            self._drain()
+            segments = [_segment(a) for a in sorted(self._live.values(), key=lambda a: a.ptr)]
+            trace = list(self._history or ())
+        return {"segments": segments, "device_traces": [trace],
+                "allocator_settings": {"expandable_segments": False}, "external_annotations": []}
+
+    def _trace(self, action: str, size: int, frames: list[dict] | None, **where: int) -> None:
+        """Append one history entry (``addr=``, or ``device_free=`` for an OOM); call with the lock held."""
+        if self._history is not None:
+            self._history.append({"action": action, **where, "size": size, "stream": 0,
+                                  "time_us": time.time_ns() // 1000,
+                                  "frames": list(frames) if frames and self._context >= 2 else []})
 
     # -- statistics ------------------------------------------------------------------------
     def open_window(self) -> int:
@@ -237,3 +276,23 @@ class Allocator:
             flat["num_device_alloc"] = self.n_alloc
             flat["num_device_free"] = self.n_free
         return OrderedDict(sorted(flat.items()))
+
+
+def _stack() -> list[dict]:
+    """The caller's Python stack, innermost first, as memory history frames."""
+    frames, f = [], sys._getframe(1)
+    while f is not None:
+        frames.append({"filename": f.f_code.co_filename, "line": f.f_lineno, "name": f.f_code.co_name})
+        f = f.f_back
+    return frames
+
+
+def _segment(a: Allocation) -> dict:
+    """One live allocation as a snapshot segment holding one active block."""
+    rounded = -(-a.nbytes // BLOCK) * BLOCK
+    frames = a.frames or []
+    block = {"address": a.ptr, "size": rounded, "requested_size": a.nbytes, "state": "active_allocated",
+             "frames": frames}
+    return {"device": 0, "address": a.ptr, "total_size": rounded, "allocated_size": rounded, "active_size": rounded,
+            "requested_size": a.nbytes, "stream": 0, "segment_type": "small" if rounded <= 1 << 20 else "large",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames, "blocks": [block]}

@@ -6,16 +6,23 @@
 // (cached) until empty_cache() or an allocation that would pass the capacity releases the cache and
 // retries. The cache is bookkeeping only: freed bytes go back to the host at once, so an emulated
 // device never holds more host memory than its live tensors.
+//
+// Segments live in an emulated device address space of their own (per device, from kAddressBase up): a cached
+// segment keeps its address when it is reused, so a memory-history snapshot (torch.neuron.memory._snapshot) shows
+// the caching allocator's real state. These addresses are the emulated device's, never the host pointers that
+// data_ptr() returns. History costs one relaxed atomic load per allocation while it is off.
 #include "core.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 
 namespace neuron_lab {
 namespace {
@@ -24,6 +31,8 @@ constexpr size_t kMinBlock = 256;
 constexpr size_t kSmallLimit = 1 << 20;
 constexpr size_t kClassLimit = 16 << 20;
 constexpr size_t kLargeRound = 2 << 20;
+constexpr uint64_t kAddressBase = uint64_t(1) << 40;  // device i's segments start at (i + 1) TiB
+constexpr uint64_t kAddressAlign = 512;
 
 using c10::CachingAllocator::StatType;
 
@@ -93,7 +102,10 @@ NeuronAllocator& allocator() {
 void NeuronAllocator::configure(const std::vector<int64_t>& capacities) {
   std::lock_guard<std::mutex> g(mu_);
   if (devices_.size() < capacities.size()) devices_.resize(capacities.size());
-  for (size_t i = 0; i < capacities.size(); ++i) devices_[i].capacity = capacities[i];
+  for (size_t i = 0; i < capacities.size(); ++i) {
+    devices_[i].capacity = capacities[i];
+    if (devices_[i].next_addr == 0) devices_[i].next_addr = kAddressBase * (i + 1);
+  }
 }
 
 int64_t NeuronAllocator::capacity(c10::DeviceIndex device) {
@@ -101,24 +113,27 @@ int64_t NeuronAllocator::capacity(c10::DeviceIndex device) {
   return devices_.at(device).capacity;
 }
 
-size_t NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small) {
+Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx) {
   size_t seg = size_class(n);
   *small = seg <= kSmallLimit;
   DeviceMemory& d = devices_.at(device);
   auto& pool = *small ? d.cached_small : d.cached_large;
   auto it = pool.find(seg);
-  if (it != pool.end() && it->second > 0) {  // reuse a cached segment: nothing new is reserved
-    if (--it->second == 0) pool.erase(it);
+  if (it != pool.end()) {  // reuse the newest cached segment of the class: same address, nothing new reserved
+    Segment cached = std::move(it->second.back());
+    it->second.pop_back();
+    if (it->second.empty()) pool.erase(it);
     d.cached_bytes -= static_cast<int64_t>(seg);
-    return seg;
+    return cached;
   }
   auto reserved = [&] { return d.stats.reserved_bytes[0].current; };
   if (reserved() + static_cast<int64_t>(seg) > d.capacity && d.cached_bytes > 0) {
-    release_cached(d);
+    release_cached(d, device);
     d.stats.num_alloc_retries += 1;
   }
   if (reserved() + static_cast<int64_t>(seg) > d.capacity) {
     d.stats.num_ooms += 1;
+    record(d, TraceEntry::kOom, static_cast<uint64_t>(std::max<int64_t>(d.capacity - reserved(), 0)), n, ctx);
     int64_t allocated = d.stats.allocated_bytes[0].current;
     TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", static_cast<int>(device),
                      " out of memory (emulated): tried to allocate ", format_size(static_cast<int64_t>(n)), "; ",
@@ -131,16 +146,20 @@ size_t NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small) 
     d.stats.segment[i].increase(1);
   });
   d.stats.num_device_alloc += 1;
-  return seg;
+  Segment fresh{d.next_addr, seg, ctx};
+  d.next_addr += (seg + kAddressAlign - 1) / kAddressAlign * kAddressAlign;
+  record(d, TraceEntry::kSegmentAlloc, fresh.addr, seg, ctx);
+  return fresh;
 }
 
-c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, size_t segment, bool small,
-                                             c10::DeviceIndex device) {
+c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, Segment segment, bool small,
+                                             c10::DeviceIndex device, Context ctx) {
   auto* b = new Block();
   b->ptr = host.mutable_data();
   b->host = std::move(host);
   b->nbytes = n;
-  b->segment = segment;
+  b->segment = std::move(segment);
+  b->context = std::move(ctx);
   b->small = small;
   b->device = device;
   b->created_ns = now_ns();
@@ -161,6 +180,7 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, size_t
     total_ += static_cast<int64_t>(n);
     for (auto& w : windows_) w.second = std::max(w.second, total_);
     report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
+    record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
   }
   return c10::DataPtr(b->ptr, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
@@ -171,10 +191,11 @@ c10::DataPtr NeuronAllocator::allocate(size_t n) {
 
 c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   bool small = true;
-  size_t seg = 0;
+  Segment seg;
+  Context ctx = gather(1);  // before the lock: taking the stack takes the GIL
   {
     std::lock_guard<std::mutex> g(mu_);
-    seg = reserve(n, device, &small);  // may raise OutOfMemoryError before any host memory is taken
+    seg = reserve(n, device, &small, ctx);  // may raise OutOfMemoryError before any host memory is taken
   }
   // One byte at least, so every live allocation has a pointer of its own. Taken from the host directly, not
   // through the CPU allocator, so that torch.profiler counts these bytes once, as the device's.
@@ -182,25 +203,27 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   void* data = c10::alloc_cpu(bytes);
   c10::Storage host(c10::Storage::use_byte_size_t(), bytes,
                     c10::DataPtr(data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)), nullptr, false);
-  return register_block(std::move(host), n, seg, small, device);
+  return register_block(std::move(host), n, std::move(seg), small, device, std::move(ctx));
 }
 
 c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex device) {
   size_t n = host.nbytes();
   bool small = true;
-  size_t seg = 0;
+  Segment seg;
+  Context ctx = gather(1);
   {
     std::lock_guard<std::mutex> g(mu_);
-    seg = reserve(n, device, &small);
+    seg = reserve(n, device, &small, ctx);
   }
   if (host.data() == nullptr) {  // an empty result may have no buffer
     c10::Storage own(c10::Storage::use_byte_size_t(), 1, c10::GetCPUAllocator(), false);
-    return register_block(std::move(own), n, seg, small, device);
+    return register_block(std::move(own), n, std::move(seg), small, device, std::move(ctx));
   }
-  return register_block(host, n, seg, small, device);
+  return register_block(host, n, std::move(seg), small, device, std::move(ctx));
 }
 
 void NeuronAllocator::release(Block* b) {
+  Context freed_at = gather(3);
   {
     std::lock_guard<std::mutex> g(mu_);
     DeviceMemory& d = devices_[b->device];
@@ -211,8 +234,11 @@ void NeuronAllocator::release(Block* b) {
       d.stats.allocation[i].decrease(1);
       d.stats.active[i].decrease(1);
     });
-    (b->small ? d.cached_small : d.cached_large)[b->segment] += 1;
-    d.cached_bytes += static_cast<int64_t>(b->segment);
+    const Context& ctx = freed_at ? freed_at : b->context;
+    record(d, TraceEntry::kFreeRequested, b->segment.addr, b->nbytes, ctx);
+    record(d, TraceEntry::kFreeCompleted, b->segment.addr, b->nbytes, ctx);
+    d.cached_bytes += static_cast<int64_t>(b->segment.size);
+    (b->small ? d.cached_small : d.cached_large)[b->segment.size].push_back(std::move(b->segment));
     d.live.erase(b);
     by_ptr_.erase(b->ptr);
     total_ -= static_cast<int64_t>(b->nbytes);
@@ -221,15 +247,17 @@ void NeuronAllocator::release(Block* b) {
   delete b;  // drops the host storage: the bytes go back to the host now
 }
 
-void NeuronAllocator::release_cached(DeviceMemory& d) {
+void NeuronAllocator::release_cached(DeviceMemory& d, c10::DeviceIndex device) {
   for (auto* pool : {&d.cached_small, &d.cached_large}) {
     bool small = pool == &d.cached_small;
-    for (auto& [seg, count] : *pool) {
-      for_pool(small, [&, seg = seg, count = count](size_t i) {
-        d.stats.reserved_bytes[i].decrease(seg * count);
+    for (auto& [size, segs] : *pool) {
+      int64_t count = static_cast<int64_t>(segs.size());
+      for_pool(small, [&, size = size](size_t i) {
+        d.stats.reserved_bytes[i].decrease(size * count);
         d.stats.segment[i].decrease(count);
       });
       d.stats.num_device_free += count;
+      for (const auto& s : segs) record(d, TraceEntry::kSegmentFree, s.addr, s.size, s.context);
     }
     pool->clear();
   }
@@ -238,12 +266,77 @@ void NeuronAllocator::release_cached(DeviceMemory& d) {
 
 void NeuronAllocator::empty_cache(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> g(mu_);
-  release_cached(devices_.at(device));
+  release_cached(devices_.at(device), device);
 }
 
 void NeuronAllocator::emptyCache(c10::MempoolId_t) {
   std::lock_guard<std::mutex> g(mu_);
-  for (auto& d : devices_) release_cached(d);
+  for (size_t i = 0; i < devices_.size(); ++i) release_cached(devices_[i], static_cast<c10::DeviceIndex>(i));
+}
+
+// -- memory history ------------------------------------------------------------------------------
+namespace {
+
+// A device's trace, oldest first (the ring's next slot holds the oldest entry once it is full).
+std::vector<TraceEntry> in_order(const DeviceMemory& d) {
+  std::vector<TraceEntry> out(d.trace.begin() + static_cast<std::ptrdiff_t>(d.trace_next), d.trace.end());
+  out.insert(out.end(), d.trace.begin(), d.trace.begin() + static_cast<std::ptrdiff_t>(d.trace_next));
+  return out;
+}
+
+}  // namespace
+
+Context NeuronAllocator::gather(int level) const {
+  if (context_.load(std::memory_order_relaxed) < level) return nullptr;
+  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
+}
+
+void NeuronAllocator::record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size,
+                             const Context& ctx) {
+  if (!history_.load(std::memory_order_relaxed)) return;
+  TraceEntry te{action, addr, size, profile_clock() / 1000, context_.load(std::memory_order_relaxed) >= 2 ? ctx : nullptr};
+  if (d.trace.size() < max_entries_) {
+    d.trace.push_back(std::move(te));
+  } else {
+    d.trace[d.trace_next] = std::move(te);
+    d.trace_next = (d.trace_next + 1) % max_entries_;
+  }
+}
+
+void NeuronAllocator::record_history(bool enabled, int context, size_t max_entries, bool clear) {
+  std::lock_guard<std::mutex> g(mu_);
+  history_.store(enabled, std::memory_order_relaxed);
+  context_.store(enabled ? context : 0, std::memory_order_relaxed);
+  max_entries_ = std::max<size_t>(max_entries, 1);
+  for (auto& d : devices_) {
+    if (!enabled || clear) {
+      d.trace.clear();
+    } else if (d.trace_next != 0 || d.trace.size() > max_entries_) {  // the ring's size changes: keep the newest
+      auto kept = in_order(d);
+      d.trace.assign(kept.end() - static_cast<std::ptrdiff_t>(std::min(kept.size(), max_entries_)), kept.end());
+    }
+    d.trace_next = 0;
+  }
+}
+
+MemorySnapshot NeuronAllocator::snapshot() {
+  MemorySnapshot out;
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const DeviceMemory& d = devices_[i];
+    auto device = static_cast<c10::DeviceIndex>(i);
+    for (const Block* b : d.live) out.segments.push_back({device, b->segment, b->small, true, b->nbytes, b->context});
+    for (const auto* pool : {&d.cached_small, &d.cached_large}) {
+      for (const auto& [size, segs] : *pool) {
+        for (const auto& s : segs) out.segments.push_back({device, s, pool == &d.cached_small, false, 0, nullptr});
+      }
+    }
+    out.traces.push_back(in_order(d));
+  }
+  std::sort(out.segments.begin(), out.segments.end(), [](const SegmentState& a, const SegmentState& b) {
+    return std::tie(a.device, a.segment.addr) < std::tie(b.device, b.segment.addr);
+  });
+  return out;
 }
 
 void NeuronAllocator::resize(const c10::Storage& storage, size_t n) {

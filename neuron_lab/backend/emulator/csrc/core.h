@@ -38,11 +38,47 @@ at::Generator new_generator(c10::DeviceIndex index);
 at::Generator cpu_engine(const at::Generator& gen);
 
 // -- memory (allocator.cpp) ----------------------------------------------------------------
+// A stack captured for memory history (a torch::CapturedTraceback, symbolized only when a snapshot is taken).
+using Context = std::shared_ptr<c10::GatheredContext>;
+
+// A segment of the emulated device's address space: a virtual range the allocator owns, not host memory. A
+// cached segment keeps its address, so a snapshot shows when the cache hands the same segment out again.
+struct Segment {
+  uint64_t addr = 0;
+  size_t size = 0;  // the size class
+  Context context;  // where it was first reserved, while history records stacks
+};
+
+// One action of the allocator, as CUDA's memory history records it.
+struct TraceEntry {
+  enum Action : uint8_t { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOom };
+  Action action;
+  uint64_t addr;  // the device's free bytes for kOom
+  size_t size;
+  int64_t time_us;
+  Context context;
+};
+
+// A segment as a snapshot reports it: holding one live block (requested bytes > 0 or active) or cached.
+struct SegmentState {
+  c10::DeviceIndex device = 0;
+  Segment segment;
+  bool small = true, active = false;
+  size_t requested = 0;
+  Context block_context;
+};
+
+struct MemorySnapshot {
+  std::vector<SegmentState> segments;  // by address
+  std::vector<std::vector<TraceEntry>> traces;  // per device, oldest first
+};
+
 struct Block {
   c10::Storage host;  // the CPU storage that owns the bytes
   void* ptr = nullptr;
   size_t nbytes = 0;  // requested
-  size_t segment = 0;  // the size class it reserved
+  Segment segment;  // the size class it reserved, at its emulated device address
+  Context context;  // where it was allocated, while history records stacks
   bool small = true;
   c10::DeviceIndex device = 0;
   int64_t created_ns = 0;
@@ -56,9 +92,12 @@ struct Block {
 struct DeviceMemory {
   int64_t capacity = 0;
   c10::CachingDeviceAllocator::DeviceStats stats;
-  std::map<size_t, int64_t> cached_small, cached_large;  // size class -> cached segments
+  std::map<size_t, std::vector<Segment>> cached_small, cached_large;  // size class -> cached segments, newest last
   int64_t cached_bytes = 0;
+  uint64_t next_addr = 0;  // the emulated address space: segments are carved from here and never move
   std::unordered_set<Block*> live;
+  std::vector<TraceEntry> trace;  // a ring of the last max_entries actions while history records
+  size_t trace_next = 0;
 };
 
 class NeuronAllocator final : public c10::DeviceAllocator {
@@ -93,10 +132,21 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   std::vector<Block> live_blocks();  // copies, oldest first
   bool record_sites = false;
 
+  // Memory history, as torch.cuda.memory._record_memory_history: `context` is 0 (no stacks), 1 (stacks of live
+  // blocks), 2 (and of allocations in the trace) or 3 (and of frees). Disabling, or `clear`, empties the trace.
+  void record_history(bool enabled, int context, size_t max_entries, bool clear);
+  MemorySnapshot snapshot();
+
  private:
-  size_t reserve(size_t n, c10::DeviceIndex device, bool* small);
-  c10::DataPtr register_block(c10::Storage host, size_t n, size_t segment, bool small, c10::DeviceIndex device);
-  void release_cached(DeviceMemory& d);
+  Segment reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx);
+  c10::DataPtr register_block(c10::Storage host, size_t n, Segment segment, bool small, c10::DeviceIndex device,
+                              Context ctx);
+  void release_cached(DeviceMemory& d, c10::DeviceIndex device);
+  Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
+  void record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size, const Context& ctx);
+  std::atomic<bool> history_{false};  // the hot path's only cost while history is off: one relaxed load
+  std::atomic<int> context_{0};
+  size_t max_entries_ = 0;
   std::mutex mu_;
   std::vector<DeviceMemory> devices_;
   std::unordered_map<const void*, Block*> by_ptr_;

@@ -5,9 +5,16 @@
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
 namespace py = pybind11;
+
+namespace torch {
+// From torch/csrc/profiler/python/combined_traceback.h, whose other declarations need nlohmann/json, which torch's
+// wheel does not ship: stacks to lists of {"filename", "line", "name"} dicts, as CUDA's memory snapshot has them.
+TORCH_API std::vector<py::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+}  // namespace torch
 
 namespace neuron_lab {
 namespace {
@@ -81,6 +88,73 @@ py::dict flat_stats(c10::DeviceIndex device) {
   out["num_ooms"] = s.num_ooms;
   out["num_device_alloc"] = s.num_device_alloc;
   out["num_device_free"] = s.num_device_free;
+  return out;
+}
+
+// A memory snapshot with the keys and values torch.cuda.memory._snapshot() gives, so PyTorch's memory_viz reads it.
+// Every stack is symbolized in one call, as CUDA's snapshot does.
+py::dict snapshot_dict(const MemorySnapshot& snap) {
+  std::vector<torch::CapturedTraceback*> stacks;
+  std::vector<py::dict> owners;
+  auto frames = [&](py::dict& d, const Context& ctx) {
+    if (ctx) {
+      stacks.push_back(torch::getCapturedTracebackFromContext(ctx));
+      owners.push_back(d);
+    } else {
+      d["frames"] = py::list();
+    }
+  };
+  py::list segments;
+  for (const auto& s : snap.segments) {
+    size_t used = s.active ? s.segment.size : 0;
+    py::dict block;
+    block["address"] = s.segment.addr;
+    block["size"] = s.segment.size;
+    block["requested_size"] = s.requested;
+    block["state"] = s.active ? "active_allocated" : "inactive";
+    frames(block, s.block_context);
+    py::dict seg;
+    seg["device"] = static_cast<int>(s.device);
+    seg["address"] = s.segment.addr;
+    seg["total_size"] = s.segment.size;
+    seg["allocated_size"] = used;
+    seg["active_size"] = used;
+    seg["requested_size"] = s.requested;
+    seg["stream"] = 0;
+    seg["segment_type"] = s.small ? "small" : "large";
+    seg["segment_pool_id"] = py::make_tuple(0, 0);
+    seg["is_expandable"] = false;
+    frames(seg, s.segment.context);
+    py::list blocks;
+    blocks.append(block);
+    seg["blocks"] = blocks;
+    segments.append(seg);
+  }
+  const char* actions[] = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"};
+  py::list traces;
+  for (const auto& trace : snap.traces) {
+    py::list entries;
+    for (const auto& te : trace) {
+      py::dict e;
+      e["action"] = actions[te.action];
+      e[te.action == TraceEntry::kOom ? "device_free" : "addr"] = te.addr;
+      e["size"] = te.size;
+      e["stream"] = 0;
+      e["time_us"] = te.time_us;
+      frames(e, te.context);
+      entries.append(e);
+    }
+    traces.append(entries);
+  }
+  auto symbolized = torch::py_symbolize(stacks);
+  for (size_t i = 0; i < symbolized.size(); ++i) owners[i]["frames"] = symbolized[i];
+  py::dict settings;
+  settings["expandable_segments"] = false;
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = traces;
+  out["allocator_settings"] = settings;
+  out["external_annotations"] = py::list();
   return out;
 }
 
@@ -204,6 +278,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("close_window", [](int64_t w) { return allocator().close_window(w); });
   m.def("total_allocated", [] { return allocator().total_allocated(); });
   m.def("set_record_sites", [](bool on) { allocator().record_sites = on; });
+  m.def("record_memory_history",
+        [](bool enabled, int context, size_t max_entries, bool clear) {
+          allocator().record_history(enabled, context, max_entries, clear);
+        },
+        "History on or off, with stacks at context 0-3 (none, state, alloc, all), keeping the last max_entries "
+        "actions per device; turning it off, or clear, empties the history.");
+  m.def("memory_snapshot", [] { return snapshot_dict(allocator().snapshot()); },
+        "Segments and history of every device, as torch.cuda.memory._snapshot() spells them.");
   m.def("live_allocations", [] {
     py::list out;
     for (const auto& b : allocator().live_blocks()) {
