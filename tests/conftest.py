@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +46,7 @@ def run_python() -> Callable[..., Any]:
 # Each of these starts Jupyter kernels, Chromium or `make`, or sweeps PyTorch's OpInfo database.
 SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_notebooks", "test_runner",
                           "test_dashboard_browser", "test_browser_rig", "test_make", "test_opinfo_conformance",
-                          "test_runner_ranks", "test_distributed", "test_ranks"})
+                          "test_runner_ranks", "test_distributed", "test_ranks", "test_runner_trace"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,3 +66,18 @@ def core() -> str:
     from neuron_lab.backend.emulator import runtime
 
     return runtime.get().core
+
+
+def neuron_lab_run(tmp: Path, *args: str, timeout: float = 240) -> tuple[int, str]:
+    """``neuron-lab run ARGS`` in ``tmp``, in a new process (and session: past ``timeout`` it dies with its kernels);
+    its exit code and output."""
+    env = {**os.environ, "IPYTHONDIR": str(tmp / "ipython")}
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", *args], cwd=tmp, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"neuron-lab run still running after {timeout}s:\n{out[-4000:]}")
+    return proc.returncode, out

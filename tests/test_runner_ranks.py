@@ -10,18 +10,14 @@ over gloo, so the counts asserted are exact. A run that outlives its bound is ki
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-from conftest import core
+from conftest import core, neuron_lab_run
 
 from neuron_lab.runner import main, options
 from neuron_lab.session import launch
@@ -41,17 +37,7 @@ def script(tmp: Path, name: str, text: str) -> Path:
 
 
 def run(tmp: Path, *args: str) -> tuple[int, str]:
-    """``neuron-lab run ARGS`` in a new process (and session, so a run past its bound dies with its kernels)."""
-    env = {**os.environ, "IPYTHONDIR": str(tmp / "ipython")}
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", *args], cwd=tmp, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"neuron-lab run still running after {RUN_TIMEOUT}s:\n{out[-4000:]}")
-    return proc.returncode, out
+    return neuron_lab_run(tmp, *args, timeout=RUN_TIMEOUT)
 
 
 def load(path: Path) -> Any:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import re
 import signal
 import tempfile
@@ -57,8 +58,9 @@ class Outcome:
 
 
 def run(program: Program, env: dict[str, str], timeout: float | None,
-        on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None]) -> Outcome:
-    return asyncio.run(Run(program, env, timeout, on_cell, on_ready).main())
+        on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None],
+        trace: Callable[[CellRecord], str] | None = None) -> Outcome:
+    return asyncio.run(Run(program, env, timeout, on_cell, on_ready, trace=trace).main())
 
 
 class Run:
@@ -67,13 +69,15 @@ class Run:
     Several ranks (``runner.ranks``) pass ``pace``, awaited before each cell (False stops the run there), and
     ``on_start``, called once the kernel started, when nbclient has just put its own Ctrl-C handler in place:
     by default this kernel's :func:`on_ctrl_c` replaces it, the ranks' replaces it with one for every rank.
+    ``trace`` (``--trace``) names the file each cell's Chrome trace goes to; the kernel is told just before the cell.
     """
 
     def __init__(self, program: Program, env: dict[str, str], timeout: float | None,
                  on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None],
                  pace: Callable[[CellRecord], Awaitable[bool]] | None = None,
-                 on_start: Callable[[], None] | None = None) -> None:
-        self.program, self.env, self.timeout = program, env, timeout
+                 on_start: Callable[[], None] | None = None,
+                 trace: Callable[[CellRecord], str] | None = None) -> None:
+        self.program, self.env, self.timeout, self.trace = program, env, timeout, trace
         self.on_cell, self.on_ready, self.pace = on_cell, on_ready, pace
         self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
         self.stopped: str | None = None  # why the caller ended this kernel (another rank failed)
@@ -159,11 +163,24 @@ class Run:
     async def _cell(self, rec: CellRecord) -> dict[str, Any] | None:
         """Run one cell and fetch its report; what the kernel said about neuron_lab when this cell loaded it."""
         cell = self.program.nb.cells[rec.index]
+        trace = await self._arm_trace(rec)
         t0 = time.monotonic()
         await self._execute(cell, rec)
         rec.seconds = time.monotonic() - t0
         rec.execution_count = cell.get("execution_count")
+        if trace is not None and os.path.isfile(trace):  # written as the cell ended, even when it raised
+            rec.trace = trace
         return None if rec.status in (DIED, STOPPED) else await self._fetch(rec)
+
+    async def _arm_trace(self, rec: CellRecord) -> str | None:
+        """``--trace``: tell the kernel where the cell's trace goes; None when it will not write one (the notebook
+        has not loaded neuron_lab yet)."""
+        if self.trace is None:
+            return None
+        path = self.trace(rec)
+        arm = (f"{_HOOK}.arm_trace(get_ipython(), {path!r}) "
+               "if 'neuron_lab.extension' in __import__('sys').modules else False")
+        return path if await _ask(self.client, arm) else None
 
     async def _execute(self, cell: Any, rec: CellRecord) -> None:
         """Run one cell; how it ended goes into ``rec`` (status and error)."""

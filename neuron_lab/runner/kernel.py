@@ -1,9 +1,9 @@
 """The runner's half inside the kernel: load the extension, keep each cell's report, hand them over on request.
 
-``neuron-lab run`` sends two kinds of silent executions (no history, no cell events, no output) that
-evaluate a user expression here: :func:`install` once before the first cell, :func:`after_cell` after
-every cell. A notebook that loads the extension itself (``%load_ext neuron_lab``) gets no
-:func:`install`: its first cells may set what the backend reads when it starts
+``neuron-lab run`` sends silent executions (no history, no cell events, no output) that evaluate a user
+expression here: :func:`install` once before the first cell, :func:`after_cell` after every cell, and with
+``--trace`` :func:`arm_trace` before every cell. A notebook that loads the extension itself
+(``%load_ext neuron_lab``) gets no :func:`install`: its first cells may set what the backend reads when it starts
 (``%env NEURON_LAB_DEVICE_MEMORY=...``), so nothing of neuron_lab, not even torch, is imported before
 it; :func:`after_cell` attaches once the notebook has loaded it.
 
@@ -130,6 +130,19 @@ def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
         _on_rank_device(session)
         loaded = _info(extension.banner(session))
     return Payload({"loaded": loaded, "reports": collector.hand_over()})
+
+
+def arm_trace(shell: Any, path: str) -> Payload:
+    """``--trace``: the next cell runs under the profiler and writes its Chrome trace to ``path``; False while
+    the extension is not loaded yet (a notebook that loads it itself: its cells before that are not traced)."""
+    from neuron_lab import extension
+    from neuron_lab.runner.kernel_trace import CellTracer
+
+    session = extension.session_of(shell)
+    if session is None:
+        return Payload(False)
+    CellTracer.of(session).arm(path)
+    return Payload(True)
 
 
 def _on_rank_device(session: Any) -> bool:

@@ -27,8 +27,9 @@ from neuron_lab.runner import (
     ranks,
     ranks_view,
     summary,
+    traces,
 )
-from neuron_lab.runner.records import FAILED
+from neuron_lab.runner.records import FAILED, CellRecord
 from neuron_lab.session import launch
 
 
@@ -65,20 +66,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         program = inputs.load(Path(args.path))
         env = kernel_env(args)
+        trace_dir = traces.prepare(args.trace_dir) if args.trace_dir else None
     except inputs.InputError as e:
         print(f"neuron-lab run: {e}", file=sys.stderr)
         return options.EXIT_USAGE
     if args.nproc is not None:
-        return run_ranks(args, program, env)
+        return run_ranks(args, program, env, trace_dir)
     total = len(program.code_cells)
     _say(progress.starting(program))
     outcome = execute.run(program, env, args.timeout,
                           on_cell=lambda rec: _say(*progress.cell(rec, total)),
-                          on_ready=lambda info: _say(progress.ready(info)))
+                          on_ready=lambda info: _say(progress.ready(info)),
+                          trace=None if trace_dir is None else
+                          lambda rec: traces.fresh(trace_dir, rec.number, total))
     result = summary.summarize(outcome.cells, outcome.seconds)
     checked = gates.evaluate(summary.reports(outcome.cells), args)
     code = exit_code(outcome, checked)
     _say(*summary.render(result))
+    if trace_dir is not None:
+        _say(*traces.said(trace_dir, [Path(c.trace) for c in outcome.cells if c.trace]))
     if checked:
         _say("gates:", *(f"  {g.line}" for g in checked))
     if outcome.kernel_error:
@@ -93,16 +99,33 @@ def run(args: argparse.Namespace) -> int:
     return wrote
 
 
-def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, str]) -> int:
-    """``--nproc N``: the program on N ranks at once (``runner.ranks``), shown across ranks (``runner.ranks_view``)."""
+def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, str], trace_dir: Path | None) -> int:
+    """``--nproc N``: the program on N ranks at once (``runner.ranks``), shown across ranks (``runner.ranks_view``);
+    with ``--trace`` each cell's ranks' traces are merged into one as soon as every rank is past the cell."""
     total = len(program.code_cells)
+    merged: list[Path] = []
+
+    def on_cell(so_far: ranks.RanksOutcome, number: int) -> None:
+        _say(*ranks_view.cell(so_far, number, total))
+        if trace_dir is not None:
+            path, why = traces.merge_cell(trace_dir, number, total, args.nproc)
+            if why is not None:
+                print(f"neuron-lab run: --trace: {why}", file=sys.stderr)
+            if path is not None:
+                merged.append(path)
+
+    def trace(rank: int) -> Callable[[CellRecord], str] | None:
+        return None if trace_dir is None else lambda rec: traces.fresh(trace_dir, rec.number, total, rank)
+
     _say(ranks_view.starting(program, args.nproc))
-    outcome = ranks.run(program, launch.rank_envs(env, args.nproc), args.timeout,
-                        on_cell=lambda so_far, number: _say(*ranks_view.cell(so_far, number, total)),
-                        on_ready=lambda rank, info: _say(ranks_view.ready(rank, info)))
+    outcome = ranks.run(program, launch.rank_envs(env, args.nproc), args.timeout, on_cell=on_cell,
+                        on_ready=lambda rank, info: _say(ranks_view.ready(rank, info)),
+                        traces=[trace(r) for r in range(args.nproc)])
     checked = gates.evaluate(ranks_view.gate_reports(outcome), args)
     code = ranks_exit_code(outcome, checked)
     _say(*ranks_view.summary(program, outcome))
+    if trace_dir is not None:
+        _say(*traces.said(trace_dir, merged))
     if checked:
         _say("gates:", *(f"  {g.line}" for g in checked))
     for rank, why in outcome.kernel_errors:
@@ -113,7 +136,8 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
     wrote = _write(args, outcome.notebook, code, checked,
                    lambda: ranks_view.head(f"neuron-lab run --nproc {args.nproc} {program.path}",
                                            f"exit {code}: {_why(code, code, checked)}", program, outcome, checked),
-                   lambda code: ranks_view.document(args, program, outcome, checked, code))
+                   lambda code: {**ranks_view.document(args, program, outcome, checked, code),
+                                 "traces": [str(p) for p in merged]})
     _say(f"exit {wrote}: {_why(wrote, code, checked)}")
     return wrote
 
@@ -160,6 +184,7 @@ def document(args: argparse.Namespace, program: inputs.Program, outcome: execute
     return {"schema": export.SCHEMA, "input": str(program.path), "kind": program.kind, "backend": outcome.info,
             "options": {k: v for k, v in vars(args).items() if k not in ("path", "func", "command")},
             "cells": [c.as_dict() for c in outcome.cells], "summary": result.as_dict(),
+            "traces": [c.trace for c in outcome.cells if c.trace],
             "gates": [g.as_dict() for g in checked], "exit_code": code, "kernel_error": outcome.kernel_error,
             "kernel_stderr": outcome.kernel_stderr if outcome.kernel_error else None}
 

@@ -17,13 +17,15 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 
 DESCRIPTION = """\
 Run a notebook or a `# %%` script headless in a fresh kernel with neuron_lab loaded: print each
-cell's report and a summary, apply the CI gates, write the executed notebook, its HTML and JSON."""
+cell's report and a summary, apply the CI gates, write the executed notebook, its HTML and JSON, and
+with --trace a Chrome/Perfetto trace per cell."""
 
 MEANINGS = {
     EXIT_OK: "every cell ran and every gate passed",
     EXIT_CELL_ERROR: "a cell raised or timed out (the run stops at that cell)",
     EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script, a "
-                "profile that does not load), or an output file that cannot be written",
+                "profile that does not load, a --trace folder that cannot be written into), or an output file "
+                "that cannot be written",
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported",
     EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
@@ -37,6 +39,7 @@ EXAMPLES = (
     ("neuron-lab run nb.ipynb --max-peak-memory 2GiB", "CI: no cell over 2 GiB on the device"),
     ("neuron-lab run train.py --timeout 600", "a `# %%` script, 10 minutes per cell"),
     ("neuron-lab run train.py --nproc 4 --fail-on-unsupported", "4 ranks, as torchrun starts them"),
+    ("neuron-lab run train.py --trace traces/", "CI: a Perfetto trace per cell"),
 )
 
 
@@ -49,6 +52,9 @@ def examples(rows: tuple[tuple[str, str], ...]) -> str:
 EPILOG = "exit codes:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in MEANINGS.items()) + f"""\
 A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both; Ctrl-C (130) all.
 --json, --html and --output are written in every case but {EXIT_USAGE}, with the cells that ran.
+--trace DIR is checked (created if missing) before any cell runs: one that cannot be written into is {EXIT_USAGE}.
+Each cell that ran writes DIR/cell-001.json, cell-002.json, ... (cell k of the [k/n] progress lines), the
+cell that raised too; the cell reports show its op table, the summary where the traces are.
 
 A script (.py) runs as one cell per `# %%` chunk (a script without markers is one cell);
 its call sites are reported as FILE:LINE.
@@ -58,7 +64,9 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT): rank R
 ranks go cell by cell in step (no rank starts a cell before every rank finished the one before), so
 each cell is reported across ranks; the gates judge every rank's reports and name the rank. When a
 rank fails, the ranks still running are stopped (a collective would wait for it forever). --output
-and --html hold rank 0's executed notebook; --json every rank's.
+and --html hold rank 0's executed notebook; --json every rank's. With --trace each rank writes
+DIR/cell-001.rankR.json, merged into DIR/cell-001.json with a process per rank ("rank R") and its
+device lane ("rank R neuron:R") on one time axis.
 
 """ + "examples:\n" + examples(EXAMPLES)
 
@@ -116,6 +124,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")
+    p.add_argument("--trace", metavar="DIR", dest="trace_dir",
+                   help="run each cell under torch.profiler (as %%%%neuron profile does) and write its Chrome trace to "
+                        "DIR/cell-001.json, ... (one lane per rank with --nproc)")
     g = p.add_argument_group("gates (exit code 3 when one fails)")
     g.add_argument("--fail-on-fallback", action="store_true", help="fail on any CPU fallback")
     g.add_argument("--allow-fallback", metavar="OP", action="append", default=[],

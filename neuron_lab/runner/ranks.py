@@ -46,21 +46,25 @@ class RanksOutcome:
 
 
 def run(program: Program, envs: list[dict[str, str]], timeout: float | None,
-        on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None]) -> RanksOutcome:
+        on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None],
+        traces: list[Callable[[CellRecord], str] | None] | None = None) -> RanksOutcome:
     """Run ``program`` once per environment; ``on_cell`` gets the outcome so far and a cell's number once every
-    rank is done with that cell, ``on_ready`` each rank's kernel-ready info."""
-    return asyncio.run(_Ranks(program, envs, timeout, on_cell, on_ready).main())
+    rank is done with that cell, ``on_ready`` each rank's kernel-ready info; ``traces`` names each rank's trace
+    files (``--trace``, as :class:`execute.Run` takes it)."""
+    return asyncio.run(_Ranks(program, envs, timeout, on_cell, on_ready, traces).main())
 
 
 class _Ranks:
     """The ranks' runs and where each is: the cells it finished, whether it is in a cell, whether it ended."""
 
     def __init__(self, program: Program, envs: list[dict[str, str]], timeout: float | None,
-                 on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None]) -> None:
+                 on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None],
+                 traces: list[Callable[[CellRecord], str] | None] | None = None) -> None:
         self.on_cell, n = on_cell, len(envs)
         self.runs = [Run(dataclasses.replace(program, nb=copy.deepcopy(program.nb)), env, timeout,
                          on_cell=functools.partial(self._finished, r), on_ready=functools.partial(on_ready, r),
-                         pace=functools.partial(self._pace, r), on_start=self._catch_ctrl_c)
+                         pace=functools.partial(self._pace, r), on_start=self._catch_ctrl_c,
+                         trace=None if traces is None else traces[r])
                      for r, env in enumerate(envs)]
         self.cells = len(program.code_cells)
         self.outcome = RanksOutcome([run.outcome for run in self.runs], self.runs[0].program.nb)

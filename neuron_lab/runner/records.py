@@ -25,6 +25,7 @@ class CellRecord:
     touched_device: bool = False
     error: dict[str, Any] | None = None  # {"ename", "evalue", "traceback"}
     where: str | None = None  # a script chunk's "path:line", known before the cell runs
+    trace: str | None = None  # the Chrome trace this cell wrote (--trace; one rank's with --nproc)
 
     @property
     def label(self) -> str:
@@ -39,7 +40,8 @@ class CellRecord:
     def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "number": self.number, "label": self.label,
                 "execution_count": self.execution_count, "status": self.status, "seconds": round(self.seconds, 4),
-                "touched_device": self.touched_device, "report": self.report, "error": self.error}
+                "touched_device": self.touched_device, "report": self.report, "error": self.error,
+                "trace": self.trace}
 
     def as_report(self) -> Report | None:
         return None if self.report is None else Report.from_dict(self.report)

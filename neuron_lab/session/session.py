@@ -68,6 +68,7 @@ class Session:
         self.listeners: list[Callable[[Report], None]] = []  # called with each finished cell's report
         self.site_maps: list[SiteMap] = [self._as_outer_cell]  # applied to each report before any listener
         self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
+        self.finishing: list[Callable[[Tracker], None]] = []  # called as each cell ends, before its report is made
         self.timeline = Timeline()
         self.views: Any = None  # the live views' hub, attached by neuron_lab.widgets; closed with the session
         self.ranks: Any = None  # the engines of `%neuron ranks start N` (session.ranks.Ranks); stopped with it
@@ -177,6 +178,7 @@ class Session:
             self._default_device_before = None
         self.listeners.clear()
         self.starting.clear()
+        self.finishing.clear()
 
     # -- events ---------------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
@@ -240,6 +242,7 @@ class Session:
         tracker, self._tracker = self._tracker, None
         if tracker is None:
             return
+        self._notify(self.finishing, tracker)
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
         oom = None
