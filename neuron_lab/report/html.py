@@ -1,6 +1,7 @@
 """HTML rendering of a :class:`Report` for notebooks: one compact table per section, long lists folded.
 
-Self-contained (inline styles, no scripts), so it survives nbconvert exports and untrusted notebooks.
+Self-contained (inline styles), so it survives nbconvert exports and untrusted notebooks. The one drawing, the
+profile's timeline (:mod:`~neuron_lab.report.timeline_html`), is an SVG whose script only zooms what it shows.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from neuron_lab.report.text import (
     section_refs,
     shape_text,
     summary_line,
+    timeline_head,
     timing_rows,
     verdict,
 )
+from neuron_lab.report.timeline_html import timeline_html
 from neuron_lab.units import count, format_delta, format_seconds, format_size
 
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
@@ -203,6 +206,8 @@ def profiled_html(p: Profiled, full: bool = False) -> str:
         parts.append(fold("time per line", LINE_HEADER, line_rows(p)))
     if p.unattributed_ns:
         parts.append(f"<div>{escape(format_seconds(p.unattributed_ns / 1e9))} in calls without a user line</div>")
+    if p.timeline.lanes or p.timeline.memory:
+        parts.append(timeline_html(p.timeline, timeline_head(p.timeline)))
     if p.trace_path:
         parts.append(f"<div>trace: <code>{escape(p.trace_path)}</code> (open it in "
                      f"<a href='{PERFETTO}' target='_blank'>{PERFETTO}</a>)</div>")

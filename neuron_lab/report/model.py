@@ -179,6 +179,65 @@ class ProfiledOp:
         return self.device_ns + self.host_ns
 
 
+KERNEL = "kernel"  # a span of device work that computes
+# device work that moves bytes between host and device ("Memcpy HtoD ..."): a timeline span's kind, and the kind of
+# a profiled op the backend reported no call of whose device work is only copies (`.item()`)
+COPY = "copy"
+HOST_LANE = "host"  # the timeline lane of the host work of calls that ran off the device (CPU fallbacks)
+
+
+@dataclass
+class Span:
+    """A stretch of one timeline lane: one profiled event, or several short neighbours of one kind merged into one
+    (when the window had more events than a timeline keeps)."""
+
+    start_ns: int  # from the window's start
+    dur_ns: int
+    name: str  # the op ("aten::addmm", "Memcpy HtoD (host -> neuron)"); the first one's when merged
+    kind: str  # KERNEL, COPY, or the off-device kind of neuron_lab.kinds ("fallback", "host")
+    events: int = 1  # profiled events it stands for
+    busy_ns: int = 0  # their own time (less than dur_ns when merged events had gaps between them)
+
+
+@dataclass
+class Lane:
+    """One row of the timeline: a device lane ("neuron:0") or :data:`HOST_LANE`, its spans in time order."""
+
+    name: str
+    spans: list[Span] = field(default_factory=list)
+
+
+@dataclass
+class MemoryCurve:
+    """A device's allocated bytes over the window: the value at the window's start, then after each change."""
+
+    device: str  # "neuron:0"
+    points: list[tuple[int, int]] = field(default_factory=list)  # (ns from the window's start, bytes allocated)
+
+    @property
+    def peak(self) -> int:
+        return max((b for _, b in self.points), default=0)
+
+
+@dataclass
+class ProfiledTimeline:
+    """Where the window's time went, lane by lane, and its device memory: what the zoomable view draws. Bounded:
+    past a cap, adjacent short spans merge (``merged`` counts the events that lost a span of their own)."""
+
+    duration_ns: int = 0
+    lanes: list[Lane] = field(default_factory=list)  # device lanes by name, then the host lane
+    memory: list[MemoryCurve] = field(default_factory=list)  # one per device whose allocations were profiled
+    events: int = 0  # profiled events on the lanes
+    merged: int = 0  # of them, those drawn inside another one's span
+    dropped: int = 0  # of them, those left out (the shortest) when merging alone could not meet the cap
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProfiledTimeline:
+        lanes = [Lane(x["name"], [Span(**s) for s in x["spans"]]) for x in d["lanes"]]
+        memory = [MemoryCurve(m["device"], [(t, b) for t, b in m["points"]]) for m in d["memory"]]
+        return cls(d["duration_ns"], lanes, memory, d["events"], d["merged"], d["dropped"])
+
+
 @dataclass
 class Profiled:
     """What torch.profiler saw of a window, per op and per user line, with the device lanes' busy time."""
@@ -191,6 +250,7 @@ class Profiled:
     unattributed_ns: int = 0  # device + host time of calls with no user line
     trace_path: str | None = None  # the exported Chrome/Perfetto trace, when one was written
     row_limit: int = 10  # rows the renderers show before folding the rest
+    timeline: ProfiledTimeline = field(default_factory=ProfiledTimeline)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profiled:
@@ -202,7 +262,8 @@ class Profiled:
                            tuple(tuple(s) for s in r["shapes"]), tuple(r["dtypes"]), [line(x) for x in r["sites"]],
                            r["unattributed"]) for r in d["rows"]]
         return cls(rows, [line(x) for x in d["lines"]], d["device_ns"], d["host_ns"], dict(d["lanes"]),
-                   d["unattributed_ns"], d["trace_path"], d["row_limit"])
+                   d["unattributed_ns"], d["trace_path"], d["row_limit"],
+                   ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline())
 
 
 @dataclass

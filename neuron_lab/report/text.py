@@ -6,7 +6,16 @@ from typing import Any
 
 from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
-from neuron_lab.report.model import GraphBreak, LineTime, OpRow, Profiled, ProfiledOp, Recompile, Report
+from neuron_lab.report.model import (
+    GraphBreak,
+    LineTime,
+    OpRow,
+    Profiled,
+    ProfiledOp,
+    ProfiledTimeline,
+    Recompile,
+    Report,
+)
 from neuron_lab.units import count, format_delta, format_seconds, format_size
 
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
@@ -241,6 +250,28 @@ def line_rows(p: Profiled) -> list[list[str]]:
     return [one(x) for x in p.lines]
 
 
+def timeline_head(t: ProfiledTimeline) -> str:
+    """The timeline in one line: its length, lanes and events, and what the cap merged or left out."""
+    capped = [f"{t.merged:,} merged into neighbouring spans"] if t.merged else []
+    capped += [f"{t.dropped:,} of the shortest left out"] if t.dropped else []
+    return (f"timeline: {format_seconds(t.duration_ns / 1e9)}, {count(len(t.lanes), 'lane')}, "
+            f"{count(t.events, 'event')}" + (f" ({', '.join(capped)})" if capped else ""))
+
+
+def timeline_lines(t: ProfiledTimeline) -> list[str]:
+    """The timeline in words (the HTML draws it): each lane's events and busy time, each device's memory."""
+    if not t.lanes and not t.memory:
+        return []
+    lines = [timeline_head(t)]
+    for lane in t.lanes:
+        events, busy = sum(s.events for s in lane.spans), sum(s.busy_ns for s in lane.spans)
+        lines.append(f"  {lane.name}: {count(events, 'event')}, busy {format_seconds(busy / 1e9)}")
+    for m in t.memory:
+        lines.append(f"  {m.device} memory: {format_size(m.points[0][1])} at the start, peak {format_size(m.peak)}, "
+                     f"{format_size(m.points[-1][1])} at the end")
+    return lines
+
+
 def trace_line(p: Profiled) -> list[str]:
     return [f"trace: {p.trace_path} (open it in {PERFETTO})"] if p.trace_path else []
 
@@ -259,7 +290,7 @@ def profiled_lines(p: Profiled, full: bool = False) -> list[str]:
             lines.append(f"  … {count(len(rows) - len(rows[:limit]), 'more ' + noun)} (`%neuron report --full`)")
     if p.unattributed_ns:
         lines.append(f"  {format_seconds(p.unattributed_ns / 1e9)} in calls without a user line")
-    return lines + trace_line(p)
+    return lines + timeline_lines(p.timeline) + trace_line(p)
 
 
 # -- checks: %%neuron parity / compare (neuron_lab.report.checks) -----------------------------------------

@@ -8,6 +8,9 @@ of an op is joined to the k-th profiled call of that op (both are in call order)
 differ (an op the backend does not report, as the device-to-host copy of ``.item()``), its calls are left
 without a line rather than given a wrong one. The raw profile is kept only until :meth:`OpProfile.result` has
 read it (and exported the trace).
+
+The same events, with the device allocations the profiler records (``profile_memory``), make the window's
+timeline (:mod:`neuron_lab.trace.profile_timeline`): what ran when on each lane, and each device's memory.
 """
 
 from __future__ import annotations
@@ -25,14 +28,27 @@ from torch.profiler import ProfilerActivity
 
 from neuron_lab import backend as _backend
 from neuron_lab.kinds import KINDS, NATIVE, OFF_DEVICE
-from neuron_lab.report.model import LineTime, Profiled, ProfiledOp, Report, Site
+from neuron_lab.report.model import (
+    COPY,
+    HOST_LANE,
+    KERNEL,
+    LineTime,
+    Profiled,
+    ProfiledOp,
+    ProfiledTimeline,
+    Report,
+    Site,
+)
+from neuron_lab.trace import profile_timeline
 from neuron_lab.trace.sites import FileLocator, Locator
 from neuron_lab.trace.tracker import Tracker
 
 # The host-work events the backend adds for off-device calls, by their name's prefix ("CPU fallback: aten::atan2")
 _HOST_WORK = {KINDS[k].call.removesuffix(" call") + ": ": k for k in OFF_DEVICE}
 DEFAULT_ROW_LIMIT = 10
-COPY = "copy"  # an op the backend reported no call of, whose device work is copies (`.item()`)
+# whether windows record device allocations (the timeline's memory curves); bench/profile_overhead.py measures it
+PROFILE_MEMORY = True
+MEMORY = "[memory]"  # the name of torch.profiler's allocation events (profile_memory=True)
 
 
 class _Call(NamedTuple):
@@ -90,13 +106,17 @@ class OpProfile:
         activities = [ProfilerActivity.CPU]
         if _backend.is_active():
             activities.append(ProfilerActivity.PrivateUse1)
-        self._prof: Any = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=with_stack)
+        self._prof: Any = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=with_stack,
+                                                 profile_memory=PROFILE_MEMORY)
+        self._baselines: dict[str, int] = {}
         self._unsubscribe: Any = None
         self._running = False
 
     def start(self) -> OpProfile:
         if torch._C._autograd._profiler_enabled():  # a second session would silently take the first one's events
             raise ValueError("torch.profiler is already running: profiles do not nest; stop the other one first")
+        if _backend.is_active() and PROFILE_MEMORY:
+            self._baselines = _allocated()
         self._prof.__enter__()
         self._running = True
         if _backend.is_active():
@@ -121,7 +141,7 @@ class OpProfile:
             raise RuntimeError("OpProfile.result() reads a profile once")
         if export is not None:
             prof.export_chrome_trace(export)
-        out = _read(prof.profiler.kineto_results, self._calls)
+        out = _read(prof.profiler.kineto_results, self._calls, self._baselines)
         out.trace_path, out.row_limit = export, row_limit
         return out
 
@@ -147,10 +167,14 @@ def _events(results: Any) -> list[_Event]:
     out = []
     cpu = DeviceType.CPU
     for k in results.events():
+        try:
+            name = k.name()
+        except UnicodeDecodeError:  # torch's Python tracer can leave a frame unnamed (seen under IPython tracebacks)
+            continue
         dt = k.device_type()
         start = k.start_ns()
         device = "" if dt == cpu else f"{dt.name.lower()}:{k.device_index()}"
-        out.append(_Event(k.name(), device, start, start + k.duration_ns(), k.correlation_id(),
+        out.append(_Event(name, device, start, start + k.duration_ns(), k.correlation_id(),
                           k.linked_correlation_id(), k.start_thread_id(), k))
     return out
 
@@ -182,10 +206,38 @@ def _contained(ops: list[_Event]) -> dict[int, list[_Event]]:
     return inside
 
 
-def _read(results: Any, calls: _Calls) -> Profiled:
+def _allocated() -> dict[str, int]:
+    """Bytes allocated on each device now, by lane name ("neuron:0"): where the memory curves start."""
+    name = torch._C._get_privateuse1_backend_name()
+    mod = getattr(torch, name)
+    return {f"{name}:{i}": mod.memory_allocated(i) for i in range(mod.device_count())}
+
+
+def _timeline(results: Any, events: list[_Event], host_work: dict[int, str],
+              baselines: dict[str, int]) -> ProfiledTimeline:
+    """The spans of the device lanes (kernels, copies) and of the host lane (off-device calls' host work), and
+    each device's memory curve from its allocation events."""
+    lanes: dict[str, list[tuple[int, int, str, str]]] = {}
+    allocations: dict[str, list[tuple[int, int]]] = {}
+    for e in events:
+        if e.name == MEMORY:
+            if e.device:
+                allocations.setdefault(e.device, []).append((e.start, e.kineto.nbytes()))
+        elif e.device:
+            kind = COPY if e.name.startswith("Memcpy") else KERNEL
+            lanes.setdefault(e.device, []).append((e.start, e.end, e.name, kind))
+        elif id(e) in host_work:
+            op = e.name.partition(": ")[2]  # "CPU fallback: aten::atan2" -> "aten::atan2"
+            lanes.setdefault(HOST_LANE, []).append((e.start, e.end, op, host_work[id(e)]))
+    return profile_timeline.build(results.trace_start_ns(), lanes, allocations, baselines)
+
+
+def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
     events = _events(results)
     host_work = {id(e): k for e in events if not e.device for prefix, k in _HOST_WORK.items()
                  if e.name.startswith(prefix)}
+    timeline = _timeline(results, events, host_work, baselines)
+    events = [e for e in events if e.name != MEMORY]
     ops = {e.cid: e for e in events if not e.device and e.name.startswith("aten::") and id(e) not in host_work}
     owned: dict[int, list[_Event]] = {}  # op's correlation id -> its device events and host-work events
     lanes: dict[str, list[tuple[int, int]]] = {}
@@ -210,7 +262,7 @@ def _read(results: Any, calls: _Calls) -> Profiled:
     row_sites: dict[tuple[str, str], dict[tuple[str, int], LineTime]] = {}
     lines: dict[tuple[str, int], LineTime] = {}
     sites: dict[tuple[str, int], Site] = {}
-    out = Profiled(lanes={lane: _busy_ns(spans) for lane, spans in sorted(lanes.items())})
+    out = Profiled(lanes={lane: _busy_ns(spans) for lane, spans in sorted(lanes.items())}, timeline=timeline)
     for name, profiled in by_name.items():
         made = calls.by_name.get(name, [])
         if len(made) != len(profiled):  # the two do not pair up: no line rather than a wrong one

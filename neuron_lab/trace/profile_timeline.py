@@ -1,0 +1,104 @@
+"""A profiled window's timeline: spans per lane and the device memory curves, bounded so any renderer can draw it.
+
+:mod:`neuron_lab.trace.profile` hands over the profiled events already sorted into lanes; this module puts them
+relative to the window's start and caps them. Past :data:`MAX_SPANS`, the neighbours of one kind with the
+smallest gaps between them merge first (a run of back-to-back kernels becomes one busy stretch, which is what a
+zoomed-out view shows anyway); only if kinds alternate too often for that do the shortest spans go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from neuron_lab.report.model import HOST_LANE, Lane, MemoryCurve, ProfiledTimeline, Span
+
+MAX_SPANS = 5000  # over all lanes: the zoom re-places that many rects in ~80 ms a frame (headless Chromium, 2 cores)
+MAX_POINTS = 2000  # per memory curve
+
+
+def _lane_order(name: str) -> tuple[bool, str, int]:
+    """Device lanes by type and index ("neuron:2" before "neuron:10"), the host lane last."""
+    kind, _, index = name.rpartition(":")
+    return name == HOST_LANE, kind, int(index) if index.isdigit() else -1
+
+
+def _merge(spans: list[Span], gap: int) -> list[Span]:
+    """Neighbours of one kind at most ``gap`` ns apart, as one span (``spans`` in start order)."""
+    out: list[Span] = []
+    for s in spans:
+        last = out[-1] if out else None
+        if last is not None and last.kind == s.kind and s.start_ns - (last.start_ns + last.dur_ns) <= gap:
+            end = max(last.start_ns + last.dur_ns, s.start_ns + s.dur_ns)
+            last.dur_ns = end - last.start_ns
+            last.events += s.events
+            last.busy_ns += s.busy_ns
+        else:
+            out.append(Span(s.start_ns, s.dur_ns, s.name, s.kind, s.events, s.busy_ns))
+    return out
+
+
+def _cap(lanes: list[Lane], cap: int) -> tuple[int, int]:
+    """Merge, then drop, spans until all lanes hold at most ``cap``; (events merged, events dropped)."""
+    total = sum(len(x.spans) for x in lanes)
+    if total <= cap:
+        return 0, 0
+    gaps = sorted(b.start_ns - (a.start_ns + a.dur_ns) for x in lanes
+                  for a, b in zip(x.spans, x.spans[1:]) if a.kind == b.kind)
+    if gaps:
+        gap = gaps[min(total - cap, len(gaps)) - 1]
+        for x in lanes:
+            x.spans = _merge(x.spans, gap)
+    merged = total - sum(len(x.spans) for x in lanes)
+    over = total - merged - cap
+    dropped = 0
+    if over > 0:
+        shortest = sorted(((s.dur_ns, i, j) for i, x in enumerate(lanes) for j, s in enumerate(x.spans)))[:over]
+        gone = {(i, j) for _, i, j in shortest}
+        dropped = sum(lanes[i].spans[j].events for i, j in gone)
+        for i, x in enumerate(lanes):
+            x.spans = [s for j, s in enumerate(x.spans) if (i, j) not in gone]
+    return merged, dropped
+
+
+def _thin(points: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """At most about ``limit`` points: the lowest and the highest of each run of points, so peaks survive."""
+    if len(points) <= limit:
+        return points
+    size = -(-len(points) // (limit // 2))
+    out: list[tuple[int, int]] = []
+    for k in range(0, len(points), size):
+        run = points[k:k + size]
+        lo, hi = min(run, key=lambda p: p[1]), max(run, key=lambda p: p[1])
+        out += sorted({lo, hi})
+    if out[-1] != points[-1]:
+        out.append(points[-1])
+    return out
+
+
+def build(start_ns: int, lanes: dict[str, list[tuple[int, int, str, str]]],
+             allocations: dict[str, Iterable[tuple[int, int]]], baselines: dict[str, int],
+             max_spans: int | None = None) -> ProfiledTimeline:
+    """The timeline of a window that began at ``start_ns`` (the profiler's clock).
+
+    ``lanes``: lane name -> (start ns, end ns, name, kind) of its events; ``allocations``: device -> (ns, bytes
+    allocated (+) or freed (-)); ``baselines``: device -> bytes allocated when the window began; ``max_spans``:
+    the cap, :data:`MAX_SPANS` unless given.
+    """
+    out = ProfiledTimeline()
+    end = start_ns
+    for name in sorted(lanes, key=_lane_order):
+        spans = [Span(s - start_ns, e - s, n, k, 1, e - s) for s, e, n, k in sorted(lanes[name])]
+        out.lanes.append(Lane(name, spans))
+        out.events += len(spans)
+        end = max([end, *(e for _, e, _, _ in lanes[name])])
+    for device in sorted(allocations, key=_lane_order):
+        now = baselines.get(device, 0)
+        points = [(0, now)]
+        for t, delta in sorted(allocations[device]):
+            now += delta
+            points.append((t - start_ns, now))
+            end = max(end, t)
+        out.memory.append(MemoryCurve(device, _thin(points, MAX_POINTS)))
+    out.duration_ns = end - start_ns
+    out.merged, out.dropped = _cap(out.lanes, MAX_SPANS if max_spans is None else max_spans)
+    return out
