@@ -19,13 +19,15 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
+from neuron_lab.session.devices import default_device
+
 
 @contextmanager
 def loaded_shell(*, instance: bool = False) -> Iterator[InteractiveShell]:
     c = Config()
     c.HistoryAccessor.enabled = False
     sh = InteractiveShell.instance(config=c) if instance else InteractiveShell(config=c)
-    default_before = torch.get_default_device()
+    default_before = default_device()
     with capture_output():
         sh.run_line_magic("load_ext", "neuron_lab")
     try:
@@ -35,7 +37,7 @@ def loaded_shell(*, instance: bool = False) -> Iterator[InteractiveShell]:
             sh.run_line_magic("unload_ext", "neuron_lab")
             sh.reset()
         gc.collect()
-        torch.set_default_device(default_before)
+        torch.set_default_device(default_before)  # None when none was set: no device mode left behind
         InteractiveShell.clear_instance()
 
 

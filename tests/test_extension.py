@@ -18,6 +18,7 @@ from traitlets.config import Config
 import neuron_lab
 from neuron_lab import modes
 from neuron_lab.extension import session_of
+from neuron_lab.session.devices import default_device
 
 
 def usage_error(sh, line: str) -> str:
@@ -218,6 +219,11 @@ def test_device_switch_sets_the_variable_and_default_device(shell):
     assert shell.user_ns["device"] == torch.device("neuron", 0)
     assert torch.get_default_device() == torch.device("neuron", 0)
     assert "also torch's default device" in cap.stdout
+    run(shell, "%unload_ext neuron_lab")  # gives back torch's default exactly: none set, no device mode on the stack
+    assert torch.get_default_device() == torch.device("cpu") and default_device() is None
+    assert not torch.overrides._get_current_function_mode_stack()
+    run(shell, "%load_ext neuron_lab")
+    run(shell, "%neuron device neuron --default")
     run(shell, "%config NeuronLab.device_variable = 'dev'")
     assert shell.user_ns["dev"] == torch.device("neuron", 0)  # the new name holds the device at once
     run(shell, "%neuron device cpu")

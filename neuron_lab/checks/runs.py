@@ -25,6 +25,7 @@ import torch
 from neuron_lab import interrupts, modes
 from neuron_lab.checks import copies
 from neuron_lab.report.model import Site
+from neuron_lab.session import devices
 from neuron_lab.session.cells import run_body
 from neuron_lab.session.session import CellToCheck
 from neuron_lab.trace.sites import Locator
@@ -294,8 +295,8 @@ def on_device(subject: Subject, ns: dict[str, Any], source: torch.device, target
     var = subject.device_variable
     if var is not None and isinstance(ns.get(var), torch.device) and ns[var] == source:
         ns[var] = target
-    default = torch.get_default_device()
-    moved = default.type == source.type and source != target
+    default = devices.default_device()
+    moved = torch.get_default_device().type == source.type and source != target
     if moved:
         torch.set_default_device(target)
     try:

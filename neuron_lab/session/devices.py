@@ -24,6 +24,17 @@ class DeviceError(ValueError):
     """A device string that does not parse, or a device that is not available here."""
 
 
+def default_device() -> torch.device | None:
+    """The device ``torch.set_default_device`` set, or None when none is: what to give it back to restore it.
+
+    ``torch.get_default_device()`` says "cpu" in both cases, and setting "cpu" back would leave a device mode on
+    torch's stack (seen by every op, and in stacks) where there was none.
+    """
+    if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None:
+        return None
+    return torch.get_default_device()
+
+
 def parse_device(text: str) -> torch.device:
     """``"neuron"`` → ``neuron:0``; raises :class:`DeviceError` for unknown or unavailable devices."""
     try:

@@ -79,7 +79,8 @@ class Session:
         self._cell_modes: ExitStack | None = None
         self._raw_cell = ""
         self._nested: dict[str, int] = {}  # code name of a nested run_cell -> its line offset in the outer cell
-        self._default_device_before: torch.device | None = None
+        self._default_set = False  # `%neuron device --default` set torch's default device ...
+        self._default_device_before: torch.device | None = None  # ... and this gives it back
         self._oom = OomHandler(shell, config)
         self.device = self._initial_device()
 
@@ -173,9 +174,9 @@ class Session:
             self._tracker.stop()
             self._tracker = None
         modes.forget_compiled()
-        if self._default_device_before is not None:
+        if self._default_set:
             torch.set_default_device(self._default_device_before)
-            self._default_device_before = None
+            self._default_set, self._default_device_before = False, None
         self.listeners.clear()
         self.starting.clear()
         self.finishing.clear()
@@ -299,8 +300,8 @@ class Session:
         self.device = dev
         self.shell.user_ns[self.config.device_variable] = dev
         if default:
-            if self._default_device_before is None:
-                self._default_device_before = torch.get_default_device()
+            if not self._default_set:
+                self._default_set, self._default_device_before = True, devices.default_device()
             torch.set_default_device(dev)
         if self._tracker is not None:
             self._tracker.ran_on(device=str(dev))
@@ -312,8 +313,9 @@ class Session:
         ns = self.shell.user_ns
         before, had = ns.get(var), var in ns
         before_device = self.device
-        default_before = torch.get_default_device() if self._default_device_before is not None else None
-        self.set_device(dev, default=default_before is not None)
+        default_set = self._default_set
+        default_before = devices.default_device()
+        self.set_device(dev, default=default_set)
         try:
             yield
         finally:
@@ -322,7 +324,7 @@ class Session:
                 ns[var] = before
             else:
                 ns.pop(var, None)
-            if default_before is not None:
+            if default_set:
                 torch.set_default_device(default_before)
             if self._tracker is not None:
                 self._tracker.ran_on(device=str(dev))  # the report says where the cell ran
