@@ -1,6 +1,6 @@
 """`%neuron ranks` in a real IPython shell: two ipyparallel engines as ranks 0 and 1 of one `neuron` process group,
-`%%neuron ranks` cells that all_reduce and take a DDP step, a rank that raises, a rank that is killed, restart and
-stop; and every refusal of the grammar.
+`%%neuron ranks` cells that all_reduce and take a DDP step, a profiled cell (one timeline with each rank's lanes, one
+merged trace), a rank that raises, a rank that is killed, restart and stop; and every refusal of the grammar.
 
 The two engines start once per module (15-20 s on a loaded 2-core machine; the file takes about 50 s). Every wait is
 bounded: the ranks start with ``--timeout 60`` (engines and collectives), the cells that could wait run with
@@ -9,8 +9,10 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -34,6 +36,18 @@ print(f"rank {rank}: sum {x[0].item():g}")
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(8, 4).to(device))
 model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
+"""
+
+
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--profile] [--export PATH]\n"
+         "                     [--row-limit N]\n                     [{start,stop}] [N]")
+
+PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
+import torch, torch.distributed as dist
+a = torch.ones(64, 64, device=device) * (dist.get_rank() + 1)
+b = a @ a
+dist.all_reduce(b)
+c = torch.atan2(b, a)
 """
 
 
@@ -150,6 +164,54 @@ def test_a_cell_on_all_ranks_reports_each_rank_and_all_together(ranks_shell) -> 
     assert [line.split()[-1] for line in status[1:]] == ["up", "up"]
 
 
+def test_a_profiled_cell_shows_one_timeline_with_the_lanes_of_each_rank_and_exports_one_trace(
+        ranks_shell, tmp_path: Path) -> None:
+    sh, _ = ranks_shell
+    path = tmp_path / "ranks.json"
+    res, _ = run(sh, PROFILED.format(path=path))
+    rr, n = res.result, res.execution_count
+    assert not rr.failed and rr.trace_path == str(path)
+    lanes = {x.name: x.spans for x in rr.timeline.lanes}
+    assert list(lanes) == ["rank 0 neuron:0", "rank 0 host", "rank 1 neuron:1", "rank 1 host"]
+    assert [m.device for m in rr.timeline.memory] == ["rank 0 neuron:0", "rank 1 neuron:1"]
+    for r in rr.ranks:  # each rank's own profile, at the notebook cell's lines
+        p = r.report.profiled
+        rows = {(row.op, row.kind): [(lt.site.cell, lt.site.line) for lt in row.sites] for row in p.rows}
+        assert rows[("aten::mm", "native")] == [(n, 4)] and rows[("aten::atan2", "fallback")] == [(n, 6)]
+        assert p.trace_path is None
+        assert [s.name for s in lanes[f"rank {r.rank} neuron:{r.rank}"] if s.name == "aten::mm"] == ["aten::mm"]
+        assert [(s.name, s.kind) for s in lanes[f"rank {r.rank} host"]][-1] == ("aten::atan2", "fallback")
+
+    def first(lane: str, op: str) -> int:
+        return next(s.start_ns for s in lanes[lane] if s.name == op)
+
+    # one clock: a rank's atan2 follows the all_reduce, which waited for the other rank, whose matmul came before
+    assert first("rank 1 host", "aten::atan2") > first("rank 0 neuron:0", "aten::mm")
+    assert first("rank 0 host", "aten::atan2") > first("rank 1 neuron:1", "aten::mm")
+
+    text = str(rr).splitlines()
+    head = text.index("profiled on 2 ranks: op table and time per line of rank 0, the timeline of all ranks on one "
+                      "clock")
+    assert text[head + 1].startswith("  rank 0: profile: ") and text[head + 1].endswith(")")
+    assert "(neuron:0 busy " in text[head + 1] and "(neuron:1 busy " in text[head + 2]
+    assert f"trace: {path} (open it in https://ui.perfetto.dev)" in text
+    html = rr._repr_html_()
+    for lane in [*lanes, "rank 0 neuron:0 memory", "rank 1 neuron:1 memory"]:
+        assert f"data-lane='{lane}'" in html
+    assert html.count("class='nlt-svg'") == 1  # one timeline for both ranks
+
+    trace = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    pid = {name: p for p, name in names.items()}
+    assert {"rank 0", "rank 0 neuron:0", "rank 1", "rank 1 neuron:1"} <= set(pid)
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "python_function"]
+    for rank in (0, 1):
+        assert "aten::mm" in {e["name"] for e in spans if e["pid"] == pid[f"rank {rank} neuron:{rank}"]}
+    [(s0, e0)], [(s1, e1)] = ([(e["ts"], e["ts"] + e["dur"]) for e in spans
+                               if e["pid"] == pid[f"rank {rank}"] and "all_reduce" in e["name"]] for rank in (0, 1))
+    assert e0 >= s1 and e1 >= s0  # on one time axis: neither rank's all_reduce ends before the other's begins
+
+
 def test_a_rank_that_raises_is_reported_with_its_rank(ranks_shell) -> None:
     sh, _ = ranks_shell
     res, cap = run(sh, "%%neuron ranks\nimport torch, torch.distributed as dist\ny = torch.ones(3, device=device)\n"
@@ -167,6 +229,19 @@ def test_a_rank_that_raises_is_reported_with_its_rank(ranks_shell) -> None:
     assert "[1:execute]\n" in shown and f"In[{res.execution_count}], line 4" in shown
     assert shown.rstrip().endswith("ValueError: bad shard on rank 1")
     assert "1 rank failed (1)" in str(rr)
+
+
+def test_a_profiled_rank_that_raises_keeps_its_profile_and_its_lanes(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, _cap = run(sh, "%%neuron ranks --profile --timeout 60\nimport torch, torch.distributed as dist\n"
+                        "b = torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device)\n"
+                        "if dist.get_rank() == 1:\n    raise ValueError('bad shard on rank 1')\n", ok=False)
+    rr = res.error_in_exec.report
+    assert [(r.rank, r.problem) for r in rr.ranks] == [(0, None), (1, "ValueError: bad shard on rank 1")]
+    mm = [row for row in rr.ranks[1].report.profiled.rows if row.op == "aten::mm"]
+    assert [(row.calls, [lt.site.line for lt in row.sites]) for row in mm] == [(1, [3])]
+    assert [x.name for x in rr.timeline.lanes] == ["rank 0 neuron:0", "rank 1 neuron:1"]
+    assert rr.trace_path is None
 
 
 def test_ranks_past_the_cells_deadline_are_reported_interrupted_and_free_again(ranks_shell) -> None:
@@ -204,11 +279,14 @@ def test_a_rank_left_waiting_for_a_failed_rank_is_reported_at_once_and_freed_by_
 def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no_process(ranks_shell) -> None:
     sh, _ = ranks_shell
     pids = _pids(sh)
-    res, _cap = run(sh, "%%neuron ranks --timeout 60\nimport os, signal, torch.distributed as dist\n"
+    res, _cap = run(sh, "%%neuron ranks --profile --timeout 60\nimport os, signal, torch, torch.distributed as dist\n"
+                        "x = torch.ones(8, device=device) * 2\n"
                         "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\nprint('rank 0 lives')\n",
                     ok=False)
     rr = res.error_in_exec.report  # reported as dead, not as the cell's 60 s passing
     assert [(r.rank, r.problem) for r in rr.ranks] == [(0, None), (1, f"engine 1 died (pid {pids[1]})")]
+    assert [x.name for x in rr.timeline.lanes] == ["rank 0 neuron:0"]  # a dead rank has no lanes, and is named
+    assert f"  rank 1: no profile, no lanes (engine 1 died (pid {pids[1]}))" in str(rr).splitlines()
     # the next cell runs nowhere: rank 0's first collective would wait for the dead rank until the group's timeout
     assert ranks_error(sh, "%%neuron ranks\nprint('again')\n") == (
         f"%%neuron ranks: 1 rank of the group died (engine 1 (pid {pids[1]})): the others would wait for it at their "
@@ -246,12 +324,19 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),
     ("%neuron ranks start two", "%neuron ranks: argument N: invalid int value: 'two'"),
+    ("%neuron ranks --profile", "%neuron ranks: --profile goes with the cell form: put `%%neuron ranks --profile` on "
+                                "the first line of the cell to profile on every rank"),
+    ("%%neuron ranks --export t.json\nx = 1\n", "%%neuron ranks: --export goes with --profile (`%%neuron ranks "
+                                                 "--profile --export PATH`)"),
+    ("%%neuron ranks --profile --export /no/such/dir/t.json\nx = 1\n",
+     "%%neuron ranks: --export /no/such/dir/t.json: no directory /no/such/dir"),
+    ("%%neuron ranks --profile --row-limit 0\nx = 1\n", "%%neuron ranks: --row-limit must be 1 or more, not 0"),
 ])
 def test_ranks_refusals(plain_shell: InteractiveShell, cell: str, message: str) -> None:
     msg = ranks_error(plain_shell, cell)
     assert msg.startswith(message), msg
     if not cell.startswith("%%neuron ranks\n"):  # a grammar error: the usage follows
-        assert msg.endswith("usage: %neuron ranks [--timeout S] [--restart] [{start,stop}] [N]")
+        assert msg.endswith(USAGE)
     assert session_of(plain_shell).ranks is None
 
 
@@ -276,5 +361,5 @@ def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell
 def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     doc = plain_shell.find_line_magic("neuron").__doc__
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
-    assert "--- ranks ---\nusage: %neuron ranks [--timeout S] [--restart] [{start,stop}] [N]\n\n" \
+    assert f"--- ranks ---\n{USAGE}\n\n" \
            "`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, neuron:RANK each)" in doc

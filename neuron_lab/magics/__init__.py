@@ -267,6 +267,11 @@ class NeuronMagics(Magics):
                      (f" (pids {', '.join(map(str, pids))})" if pids else ""))
 
     def _run_on_ranks(self, args, cell: str) -> RanksReport:
+        try:  # before anything runs: a path that cannot be written
+            export = profiling.check_export_path(args.export) if args.export else None
+            limit = None if args.row_limit is None else profiling.check_row_limit(args.row_limit)
+        except ValueError as e:
+            raise UsageError(f"%%neuron ranks: {e}\n{_parser.usage(_PARSER, 'ranks')}") from None
         ranks = self.session.ranks
         if ranks is None or ranks.stopped:
             raise UsageError("%%neuron ranks: no ranks are running; start them first with `%neuron ranks start N` "
@@ -274,7 +279,8 @@ class NeuronMagics(Magics):
         number = self.session.locator.current_cell()
         number = self.shell.execution_count if number is None else number
         try:
-            report = ranks.run(cell, f"In[{number}]", cell=number, line_offset=1, timeout_s=args.timeout)
+            report = ranks.run(cell, f"In[{number}]", cell=number, line_offset=1, timeout_s=args.timeout,
+                               profile=args.profile, export=export, row_limit=limit)
         except RanksError as e:
             raise UsageError(f"%%neuron ranks: {e}") from None
         if report.failed:

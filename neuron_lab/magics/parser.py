@@ -31,7 +31,8 @@ EXAMPLES = (
 CELL_FORMS = ("cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--device DEVICE] | "
               "%%neuron eager [--device DEVICE] | %%neuron device DEVICE | "
               "%%neuron parity [--against cpu|DEVICE] [--rtol R --atol A] [--vars NAME ...] [--seed S] | "
-              "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | %%neuron ranks [--timeout S] | "
+              "%%neuron compare [--warmup W] [--runs N] [--fullgraph] | "
+              "%%neuron ranks [--timeout S] [--profile [--export PATH] [--row-limit N]] | "
               "%%neuron profile [--export PATH] [--row-limit N]")
 
 
@@ -151,6 +152,12 @@ def build() -> NeuronArgumentParser:
                     help="start: seconds to wait for the engines and, at a collective, for the other ranks "
                          f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
+    ra.add_argument("--profile", action="store_true",
+                    help="cell: run it under torch.profiler on every rank; the report adds each rank's profile, the "
+                         "op table of rank 0 and one timeline with a set of lanes per rank")
+    ra.add_argument("--export", metavar="PATH",
+                    help="cell, with --profile: write the ranks' Perfetto traces merged into one, a process per rank")
+    ra.add_argument("--row-limit", type=int, metavar="N", help="cell, with --profile: rows shown (default 10)")
     co = command("compare", help="cell magic: time the cell eager and compiled, on copies, and compare their outputs",
                  description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
                              "copies of what the cell reads; then the cell runs once for real.")
@@ -237,10 +244,19 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
         return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks')}")
 
     if cell and (args.action or args.n is not None or args.restart):
-        raise refuse("the cell form runs the cell on the ranks and takes only --timeout S; start and stop them "
-                     "with `%neuron ranks start N` / `%neuron ranks stop` on a line of their own")
+        raise refuse("the cell form runs the cell on the ranks and takes only --timeout S, --profile, --export PATH "
+                     "and --row-limit N; start and stop them with `%neuron ranks start N` / `%neuron ranks stop` on "
+                     "a line of their own")
     if args.timeout is not None and not (args.timeout > 0 and args.timeout != float("inf")):
         raise refuse(f"--timeout must be a number of seconds > 0, not {args.timeout:g}")
+    profiling = [o for o, given in (("--profile", args.profile), ("--export", args.export),
+                                    ("--row-limit", args.row_limit is not None)) if given]
+    if not cell and profiling:
+        raise refuse(f"{', '.join(profiling)} go{'es' if len(profiling) == 1 else ''} with the cell form: put "
+                     "`%%neuron ranks --profile` on the first line of the cell to profile on every rank")
+    if cell and not args.profile and profiling:
+        raise refuse(f"{' and '.join(profiling)} go{'es' if len(profiling) == 1 else ''} with --profile "
+                     "(`%%neuron ranks --profile --export PATH`)")
     if cell:
         return
     if args.action == "start":

@@ -33,6 +33,8 @@ from neuron_lab.report.text import (
     profiled_head,
     profiled_rows,
     rank_rows,
+    ranks_profile,
+    ranks_profile_heads,
     ranks_summary_line,
     section_refs,
     shape_text,
@@ -186,7 +188,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
     return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
 
 
-def profiled_html(p: Profiled, full: bool = False) -> str:
+def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:
     """The profile section (the facts of :func:`~neuron_lab.report.text.profiled_lines`): the op table and the time
     per line, each showing ``row_limit`` rows and the rest behind a <details>."""
     limit = None if full else p.row_limit
@@ -199,7 +201,7 @@ def profiled_html(p: Profiled, full: bool = False) -> str:
             out += f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>"
         return out + "</div>"
 
-    parts = [f"<div><b>{escape(profiled_head(p))}</b></div>"]
+    parts = [f"<div><b>{escape(profiled_head(p))}</b></div>"] if head else []
     if p.rows:
         parts.append(fold("ops by device + host time", PROFILED_HEADER, profiled_rows(p)))
     if p.lines:
@@ -247,9 +249,15 @@ def render_check_html(result: Any) -> str:
 
 
 def render_ranks_html(rr: Any) -> str:
-    """The facts of :func:`~neuron_lab.report.text.render_ranks_text`: the rank table, then all ranks' rows."""
+    """The facts of :func:`~neuron_lab.report.text.render_ranks_text`: the rank table, all ranks' rows, and when
+    profiled each rank's profile head, one rank's op table and the timeline of all ranks."""
     table = folded(ranks_summary_line(rr), RANK_HEADER, [[escape(c) for c in row] for row in rank_rows(rr)])
     merged = rr.merged()
     rows = (f"<div>summed over {count(len(rr.reports), 'rank')}:</div>{op_sections_html(merged.sections())}"
             if merged.ops_not_native else "")
+    shown = ranks_profile(rr)
+    if shown is not None:
+        first, *heads = ranks_profile_heads(rr)
+        rows += (f"<div><b>{escape(first)}</b>{''.join(f'<div>{escape(h.strip())}</div>' for h in heads)}</div>"
+                 f"{profiled_html(shown, head=False)}")
     return f"<div class=\"neuron-lab-ranks\">{table}{rows}</div>"

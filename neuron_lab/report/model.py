@@ -230,12 +230,15 @@ class ProfiledTimeline:
     events: int = 0  # profiled events on the lanes
     merged: int = 0  # of them, those drawn inside another one's span
     dropped: int = 0  # of them, those left out (the shortest) when merging alone could not meet the cap
+    # where the window began on the profiler's clock, wall-clock ns since the epoch (Kineto's), which every process
+    # on a machine shares: the windows of several ranks line up on it
+    start_ns: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProfiledTimeline:
         lanes = [Lane(x["name"], [Span(**s) for s in x["spans"]]) for x in d["lanes"]]
         memory = [MemoryCurve(m["device"], [(t, b) for t, b in m["points"]]) for m in d["memory"]]
-        return cls(d["duration_ns"], lanes, memory, d["events"], d["merged"], d["dropped"])
+        return cls(d["duration_ns"], lanes, memory, d["events"], d["merged"], d["dropped"], d.get("start_ns", 0))
 
 
 @dataclass

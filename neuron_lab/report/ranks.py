@@ -2,16 +2,17 @@
 :class:`Report`, or what stopped it, and the facts only the ranks together have (the slowest rank, the skew).
 
 The per-rank reports are ordinary reports, so every single-rank renderer, gate and JSON reader applies to each;
-this model adds the comparison across ranks and nothing else.
+this model adds the comparison across ranks and nothing else. A profiled window (``%%neuron ranks --profile``) keeps
+each rank's profile on its report and adds the ranks' timelines merged into one, with one set of lanes per rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_lab.kinds import COLLECTIVE, UNSUPPORTED
-from neuron_lab.report.model import Report
+from neuron_lab.report.model import ProfiledTimeline, Report
 from neuron_lab.units import ShownAsText
 
 
@@ -48,6 +49,8 @@ class RanksReport(ShownAsText):
 
     title: str  # "In[5]", "train.py"
     ranks: list[RankResult] = field(default_factory=list)
+    timeline: ProfiledTimeline | None = None  # profiled: the ranks' timelines on one clock, lanes named "rank R ..."
+    trace_path: str | None = None  # profiled with an export: the ranks' Chrome traces merged, one process per rank
 
     @property
     def reports(self) -> list[Report]:
@@ -70,6 +73,12 @@ class RanksReport(ShownAsText):
     def failed(self) -> list[RankResult]:
         return [r for r in self.ranks if r.failed]
 
+    @property
+    def table_rank(self) -> RankResult | None:
+        """The first rank with a profile: the one whose op table and time per line are shown (the ranks run the
+        same cell, so one rank's table stands for all; summing them would count each op once per rank)."""
+        return next((r for r in self.ranks if r.report is not None and r.report.profiled is not None), None)
+
     def merged(self) -> Report:
         """The rows of every rank's report in one: counts, bytes and times summed over the ranks."""
         from neuron_lab.report.aggregate import merge_rows
@@ -78,13 +87,16 @@ class RanksReport(ShownAsText):
 
     def as_dict(self) -> dict[str, Any]:
         return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
+                "timeline": None if self.timeline is None else asdict(self.timeline), "trace_path": self.trace_path,
                 "ranks": [{"rank": r.rank, "where": r.where, "error": r.error,
                            "report": None if r.report is None else r.report.as_dict()} for r in self.ranks]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RanksReport:
         return cls(d["title"], [RankResult(r["rank"], None if r["report"] is None else Report.from_dict(r["report"]),
-                                           r["error"], r["where"]) for r in d["ranks"]])
+                                           r["error"], r["where"]) for r in d["ranks"]],
+                   None if d.get("timeline") is None else ProfiledTimeline.from_dict(d["timeline"]),
+                   d.get("trace_path"))
 
     def __str__(self) -> str:
         from neuron_lab.report.text import render_ranks_text

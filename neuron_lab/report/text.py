@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from neuron_lab import kinds
@@ -276,11 +277,11 @@ def trace_line(p: Profiled) -> list[str]:
     return [f"trace: {p.trace_path} (open it in {PERFETTO})"] if p.trace_path else []
 
 
-def profiled_lines(p: Profiled, full: bool = False) -> list[str]:
-    """The profile section: its head, the op table and the time per line (``row_limit`` rows each unless ``full``),
-    the calls no user line issued, and the exported trace."""
+def profiled_lines(p: Profiled, full: bool = False, head: bool = True) -> list[str]:
+    """The profile section: its head (unless ``head`` is False: the ranks' report heads it), the op table and the
+    time per line (``row_limit`` rows each unless ``full``), the calls no user line issued, and the exported trace."""
     limit = None if full else p.row_limit
-    lines = [profiled_head(p)]
+    lines = [profiled_head(p)] if head else []
     for title, header, rows, noun in (("ops by device + host time:", PROFILED_HEADER, profiled_rows(p), "op"),
                                       ("time per line:", LINE_HEADER, line_rows(p), "line")):
         if not rows:
@@ -592,7 +593,8 @@ RANK_HEADER = ["rank", "device", "time", "memory", "peak", "fallbacks", "collect
 
 
 def render_ranks_text(rr: Any) -> str:
-    """The summary line, every rank's line (its error in one line), then the rows of all ranks, summed over them."""
+    """The summary line, every rank's line (its error in one line), then the rows of all ranks, summed over them;
+    when profiled, each rank's profile in one line, one rank's op table and the timeline of all ranks."""
     rows = [RANK_HEADER, *rank_rows(rr)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(RANK_HEADER))]
     lines = [ranks_summary_line(rr),
@@ -601,4 +603,29 @@ def render_ranks_text(rr: Any) -> str:
     if merged.ops_not_native:
         lines.append(f"summed over {count(len(rr.reports), 'rank')}:")
         lines += ["  " + line for line in op_sections(merged.sections())]
+    shown = ranks_profile(rr)
+    if shown is not None:
+        lines += ranks_profile_heads(rr) + profiled_lines(shown, head=False)
     return "\n".join(lines)
+
+
+def ranks_profile_heads(rr: Any) -> list[str]:
+    """A profiled ranks window: whose tables follow, then each rank's profile in one line, or why it has none."""
+    shown = rr.table_rank
+    lines = [f"profiled on {count(len(rr.ranks), 'rank')}: op table and time per line of rank {shown.rank}, the "
+             "timeline of all ranks on one clock" if shown else "profiled: no rank gave back a profile"]
+    for r in rr.ranks:
+        p = r.report.profiled if r.report is not None else None
+        lines.append(f"  rank {r.rank}: " + (profiled_head(p) if p is not None else
+                                             f"no profile, no lanes ({r.problem or 'none was made'})"))
+    return lines
+
+
+def ranks_profile(rr: Any) -> Profiled | None:
+    """What the profile section below the heads shows: the table rank's op table and time per line, with the timeline
+    of all ranks and the merged trace (None when the window was not profiled)."""
+    if rr.timeline is None:
+        return None
+    shown = rr.table_rank
+    p = shown.report.profiled if shown is not None else Profiled()
+    return replace(p, timeline=rr.timeline, trace_path=rr.trace_path)

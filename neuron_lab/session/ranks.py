@@ -7,6 +7,11 @@ installs with ``neuron:{rank}`` as its device; then it loads neuron_lab as a not
 ``view.execute``, the machinery of ``%%px``, with each rank's output prefixed as ``%%px`` prefixes it; each engine's
 own session makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`.
 
+``%%neuron ranks --profile`` runs the cell on each engine as a ``%%neuron profile`` cell, so each rank's own session
+profiles it and puts the profile on its report, as in a one-rank notebook; the notebook merges the ranks' timelines
+into one (:func:`~neuron_lab.trace.profile_timeline.merge_ranks`) and, with ``--export``, the Chrome traces the
+engines wrote into a folder of its own into one file (:func:`~neuron_lab.trace.merge.merge`), a process per rank.
+
 Nothing here waits on a process that is gone: engines are watched by pid while a cell runs, so a dead rank is
 reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -31,6 +37,8 @@ import psutil
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RankResult, RanksReport
 from neuron_lab.session import launch
+from neuron_lab.trace import merge
+from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
@@ -200,10 +208,36 @@ class Ranks(ShownAsText):
 
     # -- run ----------------------------------------------------------------------------------------------------
     def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
-            timeout_s: float | None = None) -> RanksReport:
+            timeout_s: float | None = None, profile: bool = False, export: str | None = None,
+            row_limit: int | None = None) -> RanksReport:
         """Run ``body`` on every rank at once (their output streamed, prefixed by rank, as ``%%px`` does) and merge
         their reports. ``cell``/``line_offset``: the notebook cell and where its body starts, so each report names
-        the notebook's lines; ``timeout_s``: how long to wait for the ranks (None: as long as they run)."""
+        the notebook's lines; ``timeout_s``: how long to wait for the ranks (None: as long as they run).
+
+        ``profile``: each rank runs it under torch.profiler (``row_limit`` rows shown), and the report gets their
+        timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
+        if not profile:
+            return self._run(lambda rank: body, title, cell, line_offset, timeout_s)
+        folder = tempfile.mkdtemp(prefix="neuron-lab-ranks-traces-") if export else None
+        try:
+            # one line more on the engine: its reports' lines already count the `%%neuron profile` line
+            report = self._run(lambda rank: _profiled_cell(body, folder, rank, row_limit), title, cell,
+                               line_offset - 1, timeout_s)
+            profiles = {r.rank: r.report.profiled for r in report.ranks
+                        if r.report is not None and r.report.profiled is not None}
+            for p in profiles.values():
+                p.trace_path = None  # the engine's file, merged below and removed
+            report.timeline = merge_ranks({rank: p.timeline for rank, p in profiles.items()})
+            if folder is not None and export is not None:
+                report.trace_path = _merge_traces(folder, export, [e.rank for e in self.engines])
+            return report
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
+             timeout_s: float | None) -> RanksReport:
+        """:meth:`run`, with ``code(rank)`` the code each rank runs."""
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
             raise RanksError(f"{count(len(dead), 'rank')} of the group died ({', '.join(e.where for e in dead)}): the "
@@ -219,7 +253,7 @@ class Ranks(ShownAsText):
             if e.rank not in results:
                 if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
                     self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
-                running[e.rank] = self.client[e.rank].execute(body, silent=False, block=False)
+                running[e.rank] = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         streams = [ar.stream_output() for ar in running.values()]
         for s in streams:
@@ -340,6 +374,38 @@ class Ranks(ShownAsText):
             state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
             lines.append(f"  rank {e.rank}  pid {e.pid:<8} {e.device:<10} {state}")
         return "\n".join(lines)
+
+
+def _profiled_cell(body: str, folder: str | None, rank: int, row_limit: int | None) -> str:
+    """The cell a rank runs for ``%%neuron ranks --profile``: ``body`` as a ``%%neuron profile`` cell, its trace
+    exported into ``folder`` when one is given."""
+    options = [] if folder is None else ["--export", shlex.quote(_trace_file(folder, rank))]
+    options += [] if row_limit is None else ["--row-limit", str(row_limit)]
+    return " ".join(["%%neuron profile", *options]) + "\n" + body
+
+
+def _trace_file(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank{rank}.json")
+
+
+def _merge_traces(folder: str, export: str, ranks: list[int]) -> str | None:
+    """The ranks' traces in ``folder`` merged into ``export``, one process per rank (a rank that wrote none, as one
+    that died, is left out); its path, or None (why, on stderr) when there was none or it could not be written."""
+    traces = {}
+    try:
+        for rank in ranks:
+            if os.path.isfile(_trace_file(folder, rank)):
+                with open(_trace_file(folder, rank)) as f:
+                    traces[rank] = json.load(f)
+        if not traces:
+            print("neuron_lab: no rank wrote a trace; nothing exported", file=sys.stderr)
+            return None
+        with open(export, "w") as f:
+            json.dump(merge.merge(traces), f)
+    except (OSError, ValueError) as e:
+        print(f"neuron_lab: the ranks' traces were not exported to {export}: {_one_line(e)}", file=sys.stderr)
+        return None
+    return export
 
 
 def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]:

@@ -4,11 +4,15 @@
 relative to the window's start and caps them. Past :data:`MAX_SPANS`, the neighbours of one kind with the
 smallest gaps between them merge first (a run of back-to-back kernels becomes one busy stretch, which is what a
 zoomed-out view shows anyway); only if kinds alternate too often for that do the shortest spans go.
+
+Several ranks' windows of one cell become one timeline (:func:`merge_ranks`): one set of lanes per rank on the
+wall clock they share, drawn by the same renderers as one rank's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from neuron_lab.report.model import HOST_LANE, Lane, MemoryCurve, ProfiledTimeline, Span
 
@@ -84,7 +88,7 @@ def build(start_ns: int, lanes: dict[str, list[tuple[int, int, str, str]]],
     allocated (+) or freed (-)); ``baselines``: device -> bytes allocated when the window began; ``max_spans``:
     the cap, :data:`MAX_SPANS` unless given.
     """
-    out = ProfiledTimeline()
+    out = ProfiledTimeline(start_ns=start_ns)
     end = start_ns
     for name in sorted(lanes, key=_lane_order):
         spans = [Span(s - start_ns, e - s, n, k, 1, e - s) for s, e, n, k in sorted(lanes[name])]
@@ -101,4 +105,28 @@ def build(start_ns: int, lanes: dict[str, list[tuple[int, int, str, str]]],
         out.memory.append(MemoryCurve(device, _thin(points, MAX_POINTS)))
     out.duration_ns = end - start_ns
     out.merged, out.dropped = _cap(out.lanes, MAX_SPANS if max_spans is None else max_spans)
+    return out
+
+
+def merge_ranks(timelines: dict[int, ProfiledTimeline], max_spans: int | None = None) -> ProfiledTimeline:
+    """One timeline of several ranks' windows: rank R's lanes and memory curves named "rank R neuron:R", "rank R
+    host", in rank order, each rank's times moved by its window's start from the earliest one's (``start_ns``: the
+    profiler's wall clock, which every process on the machine reads), so the ranks' spans of one collective line
+    up; then capped as :func:`build` caps one window (``max_spans``, :data:`MAX_SPANS` unless given)."""
+    start = min((t.start_ns for t in timelines.values()), default=0)
+    out = ProfiledTimeline(start_ns=start)
+    for rank in sorted(timelines):
+        t = timelines[rank]
+        shift = t.start_ns - start
+        out.lanes += [Lane(f"rank {rank} {x.name}", [replace(s, start_ns=s.start_ns + shift) for s in x.spans])
+                      for x in t.lanes]
+        out.memory += [MemoryCurve(f"rank {rank} {m.device}", [(ns + shift, b) for ns, b in m.points])
+                       for m in t.memory]
+        out.events += t.events
+        out.merged += t.merged
+        out.dropped += t.dropped
+        out.duration_ns = max(out.duration_ns, shift + t.duration_ns)
+    merged, dropped = _cap(out.lanes, MAX_SPANS if max_spans is None else max_spans)
+    out.merged += merged
+    out.dropped += dropped
     return out
