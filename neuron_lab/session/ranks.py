@@ -45,6 +45,7 @@ MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
+SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
 STOP_WAIT_S = 5.0  # a process asked to terminate at stop gets this long before it is killed
 
@@ -108,6 +109,10 @@ def _engine_report(cell: int) -> str | None:
     return None if report is None or report.cell != cell else json.dumps(report.as_dict())
 
 
+def _noop() -> None:
+    """A request that does nothing: answered once the kernel takes requests again (:meth:`Ranks._settle`)."""
+
+
 def _engine_stop() -> None:
     import torch.distributed as dist
 
@@ -126,6 +131,7 @@ class Engine:
     died: bool = False
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
+    last: Any = None  # the AsyncResult of the last cell sent to it
 
     @property
     def where(self) -> str:
@@ -249,11 +255,14 @@ class Ranks(ShownAsText):
             if not e.free():  # run on the others: the matching call can free a rank waiting at a collective
                 results[e.rank] = RankResult(e.rank, error=f"still running {e.busy_title}; not run here",
                                              where=e.where)
+        for e in self.engines:
+            if e.rank not in results:
+                self._settle(e)
         for e in self.engines:  # sent back to back: the ranks start together
             if e.rank not in results:
                 if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
                     self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
-                running[e.rank] = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
+                running[e.rank] = e.last = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         streams = [ar.stream_output() for ar in running.values()]
         for s in streams:
@@ -324,8 +333,28 @@ class Ranks(ShownAsText):
                   f"({', '.join(map(str, live))})", file=sys.stderr)
             self.client.send_signal(signal.SIGINT, targets=live, block=False)
 
+    def _settle(self, e: Engine) -> None:
+        """After a cell that failed on ``e``, wait until its kernel takes requests again.
+
+        A kernel aborts the requests that reach it while it is still aborting after an error (ipykernel's
+        stop_on_error); a cell sent right after an interrupted one could be dropped unrun, so a no-op goes first,
+        again until it is not aborted."""
+        if e.last is None or not e.last.ready() or e.last.successful():
+            return
+        from ipyparallel.error import TaskAborted
+
+        for _ in range(SETTLE_TRIES):
+            try:
+                self.client[e.rank].apply_async(_noop).get(timeout=FETCH_TIMEOUT_S)
+                return
+            except TaskAborted:
+                continue
+            except Exception:  # noqa: BLE001 (a dead or hung engine is reported by the cell that follows)
+                return
+
     def _fetch(self, e: Engine, title: str, cell: int | None, line_offset: int) -> RankResult:
         """The engine's report of the cell, its lines renamed to the notebook cell's."""
+        self._settle(e)
         try:
             data = self.client[e.rank].apply_async(_engine_report, cell).get(timeout=FETCH_TIMEOUT_S)
         except Exception as err:
