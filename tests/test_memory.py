@@ -402,3 +402,26 @@ def test_an_oom_cell_names_what_filled_the_device_ends_in_user_code_and_gives_th
     assert "backend/emulator/memory.py" in full["last_tb_files"]
     assert full["oom"]["freed"] == 0 and full["after"] == 824_000
     assert full["free"] == "freed 683.59 KiB of device memory; 121.09 KiB still allocated"
+
+
+_HOST_OOM_SCRIPT = """
+import json, torch, neuron_lab
+try:
+    torch.empty(1 << 44, dtype=torch.uint8, device="neuron")  # 16 TiB: within the emulated capacity, not the host's
+    message = None
+except torch.OutOfMemoryError as e:
+    message = str(e)
+reserved = torch.neuron.memory_reserved()
+torch.neuron.empty_cache()
+print(json.dumps([message, reserved, torch.neuron.memory_reserved(), torch.neuron.memory_allocated()]))
+"""
+
+
+@pytest.mark.skipif(core() != "compiled", reason="the caching allocator's reservations are the compiled core's")
+def test_host_memory_running_out_is_an_oom_that_leaves_nothing_reserved_for_good(run_python):
+    """An emulated capacity above the host's: the host's refusal is the device's OOM, and the segment reserved for it
+    is cached like a freed one, so empty_cache() gives it back."""
+    message, reserved, after, allocated = run_python(_HOST_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "100TiB"})
+    assert message.startswith("neuron:0 out of memory (emulated): the host could not provide 16384.00 GiB for the "
+                              "emulated device's bytes")
+    assert (reserved, after, allocated) == (1 << 44, 0, 0)

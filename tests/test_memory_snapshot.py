@@ -238,3 +238,13 @@ def test_an_oom_is_recorded_with_the_free_bytes(run_python) -> None:
     assert {k: oom[k] for k in ("action", "size", "device_free")} == {"action": "oom", "size": 2 << 20,
                                                                        "device_free": 1 << 20}
     assert oom["frames"][0] == {"filename": "<string>", "line": 5, "name": "<module>"}
+
+
+def test_skip_actions_leaves_them_out_and_torch_2_13s_other_arguments_are_accepted() -> None:
+    history._record_memory_history(skip_actions=["segment_alloc", "segment_free", "free_requested"],
+                                   compile_context=True, global_record_annotations=True, clear_history=True)
+    t = _empty(KIB_1000)
+    del t
+    assert [e["action"] for e in history._snapshot()["device_traces"][0]] == ["alloc", "free_completed"]
+    with pytest.raises(RuntimeError, match="skip_actions: unknown action 'malloc'"):
+        history._record_memory_history(skip_actions=["malloc"])

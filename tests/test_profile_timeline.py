@@ -300,3 +300,10 @@ def test_an_untrusted_output_says_why_no_timeline_is_drawn_and_shows_no_stray_te
     box = timeline.locator(".nlt-box")
     assert "aten::addmm (native kernel)" in box.text_content()  # the sanitizer kept the SVG's text ...
     assert box.evaluate("(b) => b.getBoundingClientRect().height") == 0  # ... where it takes no room
+
+
+def test_thinning_keeps_the_starting_value_even_when_it_is_neither_the_lowest_nor_the_highest() -> None:
+    points = [(0, 1000)] + [(t, 0 if t % 2 else 2000) for t in range(1, 5000)] + [(5000, 1000)]
+    thinned = profile_timeline._thin(points, 2000)
+    assert thinned[0] == (0, 1000) and thinned[-1] == (5000, 1000) and len(thinned) <= 2000
+    assert {v for _, v in thinned[1:-1]} == {0, 2000}

@@ -65,23 +65,23 @@ def _cap(lanes: list[Lane], cap: int) -> tuple[int, int]:
 
 
 def _thin(points: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
-    """At most about ``limit`` points: the lowest and the highest of each run of points, so peaks survive."""
+    """At most ``limit`` points: the first and the last, and the lowest and the highest of each run of points
+    between, so the start, the end and the peaks survive."""
     if len(points) <= limit:
         return points
-    size = -(-len(points) // (limit // 2))
-    out: list[tuple[int, int]] = []
-    for k in range(0, len(points), size):
-        run = points[k:k + size]
+    inner = points[1:-1]
+    size = -(-len(inner) // max((limit - 2) // 2, 1))
+    out: list[tuple[int, int]] = [points[0]]
+    for k in range(0, len(inner), size):
+        run = inner[k:k + size]
         lo, hi = min(run, key=lambda p: p[1]), max(run, key=lambda p: p[1])
         out += sorted({lo, hi})
-    if out[-1] != points[-1]:
-        out.append(points[-1])
-    return out
+    return out + [points[-1]]
 
 
 def build(start_ns: int, lanes: dict[str, list[tuple[int, int, str, str]]],
-             allocations: dict[str, Iterable[tuple[int, int]]], baselines: dict[str, int],
-             max_spans: int | None = None) -> ProfiledTimeline:
+          allocations: dict[str, Iterable[tuple[int, int]]], baselines: dict[str, int],
+          max_spans: int | None = None) -> ProfiledTimeline:
     """The timeline of a window that began at ``start_ns`` (the profiler's clock).
 
     ``lanes``: lane name -> (start ns, end ns, name, kind) of its events; ``allocations``: device -> (ns, bytes

@@ -21,6 +21,8 @@ from typing import Any
 from neuron_lab.backend.emulator import runtime as _rt
 
 _CONTEXTS = {None: 0, "state": 1, "alloc": 2, "all": 3}  # the cores' levels: stacks of nothing .. of frees too
+_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
+_SKIPPED: list[str] = []  # skip_actions of the recording: left out of the snapshot's history
 _EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
@@ -37,6 +39,8 @@ def _record_memory_history(enabled: str | None = "all", *args: Any, **kwargs: An
         max_entries: history entries kept per device; older ones are overwritten.
         device: accepted for compatibility; history is recorded for every device, as on CUDA.
         clear_history: empty the history when enabling.
+        compile_context, global_record_annotations: accepted; the emulator has no compile or annotation context.
+        skip_actions: actions left out of the history (``["free_requested", "free_completed"]``, say).
 
     A bool ``enabled`` takes CUDA's legacy arguments (``record_context``, ``trace_alloc_max_entries``,
     ``trace_alloc_record_context``, ...).
@@ -48,7 +52,9 @@ def _record_memory_history(enabled: str | None = "all", *args: Any, **kwargs: An
 
 
 def _record(enabled: str | None = "all", context: str | None = "all", stacks: str = "all",
-            max_entries: int = sys.maxsize, device: Any = None, clear_history: bool = False) -> None:
+            max_entries: int = sys.maxsize, device: Any = None, clear_history: bool = False,
+            compile_context: bool = False, global_record_annotations: bool = False,
+            skip_actions: list[str] | None = None) -> None:
     # CUDA's checks and messages (torch/csrc/cuda/memory_snapshot.cpp), raised as RuntimeError the same way
     if enabled is not None and enabled not in ("state", "all"):
         raise RuntimeError("expected state to be 'state', 'all', or None")
@@ -56,6 +62,11 @@ def _record(enabled: str | None = "all", context: str | None = "all", stacks: st
         raise RuntimeError("expected context to be 'state', 'alloc', 'all', or None")
     if stacks not in ("python", "all"):
         raise RuntimeError("expected stacks to be 'python', or 'all'")
+    unknown = sorted(set(skip_actions or ()) - _ACTIONS)
+    if unknown:
+        raise RuntimeError(f"skip_actions: unknown action {', '.join(map(repr, unknown))}; actions: "
+                           f"{', '.join(sorted(_ACTIONS))}")
+    _SKIPPED[:] = sorted(skip_actions or ()) if enabled is not None else []
     _rt.get().memory.record_history(enabled is not None, _CONTEXTS[context],
                                     max_entries if enabled == "all" else 1, clear_history)
 
@@ -81,7 +92,8 @@ def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[
         seg["frames"] = _users(seg["frames"])
         for block in seg["blocks"]:
             block["frames"] = _users(block["frames"])
-    snap["device_traces"] = [[{**e, "frames": _users(e["frames"])} for e in trace] for trace in snap["device_traces"]]
+    snap["device_traces"] = [[{**e, "frames": _users(e["frames"])} for e in trace if e["action"] not in _SKIPPED]
+                             for trace in snap["device_traces"]]
     if augment_with_fx_traces:
         from torch._utils import _augment_memory_snapshot_stack_traces
 

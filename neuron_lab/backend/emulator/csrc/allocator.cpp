@@ -200,7 +200,19 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   // One byte at least, so every live allocation has a pointer of its own. Taken from the host directly, not
   // through the CPU allocator, so that torch.profiler counts these bytes once, as the device's.
   size_t bytes = std::max<size_t>(n, 1);
-  void* data = c10::alloc_cpu(bytes);
+  void* data = nullptr;
+  try {
+    data = c10::alloc_cpu(bytes);
+  } catch (const c10::Error&) {  // the host has not the bytes: the segment goes back, cached, as after a free
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      cache(devices_[device], std::move(seg), small);
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", static_cast<int>(device), " out of memory (emulated): ",
+                     "the host could not provide ", format_size(static_cast<int64_t>(n)),
+                     " for the emulated device's bytes (they live in host memory; NEURON_LAB_DEVICE_MEMORY sets the "
+                     "emulated capacity, not the host's)");
+  }
   c10::Storage host(c10::Storage::use_byte_size_t(), bytes,
                     c10::DataPtr(data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)), nullptr, false);
   return register_block(std::move(host), n, std::move(seg), small, device, std::move(ctx));
@@ -222,6 +234,11 @@ c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex d
   return register_block(host, n, std::move(seg), small, device, std::move(ctx));
 }
 
+void NeuronAllocator::cache(DeviceMemory& d, Segment segment, bool small) {
+  d.cached_bytes += static_cast<int64_t>(segment.size);
+  (small ? d.cached_small : d.cached_large)[segment.size].push_back(std::move(segment));
+}
+
 void NeuronAllocator::release(Block* b) {
   Context freed_at = gather(3);
   {
@@ -237,8 +254,7 @@ void NeuronAllocator::release(Block* b) {
     const Context& ctx = freed_at ? freed_at : b->context;
     record(d, TraceEntry::kFreeRequested, b->segment.addr, b->nbytes, ctx);
     record(d, TraceEntry::kFreeCompleted, b->segment.addr, b->nbytes, ctx);
-    d.cached_bytes += static_cast<int64_t>(b->segment.size);
-    (b->small ? d.cached_small : d.cached_large)[b->segment.size].push_back(std::move(b->segment));
+    cache(d, std::move(b->segment), b->small);
     d.live.erase(b);
     by_ptr_.erase(b->ptr);
     total_ -= static_cast<int64_t>(b->nbytes);

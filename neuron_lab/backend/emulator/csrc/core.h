@@ -141,6 +141,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   Segment reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx);
   c10::DataPtr register_block(c10::Storage host, size_t n, Segment segment, bool small, c10::DeviceIndex device,
                               Context ctx);
+  void cache(DeviceMemory& d, Segment segment, bool small);  // a freed segment stays reserved, reusable
   void release_cached(DeviceMemory& d, c10::DeviceIndex device);
   Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
   void record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size, const Context& ctx);
