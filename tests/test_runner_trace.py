@@ -8,16 +8,22 @@ work), so the events asserted are exact; the merge of the ranks' traces is also 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import textwrap
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import core, neuron_lab_run
+from shells import run as run_cell
 
-from neuron_lab.runner import options
+from neuron_lab.extension import session_of
+from neuron_lab.runner import options, traces
+from neuron_lab.runner.inputs import InputError
+from neuron_lab.runner.kernel_trace import OWN_PROFILER, CellTracer
 from neuron_lab.trace import merge
 
 RUN_TIMEOUT = 240  # seconds for one whole `neuron-lab run`
@@ -97,6 +103,85 @@ def test_a_trace_folder_that_cannot_be_made_is_bad_usage_before_anything_runs(tm
     assert "starting a kernel" not in text
 
 
+OWN_PROFILERS = """
+    import os
+    import torch
+    import neuron_lab
+    a = torch.ones(16, 16).to("neuron")
+    c = a @ a
+    # %%
+    with neuron_lab.profile() as r:
+        d = a @ a
+    assert [row.op for row in r.profiled.rows] == ["aten::mm"], r.profiled.rows
+    # %%
+    with torch.profiler.profile() as p:
+        e = a @ a
+    assert "aten::mm" in p.key_averages().table()
+    # %%
+    os.makedirs("out/cell-004.json/in-the-way")  # where this cell's trace goes: the profiler cannot write it
+    f = a @ a
+    # %%
+    g = a @ a
+"""
+
+
+def test_a_cell_that_runs_its_own_profiler_runs_as_without_trace_and_the_runner_says_it_wrote_none(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("cell-007.json", "cell-002.rank1.json", "cell-1.json", "notes.json"):  # a longer earlier run's
+        (out / name).write_text("{}")
+    code, text = run(tmp_path, OWN_PROFILERS, "--trace", "out", "--json", "run.json")
+    assert code == 0, text  # as without --trace: each cell's own profiler ran, and saw its op
+    assert "\ncell 2: no trace (the cell ran its own profiler)\n" in text
+    assert "\ncell 3: no trace (the cell ran its own profiler)\n" in text
+    assert f"\ncell 4: no trace (cannot write {out / 'cell-004.json'}: " in text
+    assert not [line for line in text.splitlines() if line.startswith(("cell 1:", "cell 5:"))]
+    assert f"\ntraces: 2 Chrome traces in {out}{os.sep} (cell-001.json … cell-005.json); 3 cells without one " \
+           "(said above); open one in https://ui.perfetto.dev\n" in text
+    # the earlier run's traces are gone, the files the runner does not name kept
+    assert sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.endswith(".tmp")) == \
+        ["cell-001.json", "cell-005.json", "cell-1.json", "notes.json"]
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert [c["no_trace"] for c in doc["cells"]][:3] == [None, OWN_PROFILER, OWN_PROFILER]
+    assert doc["traces"] == [str(out / "cell-001.json"), str(out / "cell-005.json")]
+    # the tracer took up again after the raw profiler: the last cell's report has its op table
+    assert [r["op"] for r in doc["cells"][4]["report"]["profiled"]["rows"]] == ["aten::mm"]
+    assert doc["cells"][2]["report"]["profiled"] is None
+    # the cell whose trace could not be written keeps its op table, and its report names no file
+    assert doc["cells"][3]["report"]["profiled"]["trace_path"] is None
+    assert [r["op"] for r in doc["cells"][3]["report"]["profiled"]["rows"]] == ["aten::mm"]
+    cell_4 = text[text.index("\n[4/5] "):text.index("\ncell 4: no trace")]
+    assert "profile: 1 op" in cell_4 and "trace: " not in cell_4
+
+
+def test_the_tracer_gives_way_in_a_shell_and_leaves_with_the_extension(shell, tmp_path):
+    run_cell(shell, "import torch, neuron_lab\na = torch.ones(8, 8).to('neuron')")
+    tracer = CellTracer.of(session_of(shell))
+    cells = ["c = a @ a", "%%neuron profile\nd = a @ a", "with neuron_lab.profile() as r:\n    e = a @ a",
+             "with torch.profiler.profile():\n    f = a @ a", "g = a @ a"]
+    wrote, why = [], []
+    for k, code in enumerate(cells):
+        tracer.arm(str(tmp_path / f"{k}.json"))
+        run_cell(shell, code)
+        wrote.append((tmp_path / f"{k}.json").is_file())
+        why.append(tracer.missing)
+    assert wrote == [True, False, False, False, True]
+    assert why == [None, OWN_PROFILER, OWN_PROFILER, OWN_PROFILER, None]
+    assert [r.op for r in shell.user_ns["r"].profiled.rows] == ["aten::mm"]
+    # %reload_ext: the old session's tracer is dropped with it (no IPython event keeps it)
+    gone = weakref.ref(tracer)
+    del tracer
+    run_cell(shell, "%reload_ext neuron_lab")
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_trace_folder_the_runner_cannot_write_into_is_bad_usage_even_for_root():
+    with pytest.raises(InputError) as e:  # /proc: root passes os.access there, but no file can be made
+        traces.prepare("/proc")
+    assert str(e.value) == "--trace /proc: cannot write into /proc: No such file or directory"
+
+
 TWO_RANKS = """
     import torch
     import torch.distributed as dist
@@ -110,6 +195,10 @@ TWO_RANKS = """
     y = x @ x
     dist.all_reduce(y)
     # %%
+    if rank == 1:  # its own profiler: no trace from rank 1, rank 0's is the cell's
+        with torch.profiler.profile():
+            z = x @ x
+    # %%
     dist.destroy_process_group()
 """
 
@@ -120,7 +209,10 @@ def test_two_ranks_merge_into_one_trace_with_a_process_and_a_device_lane_per_ran
     assert code == 0, text
     out = tmp_path / "out"
     assert {"cell-002.json", "cell-002.rank0.json", "cell-002.rank1.json"} <= {p.name for p in out.iterdir()}
-    assert f"\ntraces: 3 Chrome traces in {out}{os.sep} (cell-001.json … cell-003.json); " in text
+    assert f"\ntraces: 4 Chrome traces in {out}{os.sep} (cell-001.json … cell-004.json); 1 cell without one on " \
+           "a rank (said above); " in text
+    assert "\ncell 3: no trace on rank 1 (the cell ran its own profiler)\n" in text
+    assert "cell-003.rank1.json" not in {p.name for p in out.iterdir()}
     evs = events(out / "cell-002.json")
     names = processes(evs)
     assert sorted(n for n in names.values() if n.startswith("rank ") and n.count(" ") == 1) == ["rank 0", "rank 1"]

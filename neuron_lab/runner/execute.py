@@ -170,7 +170,18 @@ class Run:
         rec.execution_count = cell.get("execution_count")
         if trace is not None and os.path.isfile(trace):  # written as the cell ended, even when it raised
             rec.trace = trace
-        return None if rec.status in (DIED, STOPPED) else await self._fetch(rec)
+        if rec.status in (DIED, STOPPED):
+            return None
+        if trace is not None and rec.trace is None:
+            rec.no_trace = await self._why_no_trace()
+        return await self._fetch(rec)
+
+    async def _why_no_trace(self) -> str | None:
+        """``--trace``, a cell that wrote no trace: why, as the kernel's tracer saw it."""
+        try:
+            return await asyncio.wait_for(_ask(self.client, f"{_HOOK}.trace_missing(get_ipython())"), 60)
+        except (KernelFailed, DeadKernelError, asyncio.TimeoutError):
+            return None
 
     async def _arm_trace(self, rec: CellRecord) -> str | None:
         """``--trace``: tell the kernel where the cell's trace goes; None when it will not write one (the notebook

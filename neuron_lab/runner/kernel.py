@@ -2,10 +2,10 @@
 
 ``neuron-lab run`` sends silent executions (no history, no cell events, no output) that evaluate a user
 expression here: :func:`install` once before the first cell, :func:`after_cell` after every cell, and with
-``--trace`` :func:`arm_trace` before every cell. A notebook that loads the extension itself
-(``%load_ext neuron_lab``) gets no :func:`install`: its first cells may set what the backend reads when it starts
-(``%env NEURON_LAB_DEVICE_MEMORY=...``), so nothing of neuron_lab, not even torch, is imported before
-it; :func:`after_cell` attaches once the notebook has loaded it.
+``--trace`` :func:`arm_trace` before every cell and :func:`trace_missing` after one that wrote no trace. A
+notebook that loads the extension itself (``%load_ext neuron_lab``) gets no :func:`install`: its first cells may
+set what the backend reads when it starts (``%env NEURON_LAB_DEVICE_MEMORY=...``), so nothing of neuron_lab, not
+even torch, is imported before it; :func:`after_cell` attaches once the notebook has loaded it.
 
 Everything the runner keeps in the kernel is one :class:`Collector`, registered with the session as a
 listener (so :func:`after_cell` finds it there again) and, for a script, a :class:`Script` registered as one
@@ -143,6 +143,16 @@ def arm_trace(shell: Any, path: str) -> Payload:
         return Payload(False)
     CellTracer.of(session).arm(path)
     return Payload(True)
+
+
+def trace_missing(shell: Any) -> Payload:
+    """``--trace``: why the cell just run wrote no trace (None when it wrote one, or nothing was armed)."""
+    from neuron_lab import extension
+    from neuron_lab.runner.kernel_trace import CellTracer
+
+    session = extension.session_of(shell)
+    tracer = None if session is None else CellTracer.find(session)
+    return Payload(None if tracer is None else tracer.missing)
 
 
 def _on_rank_device(session: Any) -> bool:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     total = len(program.code_cells)
     _say(progress.starting(program))
     outcome = execute.run(program, env, args.timeout,
-                          on_cell=lambda rec: _say(*progress.cell(rec, total)),
+                          on_cell=lambda rec: _say(*progress.cell(rec, total), *traces.missing(rec)),
                           on_ready=lambda info: _say(progress.ready(info)),
                           trace=None if trace_dir is None else
                           lambda rec: traces.fresh(trace_dir, rec.number, total))
@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     code = exit_code(outcome, checked)
     _say(*summary.render(result))
     if trace_dir is not None:
-        _say(*traces.said(trace_dir, [Path(c.trace) for c in outcome.cells if c.trace]))
+        _say(*traces.said(trace_dir, [Path(c.trace) for c in outcome.cells if c.trace],
+                          sum(c.no_trace is not None for c in outcome.cells)))
     if checked:
         _say("gates:", *(f"  {g.line}" for g in checked))
     if outcome.kernel_error:
@@ -108,6 +109,9 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
     def on_cell(so_far: ranks.RanksOutcome, number: int) -> None:
         _say(*ranks_view.cell(so_far, number, total))
         if trace_dir is not None:
+            for rank, rec in enumerate(so_far.cell(number)):
+                if rec.no_trace is not None:
+                    _say(*traces.missing(rec, rank))
             path, why = traces.merge_cell(trace_dir, number, total, args.nproc)
             if why is not None:
                 print(f"neuron-lab run: --trace: {why}", file=sys.stderr)
@@ -125,7 +129,8 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
     code = ranks_exit_code(outcome, checked)
     _say(*ranks_view.summary(program, outcome))
     if trace_dir is not None:
-        _say(*traces.said(trace_dir, merged))
+        without = sum(any(rec.no_trace is not None for rec in outcome.cell(k)) for k in range(1, total + 1))
+        _say(*traces.said(trace_dir, merged, without, ranks=True))
     if checked:
         _say("gates:", *(f"  {g.line}" for g in checked))
     for rank, why in outcome.kernel_errors:

@@ -52,9 +52,12 @@ def examples(rows: tuple[tuple[str, str], ...]) -> str:
 EPILOG = "exit codes:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in MEANINGS.items()) + f"""\
 A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both; Ctrl-C (130) all.
 --json, --html and --output are written in every case but {EXIT_USAGE}, with the cells that ran.
---trace DIR is checked (created if missing) before any cell runs: one that cannot be written into is {EXIT_USAGE}.
-Each cell that ran writes DIR/cell-001.json, cell-002.json, ... (cell k of the [k/n] progress lines), the
-cell that raised too; the cell reports show its op table, the summary where the traces are.
+--trace DIR is checked (created if missing) before any cell runs: one that cannot be written into is {EXIT_USAGE};
+an earlier run's DIR/cell-*.json are removed then (no other file). Each cell that ran writes DIR/cell-001.json,
+cell-002.json, ... (cell k of the [k/n] progress lines), the cell that raised too; the cell reports show its op
+table, the summary where the traces are. A cell that runs its own profiler (%%neuron profile, neuron_lab.profile(),
+torch.profiler.profile()) runs as it does without --trace and writes no trace; a line after it says so, and why
+when a trace could not be written.
 
 A script (.py) runs as one cell per `# %%` chunk (a script without markers is one cell);
 its call sites are reported as FILE:LINE.

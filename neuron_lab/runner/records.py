@@ -26,6 +26,7 @@ class CellRecord:
     error: dict[str, Any] | None = None  # {"ename", "evalue", "traceback"}
     where: str | None = None  # a script chunk's "path:line", known before the cell runs
     trace: str | None = None  # the Chrome trace this cell wrote (--trace; one rank's with --nproc)
+    no_trace: str | None = None  # --trace: why this cell wrote none ("the cell ran its own profiler")
 
     @property
     def label(self) -> str:
@@ -41,7 +42,7 @@ class CellRecord:
         return {"index": self.index, "number": self.number, "label": self.label,
                 "execution_count": self.execution_count, "status": self.status, "seconds": round(self.seconds, 4),
                 "touched_device": self.touched_device, "report": self.report, "error": self.error,
-                "trace": self.trace}
+                "trace": self.trace, "no_trace": self.no_trace}
 
     def as_report(self) -> Report | None:
         return None if self.report is None else Report.from_dict(self.report)

@@ -93,15 +93,23 @@ def check_row_limit(n: int) -> int:
     return n
 
 
+_YIELDING: list[OpProfile] = []  # the background profiles running now (``yields=True``), that any other stops
+
+
 class OpProfile:
     """torch.profiler (CPU, and the device when a backend serves it) plus the backend's op events, from
     :meth:`start` to :meth:`stop`; :meth:`result` reads them into a :class:`Profiled`.
 
     ``with_stack`` adds torch's Python tracer: the exported trace then shows the Python frames above each op
     (worth it for a trace viewer; the tables do not need it, and it costs the profiled code about a third more).
+
+    ``yields`` makes a background profile (``neuron-lab run --trace``'s, around each cell) that gives way to the
+    user's: another OpProfile started while it runs stops it first, and a raw ``torch.profiler.profile()``
+    ends its session anyway (Kineto runs one at a time); either way :attr:`gave_way` is then True, and what it
+    holds is a part of the window at most: read nothing from it.
     """
 
-    def __init__(self, locator: Locator | None = None, *, with_stack: bool = False) -> None:
+    def __init__(self, locator: Locator | None = None, *, with_stack: bool = False, yields: bool = False) -> None:
         self._calls = _Calls(locator if locator is not None else FileLocator())
         activities = [ProfilerActivity.CPU]
         if _backend.is_active():
@@ -111,8 +119,13 @@ class OpProfile:
         self._baselines: dict[str, int] = {}
         self._unsubscribe: Any = None
         self._running = False
+        self._yields = yields
+        self.gave_way = False
 
     def start(self) -> OpProfile:
+        for background in list(_YIELDING):
+            background.gave_way = True
+            background.stop()
         if torch._C._autograd._profiler_enabled():  # a second session would silently take the first one's events
             raise ValueError("torch.profiler is already running: profiles do not nest; stop the other one first")
         if _backend.is_active() and PROFILE_MEMORY:
@@ -121,6 +134,8 @@ class OpProfile:
         self._running = True
         if _backend.is_active():
             self._unsubscribe = _backend.active().subscribe(self._calls)
+        if self._yields:
+            _YIELDING.append(self)
         return self
 
     def stop(self) -> None:
@@ -128,9 +143,14 @@ class OpProfile:
         if not self._running:
             return
         self._running = False
+        if self in _YIELDING:
+            _YIELDING.remove(self)
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._yields and not torch._C._autograd._profiler_enabled():  # a raw torch.profiler ended our session
+            self.gave_way = True  # (exiting now would only log Kineto's "no active profiling session")
+            return
         self._prof.__exit__(None, None, None)
 
     def result(self, *, export: str | None = None, row_limit: int = DEFAULT_ROW_LIMIT) -> Profiled:
