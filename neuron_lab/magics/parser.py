@@ -111,11 +111,9 @@ def build() -> NeuronArgumentParser:
                        ("tensors", "the device tensors, the names that refer to them and what holds them"),
                        ("fallbacks", "the CPU-fallback inspector: ops that did not run natively, with call sites"),
                        ("compiles", "graphs, graph breaks, recompiles and compile time per cell")):
-        sv = command(name, help=f"view: {what}; the state at the end of its cell, or --live",
-                     description=f"{what[0].upper()}{what[1:]}. The state at the end of this cell, kept as "
-                                 "it is; --live follows the session like `%neuron dashboard`.")
-        sv.add_argument("--live", action="store_true", help="follow the session: update after every cell and "
-                                                            "while cells run")
+        sv = command(name, help=f"view: {what}",
+                     description=f"{what[0].upper()}{what[1:]}, as at the end of this cell.")
+        sv.add_argument("--live", action="store_true", help="update after every cell and while cells run")
     pr = command("profile", help="show or switch the op-coverage profile; %%neuron profile: time per op and line",
                  description="The coverage profile decides which ops the emulator runs natively and which "
                              "it reports as CPU fallbacks. `%%neuron profile` runs the cell under torch.profiler.")
@@ -153,8 +151,7 @@ def build() -> NeuronArgumentParser:
                          f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     ra.add_argument("--profile", action="store_true",
-                    help="cell: run it under torch.profiler on every rank; the report adds each rank's profile, the "
-                         "op table of rank 0 and one timeline with a set of lanes per rank")
+                    help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
     ra.add_argument("--export", metavar="PATH",
                     help="cell, with --profile: write the ranks' Perfetto traces merged into one, a process per rank")
     ra.add_argument("--row-limit", type=int, metavar="N", help="cell, with --profile: rows shown (default 10)")
