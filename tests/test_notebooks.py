@@ -465,6 +465,20 @@ def check_distributed(r: Ran) -> None:
     assert f"        at In[{r.n('fsdp')}] line {r.line('fsdp', 'loss.backward()')}: loss.backward()  (36×)" in fsdp
     _starting(fsdp, "    c10d::all_gather_into_tensor          60× ")
 
+    profiled = _shown(r, "profile", "neuron_lab In[")  # one FSDP2 step under torch.profiler on every rank
+    assert " · 32 collective calls · no CPU fallbacks" in profiled[0], profiled[0]
+    assert "profiled on 4 ranks: op table and time per line of rank 0, the timeline of all ranks on one clock" \
+        in profiled
+    gathers = profiled[_starting(profiled, "  c10d::all_gather_into_tensor     collective  5      ")]
+    assert "  0 µs    [3608] float32  " in gathers, gathers  # device work: no host time of its own
+    scatters = profiled[_starting(profiled, "  c10d::reduce_scatter_tensor.avg  collective  3      ")]
+    assert re.search(rf"\[49984\] float32 +In\[{r.n('profile')}\] line {r.line('profile', 'loss.backward()')}$",
+                     scatters), scatters
+    lanes = [x for x in profiled if x.startswith("  rank ") and " events, busy " in x]
+    assert [x.split(": ")[0] for x in lanes] == [f"  rank {k} neuron:{k}" for k in range(4)], lanes
+    html = next(o.data["text/html"] for o in r.cell("profile").outputs if "text/html" in o.get("data", {}))
+    assert html.count("data-kind='collective'") >= 4 * 8, "each rank's 8 collectives on its lane"
+
     flagged = _shown(r, "unsupported", "neuron_lab In[")
     assert " · 6 collective calls · no CPU fallbacks · 2 unsupported calls" in flagged[0], flagged[0]
     i = _starting(flagged, "  not supported on TorchNeuron (1 op, 2 calls, ")

@@ -194,7 +194,7 @@ class Span:
     start_ns: int  # from the window's start
     dur_ns: int
     name: str  # the op ("aten::addmm", "Memcpy HtoD (host -> neuron)"); the first one's when merged
-    kind: str  # KERNEL, COPY, or the off-device kind of neuron_lab.kinds ("fallback", "host")
+    kind: str  # KERNEL, COPY, "collective", or the off-device kind of neuron_lab.kinds ("fallback", "host")
     events: int = 1  # profiled events it stands for
     busy_ns: int = 0  # their own time (less than dur_ns when merged events had gaps between them)
 

@@ -14,7 +14,7 @@ import math
 import uuid
 from html import escape
 
-from neuron_lab.kinds import FALLBACK, HOST
+from neuron_lab.kinds import COLLECTIVE, FALLBACK, HOST
 from neuron_lab.report.model import COPY, KERNEL, MemoryCurve, ProfiledTimeline, Span
 from neuron_lab.units import count, format_seconds, format_size
 
@@ -25,8 +25,8 @@ AXIS_H = 22
 LANE_H = 22
 MEMORY_H = 56
 MIN_SPAN_PX = 1.0  # a span never narrower than this, so short kernels stay visible
-COLOURS = {KERNEL: "#4c78a8", COPY: "#54a24b", FALLBACK: "#e45756", HOST: "#f58518"}
-LEGEND = {KERNEL: "native kernel", COPY: "copy", FALLBACK: "CPU fallback", HOST: "host op"}
+COLOURS = {KERNEL: "#4c78a8", COPY: "#54a24b", COLLECTIVE: "#b279a2", FALLBACK: "#e45756", HOST: "#f58518"}
+LEGEND = {KERNEL: "native kernel", COPY: "copy", COLLECTIVE: "collective", FALLBACK: "CPU fallback", HOST: "host op"}
 MEMORY_COLOUR = "#7f5fbf"
 _UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
 UNTRUSTED = "If no timeline is drawn here, this output is not trusted: run the cell again, or trust the notebook."

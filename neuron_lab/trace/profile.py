@@ -27,7 +27,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
 from neuron_lab import backend as _backend
-from neuron_lab.kinds import KINDS, NATIVE, OFF_DEVICE
+from neuron_lab.kinds import COLLECTIVE, KINDS, NATIVE, OFF_DEVICE
 from neuron_lab.report.model import (
     COPY,
     HOST_LANE,
@@ -49,6 +49,7 @@ DEFAULT_ROW_LIMIT = 10
 # whether windows record device allocations (the timeline's memory curves); bench/profile_overhead.py measures it
 PROFILE_MEMORY = True
 MEMORY = "[memory]"  # the name of torch.profiler's allocation events (profile_memory=True)
+COLLECTIVE_PREFIX = "c10d::"  # a collective on a device lane, from call to completion ("c10d::all_reduce.sum")
 
 
 class _Call(NamedTuple):
@@ -244,7 +245,8 @@ def _timeline(results: Any, events: list[_Event], host_work: dict[int, str],
             if e.device:
                 allocations.setdefault(e.device, []).append((e.start, e.kineto.nbytes()))
         elif e.device:
-            kind = COPY if e.name.startswith("Memcpy") else KERNEL
+            kind = COPY if e.name.startswith("Memcpy") else COLLECTIVE if e.name.startswith(COLLECTIVE_PREFIX) \
+                else KERNEL
             lanes.setdefault(e.device, []).append((e.start, e.end, e.name, kind))
         elif id(e) in host_work:
             op = e.name.partition(": ")[2]  # "CPU fallback: aten::atan2" -> "aten::atan2"
@@ -283,6 +285,36 @@ def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
     lines: dict[tuple[str, int], LineTime] = {}
     sites: dict[tuple[str, int], Site] = {}
     out = Profiled(lanes={lane: _busy_ns(spans) for lane, spans in sorted(lanes.items())}, timeline=timeline)
+
+    def tally(name: str, kind: str, shapes: tuple, dtypes: tuple, where: tuple[str, int] | None, device_ns: int,
+              host_ns: int) -> None:
+        """One profiled call into its op's row, the window's totals and its line's time."""
+        row = rows.get((name, kind))
+        if row is None:
+            row = rows[(name, kind)] = ProfiledOp(name, kind, shapes=shapes, dtypes=dtypes)
+            row_sites[(name, kind)] = {}
+        row.calls += 1
+        row.device_ns += device_ns
+        row.host_ns += host_ns
+        out.device_ns += device_ns
+        out.host_ns += host_ns
+        if where is None:
+            row.unattributed += 1
+            out.unattributed_ns += device_ns + host_ns
+            return
+        site = sites.get(where)
+        if site is None:
+            site = sites[where] = calls.locator.site(*where)
+        for table, into in ((row_sites[(name, kind)], row.sites), (lines, None)):
+            lt = table.get(where)
+            if lt is None:
+                lt = table[where] = LineTime(site)
+                if into is not None:
+                    into.append(lt)
+            lt.calls += 1
+            lt.device_ns += device_ns
+            lt.host_ns += host_ns
+
     for name, profiled in by_name.items():
         made = calls.by_name.get(name, [])
         if len(made) != len(profiled):  # the two do not pair up: no line rather than a wrong one
@@ -301,31 +333,19 @@ def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
                 kind = next((host_work[id(e)] for e in work if id(e) in host_work),
                             COPY if dev and all(e.name.startswith("Memcpy") for e in dev) else NATIVE)
                 shapes, dtypes, where = op.shapes, (), None
-            row = rows.get((name, kind))
-            if row is None:
-                row = rows[(name, kind)] = ProfiledOp(name, kind, shapes=shapes, dtypes=dtypes)
-                row_sites[(name, kind)] = {}
-            row.calls += 1
-            row.device_ns += device_ns
-            row.host_ns += host_ns
-            out.device_ns += device_ns
-            out.host_ns += host_ns
-            if where is None:
-                row.unattributed += 1
-                out.unattributed_ns += device_ns + host_ns
-                continue
-            site = sites.get(where)
-            if site is None:
-                site = sites[where] = calls.locator.site(*where)
-            for table, into in ((row_sites[(name, kind)], row.sites), (lines, None)):
-                lt = table.get(where)
-                if lt is None:
-                    lt = table[where] = LineTime(site)
-                    if into is not None:
-                        into.append(lt)
-                lt.calls += 1
-                lt.device_ns += device_ns
-                lt.host_ns += host_ns
+            tally(name, kind, shapes, dtypes, where, device_ns, host_ns)
+    # collectives: device work of their own, no CPU op around them; the k-th to complete pairs with the k-th reported
+    collectives: dict[str, list[_Event]] = {}
+    for e in events:
+        if e.device and e.name.startswith(COLLECTIVE_PREFIX):
+            collectives.setdefault(e.name.partition(".")[0], []).append(e)
+    for name, profiled in collectives.items():
+        made = [c for c in calls.by_name.get(name, []) if c.kind == COLLECTIVE]
+        if len(made) != len(profiled):
+            made = []
+        for k, e in enumerate(sorted(profiled, key=lambda e: e.end)):
+            shapes, dtypes, where = (made[k].shapes, made[k].dtypes, made[k].where) if made else ((), (), None)
+            tally(e.name, COLLECTIVE, shapes, dtypes, where, e.end - e.start, 0)
     for row in rows.values():
         row.sites.sort(key=lambda x: -x.total_ns)
     out.rows = sorted(rows.values(), key=lambda r: (-r.total_ns, r.op))

@@ -57,7 +57,8 @@ def install(profile=None) -> _rt.Runtime:
     if core is not None:
         recorder = compiled.CoreRecorder(core)
         pieces = dict(memory=compiled.CoreMemory(core), recorder=recorder, devices=compiled.CoreDevices(core),
-                      bridge=compiled.CoreBridge(core), on_profile=lambda _p: core.forget_kinds(), libraries=[])
+                      bridge=compiled.CoreBridge(core), on_profile=lambda _p: core.forget_kinds(), libraries=[],
+                      trace=compiled.CoreTrace(core))
         rt = _rt.Runtime(_rt.COMPILED, why, topo, profile=profile, **pieces)
         compiled.configure(core, topo.capacities, lambda name, dtypes: rt.classify(name, frozenset(dtypes)),
                            recorder, _allocation_site, emulate_downcast)

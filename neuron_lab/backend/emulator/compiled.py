@@ -193,6 +193,15 @@ class CoreDevices:
         return self._core.default_generator(index)
 
 
+class CoreTrace:
+    """The device's lanes in torch.profiler, for work the core does not run itself (collectives)."""
+
+    def __init__(self, core: ModuleType) -> None:
+        self.active = core.profiling
+        self.clock = core.profile_clock
+        self.collective = core.trace_collective
+
+
 class CoreBridge:
     """Zero-copy host views for code that computes on the host itself (compiled graphs)."""
 

@@ -196,28 +196,40 @@ def unsupported(pg: dist.ProcessGroup, name: str, tensors: list[torch.Tensor], a
 
 def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Work]], Callable[..., dist.Work]]:
     """Report each call of the wrapped collective as a ``collective`` event (``payload``: the index of the argument
-    holding the tensors it was handed), and as ``unsupported`` too when TorchNeuron would refuse it."""
+    holding the tensors it was handed), and as ``unsupported`` too when TorchNeuron would refuse it; while
+    torch.profiler records the device, the call is also a kernel on its device's lane, named as reports name it
+    (``c10d::all_reduce.sum``)."""
     def wrap(method: Callable[..., dist.Work]) -> Callable[..., dist.Work]:
         @functools.wraps(method)
         def call(self: ProcessGroupNeuron, *args: Any, **kwargs: Any) -> dist.Work:
-            recorder = _rt.get().recorder
-            if not recorder.wants(COLLECTIVE) and not recorder.wants(UNSUPPORTED):
+            rt = _rt.get()
+            recorder = rt.recorder
+            reported = recorder.wants(COLLECTIVE) or recorder.wants(UNSUPPORTED)
+            traced = rt.trace.active()
+            if not reported and not traced:
                 return method(self, *args, **kwargs)
             given = (*args, *kwargs.values())
             tensors = _flat(given[payload]) if payload is not None and payload < len(given) else []
             opts = next((a for a in given if hasattr(a, "reduceOp")), None)
             op = opts.reduceOp.op.name.lower() if opts is not None else ""  # before AVG/PREMUL_SUM become SUM
-            limit = unsupported(self, name, tensors, given)
-            start = time.perf_counter_ns()
+            limit = unsupported(self, name, tensors, given) if reported else ""
+            start, clock = time.perf_counter_ns(), rt.trace.clock()
             try:
                 return method(self, *args, **kwargs)
             finally:  # a collective that raised (a peer gone, the group's timeout) is reported at its line too
-                shapes, dtypes = signature_of(tuple(tensors), {})
-                event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes, time.perf_counter_ns() - start,
-                                sum(t.numel() * t.element_size() for t in tensors), self.size())
-                recorder.emit(event, tuple(tensors))
-                if limit:
-                    recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
+                nbytes = sum(t.numel() * t.element_size() for t in tensors)
+                if traced:
+                    on = next((t.device.index for t in tensors if t.device.type == BACKEND), None)
+                    rt.trace.collective(f"c10d::{name}.{op}" if op else f"c10d::{name}",
+                                        rt.devices.current_device() if on is None else on, nbytes, clock,
+                                        rt.trace.clock())
+                if reported:
+                    shapes, dtypes = signature_of(tuple(tensors), {})
+                    event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes,
+                                    time.perf_counter_ns() - start, nbytes, self.size())
+                    recorder.emit(event, tuple(tensors))
+                    if limit:
+                        recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
         return call
     return wrap
 

@@ -55,6 +55,19 @@ def direct_ops() -> list[str]:
     return [*DIRECT_OPS, *foreach]
 
 
+class NoDeviceTrace:
+    """The pure-Python core puts no device lanes into torch.profiler: there is nothing to add work to."""
+
+    def active(self) -> bool:
+        return False
+
+    def clock(self) -> int:
+        return 0
+
+    def collective(self, name: str, device: int, nbytes: int, start_ns: int, end_ns: int) -> None:
+        pass
+
+
 @dataclass
 class Runtime:
     core: str  # COMPILED | PYTHON
@@ -71,6 +84,7 @@ class Runtime:
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
     emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
+    trace: Any = field(default_factory=NoDeviceTrace)  # compiled.CoreTrace: work added to the profiler's device lanes
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the profile

@@ -138,11 +138,8 @@ class Session final : public libkineto::IActivityProfilerSession {
         a.device = s.device;
         a.resource = 0;
         devices.insert(s.device);
-        if (s.work == Work::kCopy) {
-          a.addMetadata("bytes", s.bytes);
-        } else {
-          a.addMetadataQuoted("kind", s.kind);
-        }
+        if (s.work != Work::kCopy) a.addMetadataQuoted("kind", s.kind);
+        if (s.bytes) a.addMetadata("bytes", s.bytes);
       }
       logger.handleActivity(a);
     }
@@ -285,6 +282,14 @@ void trace_copy(bool to_device, bool from_device, c10::DeviceIndex device, int64
                      : to_device             ? "Memcpy HtoD (host -> neuron)"
                                              : "Memcpy DtoH (neuron -> host)";
   add({name, "", start_ns, end_ns, bytes, current_correlation(), thread_id(), device, Work::kCopy});
+}
+
+void trace_collective(const std::string& name, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,
+                      int64_t end_ns) {
+  if (!kineto_on.load(std::memory_order_relaxed)) return;
+  // Not linked to the innermost CPU op: a collective is its own call (DDP's come from autograd's hooks, inside
+  // whatever op was running), and tables list it as such.
+  add({name, "collective", start_ns, end_ns, bytes, 0, thread_id(), device, Work::kKernel});
 }
 
 void set_trace_kinds(const std::vector<std::string>& names, const std::vector<std::string>& labels) {
