@@ -478,6 +478,7 @@ def check_distributed(r: Ran) -> None:
     assert [x.split(": ")[0] for x in lanes] == [f"  rank {k} neuron:{k}" for k in range(4)], lanes
     html = next(o.data["text/html"] for o in r.cell("profile").outputs if "text/html" in o.get("data", {}))
     assert html.count("data-kind='collective'") >= 4 * 8, "each rank's 8 collectives on its lane"
+    assert not [o for o in r.cell("profile").outputs if "USDT" in o.get("text", "")]  # Kineto's session lines
 
     flagged = _shown(r, "unsupported", "neuron_lab In[")
     assert " · 6 collective calls · no CPU fallbacks · 2 unsupported calls" in flagged[0], flagged[0]

@@ -192,6 +192,7 @@ def test_profile_in_a_script_reports_file_and_line(tmp_path: Path) -> None:
     assert out[0].startswith("neuron_lab profile · neuron:0 · default · ")
     assert f"trace: {trace} (open it in https://ui.perfetto.dev)" in out
     assert json.loads(trace.read_text())["traceEvents"]
+    assert "USDT" not in proc.stderr  # Kineto's session lines, which a notebook would show under the cell
 
 
 def test_profile_refuses_a_bad_export_path_before_running(tmp_path: Path) -> None:

@@ -49,6 +49,10 @@ DEFAULT_ROW_LIMIT = 10
 # whether windows record device allocations (the timeline's memory curves); bench/profile_overhead.py measures it
 PROFILE_MEMORY = True
 MEMORY = "[memory]"  # the name of torch.profiler's allocation events (profile_memory=True)
+# Kineto writes "USDT: ... profiler_start" and "profiler_stop" to stderr around every session at every log level below
+# 6 (it has no level that keeps its errors and drops these), and a notebook shows them under each profiled cell; a
+# level the user set is kept
+KINETO_QUIET = "6"
 COLLECTIVE_PREFIX = "c10d::"  # a collective on a device lane, from call to completion ("c10d::all_reduce.sum")
 
 
@@ -131,6 +135,7 @@ class OpProfile:
             raise ValueError("torch.profiler is already running: profiles do not nest; stop the other one first")
         if _backend.is_active() and PROFILE_MEMORY:
             self._baselines = _allocated()
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # read when Kineto starts its first session
         self._prof.__enter__()
         self._running = True
         if _backend.is_active():
