@@ -24,6 +24,8 @@ ENV_VARS = (
     ("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back"),
     ("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)"),
     ("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)"),
+    ("KINETO_LOG_LEVEL", "torch.profiler's log level; neuron_lab sets 6 (silent: no `USDT: ... profiler_start` "
+                         "lines under profiled cells) where it is not set; 0 shows everything"),
 )
 
 

@@ -34,6 +34,9 @@ def load(shell: Any) -> None:
 
     from neuron_lab.magics import NeuronMagics
     from neuron_lab.session import Session, settings_of
+    from neuron_lab.trace.profile import quiet_kineto
+
+    quiet_kineto()  # before any profiler session of the notebook's, the user's own torch.profiler included
 
     config, problems = settings_of(shell)
     shell.configurables.append(config)

@@ -474,9 +474,10 @@ def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(
 @pytest.mark.skipif(not COMPILED, reason="the pure-Python core puts no device lanes into torch.profiler")
 def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tmp_path: Path) -> None:
     """As NCCL's kernels on CUDA: each collective is a kernel on its rank's device lane from call to completion, so
-    a rank that waits for a late peer shows the wait there, at the line that issued it."""
+    a rank that waits for a late peer shows the wait there, at the line that issued it; a call from another thread
+    and point-to-point calls (which TorchNeuron lacks, so each is also reported unsupported) pair up as well."""
     ranks = _run_ranks(tmp_path, f"""
-        import time, neuron_lab
+        import threading, time, neuron_lab
         from torch.profiler import profile, ProfilerActivity
         x = torch.ones(256, device=dev)
         dist.all_reduce(x)  # the group's first collective connects gloo's pairs: not what is measured
@@ -486,28 +487,45 @@ def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tm
                 time.sleep(0.5)
             dist.all_reduce(x)
             dist.all_gather_into_tensor(torch.empty(512, device=dev), x)
+            worker = threading.Thread(target=dist.all_reduce, args=(x,))
+            worker.start()
+            worker.join()
+            dist.all_reduce(x)
+            if rank == 0:
+                time.sleep(0.3)
+                dist.send(x, 1)
+            else:
+                dist.recv(x, 0)
         p = rep.profiled
         mine = [r for r in p.rows if r.kind == "collective"]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as raw:
             dist.all_reduce(x)
-        report(rows={{r.op: [r.calls, r.shapes, [[s.site.line, s.calls] for s in r.sites]] for r in mine}},
+        report(rows={{r.op: [r.calls, r.shapes, sorted([s.site.line, s.calls] for s in r.sites)] for r in mine}},
                seconds={{r.op: r.device_ns / 1e9 for r in mine}},
                spans=[[lane.name, s.name] for lane in p.timeline.lanes for s in lane.spans if s.kind == "collective"],
                raw={{e.key: e.self_device_time_total > 0 for e in raw.key_averages() if e.key.startswith("c10d")}})
     """)
     lines = [line.strip() for line in (tmp_path / "rank.py").read_text().splitlines()]
-    reduce_at = lines.index("dist.all_reduce(x)") + 1  # the profiled one (the warm-up line has a comment)
+    reduce_at = [i + 1 for i, line in enumerate(lines) if line == "dist.all_reduce(x)"]  # (the warm-up has a comment)
     gather_at = lines.index("dist.all_gather_into_tensor(torch.empty(512, device=dev), x)") + 1
+    join_at = lines.index("worker.join()") + 1  # the worker's call: where the main thread waits for it
     for r, facts in enumerate(ranks):
-        assert facts["rows"] == {"c10d::all_reduce.sum": [1, [[256]], [[reduce_at, 1]]],
-                                 "c10d::all_gather_into_tensor": [1, [[256]], [[gather_at, 1]]]}, facts["rows"]
-        assert facts["spans"] == [[f"neuron:{r}", "c10d::all_reduce.sum"],
-                                  [f"neuron:{r}", "c10d::all_gather_into_tensor"]]
+        p2p, p2p_at = ("c10d::send", lines.index("dist.send(x, 1)") + 1) if r == 0 else \
+            ("c10d::recv", lines.index("dist.recv(x, 0)") + 1)
+        assert facts["rows"] == {
+            "c10d::all_reduce.sum": [3, [[256]], [[reduce_at[0], 1], [join_at, 1], [reduce_at[1], 1]]],
+            "c10d::all_gather_into_tensor": [1, [[256]], [[gather_at, 1]]],
+            p2p: [1, [[256]], [[p2p_at, 1]]]}, facts["rows"]
+        assert facts["spans"] == [[f"neuron:{r}", name] for name in (
+            "c10d::all_reduce.sum", "c10d::all_gather_into_tensor", "c10d::all_reduce.sum", "c10d::all_reduce.sum",
+            p2p)]
         assert facts["raw"] == {"c10d::all_reduce.sum": True}
         trace = json.loads((tmp_path / f"rank{r}.json").read_text())["traceEvents"]
         kernels = [(e["name"], e["pid"], e["args"]["device"], e["args"]["bytes"]) for e in trace
                    if e.get("ph") == "X" and e.get("cat") == "kernel" and e["name"].startswith("c10d::")]
-        assert kernels == [("c10d::all_reduce.sum", r, f"neuron:{r}", 1024),
-                           ("c10d::all_gather_into_tensor", r, f"neuron:{r}", 1024)]
+        assert kernels == [(name, r, f"neuron:{r}", 1024) for name in (
+            "c10d::all_reduce.sum", "c10d::all_gather_into_tensor", "c10d::all_reduce.sum", "c10d::all_reduce.sum",
+            p2p)]
     early, late = (ranks[k]["seconds"]["c10d::all_reduce.sum"] for k in (0, 1))
     assert early >= 0.45 and late < early - 0.2, (early, late)  # rank 0 waited at the all_reduce for rank 1
+    assert ranks[1]["seconds"]["c10d::recv"] >= 0.25  # rank 1's recv ran until rank 0 sent, 0.3 s later

@@ -217,12 +217,14 @@ def test_two_ranks_merge_into_one_trace_with_a_process_and_a_device_lane_per_ran
     names = processes(evs)
     assert sorted(n for n in names.values() if n.startswith("rank ") and n.count(" ") == 1) == ["rank 0", "rank 1"]
     for r in (0, 1):
-        assert on(evs, f"rank {r} neuron:{r}", "kernel") == ["aten::mm"]  # each rank's matmul on its own device
+        # each rank's matmul and its all_reduce (from call to completion) on its own device
+        assert on(evs, f"rank {r} neuron:{r}", "kernel") == ["aten::mm", "c10d::all_reduce.sum"]
         assert any("all_reduce" in n for n in on(evs, f"rank {r}")), on(evs, f"rank {r}")
     # one time axis: a collective ends on no rank before every rank has entered it, so the two overlap
-    spans = [next((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("ph") == "X" and e["name"] == "gloo:all_reduce"
-                  and names[e["pid"]] == f"rank {r}") for r in (0, 1)]
-    assert max(s for s, _ in spans) < min(e for _, e in spans), spans
+    for name in ("gloo:all_reduce", "c10d::all_reduce.sum"):
+        spans = [next((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("ph") == "X" and e["name"] == name
+                      and names[e["pid"]].startswith(f"rank {r}")) for r in (0, 1)]
+        assert max(s for s, _ in spans) < min(e for _, e in spans), (name, spans)
 
 
 def test_merge_puts_ranks_with_different_bases_on_one_axis_and_keeps_their_flows_apart():

@@ -49,10 +49,14 @@ DEFAULT_ROW_LIMIT = 10
 # whether windows record device allocations (the timeline's memory curves); bench/profile_overhead.py measures it
 PROFILE_MEMORY = True
 MEMORY = "[memory]"  # the name of torch.profiler's allocation events (profile_memory=True)
-# Kineto writes "USDT: ... profiler_start" and "profiler_stop" to stderr around every session at every log level below
-# 6 (it has no level that keeps its errors and drops these), and a notebook shows them under each profiled cell; a
-# level the user set is kept
 KINETO_QUIET = "6"
+
+
+def quiet_kineto() -> None:
+    """Kineto writes "USDT: ... profiler_start" and "profiler_stop" to stderr around every session at every log level
+    below 6 (none keeps its warnings and drops these), and a notebook shows them under each profiled cell. It reads
+    ``KINETO_LOG_LEVEL`` when its first session starts, so this is set before that; a level the user set is kept."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
 COLLECTIVE_PREFIX = "c10d::"  # a collective on a device lane, from call to completion ("c10d::all_reduce.sum")
 
 
@@ -135,7 +139,7 @@ class OpProfile:
             raise ValueError("torch.profiler is already running: profiles do not nest; stop the other one first")
         if _backend.is_active() and PROFILE_MEMORY:
             self._baselines = _allocated()
-        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # read when Kineto starts its first session
+        quiet_kineto()
         self._prof.__enter__()
         self._running = True
         if _backend.is_active():

@@ -197,7 +197,7 @@ class CoreTrace:
     """The device's lanes in torch.profiler, for work the core does not run itself (collectives)."""
 
     def __init__(self, core: ModuleType) -> None:
-        self.active = core.profiling
+        self.active = core.tracing
         self.clock = core.profile_clock
         self.collective = core.trace_collective
 

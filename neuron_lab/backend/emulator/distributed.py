@@ -12,9 +12,11 @@ them: AVG as SUM then divide, PREMUL_SUM as multiply then SUM.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -108,9 +110,15 @@ class _Pending(dist.Work):
     def __init__(self, work: dist.Work, tensors: list[torch.Tensor]) -> None:
         super().__init__()
         self._work, self._tensors = work, tensors
+        self.on_done: Callable[[], None] | None = None  # run once, when a wait first returns or raises
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        return self._work.wait(timeout) if timeout else self._work.wait()
+        try:
+            return self._work.wait(timeout) if timeout else self._work.wait()
+        finally:
+            done, self.on_done = self.on_done, None
+            if done is not None:
+                done()
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -194,11 +202,17 @@ def unsupported(pg: dist.ProcessGroup, name: str, tensors: list[torch.Tensor], a
     return ""
 
 
+# While torch.profiler records, a collective's span ends and its event is emitted under this lock, so the spans'
+# order by end is the events' order (DDP's and FSDP2's come from autograd's thread), which pairs them up.
+_ORDER = threading.Lock()
+
+
 def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Work]], Callable[..., dist.Work]]:
     """Report each call of the wrapped collective as a ``collective`` event (``payload``: the index of the argument
     holding the tensors it was handed), and as ``unsupported`` too when TorchNeuron would refuse it; while
     torch.profiler records the device, the call is also a kernel on its device's lane, named as reports name it
-    (``c10d::all_reduce.sum``)."""
+    (``c10d::all_reduce.sum``). Both run from the call to its completion: for point-to-point, whose work is left
+    pending, to the first wait that returns (the line reported is then that wait's, for ``isend``/``irecv``)."""
     def wrap(method: Callable[..., dist.Work]) -> Callable[..., dist.Work]:
         @functools.wraps(method)
         def call(self: ProcessGroupNeuron, *args: Any, **kwargs: Any) -> dist.Work:
@@ -214,22 +228,32 @@ def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Wo
             op = opts.reduceOp.op.name.lower() if opts is not None else ""  # before AVG/PREMUL_SUM become SUM
             limit = unsupported(self, name, tensors, given) if reported else ""
             start, clock = time.perf_counter_ns(), rt.trace.clock()
-            try:
-                return method(self, *args, **kwargs)
-            finally:  # a collective that raised (a peer gone, the group's timeout) is reported at its line too
+
+            def finish() -> None:
                 nbytes = sum(t.numel() * t.element_size() for t in tensors)
-                if traced:
-                    on = next((t.device.index for t in tensors if t.device.type == BACKEND), None)
-                    rt.trace.collective(f"c10d::{name}.{op}" if op else f"c10d::{name}",
-                                        rt.devices.current_device() if on is None else on, nbytes, clock,
-                                        rt.trace.clock())
-                if reported:
-                    shapes, dtypes = signature_of(tuple(tensors), {})
-                    event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes,
-                                    time.perf_counter_ns() - start, nbytes, self.size())
-                    recorder.emit(event, tuple(tensors))
-                    if limit:
-                        recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
+                with _ORDER if traced else contextlib.nullcontext():
+                    if traced:
+                        on = next((t.device.index for t in tensors if t.device.type == BACKEND), self.device_index)
+                        rt.trace.collective(f"c10d::{name}.{op}" if op else f"c10d::{name}", on, nbytes, clock,
+                                            rt.trace.clock())
+                    if reported:
+                        shapes, dtypes = signature_of(tuple(tensors), {})
+                        event = OpEvent(f"c10d::{name}", op, COLLECTIVE, "", shapes, dtypes,
+                                        time.perf_counter_ns() - start, nbytes, self.size())
+                        recorder.emit(event, tuple(tensors))
+                        if limit:
+                            recorder.emit(event._replace(kind=UNSUPPORTED, reason=limit), tuple(tensors))
+
+            try:
+                work = method(self, *args, **kwargs)
+            except BaseException:  # a collective that raised (a peer gone, the group's timeout): at its line too
+                finish()
+                raise
+            if isinstance(work, _Pending):
+                work.on_done = finish
+            else:
+                finish()
+            return work
         return call
     return wrap
 
@@ -262,6 +286,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         opts._threads = _GLOO_THREADS
         opts._timeout = timeout
         self._gloo = dist.ProcessGroupGloo(store, rank, size, opts)
+        # the rank's device (current once the first group attached it): the lane of calls with no device tensor
+        self.device_index = _rt.get().devices.current_device()
         self._group_name = ""
         self._last: list[dist.Work] = []
         _groups.add(self)

@@ -209,6 +209,7 @@ int64_t profile_clock();  // Unix epoch ns, the clock of Kineto's CPU ops
 void trace_kernel(const std::string& name, c10::DeviceIndex device, int kind, int64_t start_ns, int64_t end_ns);
 void trace_copy(bool to_device, bool from_device, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,
                 int64_t end_ns);
+bool tracing();  // a Kineto session records the device now (the legacy stubs' timing does not count)
 // A collective's call to completion on `device` (a rank's waiting for its peers included), a kernel on the device's
 // lane as NCCL's are on CUDA's; nothing unless a Kineto session records.
 void trace_collective(const std::string& name, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,

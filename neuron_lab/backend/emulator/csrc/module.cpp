@@ -320,7 +320,7 @@ PYBIND11_MODULE(_core, m) {
         "Kind names by index, and for kinds that run on the host the label their calls get in traces, else ''.");
   m.def("profiler_registered", &profiler_registered,
         "Whether the core serves both of PyTorch's PrivateUse1 profiler hooks (Kineto and the legacy stubs).");
-  m.def("profiling", [] { return profiling(); }, "Whether a profiler wants device time now.");
+  m.def("tracing", &tracing, "Whether a Kineto session records the device now.");
   m.def("profile_clock", &profile_clock, "Unix epoch ns, the clock of Kineto's CPU ops.");
   m.def("trace_collective", [](const std::string& name, int64_t device, int64_t bytes, int64_t start_ns,
                                int64_t end_ns) { trace_collective(name, checked_index(device), bytes, start_ns, end_ns); },

@@ -284,6 +284,10 @@ void trace_copy(bool to_device, bool from_device, c10::DeviceIndex device, int64
   add({name, "", start_ns, end_ns, bytes, current_correlation(), thread_id(), device, Work::kCopy});
 }
 
+bool tracing() {
+  return kineto_on.load(std::memory_order_relaxed);
+}
+
 void trace_collective(const std::string& name, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,
                       int64_t end_ns) {
   if (!kineto_on.load(std::memory_order_relaxed)) return;
