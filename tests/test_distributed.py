@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 from conftest import core
 
+from neuron_lab.session import launch
+
 COMPILED = core() == "compiled"
 RANKS = 2
 VENV_BIN = Path(sys.executable).parent
@@ -69,14 +71,11 @@ def _run_ranks(tmp_path: Path, body: str, env: dict[int, dict[str, str]] | None 
     # the last collective on the neuron group: torch's own gloo group (the CPU reference) can abort a process at exit
     # when its worker thread drops a finished work's Python-made tensors during finalization
     script.write_text(prelude + setup + textwrap.dedent(body) + "\ndist.barrier()\ndist.destroy_process_group()\n")
-    port = str(_free_port())
+    store = launch.AgentStore()  # the rendezvous, hosted here as torchrun's agent hosts it: no port to lose to a race
     procs = []
-    for r in range(ranks):
-        rank_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(ranks),
-                    "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1",
-                    **(env or {}).get(r, {})}
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=rank_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+    for r, rank_env in enumerate(launch.rank_envs({**os.environ, "OMP_NUM_THREADS": "1"}, ranks, store.port)):
+        procs.append(subprocess.Popen([sys.executable, str(script)], env={**rank_env, **(env or {}).get(r, {})},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return _collect(procs, timeout)
 
 

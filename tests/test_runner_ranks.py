@@ -10,7 +10,10 @@ over gloo, so the counts asserted are exact. A run that outlives its bound is ki
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -265,10 +268,31 @@ def test_nproc_must_be_a_whole_number_of_ranks(tmp_path, capsys, value):
     assert f"argument --nproc: {value!r} is not a number of ranks (a whole number, at least 1)" in err
 
 
-def test_each_rank_gets_torchruns_variables_and_one_free_port():
+def test_each_rank_gets_torchruns_variables_and_the_launchers_store():
     envs = launch.rank_envs({"PATH": "/bin"}, 3, port=29511)
     assert [(e["RANK"], e["LOCAL_RANK"], e["ROLE_RANK"]) for e in envs] == [(str(r),) * 3 for r in range(3)]
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"], e["OMP_NUM_THREADS"],
-             e["PATH"], e["TORCHELASTIC_RUN_ID"]) for e in envs} == \
-        {("3", "3", "127.0.0.1", "29511", "1", "/bin", envs[0]["TORCHELASTIC_RUN_ID"])}
-    assert launch.rank_envs({"OMP_NUM_THREADS": "4"}, 2)[1]["OMP_NUM_THREADS"] == "4"
+             e["PATH"], e["TORCHELASTIC_RUN_ID"], e["TORCHELASTIC_USE_AGENT_STORE"]) for e in envs} == \
+        {("3", "3", "127.0.0.1", "29511", "1", "/bin", envs[0]["TORCHELASTIC_RUN_ID"], "True")}
+    assert launch.rank_envs({"OMP_NUM_THREADS": "4"}, 2, port=29511)[1]["OMP_NUM_THREADS"] == "4"
+
+
+def test_the_launchers_store_listens_before_any_rank_starts_and_every_rank_is_its_client(tmp_path):
+    """The port is the store's from the moment it is chosen, so no other process can take it before rank 0 starts
+    (a free port picked ahead and bound later by rank 0 was taken once in CI: EADDRINUSE)."""
+    import socket
+
+    store = launch.AgentStore()
+    with socket.socket() as s, pytest.raises(OSError):  # already listening: nobody else gets the port
+        s.bind((launch.MASTER_ADDR, store.port))
+    code = textwrap.dedent("""
+        import os, torch.distributed as dist
+        dist.init_process_group(backend="gloo")
+        dist.barrier()
+        print(dist.get_rank(), dist.get_world_size())
+        dist.destroy_process_group()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for env in launch.rank_envs(dict(os.environ), 2, port=store.port)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and [o.split() for o in outs] == [["0", "2"], ["1", "2"]]

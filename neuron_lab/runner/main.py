@@ -122,7 +122,8 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
         return None if trace_dir is None else lambda rec: traces.fresh(trace_dir, rec.number, total, rank)
 
     _say(ranks_view.starting(program, args.nproc))
-    outcome = ranks.run(program, launch.rank_envs(env, args.nproc), args.timeout, on_cell=on_cell,
+    store = launch.AgentStore()  # the ranks' rendezvous, for the run's length
+    outcome = ranks.run(program, launch.rank_envs(env, args.nproc, store.port), args.timeout, on_cell=on_cell,
                         on_ready=lambda rank, info: _say(ranks_view.ready(rank, info)),
                         traces=[trace(r) for r in range(args.nproc)])
     checked = gates.evaluate(ranks_view.gate_reports(outcome), args)

@@ -63,7 +63,8 @@ A script (.py) runs as one cell per `# %%` chunk (a script without markers is on
 its call sites are reported as FILE:LINE.
 
 --nproc N runs N ranks at once, one kernel each, with the variables torchrun sets (RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT): rank R owns neuron:R. The
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT: a rendezvous store the runner hosts,
+as torchrun's agent does): rank R owns neuron:R. The
 ranks go cell by cell in step (no rank starts a cell before every rank finished the one before), so
 each cell is reported across ranks; the gates judge every rank's reports and name the rank. When a
 rank fails, the ranks still running are stopped (a collective would wait for it forever). --output

@@ -152,12 +152,13 @@ class Ranks(ShownAsText):
     """A running ipyparallel cluster of N ranks in one ``neuron`` process group; ``str()`` is its status."""
 
     def __init__(self, cluster: Any, client: Any, engines: list[Engine], timeout_s: float, profile_dir: str,
-                 port: int) -> None:
+                 store: launch.AgentStore) -> None:
         self.cluster = cluster
         self.client = client
         self.engines = engines
         self.timeout_s = timeout_s
-        self.port = port
+        self.store: launch.AgentStore | None = store
+        self.port = store.port
         self._profile_dir = profile_dir
         self._stopped = False
         atexit.register(self.stop)  # the kernel exits: the engines go with it
@@ -183,7 +184,8 @@ class Ranks(ShownAsText):
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()
             client.wait_for_engines(n, timeout=timeout_s)
-            port = launch.free_port()
+            store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
+            port = store.port
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
             envs = launch.rank_envs({k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}, n, port)
             progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
@@ -210,7 +212,7 @@ class Ranks(ShownAsText):
             raise RanksError(f"the ranks did not start: {_one_line(e)}") from None
         progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; run a cell on all "
                  "of them with `%%neuron ranks`, stop them with `%neuron ranks stop`")
-        return cls(cluster, client, engines, timeout_s, profile_dir, port)
+        return cls(cluster, client, engines, timeout_s, profile_dir, store)
 
     # -- run ----------------------------------------------------------------------------------------------------
     def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
@@ -386,6 +388,7 @@ class Ranks(ShownAsText):
                 pass  # the engines are stopped below all the same
         pids = [e.pid for e in self.engines if e.alive()]
         _shutdown(self.cluster, self.client, self._profile_dir)
+        self.store = None  # no rank left to rendezvous
         return pids
 
     @property
