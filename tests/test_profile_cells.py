@@ -199,6 +199,15 @@ def test_profile_refuses_a_bad_export_path_before_running(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"^--export .*: no directory "):
         with neuron_lab.profile(export=str(tmp_path / "no" / "t.json")):
             raise AssertionError("the block must not run")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match=rf"^--export .*: {tmp_path / 'f'} is a file, not a directory$"):
+        with neuron_lab.profile(export=str(tmp_path / "f" / "t.json")):
+            raise AssertionError("the block must not run")
+    # a folder that takes no new files (even for root, whom os.access lets write anywhere): torch would only log it
+    with pytest.raises(ValueError, match=r"^--export /proc/t\.json: cannot write into /proc: "):
+        with neuron_lab.profile(export="/proc/t.json"):
+            raise AssertionError("the block must not run")
+    assert list(tmp_path.iterdir()) == [tmp_path / "f"]  # the probe leaves nothing behind
     assert torch.neuron.is_available()
 
 

@@ -89,10 +89,20 @@ def check_export_path(path: str) -> str:
     folder = os.path.dirname(full)
     if os.path.isdir(full):
         raise ValueError(f"--export {path}: is a directory; give a file name, e.g. {os.path.join(path, 'trace.json')}")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"--export {path}: {folder} is a file, not a directory")
     if not os.path.isdir(folder):
         raise ValueError(f"--export {path}: no directory {folder}")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--export {path}: cannot write into {folder}")
+    # tried by opening it: root passes os.access everywhere, and some folders take no new files (/proc); torch would
+    # only log that it failed, after the profiled code ran
+    existed = os.path.exists(full)
+    try:
+        with open(full, "a"):
+            pass
+    except OSError as e:
+        raise ValueError(f"--export {path}: cannot write into {folder}: {e.strerror}") from None
+    if not existed:
+        os.remove(full)
     return full
 
 
