@@ -157,8 +157,7 @@ class Ranks(ShownAsText):
         self.client = client
         self.engines = engines
         self.timeout_s = timeout_s
-        self.store: launch.AgentStore | None = store
-        self.port = store.port
+        self.store: launch.AgentStore | None = store  # the ranks' rendezvous, until they stop
         self._profile_dir = profile_dir
         self._stopped = False
         atexit.register(self.stop)  # the kernel exits: the engines go with it
@@ -388,7 +387,7 @@ class Ranks(ShownAsText):
                 pass  # the engines are stopped below all the same
         pids = [e.pid for e in self.engines if e.alive()]
         _shutdown(self.cluster, self.client, self._profile_dir)
-        self.store = None  # no rank left to rendezvous
+        self.store = None
         return pids
 
     @property
@@ -401,7 +400,7 @@ class Ranks(ShownAsText):
             return "neuron_lab ranks: stopped"
         up = [e for e in self.engines if e.alive()]
         lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on ipyparallel, process "
-                 f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.port}, timeout {self.timeout_s:g} s)"]
+                 f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
         for e in self.engines:
             state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
             lines.append(f"  rank {e.rank}  pid {e.pid:<8} {e.device:<10} {state}")

@@ -49,6 +49,7 @@ DEFAULT_ROW_LIMIT = 10
 # whether windows record device allocations (the timeline's memory curves); bench/profile_overhead.py measures it
 PROFILE_MEMORY = True
 MEMORY = "[memory]"  # the name of torch.profiler's allocation events (profile_memory=True)
+COLLECTIVE_PREFIX = "c10d::"  # a collective on a device lane, from call to completion ("c10d::all_reduce.sum")
 KINETO_QUIET = "6"
 
 
@@ -57,7 +58,6 @@ def quiet_kineto() -> None:
     below 6 (none keeps its warnings and drops these), and a notebook shows them under each profiled cell. It reads
     ``KINETO_LOG_LEVEL`` when its first session starts, so this is set before that; a level the user set is kept."""
     os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
-COLLECTIVE_PREFIX = "c10d::"  # a collective on a device lane, from call to completion ("c10d::all_reduce.sum")
 
 
 class _Call(NamedTuple):

@@ -227,7 +227,7 @@ def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Wo
             opts = next((a for a in given if hasattr(a, "reduceOp")), None)
             op = opts.reduceOp.op.name.lower() if opts is not None else ""  # before AVG/PREMUL_SUM become SUM
             limit = unsupported(self, name, tensors, given) if reported else ""
-            start, clock = time.perf_counter_ns(), rt.trace.clock()
+            start, clock = time.perf_counter_ns(), rt.trace.clock() if traced else 0
 
             def finish() -> None:
                 nbytes = sum(t.numel() * t.element_size() for t in tensors)
