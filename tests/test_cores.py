@@ -304,17 +304,21 @@ def test_interrupts_during_device_work_reach_the_user_and_leak_nothing() -> None
     import random
     import signal
 
+    from procs import Lines, default_sigint
+
     times = 300
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_LOOP.replace("TIMES", str(times))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
         rng = random.Random(0)
         for i in range(times):
-            assert proc.stdout.readline().strip() == str(i), proc.stderr.read()[-3000:]
+            line = out.next(60, f"the loop's line {i} (interrupt {i} of {times})")
+            assert line.strip() == str(i), line + err.rest(10, "the child's stderr")[-3000:]
             __import__("time").sleep(rng.uniform(0.0002, 0.003))
             os.kill(proc.pid, signal.SIGINT)
-        result = json.loads(proc.stdout.readline())
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()[-3000:]
+        result = json.loads(out.next(60, "the loop's closing JSON line"))
+        assert proc.wait(timeout=60) == 0, err.rest(10, "the child's stderr")[-3000:]
     finally:
         proc.kill()
     assert result == {"caught": times, "leaked": 0}

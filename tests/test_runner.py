@@ -24,6 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from IPython.utils.capture import capture_output
+from procs import Lines, default_sigint
 from shells import loaded_shell
 from shells import run as run_cell
 
@@ -261,15 +262,22 @@ def test_ctrl_c_stops_at_the_running_cell_exits_130_and_keeps_its_report(tmp_pat
                   "y = torch.atan2(x, x)\nimport time\nfor _ in range(600):\n    time.sleep(0.1)", "print('never')")
     env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
     proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", str(nb), "--json", "run.json"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+    out, errs = Lines(proc.stdout), Lines(proc.stderr)
     seen = []
-    for line in proc.stdout:  # Ctrl-C once cell 1 is done and cell 2 is sleeping
-        seen.append(line)
-        if line.startswith("[1/3]"):
-            time.sleep(2)
-            proc.send_signal(signal.SIGINT)
-            break
-    rest, err = proc.communicate(timeout=RUN_TIMEOUT)
+    try:
+        while line := out.next(RUN_TIMEOUT, "the runner's '[1/3]' line"):  # Ctrl-C once cell 2 is sleeping
+            seen.append(line)
+            if line.startswith("[1/3]"):
+                time.sleep(2)
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = out.rest(RUN_TIMEOUT, "the runner's output after Ctrl-C, to its end")
+        proc.wait(timeout=RUN_TIMEOUT)
+        err = errs.rest(10, "the runner's stderr")
+    finally:
+        proc.kill()
     text = "".join(seen) + rest
     assert proc.returncode == options.EXIT_INTERRUPTED, text + err
     assert "interrupted: stopping at the running cell" in text

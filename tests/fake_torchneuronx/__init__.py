@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procs import default_sigint
+
 SITE = Path(__file__).parent / "site"
 _DIST = SITE / "torch_neuronx-2.14.3.0.dist-info"
 BIN = Path(sys.executable).parent
@@ -78,5 +80,6 @@ def run(code: str | None = None, *, env: dict[str, str] | None = None, site: Pat
             code = f"import sys\nsys.path.append({str(site)!r})\n" + code
             site = None
         argv = [sys.executable, "-c", code]
-    proc = subprocess.run(argv, env=child_env(env, site), cwd=_CWD, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, env=child_env(env, site), cwd=_CWD, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=default_sigint)  # a Ctrl-C test's child is interruptible from a background job
     return Result(proc.returncode, proc.stdout, proc.stderr)
