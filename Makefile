@@ -72,7 +72,7 @@ bench: $(CORE)
 
 # Regenerates README.md's reference blocks (magics, settings, environment) from the code.
 readme: $(STAMP)
-	$(BIN)/python -m neuron_lab.reference --write README.md
+	$(BIN)/python tools/readme_reference.py --write README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info out neuron_lab/backend/emulator/_core*.so

@@ -1,7 +1,10 @@
 """neuron_lab: a Jupyter-first workbench for PyTorch on AWS Trainium (TorchNeuron).
 
 Importing it makes the `neuron` device available even where PyTorch's backend autoload is off
-(``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): the real TorchNeuron when installed, else the emulator.
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): the real TorchNeuron when installed, else the emulator
+(``neuron-lab doctor`` says which, and why). ``%load_ext neuron_lab`` is the notebook's entry point;
+``track()``, ``profile()``, ``parity()`` and ``compare()`` do in a script or test what the magics do
+in a cell, and ``dashboard()`` shows the live views.
 """
 
 from __future__ import annotations

@@ -7,27 +7,7 @@ import os
 import sys
 from importlib import metadata
 
-ENV_VARS = (
-    ("NEURON_LAB_BACKEND", "auto|emulator|off: which backend serves `neuron`"),
-    ("NEURON_LAB_PROFILE", "coverage profile name or path"),
-    ("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (default: the instance's HBM per logical core)"),
-    ("NEURON_LAB_CORE", "auto|compiled|python: which emulator core runs (auto: compiled when it loads)"),
-    ("NEURON_LAB_INSTANCE", "trn2.3xlarge (default), trn2.48xlarge, trn1.2xlarge or trn1.32xlarge: the emulated "
-                            "instance's devices"),
-    ("NEURON_LOGICAL_NC_CONFIG", "1|2: logical NeuronCore size (LNC) of the emulated instance"),
-    ("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the compiled core"),
-    ("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does"),
-    ("NEURON_LAB_COMPILE_LOWERING", "eager|inductor: how the emulator runs compiled graphs (default eager: op by op "
-                                    "on the device, fast compiles, per-op reports; inductor: host Inductor, compiled "
-                                    "speed)"),
-    ("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload"),
-    ("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back"),
-    ("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)"),
-    ("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)"),
-    ("KINETO_LOG_LEVEL", "torch.profiler's log level; neuron_lab sets 6 (silent: no `USDT: ... profiler_start` "
-                         "lines under profiled cells) where it is not set; 0 shows everything"),
-)
-
+from neuron_lab import settings
 
 # `neuron-lab --help` ends with these (tests parse each one with the real parser).
 EXAMPLES = (
@@ -55,7 +35,7 @@ def _autoload_line() -> str:
     eps = [ep for ep in metadata.entry_points(group="torch.backends") if ep.value.startswith("neuron_lab.")]
     if not eps:
         return "no torch.backends entry point for neuron_lab (is the package installed?)"
-    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
+    if settings.env("TORCH_DEVICE_BACKEND_AUTOLOAD").raw() == "0":
         return "disabled by TORCH_DEVICE_BACKEND_AUTOLOAD=0; `import neuron_lab` installs the backend"
     from neuron_lab.backend import autoload
 
@@ -97,9 +77,9 @@ def doctor(_args: argparse.Namespace) -> int:
     print(f"  autoload     {_autoload_line()}")
     print(f"  torch_neuronx {_torch_neuronx_line()}")
     print("  environment")
-    for name, meaning in ENV_VARS:
-        value = os.environ.get(name)
-        print(f"    {name:<50} {'(unset)' if value is None else repr(value):<12} {meaning}")
+    for var in settings.listed():
+        value = var.raw()
+        print(f"    {var.name:<50} {'(unset)' if value is None else repr(value):<12} {var.summary}")
     problems = d.problems
     print("  problems     " + ("none" if not problems else ""))
     for p in problems:

@@ -1,8 +1,10 @@
 """``%load_ext neuron_lab`` / ``%unload_ext neuron_lab``: wire a session, its magics and config into a shell.
 
-Loading twice is harmless; unloading undoes everything loading did (events, the module-call
-patch of compile mode, the compiler stance, the default device, the magics and the configurable),
-so loading again afterwards starts clean.
+Loading twice is harmless; unloading undoes everything loading did (the cell events, the session's
+modes and default device, the out-of-memory hook, the wrappers that keep IPython's own formatting out
+of reports, the compile lowering, live views and rank engines, the magics and the configurable), so
+loading again afterwards starts clean. Only ``KINETO_LOG_LEVEL``, set where it was unset, stays:
+Kineto reads it once per process.
 """
 
 from __future__ import annotations

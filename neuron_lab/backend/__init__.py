@@ -1,7 +1,8 @@
 """`neuron` on any machine: the real TorchNeuron where installed, the bundled emulator elsewhere.
 
-``activate()`` decides once per process (see :mod:`neuron_lab.backend.selection`) and installs
-the emulator when that is the choice; ``active()`` gives the :class:`NeuronBackend` interface.
+``activate()`` decides once per process (see :mod:`neuron_lab.backend.selection`), then installs
+the emulator or imports ``torch_neuronx``, whichever was chosen; it never raises (a failure is a
+problem that ``neuron-lab doctor`` lists). ``active()`` gives the :class:`NeuronBackend` interface.
 Nothing here imports IPython.
 """
 

@@ -7,12 +7,13 @@ PrivateUse1 owner only.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from importlib import metadata
 
-BACKEND_ENV = "NEURON_LAB_BACKEND"
-CHOICES = ("auto", "emulator", "off")
+from neuron_lab import settings
+
+_BACKEND = settings.env("NEURON_LAB_BACKEND")
+BACKEND_ENV, CHOICES = _BACKEND.name, _BACKEND.choices
 NATIVE_MIN_VERSION = (2, 13, 3)  # torch-neuronx below this is the legacy XLA library
 EMULATOR, TORCHNEURON, NONE = "emulator", "torchneuron", "none"
 
@@ -60,12 +61,8 @@ def _privateuse1_owner() -> str:
 
 
 def decide(env: dict[str, str] | None = None) -> Decision:
-    env = os.environ if env is None else env
-    problems: list[str] = []
-    choice = env.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        problems.append(f"{BACKEND_ENV}={env.get(BACKEND_ENV)!r} is not one of {', '.join(CHOICES)}; using auto")
-        choice = "auto"
+    choice, problem = _BACKEND.choice(env)
+    problems = [problem] if problem else []
     try:
         version = installed_torchneuron()
     except UnreadableInstall as e:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_lab import settings
 from neuron_lab.runner import (
     execute,
     export,
@@ -50,7 +51,7 @@ def kernel_env(args: argparse.Namespace) -> dict[str, str]:
 
     env = dict(os.environ)
     if args.backend:
-        env["NEURON_LAB_BACKEND"] = args.backend
+        env[settings.env("NEURON_LAB_BACKEND").name] = args.backend  # the kernel reads it
     if args.profile:
         try:
             profiles.load(args.profile)
@@ -58,7 +59,7 @@ def kernel_env(args: argparse.Namespace) -> dict[str, str]:
             raise inputs.InputError(f"--profile: {e}") from None
         # The kernel runs in the input's folder: a profile file named relative to here must still be found.
         bundled = args.profile in profiles.bundled()
-        env["NEURON_LAB_PROFILE"] = args.profile if bundled else str(Path(args.profile).expanduser().resolve())
+        env[profiles.ENV_VAR] = args.profile if bundled else str(Path(args.profile).expanduser().resolve())
     return env
 
 

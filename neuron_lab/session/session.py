@@ -1,9 +1,11 @@
-"""Per-shell state: the notebook device, the default mode, one tracker per cell, the report history.
+"""Per-shell state: the notebook device, the default mode, one tracker per cell, the report history,
+and what is attached to the shell for it (the out-of-memory hook, live views, rank engines).
 
 It hooks IPython's ``pre_run_cell``/``post_run_cell`` (not ``*_execute``, which also fire for
 widget and comm traffic), counts nesting so a ``run_cell`` inside a cell (``%%capture``) stays part
 of the outer cell, and hands each finished :class:`Report` to its listeners (the extension shows
-it, the widgets refresh). Reports hold no tensors, so history never keeps device memory alive.
+it, the widgets refresh, ``neuron-lab run``'s kernel side sends it back). Reports hold no tensors,
+so history never keeps device memory alive.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
 from neuron_lab import backend as _backend
+from neuron_lab import settings
 from neuron_lab.kinds import COLLECTIVE, KINDS, NATIVE, OFF_DEVICE
 from neuron_lab.report.model import (
     COPY,
@@ -57,7 +58,7 @@ def quiet_kineto() -> None:
     """Kineto writes "USDT: ... profiler_start" and "profiler_stop" to stderr around every session at every log level
     below 6 (none keeps its warnings and drops these), and a notebook shows them under each profiled cell. It reads
     ``KINETO_LOG_LEVEL`` when its first session starts, so this is set before that; a level the user set is kept."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+    settings.env("KINETO_LOG_LEVEL").setdefault(KINETO_QUIET)
 
 
 class _Call(NamedTuple):

@@ -10,15 +10,16 @@ coverage profile; the runtime hides which one runs.
 
 from __future__ import annotations
 
-import os
 import traceback
 
 import torch
 
+from neuron_lab import settings
 from neuron_lab.backend.emulator import neuronx_finder
 from neuron_lab.backend.emulator import runtime as _rt
 
-DOWNCAST_ENV = "NEURON_LAB_EMULATE_DOWNCAST"
+_DOWNCAST = settings.env("NEURON_LAB_EMULATE_DOWNCAST")
+DOWNCAST_ENV = _DOWNCAST.name
 
 
 def install(profile=None) -> _rt.Runtime:
@@ -52,7 +53,7 @@ def install(profile=None) -> _rt.Runtime:
             raise RuntimeError(f"{compiled.CORE_ENV}=compiled, but {why}")
     if owner != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
-    emulate_downcast = os.environ.get(DOWNCAST_ENV, "0") not in ("", "0", "false", "False")
+    emulate_downcast = _DOWNCAST.flag()
 
     if core is not None:
         recorder = compiled.CoreRecorder(core)

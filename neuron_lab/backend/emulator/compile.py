@@ -22,7 +22,6 @@ would fall back to the CPU on a real device.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import time
 import warnings
@@ -36,14 +35,14 @@ from torch._dynamo.utils import counters
 from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_context
 from torch.utils._python_dispatch import _disable_current_modes
 
+from neuron_lab import settings
 from neuron_lab.backend.emulator import runtime
 from neuron_lab.backend.emulator.graph_lines import located_forward
 from neuron_lab.kinds import NATIVE
 
 Tensor = torch.Tensor
-LOWERING_ENV = "NEURON_LAB_COMPILE_LOWERING"
-LOWERINGS = ("eager", "inductor")
-DEFAULT_LOWERING = "eager"
+_LOWERING = settings.env("NEURON_LAB_COMPILE_LOWERING")
+LOWERING_ENV, LOWERINGS, DEFAULT_LOWERING = _LOWERING.name, _LOWERING.choices, _LOWERING.default
 DYNAMIC_ERROR = ('torch.compile(backend="neuron") does not support dynamic=True: the Neuron backend compiles '
                  "static shapes. Leave dynamic unset (or False); shapes that vary between calls recompile per shape.")
 _CPU = torch.device("cpu")
@@ -53,9 +52,9 @@ _chosen: str | None = None  # set_lowering's choice; None: the environment varia
 
 def lowering() -> str:
     """The lowering the next compiled graph gets: the one chosen in-process, else the env var's, else eager."""
-    name = _chosen or os.environ.get(LOWERING_ENV) or DEFAULT_LOWERING
+    name = _chosen or _LOWERING.raw() or DEFAULT_LOWERING
     if name not in LOWERINGS:
-        raise ValueError(f"{LOWERING_ENV}={name!r}: expected one of {', '.join(LOWERINGS)}")
+        raise ValueError(_LOWERING.expected(name))
     return name
 
 

@@ -10,7 +10,6 @@ dtype set.
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,22 +18,19 @@ from typing import Any
 
 import torch
 
+from neuron_lab import settings
 from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats
 from neuron_lab.kinds import DOWNCAST, KINDS, NATIVE
 
-CORE_ENV = "NEURON_LAB_CORE"
-CORE_CHOICES = ("auto", "compiled", "python")
+_CORE = settings.env("NEURON_LAB_CORE")
+CORE_ENV, CORE_CHOICES = _CORE.name, _CORE.choices
 # The core numbers kinds in this order (it is told at configure): the two it makes itself first, then the rest.
 CORE_KINDS = (NATIVE, DOWNCAST, *(k for k in KINDS if k not in (NATIVE, DOWNCAST)))
 
 
 def choice(env: dict[str, str] | None = None) -> tuple[str, str | None]:
     """The requested core and, for a bad value, the problem to report."""
-    env = os.environ if env is None else env
-    raw = env.get(CORE_ENV, "auto").strip().lower() or "auto"
-    if raw not in CORE_CHOICES:
-        return "auto", f"{CORE_ENV}={env.get(CORE_ENV)!r} is not one of {', '.join(CORE_CHOICES)}; using auto"
-    return raw, None
+    return _CORE.choice(env)
 
 
 def load() -> tuple[ModuleType | None, str]:

@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 import time
 import weakref
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from neuron_lab import settings
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.events import OpEvent, signature_of
 from neuron_lab.kinds import COLLECTIVE, SOURCE, UNSUPPORTED
@@ -58,8 +58,8 @@ def _attach(rank: int) -> None:
     that device becomes current. A process the emulator already mapped at install (``LOCAL_RANK`` set
     then, as torchrun does) keeps its mapping; one whose launcher set ``LOCAL_RANK`` later (``mp.spawn``
     workers) moves to ``neuron:{LOCAL_RANK}`` when that device exists."""
-    local = os.environ.get("LOCAL_RANK", "").strip()
-    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", local or str(rank))
+    local = settings.env("LOCAL_RANK").text()
+    settings.env("NEURON_RT_VISIBLE_CORES").setdefault(local or str(rank))
     rt = _rt.get()
     if rt.topology.local_rank is None and local.isdigit() and int(local) < rt.devices.device_count():
         rt.devices.set_device(int(local))

@@ -12,19 +12,20 @@ Bad settings never stop the emulator: they fall back to the defaults and are rep
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from neuron_lab import settings
 from neuron_lab.units import format_size, parse_size
 
 GiB = 1024**3
-INSTANCE_ENV = "NEURON_LAB_INSTANCE"
-CAPACITY_ENV = "NEURON_LAB_DEVICE_MEMORY"
-LNC_ENVS = ("NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VIRTUAL_CORE_SIZE")
-VISIBLE_ENV = "NEURON_RT_VISIBLE_CORES"
-NUM_ENV = "NEURON_RT_NUM_CORES"
-LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+_INSTANCE, _CAPACITY = settings.env("NEURON_LAB_INSTANCE"), settings.env("NEURON_LAB_DEVICE_MEMORY")
+_LNCS = (settings.env("NEURON_LOGICAL_NC_CONFIG"), settings.env("NEURON_RT_VIRTUAL_CORE_SIZE"))  # the first set wins
+_VISIBLE, _NUM = settings.env("NEURON_RT_VISIBLE_CORES"), settings.env("NEURON_RT_NUM_CORES")
+_LOCAL_RANK, _LOCAL_WORLD_SIZE = settings.env("LOCAL_RANK"), settings.env("LOCAL_WORLD_SIZE")
+INSTANCE_ENV, CAPACITY_ENV, VISIBLE_ENV, NUM_ENV = _INSTANCE.name, _CAPACITY.name, _VISIBLE.name, _NUM.name
+LNC_ENVS = tuple(v.name for v in _LNCS)
+LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV = _LOCAL_RANK.name, _LOCAL_WORLD_SIZE.name
 MAX_CAPACITY = 1 << 50  # 1 PiB: larger values are typing mistakes, not devices
 MAX_DEVICES = 127  # PyTorch's device index is an int8
 
@@ -45,7 +46,7 @@ INSTANCES = {i.name: i for i in (
     Instance("trn1.2xlarge", 1, 2, 32 * GiB, 1, (1,)),
     Instance("trn1.32xlarge", 16, 2, 32 * GiB, 1, (1,)),
 )}
-DEFAULT_INSTANCE = "trn2.3xlarge"
+DEFAULT_INSTANCE = _INSTANCE.default
 
 
 @dataclass
@@ -101,41 +102,37 @@ def parse_capacity(text: str) -> int:
 
 def detect(env: dict[str, str] | None = None) -> Topology:
     """The devices this process gets, from the environment; never raises."""
-    env = os.environ if env is None else env
-    problems: list[str] = []
-    name = env.get(INSTANCE_ENV, "").strip() or DEFAULT_INSTANCE
-    inst = INSTANCES.get(name)
-    if inst is None:
-        problems.append(f"{INSTANCE_ENV}={name!r} is not one of {', '.join(INSTANCES)}; using {DEFAULT_INSTANCE}")
-        inst = INSTANCES[DEFAULT_INSTANCE]
+    name, problem = _INSTANCE.choice(env)
+    problems = [problem] if problem else []
+    inst = INSTANCES[name]
     lnc = inst.lnc_default
-    for var in LNC_ENVS:
-        raw = env.get(var, "").strip()
+    for var in _LNCS:
+        raw = var.text(env)
         if not raw:
             continue
         if _whole(raw) and int(raw) in inst.lnc_choices:
             lnc = int(raw)
         else:
-            problems.append(f"{var}={raw!r}: {inst.name} takes LNC {' or '.join(map(str, inst.lnc_choices))}; "
+            problems.append(f"{var.name}={raw!r}: {inst.name} takes LNC {' or '.join(map(str, inst.lnc_choices))}; "
                             f"using {lnc}")
         break
     physical = inst.chips * inst.cores_per_chip
     logical = physical // lnc
     capacity = inst.hbm_per_chip * inst.chips // logical
-    raw_cap = env.get(CAPACITY_ENV, "").strip()
+    raw_cap = _CAPACITY.text(env)
     if raw_cap:
         try:
             capacity = parse_capacity(raw_cap)
         except ValueError as e:
             problems.append(f"{CAPACITY_ENV}: {e}; using {format_size(capacity)}")
     cores = list(range(logical))
-    visible = env.get(VISIBLE_ENV, "").strip()
+    visible = _VISIBLE.text(env)
     if visible:
         try:
             cores = _core_list(visible, logical)
         except ValueError as e:
             problems.append(f"{VISIBLE_ENV}={visible!r}: {e}; using all {logical} cores")
-    num = env.get(NUM_ENV, "").strip()
+    num = _NUM.text(env)
     if num:
         if _whole(num) and 1 <= int(num) <= len(cores):
             cores = cores[:int(num)]
@@ -152,13 +149,13 @@ def detect(env: dict[str, str] | None = None) -> Topology:
     return Topology(inst.name, lnc, [capacity] * len(cores), cores, problems)
 
 
-def _rank_topology(env: Mapping[str, str], cores: list[int], logical: int, visible_set: bool,
+def _rank_topology(env: Mapping[str, str] | None, cores: list[int], logical: int, visible_set: bool,
                    problems: list[str]) -> tuple[int, list[int]] | None:
     """Under torchrun: (local rank, the core of each of the ``LOCAL_WORLD_SIZE`` devices), else None.
 
     Peers' devices are numbered as torchrun's default mapping (core = local rank) would place them.
     """
-    rank, size = env.get(LOCAL_RANK_ENV, "").strip(), env.get(LOCAL_WORLD_SIZE_ENV, "").strip()
+    rank, size = _LOCAL_RANK.text(env), _LOCAL_WORLD_SIZE.text(env)
     if not (rank or size):
         return None
     if not (_whole(rank) and _whole(size) and int(rank) < int(size) <= MAX_DEVICES):

@@ -14,12 +14,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from neuron_lab import settings
 from neuron_lab.backend.profiles import schema
 from neuron_lab.kinds import FALLBACK, HOST, NATIVE
 
 SCHEMA_VERSION = 1
-DEFAULT_PROFILE = "torchneuron-2.33"
-ENV_VAR = "NEURON_LAB_PROFILE"
+_PROFILE = settings.env("NEURON_LAB_PROFILE")
+DEFAULT_PROFILE, ENV_VAR = _PROFILE.default, _PROFILE.name
 _OP_KINDS = (NATIVE, FALLBACK, HOST)
 
 
@@ -122,7 +123,7 @@ def bundled() -> list[str]:
 
 def load(name_or_path: str | os.PathLike | None = None) -> Profile:
     """Load a bundled profile by name, or a profile file by path; ``None`` means the env var or default."""
-    spec = str(name_or_path) if name_or_path is not None else os.environ.get(ENV_VAR) or DEFAULT_PROFILE
+    spec = str(name_or_path) if name_or_path is not None else _PROFILE.raw() or DEFAULT_PROFILE
     if spec in bundled():
         res = resources.files(__name__).joinpath(f"{spec}.json")
         text, path = res.read_text(), f"<bundled>/{spec}.json"

@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch._C._profiler import _ExperimentalConfig
 
+from neuron_lab import settings
+
 TRACE_NAME = "neuron_trace_rank{rank}_{n}.json"
 _NOT_PRODUCED = {"DEVICE": ".neff/.ntff", "RUNTIME": "trace_info.pb/ntrace.pb", "CPU_UTIL": "cpu_util.pb",
                  "HOST_MEMORY": "host_mem.pb"}
@@ -130,7 +132,7 @@ class NeuronConfig(_ExperimentalConfig):
 def _rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0"))
+    return int(settings.env("RANK").raw() or "0")
 
 
 def _device_index(name: Any) -> int | None:

@@ -1,10 +1,11 @@
 """The README's reference blocks, generated from the code they describe so the two cannot drift.
 
 Every magic and flag comes from the ``%neuron`` parser (the same one that parses and prints
-``%neuron?``), every setting from the ``NeuronLab`` configurable, every environment variable from
-``neuron-lab doctor``'s list. ``python -m neuron_lab.reference --write README.md`` rewrites the
-blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``; ``--check`` fails
-when they are stale (the test suite runs the same comparison).
+``%neuron?``), every ``%config`` setting and environment variable from the settings registry
+(``neuron_lab/settings.py``, which ``neuron-lab doctor`` lists too). ``python tools/readme_reference.py
+--write README.md`` rewrites the blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``;
+``--check`` fails when they are stale (the test suite runs the same comparison). A tool of this checkout, not
+part of the installed package: it documents the code beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from neuron_lab.compat import argparse as argparse_compat
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's neuron_lab, the one README describes
+
+from neuron_lab import settings as registry  # noqa: E402
+from neuron_lab.compat import argparse as argparse_compat  # noqa: E402
 
 PIPE = " \\| "  # a | inside a Markdown table cell or list item
 
@@ -69,22 +73,17 @@ def _cell(text: str) -> str:
 
 def settings() -> str:
     """The ``%config NeuronLab.*`` settings: name, default, meaning."""
-    from neuron_lab.session.config import NeuronLab
-
     rows = ["| setting | default | meaning |", "|---|---|---|"]
-    for name, trait in NeuronLab.class_traits(config=True).items():
-        values = getattr(trait, "values", None)
-        kind = f" One of {', '.join(f'`{v!r}`' for v in values)}." if values else ""
-        rows.append(f"| `{name}` | `{trait.default_value!r}` | {_cell(trait.help)}{kind} |")
+    for name, s in sorted(registry.CONFIG.items()):
+        kind = f" One of {', '.join(f'`{v!r}`' for v in s.choices)}." if s.choices else ""
+        rows.append(f"| `{name}` | `{s.default!r}` | {_cell(s.help)}{kind} |")
     return "\n".join(rows)
 
 
 def environment() -> str:
     """The environment variables ``neuron-lab doctor`` lists."""
-    from neuron_lab.cli import ENV_VARS
-
     rows = ["| variable | meaning |", "|---|---|"]
-    rows += [f"| `{name}` | {_cell(_sentence(meaning))} |" for name, meaning in ENV_VARS]
+    rows += [f"| `{v.name}` | {_cell(_sentence(v.summary))} |" for v in registry.listed()]
     return "\n".join(rows)
 
 
@@ -106,7 +105,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m neuron_lab.reference", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python tools/readme_reference.py", description=__doc__.splitlines()[0])
     ap.add_argument("file", type=Path, help="the Markdown file with reference blocks (README.md)")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the blocks in place")
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         args.file.write_text(new, encoding="utf-8")
         return 0
     if new != old:
-        print(f"{args.file}: reference blocks are stale; run `python -m neuron_lab.reference --write {args.file}`",
+        print(f"{args.file}: reference blocks are stale; run `python tools/readme_reference.py --write {args.file}`",
               file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,191 @@
+"""Every setting neuron_lab reads, registered once: the environment variables and the ``%config NeuronLab.*`` traits.
+
+As ``torch/_logging/_registrations.py`` does for logs, each setting is one registration call below with its type,
+default, meaning and readers. The modules that read a variable get it here (``env("NEURON_LAB_CORE").choice()``),
+``neuron-lab doctor`` and the README reference (``tools/readme_reference.py``) list it from here, and a bad value
+is reported in the words built here, so no list of settings is kept by hand anywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_FALSE = ("", "0", "false", "False")  # what a flag variable reads as off
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: what it means, what it takes, and which modules read it."""
+
+    name: str
+    meaning: str  # one line for `neuron-lab doctor` and the README, after the choices when there are any
+    readers: tuple[str, ...]  # the modules that read it (setup.py reads NEURON_LAB_BUILD_CORE at install)
+    choices: tuple[str, ...] = ()
+    default: str | None = None
+    fold_case: bool = True  # a choice is read case-insensitively ("AUTO" is auto)
+    listed: bool = True  # shown by doctor and the README; a launcher's own variables (LOCAL_RANK) are not
+
+    @property
+    def summary(self) -> str:
+        """The doctor/README line: ``auto|emulator|off: which backend serves `neuron```."""
+        return f"{'|'.join(self.choices)}: {self.meaning}" if self.choices else self.meaning
+
+    def raw(self, env: Mapping[str, str] | None = None) -> str | None:
+        """The value as set (``os.environ`` unless ``env`` is given), None when unset."""
+        return (os.environ if env is None else env).get(self.name)
+
+    def text(self, env: Mapping[str, str] | None = None) -> str:
+        """The value without surrounding blanks; "" when unset."""
+        return (self.raw(env) or "").strip()
+
+    def flag(self, env: Mapping[str, str] | None = None) -> bool:
+        """On unless unset, empty, ``0`` or ``false``."""
+        return (self.raw(env) or "") not in _FALSE
+
+    def choice(self, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+        """The chosen value (the default when unset or blank) and, for a value not among the choices, the problem
+        to report; the default is used instead of it."""
+        raw = self.raw(env)
+        value = (raw or "").strip()
+        value = value.lower() if self.fold_case else value
+        if not value:
+            return self.default, None
+        if value not in self.choices:
+            return self.default, f"{self.not_one_of(raw)}; using {self.default}"
+        return value, None
+
+    def not_one_of(self, value: str | None) -> str:
+        """The bad-value message: ``NEURON_LAB_CORE='gpu' is not one of auto, compiled, python``."""
+        return f"{self.name}={value!r} is not one of {', '.join(self.choices)}"
+
+    def expected(self, value: str | None) -> str:
+        """The message of a value refused outright: ``NEURON_LAB_COMPILE_LOWERING='xla': expected one of ...``."""
+        return f"{self.name}={value!r}: expected one of {', '.join(self.choices)}"
+
+    def setdefault(self, value: str) -> str:
+        """Set it in this process unless the user did; the value now in force."""
+        return os.environ.setdefault(self.name, value)
+
+
+@dataclass(frozen=True)
+class ConfigSetting:
+    """One ``%config NeuronLab.<name>`` setting; ``session/config.py`` makes it a traitlets trait."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def out_of_range(self, value: float) -> str | None:
+        """The bad-value message for a number outside the bounds, None inside them."""
+        lo, hi = self.minimum, self.maximum
+        if (lo is None or value >= lo) and (hi is None or value <= hi):
+            return None
+        bounds = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
+        return f"NeuronLab.{self.name} must be {bounds}, not {value}"
+
+
+ENV: dict[str, EnvVar] = {}
+CONFIG: dict[str, ConfigSetting] = {}
+
+
+def register_env(name: str, meaning: str, *readers: str, **kw) -> EnvVar:
+    if name in ENV:
+        raise ValueError(f"environment variable {name} is registered twice")
+    ENV[name] = var = EnvVar(name, meaning, readers, **kw)
+    return var
+
+
+def register_config(name: str, type_: type, default: object, help: str, **kw) -> ConfigSetting:
+    if name in CONFIG:
+        raise ValueError(f"setting NeuronLab.{name} is registered twice")
+    CONFIG[name] = setting = ConfigSetting(name, type_, default, help, **kw)
+    return setting
+
+
+def env(name: str) -> EnvVar:
+    """The registered variable ``name``; a name nobody registered is a KeyError, not a silent ``None``."""
+    return ENV[name]
+
+
+def config(name: str) -> ConfigSetting:
+    return CONFIG[name]
+
+
+def listed() -> list[EnvVar]:
+    """The variables ``neuron-lab doctor`` and the README show, in registration order."""
+    return [v for v in ENV.values() if v.listed]
+
+
+# -- environment variables: neuron_lab's own first, then those of TorchNeuron, the Neuron runtime, PyTorch ----------
+B, E = "neuron_lab.backend", "neuron_lab.backend.emulator"
+register_env("NEURON_LAB_BACKEND", "which backend serves `neuron`", f"{B}.selection", "neuron_lab.runner.main",
+             choices=("auto", "emulator", "off"), default="auto")
+register_env("NEURON_LAB_PROFILE", "coverage profile name or path", f"{B}.profiles", "neuron_lab.runner.main",
+             default="torchneuron-2.33")
+register_env("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (default: the instance's HBM per "
+             "logical core)", f"{E}.topology")
+register_env("NEURON_LAB_CORE", "which emulator core runs (auto: compiled when it loads)", f"{E}.compiled",
+             choices=("auto", "compiled", "python"), default="auto")
+register_env("NEURON_LAB_INSTANCE", "the emulated instance's devices (default trn2.3xlarge)", f"{E}.topology",
+             choices=("trn2.3xlarge", "trn2.48xlarge", "trn1.2xlarge", "trn1.32xlarge"), default="trn2.3xlarge",
+             fold_case=False)
+register_env("NEURON_LOGICAL_NC_CONFIG", "logical NeuronCore size (LNC) of the emulated instance", f"{E}.topology",
+             choices=("1", "2"))
+register_env("NEURON_RT_VIRTUAL_CORE_SIZE", "the older name of NEURON_LOGICAL_NC_CONFIG", f"{E}.topology",
+             choices=("1", "2"), listed=False)
+register_env("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the compiled core", "setup.py",
+             default="1")
+register_env("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does", E,
+             default="0")
+register_env("NEURON_LAB_COMPILE_LOWERING", "how the emulator runs compiled graphs (default eager: op by op on the "
+             "device, fast compiles, per-op reports; inductor: host Inductor, compiled speed)", f"{E}.compile",
+             "neuron_lab.session.config", choices=("eager", "inductor"), default="eager", fold_case=False)
+register_env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload", "neuron_lab.cli",
+             default="1")
+register_env("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back")
+register_env("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)",
+             f"{E}.topology", f"{E}.distributed")
+register_env("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)",
+             f"{E}.topology")
+register_env("KINETO_LOG_LEVEL", "torch.profiler's log level; neuron_lab sets 6 (silent: no `USDT: ... "
+             "profiler_start` lines under profiled cells) where it is not set; 0 shows everything",
+             "neuron_lab.trace.profile")
+# a launcher's (torchrun, mp.spawn, `neuron-lab run --nproc`): read, never set by a user
+register_env("LOCAL_RANK", "this process's rank on its host", f"{E}.topology", f"{E}.distributed",
+             "neuron_lab.runner.kernel", listed=False)
+register_env("LOCAL_WORLD_SIZE", "how many ranks run on this host", f"{E}.topology", listed=False)
+register_env("RANK", "this process's global rank", f"{E}.neuronx.profiling", listed=False, default="0")
+del B, E
+
+# -- %config NeuronLab.<name> -----------------------------------------------------------------------------------------
+register_config("auto_report", bool, True, "Show a report after every cell that touched the device.")
+register_config("report_detail", str, "table", "How much an automatic report shows: one line, tables, or tables "
+                "with stacks.", choices=("summary", "table", "full"))
+register_config("callsites", bool, True, "Find the cell line behind each CPU fallback (a frame walk per fallback "
+                "call).")
+register_config("callsite_stacks", int, 3, "Stacks captured for the first K calls of each (op, line); 0 captures "
+                "none.", minimum=0)
+register_config("stack_depth", int, 8, "Frames kept per captured stack.", minimum=0)
+register_config("device_variable", str, "device", "The user-namespace variable that holds the notebook's device.")
+register_config("history_size", int, 500, "Cell reports kept for `%neuron report`; the oldest go first.", minimum=0)
+register_config("widget_refresh_hz", float, 4.0, "How often live widgets refresh while a cell runs.", minimum=0.1,
+                maximum=60)
+register_config("auto_dashboard", bool, False, "Show a compact live strip (memory bar, fallback count, mode) under "
+                "each cell while it runs (widget frontends).")
+register_config("display_as", str, "auto", "How the live views show: widgets (auto: under a kernel) or static "
+                "text/HTML updated after each cell (auto: elsewhere).", choices=("auto", "widget", "static"))
+register_config("oom_traceback", str, "short", "After the device's out-of-memory error: 'short' ends the traceback "
+                "in your code and frees what the failing frames held once the report lists it; 'full' keeps the "
+                "emulator's frames and their tensors (for %debug; `%neuron free` drops them).",
+                choices=("short", "full"))
+register_config("compile_backend", str, "neuron", "The torch.compile backend of compile mode when none is given.")
+register_config("compile_lowering", str, "eager", "How the emulator runs torch.compile(backend='neuron') graphs: "
+                "eager runs each graph op by op on the device (fast compiles, per-op reports and CPU fallbacks "
+                "inside graphs); inductor compiles them with host Inductor (compiled speed, slow compiles). "
+                "Default: NEURON_LAB_COMPILE_LOWERING, else eager.", choices=ENV["NEURON_LAB_COMPILE_LOWERING"].choices)
