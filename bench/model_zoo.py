@@ -1,4 +1,4 @@
-"""Op coverage on a model zoo: which ATen ops of one training step fall back to the CPU under each coverage profile.
+"""Op coverage on a model zoo: which ATen ops of one training step fall back to the CPU under each op coverage.
 
 Each model of the zoo (real architectures from transformers, diffusers and timm, randomly initialised from tiny
 configs: nothing is downloaded) runs one training step on `neuron` (forward, loss, backward, ``AdamW.step``,
@@ -7,13 +7,13 @@ ops that did not run on the device (``Report.fallbacks``: CPU fallbacks and host
 Model and inputs are built on the CPU under ``torch.manual_seed(0)`` and then moved to `neuron`, so input
 creation is not measured; the model is in ``train()`` mode, so dropout runs.
 
-The coverage profile is read once at process start, so every (model, profile) pair runs in a fresh child
-process with ``NEURON_LAB_PROFILE=<profile>`` and a timeout. A model that fails to build or run is listed with the
+The op coverage is read once at process start, so every (model, coverage) pair runs in a fresh child
+process with ``NEURON_LAB_COVERAGE=<coverage>`` and a timeout. A model that fails to build or run is listed with the
 first line of its error, never dropped. Op names are reported without their overload (``aten::add.Tensor`` is
-``add``), the granularity at which profiles classify ops.
+``add``), the granularity at which coverages classify ops.
 
-    python bench/model_zoo.py                                  # every model, both bundled profiles
-    python bench/model_zoo.py --models gpt2,unet2d --profiles torchneuron-src-2026-04
+    python bench/model_zoo.py                                  # every model, both bundled coverages
+    python bench/model_zoo.py --models gpt2,unet2d --coverage torchneuron-src-2026-04
     python bench/model_zoo.py --json /tmp/model_zoo/results.json --table /tmp/model_zoo/table.md
     python bench/model_zoo.py --list                           # the zoo's model names
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PROFILES = ("torchneuron-2.33", "torchneuron-src-2026-04")
+COVERAGES = ("torchneuron-2.33", "torchneuron-src-2026-04")
 MARK = "MODEL_ZOO_RESULT "  # the child's result line on stdout: MARK + JSON
 BATCH = 2
 LIST_ALL = 8  # a cell lists every fallback op up to this many, else the most-called TOP of them
@@ -319,7 +319,7 @@ ZOO: dict[str, tuple[str, Callable[[], Built]]] = {
 }
 
 
-# --- the child: one model, one profile, one tracked step ------------------------------------------------------------
+# --- the child: one model, one coverage, one tracked step ------------------------------------------------------------
 
 def _first_line(e: BaseException) -> str:
     text = (str(e).strip().splitlines() or [""])[0]
@@ -328,13 +328,13 @@ def _first_line(e: BaseException) -> str:
 
 
 def _base(op: str) -> str:
-    """``aten::_foreach_add_.Scalar`` -> ``_foreach_add_``: the op as profiles name it, less the namespace."""
+    """``aten::_foreach_add_.Scalar`` -> ``_foreach_add_``: the op as coverages name it, less the namespace."""
     return op.removeprefix("aten::").split(".")[0]
 
 
 def child(name: str, warmup: int) -> dict[str, Any]:
     library, build = ZOO[name]
-    out: dict[str, Any] = {"model": name, "library": library, "profile": os.environ.get("NEURON_LAB_PROFILE")}
+    out: dict[str, Any] = {"model": name, "library": library, "coverage": os.environ.get("NEURON_LAB_COVERAGE")}
     phase = "import"
     try:
         import torch
@@ -342,8 +342,8 @@ def child(name: str, warmup: int) -> dict[str, Any]:
         import neuron_lab
 
         backend = neuron_lab.backend.active()
-        profile = getattr(backend, "profile", None)
-        out["profile"] = getattr(profile, "name", out["profile"])
+        coverage = getattr(backend, "coverage", None)
+        out["coverage"] = getattr(coverage, "name", out["coverage"])
         out["backend"] = backend.description
         phase = "build"
         torch.manual_seed(0)
@@ -379,14 +379,14 @@ def child(name: str, warmup: int) -> dict[str, Any]:
     return out
 
 
-# --- the parent: children per (model, profile), the table ----------------------------------------------------------
+# --- the parent: children per (model, coverage), the table ----------------------------------------------------------
 
-def run_one(name: str, profile: str, timeout: float, warmup: int) -> dict[str, Any]:
-    env = dict(os.environ, NEURON_LAB_PROFILE=profile, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+def run_one(name: str, coverage: str, timeout: float, warmup: int) -> dict[str, Any]:
+    env = dict(os.environ, NEURON_LAB_COVERAGE=coverage, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--warmup", str(warmup)]
     t0 = time.perf_counter()
-    base = {"model": name, "library": ZOO[name][0], "profile": profile}
+    base = {"model": name, "library": ZOO[name][0], "coverage": coverage}
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -430,11 +430,11 @@ def _params(n: int | None) -> str:
     return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n / 1e3:.1f} k"
 
 
-def table(results: list[dict[str, Any]], profiles: list[str], models: list[str]) -> str:
-    by = {(r["model"], r["profile"]): r for r in results}
+def table(results: list[dict[str, Any]], coverages: list[str], models: list[str]) -> str:
+    by = {(r["model"], r["coverage"]): r for r in results}
     common: dict[str, frozenset[str]] = {}
     summary = []
-    for p in profiles:
+    for p in coverages:
         ok = [by[(m, p)] for m in models if (m, p) in by and "error" not in by[(m, p)]]
         if not ok:
             continue
@@ -444,22 +444,22 @@ def table(results: list[dict[str, Any]], profiles: list[str], models: list[str])
         summary.append(f"- {p}: {len(union)} distinct fallback ops across {len(ok)} models; in every model "
                        f"({len(shared)}{' ‡' if len(shared) > 1 and len(ok) > 1 else ''}): "
                        + (", ".join(f"`{o}`" for o in sorted(shared)) or "none"))
-    head = ["model", "library", "params", "ops per step"] + [f"fallback ops under {p}" for p in profiles]
+    head = ["model", "library", "params", "ops per step"] + [f"fallback ops under {p}" for p in coverages]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     errors = []
     for m in models:
-        rs = [by.get((m, p)) for p in profiles]
+        rs = [by.get((m, p)) for p in coverages]
         ok = [r for r in rs if r is not None and "error" not in r]
         params = next((r.get("params") for r in rs if r and r.get("params") is not None), None)
         ops = sorted({r["ops"] for r in ok})
         ops_cell = " / ".join(str(o) for o in ops) if ops else "–"
         arch = next((r["arch"] for r in rs if r and r.get("arch")), None)
         label = f"{m} (`{arch}`)" if arch else m
-        cells = [_cell(r, common.get(p, frozenset())) for p, r in zip(profiles, rs)]
+        cells = [_cell(r, common.get(p, frozenset())) for p, r in zip(coverages, rs)]
         lines.append("| " + " | ".join([label, ZOO[m][0], _params(params), ops_cell] + cells) + " |")
-        failed = {p: r["error"] for p, r in zip(profiles, rs) if r and "error" in r}
-        if failed and len(set(failed.values())) == 1 and len(failed) == len(profiles) > 1:
-            errors.append(f"- {m} (every profile): {next(iter(failed.values()))}")
+        failed = {p: r["error"] for p, r in zip(coverages, rs) if r and "error" in r}
+        if failed and len(set(failed.values())) == 1 and len(failed) == len(coverages) > 1:
+            errors.append(f"- {m} (every coverage): {next(iter(failed.values()))}")
         else:
             errors += [f"- {m} under {p}: {e}" for p, e in failed.items()]
     out = "\n".join(lines)
@@ -469,16 +469,16 @@ def table(results: list[dict[str, Any]], profiles: list[str], models: list[str])
         out += "\n\nFailed:\n" + "\n".join(errors)
     return (out + "\n\n**n**: distinct ops (overloads merged) that ran on the CPU; ×n: their calls in the step; "
             "† a host op (TorchNeuron runs it on the CPU by design); ‡ the ops that fall back in every model under "
-            "that profile, listed above.\n")
+            "that coverage, listed above.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated profile names or paths")
+    ap.add_argument("--coverage", default=",".join(COVERAGES), help="comma-separated coverage names or paths")
     ap.add_argument("--models", default="", help="comma-separated model names (default: the whole zoo)")
-    ap.add_argument("--json", metavar="OUT", help="write the raw per-(model, profile) results here")
+    ap.add_argument("--json", metavar="OUT", help="write the raw per-(model, coverage) results here")
     ap.add_argument("--table", metavar="OUT", help="also write the Markdown table here")
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per (model, profile) child")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per (model, coverage) child")
     ap.add_argument("--warmup", type=int, default=0, help="untracked steps before the tracked one")
     ap.add_argument("--list", action="store_true", help="print the zoo's model names and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -493,24 +493,24 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in ZOO]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; --list shows the zoo")
-    profiles = [p for p in args.profiles.split(",") if p]
+    coverages = [p for p in args.coverage.split(",") if p]
     results = []
     t0 = time.perf_counter()
     for m in models:
-        for p in profiles:
+        for p in coverages:
             r = run_one(m, p, args.timeout, args.warmup)
             status = r.get("error") or f"{r['ops']} ops, {len(fallback_counts(r))} fallback ops, step {r['step_s']} s"
             print(f"[{time.perf_counter() - t0:6.1f} s] {m} / {p}: {status}", file=sys.stderr, flush=True)
             results.append(r)
     total = time.perf_counter() - t0
-    text = table(results, profiles, models) + f"\nTotal wall time: {total:.0f} s ({len(results)} child processes).\n"
+    text = table(results, coverages, models) + f"\nTotal wall time: {total:.0f} s ({len(results)} child processes).\n"
     print(text)
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
         Path(args.table).write_text(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        meta = {"profiles": profiles, "models": models, "warmup": args.warmup, "total_wall_s": round(total, 1),
+        meta = {"coverages": coverages, "models": models, "warmup": args.warmup, "total_wall_s": round(total, 1),
                 "python": sys.version.split()[0]}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     return 0

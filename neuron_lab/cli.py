@@ -12,8 +12,8 @@ from neuron_lab import settings
 # `neuron-lab --help` ends with these (tests parse each one with the real parser).
 EXAMPLES = (
     ("neuron-lab doctor", "which backend serves `neuron` here, and why"),
-    ("neuron-lab coverage show", "the ops the active profile reports as CPU fallbacks"),
-    ("neuron-lab coverage diff torchneuron-2.33 mine.json", "what changes between two profiles"),
+    ("neuron-lab coverage show", "the ops the active coverage reports as CPU fallbacks"),
+    ("neuron-lab coverage diff torchneuron-2.33 mine.json", "what changes between two coverage files"),
     ("neuron-lab run train.ipynb --html run.html", "a notebook headless (see `neuron-lab run --help`)"),
 )
 
@@ -66,14 +66,14 @@ def doctor(_args: argparse.Namespace) -> int:
         n = b.device_count()
         print(f"  devices      {n} (neuron:0{'' if n == 1 else f'..neuron:{n - 1}'})"
               f"; capacity {format_size(b.capacity())} per device")
-        p = b.profile
+        p = b.coverage
         if p is not None:
             n_fb = sum(1 for r in p.ops.values() if r.kind == kinds.FALLBACK)
             n_host = sum(1 for r in p.ops.values() if r.kind == kinds.HOST)
-            print(f"  profile      {p.name} ({p.path}), dated {p.date}: {n_fb} ops CPU fallback, {n_host} host "
+            print(f"  coverage     {p.name} ({p.path}), dated {p.date}: {n_fb} ops CPU fallback, {n_host} host "
                   f"kernels, unknown ops {p.default}")
         else:
-            print("  profile      none: the real device reports its own fallbacks")
+            print("  coverage     none: the real device reports its own fallbacks")
     print(f"  autoload     {_autoload_line()}")
     print(f"  torch_neuronx {_torch_neuronx_line()}")
     print("  environment")
@@ -93,7 +93,7 @@ def coverage_export(args: argparse.Namespace) -> int:
     import torch
 
     from neuron_lab import backend
-    from neuron_lab.backend.profiles import OpRule, Profile
+    from neuron_lab.backend.coverage import Coverage, OpRule
 
     owner = torch._C._get_privateuse1_backend_name()
     if owner == "privateuseone":
@@ -101,7 +101,7 @@ def coverage_export(args: argparse.Namespace) -> int:
     regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
     names = sorted({r.split(".")[0] for r in regs if "::" in r})
     d = backend.state()
-    profile = Profile(
+    coverage = Coverage(
         name=args.name or f"{owner}-{d.kind}-{datetime.date.today().isoformat()}",
         source=f"exported by neuron-lab coverage export from the live {owner!r} PrivateUse1 backend "
                f"({d.kind}: {d.reason}); an op is native when it has a PrivateUse1 kernel",
@@ -110,17 +110,17 @@ def coverage_export(args: argparse.Namespace) -> int:
         default_reason=f"no PrivateUse1 kernel on the exporting backend ({d.kind})",
         ops={n: OpRule("native", "PrivateUse1 kernel registered") for n in names},
     )
-    profile.save(args.file)
+    coverage.save(args.file)
     print(f"wrote {args.file}: {len(names)} native ops, everything else counts as CPU fallback")
     return 0
 
 
 def coverage_show(args: argparse.Namespace) -> int:
-    from neuron_lab.backend import profiles
+    from neuron_lab.backend import coverage
 
     try:
-        p = profiles.load(args.profile)
-    except profiles.ProfileError as e:
+        p = coverage.load(args.coverage)
+    except coverage.CoverageError as e:
         return _refuse("coverage show", str(e))
     print(f"{p.name}  ({p.path})")
     print(f"  date     {p.date}")
@@ -141,27 +141,27 @@ def coverage_show(args: argparse.Namespace) -> int:
     for name, r in rows:
         dts = f" [{', '.join(sorted(r.dtypes))}]" if r.dtypes else ""
         print(f"    {r.kind:<9} {name}{dts}")
-    print(f"bundled profiles: {', '.join(profiles.bundled())}; choose with NEURON_LAB_PROFILE=NAME|PATH")
+    print(f"bundled coverage: {', '.join(coverage.bundled())}; choose with {coverage.ENV_VAR}=NAME|PATH")
     return 0
 
 
 def coverage_diff(args: argparse.Namespace) -> int:
-    """What changes between two profiles: each op a backend can see that they classify differently."""
+    """What changes between two coverage files: each op a backend can see that they classify differently."""
     from collections import defaultdict
 
-    from neuron_lab.backend import profiles
+    from neuron_lab.backend import coverage
 
     try:
-        a, b = profiles.load(args.a), profiles.load(args.b)
-    except profiles.ProfileError as e:
+        a, b = coverage.load(args.a), coverage.load(args.b)
+    except coverage.CoverageError as e:
         return _refuse("coverage diff", str(e))
     for tag, p in (("A", a), ("B", b)):
         print(f"{tag}  {p.name}, dated {p.date}: {len(p.ops)} ops listed, unknown ops {p.default}")
-    changes = profiles.diff(a, b)
+    changes = coverage.diff(a, b)
     groups: dict[tuple[str, str], list[str]] = defaultdict(list)
     for name, ka, kb in changes:
         groups[(ka, kb)].append(name)
-    print(f"{len(changes)} ops are classified differently (of {len(profiles.backend_ops())} ATen ops a backend "
+    print(f"{len(changes)} ops are classified differently (of {len(coverage.backend_ops())} ATen ops a backend "
           "can see, and every op either lists)")
     for (ka, kb), names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         print(f"  {ka} in A, {kb} in B: {len(names)}")
@@ -191,18 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="examples:\n" + run_options.examples(EXAMPLES),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="which backend is active and why, devices, profile, environment").set_defaults(
+    sub.add_parser("doctor", help="which backend is active and why, devices, coverage, environment").set_defaults(
         func=doctor)
-    cov = sub.add_parser("coverage", help="op-coverage profiles").add_subparsers(dest="action", required=True)
-    exp = cov.add_parser("export", help="write a profile from the live PrivateUse1 backend")
+    cov = sub.add_parser("coverage", help="op coverage: which ops run natively, which fall back to the CPU")
+    cov = cov.add_subparsers(dest="action", required=True)
+    exp = cov.add_parser("export", help="write a coverage file from the live PrivateUse1 backend")
     exp.add_argument("file")
-    exp.add_argument("--name", help="profile name (default: derived from backend and date)")
+    exp.add_argument("--name", help="coverage name (default: derived from backend and date)")
     exp.set_defaults(func=coverage_export)
-    show = cov.add_parser("show", help="list a profile (default: the active one)")
-    show.add_argument("profile", nargs="?", default=None, help="bundled name or path")
+    show = cov.add_parser("show", help="list a coverage (default: the active one)")
+    show.add_argument("coverage", nargs="?", default=None, help="bundled name or path")
     show.add_argument("--all", action="store_true", help="list every op, native ones included")
     show.set_defaults(func=coverage_show)
-    dif = cov.add_parser("diff", help="what changes between two profiles")
+    dif = cov.add_parser("diff", help="what changes between two coverage files")
     dif.add_argument("a", help="bundled name or path")
     dif.add_argument("b", help="bundled name or path")
     dif.add_argument("--all", action="store_true", help="list every changed op, not the first 40 of each kind")

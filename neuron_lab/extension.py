@@ -23,9 +23,9 @@ def banner(session: Any) -> str:
     if not _backend.is_active():
         return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
     b = _backend.active()
-    profile = f", profile {b.profile.name}" if b.profile else ""
+    coverage = f", coverage {b.coverage.name}" if b.coverage else ""
     detail = f" · {b.detail}" if b.detail else ""
-    return (f"neuron_lab {__version__}: {b.name} backend{profile} · device {session.device} · "
+    return (f"neuron_lab {__version__}: {b.name} backend{coverage} · device {session.device} · "
             f"{format_size(b.capacity())} · mode {session.mode}{detail}")
 
 

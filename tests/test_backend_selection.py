@@ -42,8 +42,8 @@ print(_json.dumps({
 """
 EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
 FAKE_MODULE = "torch_neuronx.neuron"
-INSTALL_FAILURE = ("the emulator failed to install: ProfileError: no profile '/nonexistent/p.json': not a bundled "
-                   "profile (torchneuron-2.33, torchneuron-src-2026-04) nor a file")
+INSTALL_FAILURE = ("the emulator failed to install: CoverageError: no coverage '/nonexistent/p.json': not a bundled "
+                   "coverage (torchneuron-2.33, torchneuron-src-2026-04) nor a file")
 
 
 def probe_after(*scenario: str, **extra: str) -> str:
@@ -119,7 +119,7 @@ def test_native_torchneuronx_is_deferred_to(order):
     assert d["backend"] == "torchneuron: torch-neuronx 2.14.3.0 is installed (native TorchNeuron backend)"
     assert d["active"] == "TorchNeuron (torch-neuronx 2.14.3.0)"
     assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"  # the fake's one device
-    assert d["profile"] == "none: the real device reports its own fallbacks"
+    assert d["coverage"] == "none: the real device reports its own fallbacks"
     assert d["problems"] == "none"
 
 

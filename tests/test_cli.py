@@ -14,13 +14,13 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env=env)
 
 
-def test_doctor_reports_backend_devices_profile_and_env():
+def test_doctor_reports_backend_devices_coverage_and_env():
     r = run("doctor")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "backend      emulator: torch-neuronx is not installed: using the bundled emulator" in out
     assert "devices      4 (neuron:0..neuron:3); capacity 24.00 GiB per device" in out  # a trn2.3xlarge
-    assert "profile      torchneuron-2.33" in out
+    assert "coverage     torchneuron-2.33" in out
     assert "NEURON_LAB_DEVICE_MEMORY" in out and "TORCH_DEVICE_BACKEND_AUTOLOAD" in out
     assert "problems     none" in out
 
@@ -29,8 +29,8 @@ def test_coverage_show_lists_fallbacks_and_rejects_unknown():
     r = run("coverage", "show")
     assert r.returncode == 0
     assert "fallback  aten::atan2" in r.stdout and "host      aten::_linalg_svd" in r.stdout
-    bad = run("coverage", "show", "no-such-profile")
-    assert bad.returncode == 2 and "no profile 'no-such-profile'" in bad.stderr
+    bad = run("coverage", "show", "no-such-coverage")
+    assert bad.returncode == 2 and "no coverage 'no-such-coverage'" in bad.stderr
 
 
 def test_coverage_export_round_trips(tmp_path):

@@ -155,7 +155,7 @@ def test_atan2_is_listed_in_fallback_nodes_and_options_name_the_model() -> None:
     torch.testing.assert_close(out.cpu(), f(y, x))
     (m,) = torch.neuron.get_dynamo_metrics()
     assert m["model_name"] == "equiformer" and m["graph_name"].startswith("equiformer_")
-    reason = runtime.get().profile.classify("aten::atan2", frozenset({"float32"}))[1]
+    reason = runtime.get().coverage.classify("aten::atan2", frozenset({"float32"}))[1]
     assert m["fallback_nodes"] == [{"node": "atan2", "op": "aten::atan2", "kind": "fallback", "reason": reason}]
 
 

@@ -119,7 +119,7 @@ def _calls(report: list[str], section: str = "CPU fallbacks") -> dict[str, int]:
 # -- 01: quickstart ------------------------------------------------------------------------------------
 def check_quickstart(r: Ran) -> None:
     assert r.stdout("load").startswith("neuron_lab "), r.stdout("load")
-    assert "emulator backend, profile torchneuron-2.33 · device neuron:0 · 24.00 GiB" in r.stdout("load")
+    assert "emulator backend, coverage torchneuron-2.33 · device neuron:0 · 24.00 GiB" in r.stdout("load")
     assert "  model                PolarNet                520 B  from cpu" in r.stdout("move")
 
     # the fallback report: both ops, with the cell and line behind each
@@ -356,11 +356,11 @@ def check_huggingface(r: Ran) -> None:
     line = r.line("train-derived", "result = trainer.train()")
     assert _ops(t5, "CPU fallbacks")["aten::minimum"][1] == [
         f"In[{r.n('train-derived')}] line {line}: result = trainer.train()  (12×)"]
-    assert "predicted by the coverage profile torchneuron-src-2026-04" in "\n".join(t5)
+    assert "predicted by the coverage torchneuron-src-2026-04" in "\n".join(t5)
     nki = r.report("nki")
     assert _calls(nki, "NKI kernels") == {"demo::gelu_tanh": 1} and "aten::tanh" not in _calls(nki)
     r.says("falls back on `aten::minimum` (T5's relative-position buckets) three times per step",
-           "The bundled coverage profile predicts no CPU fallback for it.")
+           "The bundled coverage predicts no CPU fallback for it.")
 
 
 # -- 07: a language model, end to end -------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from neuron_lab import backend
-from neuron_lab.backend import profiles
+from neuron_lab.backend import coverage
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def b():
     nb.synchronize()
     nb.clear_op_tracking()
     yield nb
-    nb.set_profile(profiles.DEFAULT_PROFILE)
+    nb.set_coverage(coverage.DEFAULT_COVERAGE)
     nb.clear_op_tracking()
 
 
@@ -99,33 +99,33 @@ def test_switch_profile_by_path(b, tmp_path):
     p.write_text(json.dumps({"schema_version": 1, "name": "strict", "source": "test", "date": "2026-12-02",
                              "default": {"kind": "fallback", "reason": "not in strict"},
                              "ops": {"aten::add": {"kind": "native", "reason": "kernel"}}}))
-    assert b.set_profile(str(p)).name == "strict"
+    assert b.set_coverage(str(p)).name == "strict"
     x = torch.ones(2, device="neuron")  # fill_ is not in the strict profile either
     b.clear_op_tracking()
     x + x
     torch.sin(x)
     assert b.get_fallback_ops() == {"aten::sin"}
-    assert b.profile.name == "strict"
+    assert b.coverage.name == "strict"
 
 
 def test_profile_errors_are_clear(tmp_path):
-    with pytest.raises(profiles.ProfileError, match="no profile 'nope'"):
-        profiles.load("nope")
+    with pytest.raises(coverage.CoverageError, match="no coverage 'nope'"):
+        coverage.load("nope")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(profiles.ProfileError, match="invalid JSON"):
-        profiles.load(str(bad))
+    with pytest.raises(coverage.CoverageError, match="invalid JSON"):
+        coverage.load(str(bad))
     bad.write_text(json.dumps({"schema_version": 9, "name": "x", "source": "s", "date": "d"}))
-    with pytest.raises(profiles.ProfileError, match="schema_version 9"):
-        profiles.load(str(bad))
+    with pytest.raises(coverage.CoverageError, match="schema_version 9"):
+        coverage.load(str(bad))
     bad.write_text(json.dumps({"schema_version": 1, "name": "x", "source": "s", "date": "d",
                                "ops": {"aten::a": {"kind": "sometimes"}}}))
-    with pytest.raises(profiles.ProfileError, match=r"ops\['aten::a'\]"):
-        profiles.load(str(bad))
+    with pytest.raises(coverage.CoverageError, match=r"ops\['aten::a'\]"):
+        coverage.load(str(bad))
 
 
 def test_default_profile_encodes_public_facts():
-    p = profiles.load()
+    p = coverage.load()
     assert p.name == "torchneuron-2.33" and p.date and p.source
     for op in ("aten::atan2", "aten::linalg_cross", "aten::acos", "aten::scatter_reduce", "aten::uniform_"):
         assert p.classify(op)[0] == "fallback", op

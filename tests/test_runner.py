@@ -70,12 +70,12 @@ def load(path: Path) -> dict:
 def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
     nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK)
     out = tmp_path / "out" / "deeper"  # parent folders are created
-    r = run(tmp_path, str(nb), "--backend", "emulator", "--profile", "torchneuron-2.33", "--fail-on-fallback",
+    r = run(tmp_path, str(nb), "--backend", "emulator", "--coverage", "torchneuron-2.33", "--fail-on-fallback",
             "--allow-fallback", "atan2", "--max-peak-memory", "1GiB", "--json", str(out / "run.json"),
             "--output", str(out / "run.ipynb"), "--html", str(out / "run.html"))
     assert r.returncode == 0, r.stdout + r.stderr
     text = r.stdout
-    assert "kernel ready · neuron_lab 0.1.0: emulator backend, profile torchneuron-2.33 · device neuron:0" in text
+    assert "kernel ready · neuron_lab 0.1.0: emulator backend, coverage torchneuron-2.33 · device neuron:0" in text
     assert re.search(r"^\[1/3\] In\[1\] ok \S+ \S+$", text, re.M), text
     assert re.search(r"^\[2/3\] In\[2\] ok \S+ \S+ · 3 CPU fallback calls: aten::atan2\.out ×3 at In\[2\] line 2$",
                      text, re.M), text
@@ -95,7 +95,7 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
     doc = load(out / "run.json")
     assert (doc["schema"], doc["input"], doc["kind"], doc["exit_code"], doc["kernel_error"]) == (
         "neuron_lab.run/1", str(nb), "notebook", 0, None)
-    assert doc["backend"]["backend"] == "emulator" and doc["backend"]["profile"] == "torchneuron-2.33"
+    assert doc["backend"]["backend"] == "emulator" and doc["backend"]["coverage"] == "torchneuron-2.33"
     assert doc["options"]["allow_fallback"] == ["atan2"] and doc["options"]["max_peak_memory"] == 2**30
     assert [(c["index"], c["label"], c["status"]) for c in doc["cells"]] == [
         (1, "In[1]", "ok"), (2, "In[2]", "ok"), (3, "In[3]", "ok")]
@@ -397,14 +397,14 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, na
 
 def test_a_profile_that_cannot_load_is_bad_input(tmp_path, capsys):
     nb = notebook(tmp_path / "nb.ipynb", "print(1)")
-    assert main.main([str(nb), "--profile", "no-such-profile"]) == options.EXIT_USAGE
+    assert main.main([str(nb), "--coverage", "no-such-coverage"]) == options.EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.startswith("neuron-lab run: --profile: no profile 'no-such-profile'") and err.count("\n") == 1
+    assert err.startswith("neuron-lab run: --coverage: no coverage 'no-such-coverage'") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(("contents", "message"), [
     (b"\x89PNG\r\n\x1a\n\xff", "not a JSON text file (byte 0x89 at offset 0 is not UTF-8)"),
-    (b"[" * 100_000 + b"]" * 100_000, "invalid profile: its JSON is nested too deeply"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid coverage: its JSON is nested too deeply"),
     (json.dumps({"schema_version": 1, "name": "x", "source": "s", "date": "d", "ops": [1]}).encode(),
      "ops: expected an object mapping op names (such as \"aten::add\") to rules, got a list"),
 ])
@@ -412,8 +412,8 @@ def test_a_broken_profile_file_is_a_one_line_usage_error(tmp_path, capsys, conte
     nb = notebook(tmp_path / "nb.ipynb", "print(1)")
     profile = tmp_path / "profile.json"
     profile.write_bytes(contents)
-    assert main.main([str(nb), "--profile", str(profile), "--json", str(tmp_path / "run.json")]) == options.EXIT_USAGE
-    assert capsys.readouterr().err == f"neuron-lab run: --profile: {profile}: {message}\n"
+    assert main.main([str(nb), "--coverage", str(profile), "--json", str(tmp_path / "run.json")]) == options.EXIT_USAGE
+    assert capsys.readouterr().err == f"neuron-lab run: --coverage: {profile}: {message}\n"
     assert not (tmp_path / "run.json").exists()
 
 
@@ -421,12 +421,12 @@ def test_the_console_script_refuses_bad_numbers_and_profiles_with_exit_2_and_no_
     nb = notebook(tmp_path / "nb.ipynb", "print(1)")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe")
     for args in (["--timeout", "nan"], ["--timeout", "inf"], ["--max-peak-memory", "1e999"],
-                 ["--profile", str(tmp_path / "bin.json")]):
+                 ["--coverage", str(tmp_path / "bin.json")]):
         r = subprocess.run([str(CONSOLE), "run", str(nb), *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == options.EXIT_USAGE, (args, r.stderr)
         assert "Traceback" not in r.stderr and r.stdout == "", (args, r.stderr)
         last = r.stderr.splitlines()[-1]
-        assert last.startswith(("neuron-lab run: error: argument", "neuron-lab run: --profile: ")), (args, last)
+        assert last.startswith(("neuron-lab run: error: argument", "neuron-lab run: --coverage: ")), (args, last)
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from neuron_lab import settings
-from neuron_lab.backend import profiles, selection
+from neuron_lab.backend import coverage, selection
 from neuron_lab.backend.emulator import compile as emulator_compile
 from neuron_lab.backend.emulator import compiled, topology
 from neuron_lab.session.config import NeuronLab
@@ -44,7 +44,7 @@ def test_the_modules_choices_and_defaults_are_the_registrys():
     assert selection.CHOICES == settings.env("NEURON_LAB_BACKEND").choices
     assert compiled.CORE_CHOICES == settings.env("NEURON_LAB_CORE").choices
     assert emulator_compile.LOWERINGS == settings.config("compile_lowering").choices
-    assert profiles.DEFAULT_PROFILE in profiles.bundled()
+    assert coverage.DEFAULT_COVERAGE in coverage.bundled()
     assert set(NeuronLab.class_traits(config=True)) == set(settings.CONFIG)
     for name, trait in NeuronLab.class_traits(config=True).items():
         assert trait.help == settings.config(name).help

@@ -1,6 +1,6 @@
 """Property-based checks of what users type into settings: any text gives a clear outcome, never a crash.
 
-Coverage profiles (JSON files) either load or raise one ``ProfileError`` naming what is wrong; the
+Coverage files (JSON) either load or raise one ``CoverageError`` naming what is wrong; the
 emulated topology (instance, LNC, visible cores, capacity) always yields usable devices, with every
 ignored value reported as a problem.
 """
@@ -12,7 +12,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_lab.backend import profiles
+from neuron_lab.backend import coverage
 from neuron_lab.backend.emulator import topology
 
 json_values = st.recursive(
@@ -34,8 +34,8 @@ def test_any_json_loads_or_is_one_profile_error(tmp_path_factory, doc) -> None:
     path = tmp_path_factory.mktemp("p") / "profile.json"
     path.write_text(json.dumps(doc))
     try:
-        p = profiles.load(str(path))
-    except profiles.ProfileError as e:
+        p = coverage.load(str(path))
+    except coverage.CoverageError as e:
         assert "\n" not in str(e) and str(e)
     else:
         assert p.default in ("native", "fallback", "host")
@@ -47,8 +47,8 @@ def test_any_bytes_load_or_are_one_profile_error(tmp_path_factory, raw) -> None:
     path = tmp_path_factory.mktemp("p") / "profile.json"
     path.write_bytes(raw)
     try:
-        profiles.load(str(path))
-    except profiles.ProfileError as e:
+        coverage.load(str(path))
+    except coverage.CoverageError as e:
         assert "\n" not in str(e)
 
 

@@ -133,7 +133,7 @@ def test_the_adapter_is_active_for_torch_neuronx(report):
     assert report["type"] == "TorchNeuronBackend" and report["kind"] == "torchneuron"
     assert report["description"] == "TorchNeuron (torch-neuronx 2.14.3.0)"
     assert report["summary"] == {"kind": "torchneuron", "version": "2.14.3.0", "devices": 1,
-                                 "capacity": 24 * 1024**3, "profile": None}
+                                 "capacity": 24 * 1024**3, "coverage": None}
 
 
 def test_fallback_and_executed_sets_are_torchneuronx_own(report):

@@ -77,8 +77,8 @@ def test_dashboard_widget_state_after_known_cells(shell):
         (2, 3, "y = torch.atan2(x, x)", 1)]
     assert op["shapes"] == [[1000], [1000], [1000]] and op["dtypes"] == ["float32"] * 3
     assert d["fallbacks"]["last"] == 2 and d["fallbacks"]["cell"] == d["fallbacks"]["all"]
-    assert d["header"]["profile"] == backend.active().profile.name
-    assert "%neuron profile" in d["header"]["profile_hint"]
+    assert d["header"]["coverage"] == backend.active().coverage.name
+    assert "%neuron coverage" in d["header"]["coverage_hint"]
     assert panel.live["allocated"] == base + 8000 == backend.active().memory_allocated()
     assert panel.live["capacity"] == backend.active().capacity()
     # the timeline has the cell's two exact samples and its span
@@ -329,31 +329,31 @@ def test_tensors_view_names_holders_and_matches_memory_allocated(shell):
     assert [r["bytes"] for r in t["rows"]] == sorted((r["bytes"] for r in t["rows"]), reverse=True)
 
 
-def test_profile_magic_names_and_switches_the_coverage_profile(shell, tmp_path):
+def test_coverage_magic_names_and_switches_the_coverage(shell, tmp_path):
     import json
 
     b = backend.active()
-    before = b.profile
-    res, _ = run(shell, "%neuron profile")
-    assert str(res.result).startswith(f"coverage profile: {before.name} (")
-    assert "switch with `%neuron profile NAME|FILE`" in str(res.result)
-    res, _ = run(shell, "%neuron profile no-such-profile", ok=False)
-    assert "%neuron profile: no profile 'no-such-profile'" in str(res.error_in_exec)
-    assert b.profile is before
+    before = b.coverage
+    res, _ = run(shell, "%neuron coverage")
+    assert str(res.result).startswith(f"op coverage: {before.name} (")
+    assert "switch with `%neuron coverage NAME|FILE`" in str(res.result)
+    res, _ = run(shell, "%neuron coverage no-such-coverage", ok=False)
+    assert "%neuron coverage: no coverage 'no-such-coverage'" in str(res.error_in_exec)
+    assert b.coverage is before
     everything_native = tmp_path / "all-native.json"
     everything_native.write_text(json.dumps({"schema_version": 1, "name": "all-native", "source": "test",
                                              "date": "2026-12-02", "default": {"kind": "native"}}))
     try:
-        res, _ = run(shell, f"%neuron profile {everything_native}")
-        assert str(res.result).startswith("coverage profile: all-native (test, 2026-12-02)")
+        res, _ = run(shell, f"%neuron coverage {everything_native}")
+        assert str(res.result).startswith("op coverage: all-native (test, 2026-12-02)")
         run(shell, "%config NeuronLab.display_as = 'widget'")
         run(shell, TRAIN)
         res, _ = run(shell, "panel = %neuron fallbacks")
         data = shell.user_ns["panel"].data
-        assert data["header"]["profile"] == "all-native" and data["fallbacks"]["all"] == []
+        assert data["header"]["coverage"] == "all-native" and data["fallbacks"]["all"] == []
     finally:
-        b.set_profile(before.path if before.path and not before.path.startswith("<bundled>") else before.name)
-    assert b.profile.name == before.name
+        b.set_coverage(before.path if before.path and not before.path.startswith("<bundled>") else before.name)
+    assert b.coverage.name == before.name
 
 
 def test_a_free_click_off_the_main_thread_waits_for_the_cell_end(shell):

@@ -55,7 +55,7 @@ def magics() -> str:
         what = _sentence(sp.description or short.removeprefix("cell magic: "))
         lines.append(f"- **`{_usage(sp)}`** ({kind}): {what}")
         for a in argparse_compat.arguments(sp):
-            if not a.help:
+            if not a.help or a.help == argparse.SUPPRESS:
                 continue
             choices = f" ({PIPE.join(a.choices)})" if a.choices and not a.option_strings else ""
             default = ""

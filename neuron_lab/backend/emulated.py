@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from neuron_lab.backend import profiles
+from neuron_lab.backend import coverage
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 
@@ -44,7 +44,7 @@ class EmulatorBackend(NeuronBackend):
     @property
     def description(self) -> str:
         core = "compiled core" if self._rt.core == "compiled" else "pure-Python core"
-        return f"emulator (neuron_lab, {core}; {self._rt.topology.summary}; profile {self.profile.name})"
+        return f"emulator (neuron_lab, {core}; {self._rt.topology.summary}; coverage {self.coverage.name})"
 
     def device_count(self) -> int:
         return self._rt.devices.device_count()
@@ -70,13 +70,13 @@ class EmulatorBackend(NeuronBackend):
         self._rt.memory.set_record_sites(enabled)
 
     @property
-    def profile(self) -> profiles.Profile:
-        return self._rt.profile
+    def coverage(self) -> coverage.Coverage:
+        return self._rt.coverage
 
-    def set_profile(self, name_or_path: str) -> profiles.Profile:
-        p = profiles.load(name_or_path)
-        self._rt.set_profile(p)
-        return p
+    def set_coverage(self, name_or_path: str) -> coverage.Coverage:
+        c = coverage.load(name_or_path)
+        self._rt.set_coverage(c)
+        return c
 
     def summary(self) -> dict:
         return {**super().summary(), "core": self._rt.core, "core_reason": self._rt.core_reason,

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_lab.backend.coverage import Coverage
 from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats
-from neuron_lab.backend.profiles import Profile
+from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import FALLBACK, NATIVE
 
 
@@ -116,11 +117,23 @@ class NeuronBackend(ABC):
 
     # -- ops -----------------------------------------------------------------------------------
     @property
-    def profile(self) -> Profile | None:
+    def coverage(self) -> Coverage | None:
+        """The op coverage the emulator reports through; None on a real device (it reports what it does)."""
         return None
 
-    def set_profile(self, name_or_path: str) -> Profile:
-        raise NotImplementedError(f"the {self.kind} backend reports what the device does; it takes no profile")
+    def set_coverage(self, name_or_path: str) -> Coverage:
+        raise NotImplementedError(f"the {self.kind} backend reports what the device does; it takes no coverage")
+
+    @property
+    def profile(self) -> Coverage | None:
+        """Deprecated spelling of :attr:`coverage`."""
+        renamed("Backend.profile", "Backend.coverage")
+        return self.coverage
+
+    def set_profile(self, name_or_path: str) -> Coverage:
+        """Deprecated spelling of :meth:`set_coverage`."""
+        renamed("Backend.set_profile()", "Backend.set_coverage()")
+        return self.set_coverage(name_or_path)
 
     def get_fallback_ops(self) -> set[str]:
         """TorchNeuron's API: unique names of ops that ran on the CPU since the last clear."""
@@ -196,5 +209,5 @@ class NeuronBackend(ABC):
             "version": self.version,
             "devices": self.device_count(),
             "capacity": self.capacity(),
-            "profile": self.profile.name if self.profile else None,
+            "coverage": self.coverage.name if self.coverage else None,
         }

@@ -99,7 +99,7 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
     result = CompareResult(str(device), options.backend, options.fullgraph, options.warmup, options.runs, a,
                            eager_t, compiled_t, compiles.compile_s, compiles.frames, compiles.graphs,
                            list(compiles.breaks), list(compiles.recompiles), list(compiles.failures),
-                           parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.profile_name())
+                           parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.coverage_name())
     if compiled_t is not None and compiles.frames == 0:
         a.notes.append("nothing compiled in this check: the code calls no nn.Module, or dynamo's cache already "
                        "held it, so the first compiled run shows no compile cost")

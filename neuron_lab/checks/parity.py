@@ -75,11 +75,11 @@ class Downcasts:
             unsubscribe()
 
 
-def profile_name() -> str | None:
+def coverage_name() -> str | None:
     if not _backend.is_active():
         return None
-    p = _backend.active().profile
-    return p.name if p is not None else None
+    c = _backend.active().coverage
+    return c.name if c is not None else None
 
 
 def _op_calls() -> int:
@@ -128,7 +128,7 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
                        f"itself instead of using {var}")
     result = ParityResult(str(device), str(reference), options.seed, a, options.rtol, options.atol, actual.seconds,
                           expected.seconds, downcast_emulated(), downcasts.calls, list(downcasts.ops),
-                          profile_name(), randomness=drawn)
+                          coverage_name(), randomness=drawn)
     if keep is not None:
         keep(result)
     if actual.error is not None:

@@ -17,6 +17,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can
 
 from neuron_lab import checks, modes
 from neuron_lab.checks import CompareOptions, ParityOptions, limits
+from neuron_lab.deprecation import renamed
 from neuron_lab.magics import parser as _parser
 from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
@@ -316,24 +317,29 @@ class NeuronMagics(Magics):
     def cmd_compiles(self, args):
         return self._show(["compiles"], live=args.live)
 
-    def cmd_profile(self, args):
+    def cmd_coverage(self, args):
         from neuron_lab import backend
-        from neuron_lab.backend import profiles
+        from neuron_lab.backend import coverage
 
         if not backend.is_active():
-            raise UsageError(f"%neuron profile: no neuron backend ({backend.state().reason})")
+            raise UsageError(f"%neuron coverage: no neuron backend ({backend.state().reason})")
         b = backend.active()
-        if args.profile:
+        if args.coverage:
             try:
-                with _refused("profile"):  # a profile that does not load (profiles.ProfileError)
-                    b.set_profile(args.profile)
+                with _refused("coverage"):  # a coverage that does not load (coverage.CoverageError)
+                    b.set_coverage(args.coverage)
             except NotImplementedError as e:
-                raise UsageError(f"%neuron profile: {e}") from None
-        p = b.profile
-        if p is None:
-            return _Text(f"{b.name} reports which ops ran natively; it has no coverage profile")
-        return _Text(f"coverage profile: {p.name} ({p.source}, {p.date})\n"
-                     f"bundled: {', '.join(profiles.bundled())}; switch with `%neuron profile NAME|FILE`")
+                raise UsageError(f"%neuron coverage: {e}") from None
+        c = b.coverage
+        if c is None:
+            return _Text(f"{b.name} reports which ops ran natively; it has no op coverage to switch")
+        return _Text(f"op coverage: {c.name} ({c.source}, {c.date})\n"
+                     f"bundled: {', '.join(coverage.bundled())}; switch with `%neuron coverage NAME|FILE`")
+
+    def cmd_profile(self, args):
+        """``%neuron profile [NAME]`` on a line: the old spelling of ``%neuron coverage [NAME]``."""
+        renamed("`%neuron profile NAME`", "`%neuron coverage NAME` (`%%neuron profile` is torch.profiler's)")
+        return self.cmd_coverage(args)
 
 
 def _usage_error(command: str, why: str) -> UsageError:
@@ -345,7 +351,7 @@ def _usage_error(command: str, why: str) -> UsageError:
 @contextmanager
 def _refused(command: str) -> Iterator[None]:
     """The one place a ``ValueError`` becomes a UsageError: an option object refusing a value
-    (:class:`limits.OptionError`, spelled with the flags' names), a device or a profile that does not parse."""
+    (:class:`limits.OptionError`, spelled with the flags' names), a device or a coverage that does not parse."""
     try:
         yield
     except limits.OptionError as e:

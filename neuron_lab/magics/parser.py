@@ -17,7 +17,7 @@ from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, MAX_RANKS
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
-LINE_ONLY = ("status", "mode", "report", "reset", "free", *VIEWS)
+LINE_ONLY = ("status", "mode", "report", "reset", "free", "coverage", *VIEWS)
 CELL_ONLY = ("compile", "eager", "parity", "compare")
 WIDTH = 100  # columns of the command list in ``%neuron?``
 # What ``%neuron?`` leads with: the common tasks, one real command each (tests parse every one).
@@ -114,10 +114,14 @@ def build() -> NeuronArgumentParser:
         sv = command(name, help=f"view: {what}",
                      description=f"{what[0].upper()}{what[1:]}, as at the end of this cell.")
         sv.add_argument("--live", action="store_true", help="update after every cell and while cells run")
-    pr = command("profile", help="show or switch the op-coverage profile; %%neuron profile: time per op and line",
-                 description="The coverage profile decides which ops the emulator runs natively and which "
-                             "it reports as CPU fallbacks. `%%neuron profile` runs the cell under torch.profiler.")
-    pr.add_argument("profile", nargs="?", metavar="NAME|FILE", help="a bundled profile's name, or a profile JSON file")
+    cv = command("coverage", help="show or switch the op coverage: which ops run natively, which fall back",
+                 description="The op coverage decides which ops the emulator runs natively and which it reports "
+                             "as CPU fallbacks (`neuron-lab coverage show` lists one).")
+    cv.add_argument("coverage", nargs="?", metavar="NAME|FILE", help="a bundled coverage's name, or a JSON file")
+    pr = command("profile", help="cell magic: run the cell under torch.profiler: time per op and line",
+                 description="`%%neuron profile` runs the cell once under torch.profiler; its report adds each "
+                             "op's device and host time and the line that issued it.")
+    pr.add_argument("coverage", nargs="?", help=argparse.SUPPRESS)  # `%neuron profile NAME`: `coverage`'s old name
     pr.add_argument("--export", metavar="PATH", help="cell form: write a Perfetto trace")
     pr.add_argument("--row-limit", type=int, metavar="N", help="cell form: rows shown (default 10)")
     c = command("compile", help="cell magic: run the cell with its outermost nn.Module calls compiled by "
@@ -220,9 +224,9 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
                              "use `%neuron device DEVICE --move NAME` on a line of its own.")
     if cmd == "ranks":
         _check_ranks(p, args, cell)
-    if cmd == "profile" and cell and args.profile:
+    if cmd == "profile" and cell and args.coverage:
         raise UsageError(f"%%neuron profile: the cell form takes only --export PATH and --row-limit N; switch the "
-                         f"coverage profile with `%neuron profile {args.profile}` on a line of its own\n"
+                         f"op coverage with `%neuron coverage {args.coverage}` on a line of its own\n"
                          f"{usage(p, 'profile')}")
     if cmd == "profile" and not cell and (args.export or args.row_limit is not None):
         raise UsageError("%neuron profile: --export and --row-limit go with the cell form: put `%%neuron profile "

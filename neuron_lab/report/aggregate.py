@@ -41,10 +41,10 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
 
 def merge_reports(rs: list[Report]) -> Report:
     """One Report for many consecutive windows: counts and times summed, memory from first to last, peak the max."""
-    modes, profiles = {r.mode for r in rs}, {r.profile for r in rs}
+    modes, coverages = {r.mode for r in rs}, {r.coverage for r in rs}
     total = Report("run", None, rs[-1].device if rs else "?", modes.pop() if len(modes) == 1 else "mixed",
                    rs[0].backend if rs else "", ops_not_native=merge_rows(rs), callsites=all(r.callsites for r in rs),
-                   profile=profiles.pop() if len(profiles) == 1 else ", ".join(sorted(p for p in profiles if p)))
+                   coverage=coverages.pop() if len(coverages) == 1 else ", ".join(sorted(c for c in coverages if c)))
     if not rs:
         return total
     total.memory = Memory(rs[0].memory.before, rs[-1].memory.after, max(r.memory.peak for r in rs),

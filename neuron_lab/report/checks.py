@@ -140,7 +140,7 @@ class ParityResult(_Rendered):
     downcast_emulation: bool = False
     downcasts: int = 0  # 64-bit op calls in the device run
     downcast_ops: list[str] = field(default_factory=list)
-    profile: str | None = None
+    coverage: str | None = None
     kind: str = "parity"
     randomness: Randomness = field(default_factory=Randomness)
 
@@ -206,7 +206,7 @@ class CompareResult(_Rendered):
     downcast_emulation: bool = False
     downcasts: int = 0
     downcast_ops: list[str] = field(default_factory=list)
-    profile: str | None = None
+    coverage: str | None = None
     kind: str = "compare"
 
     @property

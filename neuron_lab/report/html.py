@@ -170,8 +170,8 @@ def render_html(r: Report, detail: str | None = None) -> str:
                                                 format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
                                                 format_size(r.d2h_bytes))]])]
     parts.append(op_sections_html(r.sections(), full))
-    if r.profile and r.fallbacks:
-        parts.append(f"<div>predicted by the coverage profile <code>{escape(r.profile)}</code></div>")
+    if r.coverage and r.fallbacks:
+        parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
     c = r.compiles
     if c:
         timing = f"{format_seconds(c.compile_s)} compiling, {format_seconds(r.run_s)} running"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
 from neuron_lab.units import ShownAsText
 
@@ -288,10 +289,16 @@ class Report(ShownAsText):
     error: str | None = None  # "ZeroDivisionError: division by zero" when the window raised
     callsites: bool = True  # whether call sites were being captured
     detail: str = "table"  # how renderers show it: "summary" (one line), "table", "full" (with stacks)
-    profile: str | None = None  # the coverage profile that classified the ops (None: the device reported them)
+    coverage: str | None = None  # the op coverage that classified the ops (None: the device reported them)
     checks: list[Any] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
     oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
     profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
+
+    @property
+    def profile(self) -> str | None:
+        """Deprecated spelling of :attr:`coverage` (``profiled`` is torch.profiler's view)."""
+        renamed("Report.profile", "Report.coverage")
+        return self.coverage
 
     # -- the views renderers use ----------------------------------------------------------
     @property
@@ -366,7 +373,7 @@ class Report(ShownAsText):
                               oom["more"], oom["freed"])
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
-                   d["detail"], profile=d.get("profile"), oom=oom,
+                   d["detail"], coverage=d.get("coverage", d.get("profile")), oom=oom,
                    profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None)
 
     # -- IPython display protocol ---------------------------------------------------------

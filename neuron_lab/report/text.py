@@ -187,8 +187,8 @@ def render_text(r: Report, detail: str | None = None) -> str:
     if r.h2d_bytes or r.d2h_bytes:
         lines.append(f"copies: host→device {format_size(r.h2d_bytes)}, device→host {format_size(r.d2h_bytes)}")
     lines += op_sections(r.sections(), full)
-    if r.profile and r.fallbacks:
-        lines.append(f"predicted by the coverage profile {r.profile} (`%neuron profile NAME` switches)")
+    if r.coverage and r.fallbacks:
+        lines.append(f"predicted by the coverage {r.coverage} (`%neuron coverage NAME` switches)")
     c = r.compiles
     if c:
         lines.append(f"compile: {count(c.frames, 'frame compile')}, {count(c.graphs, 'graph')}, "
@@ -355,9 +355,9 @@ def check_summary_line(result: Any) -> str:
 
 
 def check_context(result: Any) -> str:
-    """What the numbers of a check depend on: the coverage profile, the 64-bit downcast and its op calls."""
-    parts = [f"coverage profile {result.profile}" if result.profile else "no coverage profile"]
-    if not result.profile:  # the real device: no profile, and it always computes 64-bit ops in 32 bits
+    """What the numbers of a check depend on: the op coverage, the 64-bit downcast and its op calls."""
+    parts = [f"coverage {result.coverage}" if result.coverage else "no op coverage"]
+    if not result.coverage:  # the real device: no coverage, and it always computes 64-bit ops in 32 bits
         parts.append("float64 computed in float32 by the device")
     elif result.downcast_emulation:
         parts.append("64-bit downcast emulated (NEURON_LAB_EMULATE_DOWNCAST=1: float64 computed in float32)")

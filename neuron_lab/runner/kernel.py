@@ -174,7 +174,7 @@ def _on_rank_device(session: Any) -> bool:
 def _info(banner: str) -> dict[str, Any]:
     from neuron_lab import backend
 
-    profile = backend.active().profile if backend.is_active() else None
+    coverage = backend.active().coverage if backend.is_active() else None
     return {"banner": banner, "backend": backend.state().kind,
             "description": backend.active().description if backend.is_active() else backend.state().reason,
-            "profile": profile.name if profile is not None else None}
+            "coverage": coverage.name if coverage is not None else None}

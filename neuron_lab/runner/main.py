@@ -46,20 +46,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def kernel_env(args: argparse.Namespace) -> dict[str, str]:
-    """The runner's environment with ``--backend`` and ``--profile`` set; a profile that cannot load is bad input."""
-    from neuron_lab.backend import profiles
+    """The runner's environment with ``--backend`` and ``--coverage`` set; a coverage that cannot load is bad input."""
+    from neuron_lab.backend import coverage
 
     env = dict(os.environ)
     if args.backend:
         env[settings.env("NEURON_LAB_BACKEND").name] = args.backend  # the kernel reads it
-    if args.profile:
+    if args.coverage:
         try:
-            profiles.load(args.profile)
-        except profiles.ProfileError as e:
-            raise inputs.InputError(f"--profile: {e}") from None
-        # The kernel runs in the input's folder: a profile file named relative to here must still be found.
-        bundled = args.profile in profiles.bundled()
-        env[profiles.ENV_VAR] = args.profile if bundled else str(Path(args.profile).expanduser().resolve())
+            coverage.load(args.coverage)
+        except coverage.CoverageError as e:
+            raise inputs.InputError(f"--coverage: {e}") from None
+        # The kernel runs in the input's folder: a coverage file named relative to here must still be found.
+        bundled = args.coverage in coverage.bundled()
+        env[coverage.ENV_VAR] = args.coverage if bundled else str(Path(args.coverage).expanduser().resolve())
     return env
 
 

@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import Any
 
+from neuron_lab.deprecation import renamed
 from neuron_lab.units import parse_size
 
 EXIT_OK = 0  # every cell ran, every gate passed
@@ -115,12 +116,26 @@ def ranks(text: str) -> int:
     return n
 
 
+class Renamed(argparse.Action):
+    """An option's old spelling: stores as the new one does, and warns that it was renamed."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        renamed(f"{parser.prog} {option_string}", f"{parser.prog} {self.new}", stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a notebook (.ipynb) or a Python script (.py)")
     p.add_argument("--backend", choices=("auto", "emulator"), default=None,
                    help="NEURON_LAB_BACKEND in the kernel (default: the environment's, else auto)")
-    p.add_argument("--profile", metavar="NAME|FILE", default=None,
-                   help="NEURON_LAB_PROFILE in the kernel: a bundled coverage profile or a profile file")
+    p.add_argument("--coverage", metavar="NAME|FILE", default=None,
+                   help="NEURON_LAB_COVERAGE in the kernel: a bundled coverage's name or a coverage file")
+    p.add_argument("--profile", dest="coverage", action=Renamed, new="--coverage", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=seconds, metavar="S", default=None,
                    help=f"seconds each cell may run (more than 0, at most {MAX_TIMEOUT_S:g})")
     p.add_argument("--nproc", type=ranks, metavar="N", default=None,

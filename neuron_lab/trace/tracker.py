@@ -35,9 +35,9 @@ class Tracker:
                  stack_limit: int = 3, stack_depth: int = 8, detail: str = "table") -> None:
         self.backend = _backend.active()
         locator = locator if locator is not None else FileLocator()
-        profile = self.backend.profile
+        coverage = self.backend.coverage
         self.report = Report(title, cell, device, mode, self.backend.description, callsites=callsites,
-                             detail=detail, profile=profile.name if profile is not None else None)
+                             detail=detail, coverage=coverage.name if coverage is not None else None)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
         self._compiles = CompileTrace(locator, self.backend.lowering_us, self.backend.dynamo_metrics)
         self._unsubscribe = None

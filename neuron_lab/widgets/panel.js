@@ -345,8 +345,8 @@ function fallbacksView(ctx) {
   const title = (hd.titles || {}).fallbacks || "";
   return h("div", {},
     h("div", { class: "nl-numbers" },
-      h("span", {}, "profile ", h("b", { "data-testid": "nl-profile" }, hd.profile || "none")),
-      h("span", { class: "nl-muted" }, hd.profile_hint || "")),
+      h("span", {}, "coverage ", h("b", { "data-testid": "nl-coverage" }, hd.coverage || "none")),
+      h("span", { class: "nl-muted" }, hd.coverage_hint || "")),
     live.busy ? h("div", { class: "nl-running" }, `${cellLabel(live.cell)} running: `,
       h("b", { "data-testid": "nl-live-fallbacks" }, fmtInt(live.fallback_calls)),
       ` ${offDeviceCall(data, live.fallback_calls)} so far`) : null,

@@ -17,7 +17,7 @@ from typing import Any
 
 from neuron_lab import backend as _backend
 from neuron_lab import kinds
-from neuron_lab.backend import profiles
+from neuron_lab.backend import coverage
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import SOURCE, Report, as_data
 
@@ -28,15 +28,15 @@ CELL_ROWS = 50  # per-cell rows the memory and compile views keep (newest)
 
 
 def header(session: Any) -> dict[str, Any]:
-    prof = _backend.active().profile if _backend.is_active() else None
-    if prof is None:
-        hint = "the backend reports what ran natively; there is no profile to switch"
+    cov = _backend.active().coverage if _backend.is_active() else None
+    if cov is None:
+        hint = "the backend reports what ran natively; there is no coverage to switch"
     else:
-        hint = (f"switch with `%neuron profile NAME` (bundled: {', '.join(profiles.bundled())}, or a JSON file), "
-                f"or {profiles.ENV_VAR}=NAME before the kernel starts")
+        hint = (f"switch with `%neuron coverage NAME` (bundled: {', '.join(coverage.bundled())}, or a JSON file), "
+                f"or {coverage.ENV_VAR}=NAME before the kernel starts")
     return {"device": str(session.device), "mode": session.mode,
             "backend": _backend.active().name if _backend.is_active() else "none",
-            "profile": prof.name if prof else None, "profile_hint": hint, "kinds": kinds.as_json(),
+            "coverage": cov.name if cov else None, "coverage_hint": hint, "kinds": kinds.as_json(),
             "sections": [[k.name, [n for n in kinds.KINDS if n in members]] for k, members in kinds.sections()],
             "titles": TITLES, "reason_source": SOURCE}
 

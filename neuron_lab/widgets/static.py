@@ -68,9 +68,9 @@ def _sections(data: dict) -> list[tuple[kinds.Kind, list[OpRow]]]:
     return [(kind, mine) for kind, mine in out if mine]
 
 
-def _profile(data: dict) -> str:
+def _coverage(data: dict) -> str:
     h = data["header"]
-    return f"profile {h.get('profile') or 'none'}; {h['profile_hint']}"
+    return f"coverage {h.get('coverage') or 'none'}; {h['coverage_hint']}"
 
 
 # -- memory --------------------------------------------------------------------------------------
@@ -190,13 +190,13 @@ def _tensors_html(data: dict, live: dict) -> str:
 
 # -- fallbacks -----------------------------------------------------------------------------------
 def _fallbacks_text(data: dict, live: dict) -> str:
-    lines = [f"{snapshot.TITLES['fallbacks']}, all cells ({_profile(data)}):"]
+    lines = [f"{snapshot.TITLES['fallbacks']}, all cells ({_coverage(data)}):"]
     sections = _sections(data)
     return "\n".join([*lines, *op_sections(sections)] if sections else [*lines, "  none"])
 
 
 def _fallbacks_html(data: dict, live: dict) -> str:
-    head = f"<b>{escape(snapshot.TITLES['fallbacks'])}, all cells</b> ({escape(_profile(data))})"
+    head = f"<b>{escape(snapshot.TITLES['fallbacks'])}, all cells</b> ({escape(_coverage(data))})"
     return head + op_sections_html(_sections(data))
 
 

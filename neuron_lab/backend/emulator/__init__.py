@@ -5,7 +5,7 @@
 it: the compiled core (C++, ``csrc/``, built by the package against the installed torch) and the
 pure-Python core (``python_core``), used when the compiled one is missing or forced off with
 ``NEURON_LAB_CORE=python``. Both run every op on zero-copy host aliases and report it against a
-coverage profile; the runtime hides which one runs.
+op coverage; the runtime hides which one runs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ _DOWNCAST = settings.env("NEURON_LAB_EMULATE_DOWNCAST")
 DOWNCAST_ENV = _DOWNCAST.name
 
 
-def install(profile=None) -> _rt.Runtime:
+def install(coverage=None) -> _rt.Runtime:
     """Install the emulator on the compiled core when it loads, else the pure-Python one; idempotent.
 
     Raises if another backend owns PrivateUse1, or if NEURON_LAB_CORE=compiled cannot be honoured.
@@ -36,11 +36,11 @@ def install(profile=None) -> _rt.Runtime:
         raise RuntimeError("another 'neuron' backend is already registered in this process")
 
     # Validate the configuration before claiming PrivateUse1: a failed install must leave it free.
-    from neuron_lab.backend import profiles
+    from neuron_lab.backend import coverage as _coverage
     from neuron_lab.backend.emulator import compiled, topology
 
     topo = topology.detect()
-    profile = profile if profile is not None else profiles.load()
+    coverage = coverage if coverage is not None else _coverage.load()
     problems = list(topo.problems)
     want, problem = compiled.choice()
     if problem:
@@ -58,9 +58,9 @@ def install(profile=None) -> _rt.Runtime:
     if core is not None:
         recorder = compiled.CoreRecorder(core)
         pieces = dict(memory=compiled.CoreMemory(core), recorder=recorder, devices=compiled.CoreDevices(core),
-                      bridge=compiled.CoreBridge(core), on_profile=lambda _p: core.forget_kinds(), libraries=[],
+                      bridge=compiled.CoreBridge(core), on_coverage=lambda _c: core.forget_kinds(), libraries=[],
                       trace=compiled.CoreTrace(core))
-        rt = _rt.Runtime(_rt.COMPILED, why, topo, profile=profile, **pieces)
+        rt = _rt.Runtime(_rt.COMPILED, why, topo, coverage=coverage, **pieces)
         compiled.configure(core, topo.capacities, lambda name, dtypes: rt.classify(name, frozenset(dtypes)),
                            recorder, _allocation_site, emulate_downcast)
         core.register_direct(_rt.direct_ops())
@@ -69,7 +69,7 @@ def install(profile=None) -> _rt.Runtime:
 
         pieces = python_core.install(topo.capacities[0], lambda name, dtypes: _rt.get().classify(name, dtypes), why,
                                      len(topo.capacities), emulate_downcast)
-        rt = _rt.Runtime(_rt.PYTHON, why, topo, profile=profile, **pieces)
+        rt = _rt.Runtime(_rt.PYTHON, why, topo, coverage=coverage, **pieces)
     rt.problems = problems
     rt.emulate_downcast = emulate_downcast
     _rt.set_runtime(rt)
@@ -123,7 +123,7 @@ def _hide_from_dynamo() -> None:
                 mark(c)
 
     ours = [m for n, m in list(sys.modules.items()) if m is not None and (
-        n.startswith(__name__) or n in ("neuron_lab.backend.events", "neuron_lab.backend.profiles"))]
+        n.startswith(__name__) or n in ("neuron_lab.backend.events", "neuron_lab.backend.coverage"))]
     for mod in ours:
         for v in vars(mod).values():
             members = vars(v).values() if isinstance(v, type) and v.__module__ == mod.__name__ else (v,)

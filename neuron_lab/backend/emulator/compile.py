@@ -5,8 +5,8 @@ backward graphs on ``neuron`` fake tensors, which is what TorchNeuron's own back
 graph is then lowered one of two ways (:func:`set_lowering`, else ``NEURON_LAB_COMPILE_LOWERING``):
 
 - ``eager`` (default): the aten graph runs op by op on the device, through the emulator's fallback,
-  so every op inside a compiled graph is recorded (and reported as a CPU fallback where the coverage
-  profile says so) as in eager mode, with eager's numerics. What the emulator must show about a
+  so every op inside a compiled graph is recorded (and reported as a CPU fallback where the op
+  coverage says so) as in eager mode, with eager's numerics. What the emulator must show about a
   compile is the graph structure and what would not run natively on Trainium, not host speed; and a
   compile costs aot_autograd's tracing only, no code generation.
 - ``inductor``: a copy of the graph with ``device=neuron`` rewritten to ``cpu`` is compiled
@@ -15,7 +15,7 @@ graph is then lowered one of two ways (:func:`set_lowering`, else ``NEURON_LAB_C
   minutes). A graph Inductor cannot lower runs eagerly instead, with the reason in its metrics record.
 
 As in TorchNeuron, ``dynamic=True`` is rejected, a non-default ``mode`` warns and is ignored, and
-each graph appends a ``get_dynamo_metrics()`` record, plus the nodes the coverage profile says
+each graph appends a ``get_dynamo_metrics()`` record, plus the nodes the op coverage says
 would fall back to the CPU on a real device.
 """
 
@@ -137,7 +137,7 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         "graph_type": graph_type,
         "lowering": lowering,
         "lowering_reason": None,
-        "fallback_nodes": _fallback_nodes(gm, rt.profile),
+        "fallback_nodes": _fallback_nodes(gm, rt.coverage),
     }
     graph = NeuronGraph(gm, example_inputs, metrics, rt.bridge)
     fx_us = (time.perf_counter_ns() - t0) // 1000
@@ -160,8 +160,8 @@ def _on_device(v: Any) -> bool:
     return isinstance(v, Tensor) and v.device.type != "cpu"
 
 
-def _fallback_nodes(gm: torch.fx.GraphModule, profile) -> list[dict[str, str]]:
-    """Graph nodes the coverage profile reports as non-native, classified as eager ops are."""
+def _fallback_nodes(gm: torch.fx.GraphModule, coverage) -> list[dict[str, str]]:
+    """Graph nodes the op coverage reports as non-native, classified as eager ops are."""
     found = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
@@ -173,7 +173,7 @@ def _fallback_nodes(gm: torch.fx.GraphModule, profile) -> list[dict[str, str]]:
         dtypes = frozenset(str(v.dtype).removeprefix("torch.") for v in inputs if _on_device(v))
         if not dtypes and not _on_device(n.meta.get("val")):
             continue  # runs on the host in the original program too
-        kind, reason = profile.classify(name, dtypes)
+        kind, reason = coverage.classify(name, dtypes)
         if kind != NATIVE:
             found.append({"node": n.name, "op": name, "kind": kind, "reason": reason})
     return found

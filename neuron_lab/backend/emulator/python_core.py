@@ -87,4 +87,4 @@ def install(capacity: int, classify: Callable[[str, frozenset[str]], tuple[str, 
     native.install_native(executor, aten_lib)
     devices = PythonDevices(executor.generator, why_not_compiled, compiled_devices)
     return dict(memory=allocator, recorder=recorder, devices=devices, bridge=executor.bridge,
-                on_profile=lambda _profile: executor.forget_kinds(), libraries=[fallback_lib, aten_lib])
+                on_coverage=lambda _coverage: executor.forget_kinds(), libraries=[fallback_lib, aten_lib])

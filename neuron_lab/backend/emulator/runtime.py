@@ -1,7 +1,7 @@
 """The emulator's one per-process state, whichever core runs it.
 
 Both cores offer the same pieces: device memory (``memory``), op aggregates (``recorder``), device
-selection and generators (``devices``), zero-copy host views (``bridge``), and the coverage profile.
+selection and generators (``devices``), zero-copy host views (``bridge``), and the op coverage.
 Everything above reads these and never asks which core it got, except to say so.
 """
 
@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from neuron_lab.kinds import NKI
 
 if TYPE_CHECKING:
+    from neuron_lab.backend.coverage import Coverage
     from neuron_lab.backend.emulator.topology import Topology
     from neuron_lab.backend.events import OpRecorder
-    from neuron_lab.backend.profiles import Profile
 
 COMPILED, PYTHON = "compiled", "python"
 
 # Device plumbing: allocation, copies into place, metadata views. Never reported as fallbacks
-# whatever the profile says; copies count as native ops and as transfer bytes.
+# whatever the coverage says; copies count as native ops and as transfer bytes.
 PLUMBING = frozenset({"aten::empty", "aten::empty_strided", "aten::_copy_from", "aten::_copy_from_and_resize",
                       "aten::set_", "aten::resize_", "aten::_local_scalar_dense", "aten::as_strided", "aten::view",
                       "aten::_reshape_alias", "aten::unfold", "aten::view_as_real", "aten::view_as_complex",
@@ -77,8 +77,8 @@ class Runtime:
     recorder: OpRecorder
     devices: Any  # python_core.PythonDevices | compiled.CoreDevices
     bridge: Any  # to_host(t), from_host(r)
-    profile: Profile
-    on_profile: Callable[[Profile], None]
+    coverage: Coverage
+    on_coverage: Callable[[Coverage], None]
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
     dynamo_metrics: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
@@ -87,16 +87,16 @@ class Runtime:
     trace: Any = field(default_factory=NoDeviceTrace)  # compiled.CoreTrace: work added to the profiler's device lanes
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
-        """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the profile
+        """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the coverage
         says."""
         reason = self.nki_ops.get(name)
         if reason is not None:
             return NKI, reason
-        return self.profile.classify(name, dtypes)
+        return self.coverage.classify(name, dtypes)
 
-    def set_profile(self, profile: Profile) -> None:
-        self.profile = profile
-        self.on_profile(profile)
+    def set_coverage(self, coverage: Coverage) -> None:
+        self.coverage = coverage
+        self.on_coverage(coverage)
 
 
 _runtime: Runtime | None = None

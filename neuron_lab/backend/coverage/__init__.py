@@ -1,8 +1,11 @@
-"""Op-coverage profiles: data that says which ATen ops run natively on a `neuron` device.
+"""Op coverage: data that says which ATen ops run natively on a `neuron` device and which fall back to the CPU.
 
-A profile is versioned JSON (``schema_version``, ``name``, ``source``, ``date``) with a default
+A coverage file is versioned JSON (``schema_version``, ``name``, ``source``, ``date``) with a default
 kind for unknown ops and per-op entries. The emulator reports every op through one; an exported
-profile (``neuron-lab coverage export``) captures a live backend so a laptop can replay it.
+coverage (``neuron-lab coverage export``) captures a live backend so a laptop can replay it.
+
+"Coverage" is this data's one name (``%neuron coverage``, ``NEURON_LAB_COVERAGE``, ``Report.coverage``);
+"profile" is torch.profiler's (``%%neuron profile``). The old spellings still work and warn.
 """
 
 from __future__ import annotations
@@ -15,17 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from neuron_lab import settings
-from neuron_lab.backend.profiles import schema
+from neuron_lab.backend.coverage import schema
+from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import FALLBACK, HOST, NATIVE
 
 SCHEMA_VERSION = 1
-_PROFILE = settings.env("NEURON_LAB_PROFILE")
-DEFAULT_PROFILE, ENV_VAR = _PROFILE.default, _PROFILE.name
+_COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
+DEFAULT_COVERAGE, ENV_VAR, OLD_ENV_VAR = _COVERAGE.default, _COVERAGE.name, _OLD.name
 _OP_KINDS = (NATIVE, FALLBACK, HOST)
 
 
-class ProfileError(ValueError):
-    """A profile file is missing, unreadable, malformed, or of an unknown schema; the message is one line."""
+class CoverageError(ValueError):
+    """A coverage file is missing, unreadable, malformed, or of an unknown schema; the message is one line."""
 
 
 def _key(name: str) -> str:
@@ -41,7 +45,9 @@ class OpRule:
 
 
 @dataclass
-class Profile:
+class Coverage:
+    """Which ops run natively, which fall back to the CPU or run on the host, and why; read by the emulator."""
+
     name: str
     source: str
     date: str
@@ -51,7 +57,7 @@ class Profile:
     dtype_rules: dict[str, OpRule] = field(default_factory=dict)  # any op touching this dtype
     downcast_dtypes: frozenset[str] = frozenset({"float64", "int64"})
     path: str = ""
-    provenance: dict[str, Any] = field(default_factory=dict)  # how a derived profile was made (repo, commit, ...)
+    provenance: dict[str, Any] = field(default_factory=dict)  # how a derived coverage was made (repo, commit, ...)
 
     def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
         """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``."""
@@ -94,14 +100,14 @@ def _rule(d: dict[str, Any]) -> OpRule:
     return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None)
 
 
-def from_dict(d: Any, path: str = "") -> Profile:
-    """A profile from its JSON data; :class:`ProfileError` (one line, naming the field) when the data is not one."""
+def from_dict(d: Any, path: str = "") -> Coverage:
+    """A coverage from its JSON data; :class:`CoverageError` (one line, naming the field) when the data is not one."""
     try:
         schema.check(d, SCHEMA_VERSION, _OP_KINDS)
     except ValueError as e:
-        raise ProfileError(f"{path or 'profile'}: {e}") from None
+        raise CoverageError(f"{path or 'coverage'}: {e}") from None
     default = _rule(d.get("default", {"kind": NATIVE}))
-    return Profile(
+    return Coverage(
         name=d["name"],
         source=d["source"],
         date=d["date"],
@@ -116,46 +122,56 @@ def from_dict(d: Any, path: str = "") -> Profile:
 
 
 def bundled() -> list[str]:
-    """Names of the profiles shipped with neuron_lab."""
+    """Names of the coverage files shipped with neuron_lab."""
     files = resources.files(__name__)
     return sorted(p.name.removesuffix(".json") for p in files.iterdir() if p.name.endswith(".json"))
 
 
-def load(name_or_path: str | os.PathLike | None = None) -> Profile:
-    """Load a bundled profile by name, or a profile file by path; ``None`` means the env var or default."""
-    spec = str(name_or_path) if name_or_path is not None else _PROFILE.raw() or DEFAULT_PROFILE
+def load(name_or_path: str | os.PathLike | None = None) -> Coverage:
+    """Load a bundled coverage by name, or a coverage file by path; ``None`` means the env var or default."""
+    spec = str(name_or_path) if name_or_path is not None else from_environment() or DEFAULT_COVERAGE
     if spec in bundled():
         res = resources.files(__name__).joinpath(f"{spec}.json")
         text, path = res.read_text(), f"<bundled>/{spec}.json"
     else:
         p = Path(spec).expanduser()
         if not p.is_file():
-            raise ProfileError(f"no profile {spec!r}: not a bundled profile ({', '.join(bundled())}) nor a file")
+            raise CoverageError(f"no coverage {spec!r}: not a bundled coverage ({', '.join(bundled())}) nor a file")
         path = str(p)
         try:
             raw = p.read_bytes()
         except OSError as e:
-            raise ProfileError(f"{path}: cannot read it: {e.strerror or e}") from None
+            raise CoverageError(f"{path}: cannot read it: {e.strerror or e}") from None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ProfileError(f"{path}: not a JSON text file (byte 0x{raw[e.start]:02x} at offset {e.start} is "
+            raise CoverageError(f"{path}: not a JSON text file (byte 0x{raw[e.start]:02x} at offset {e.start} is "
                                "not UTF-8)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ProfileError(f"{path}: invalid JSON: {e}") from None
+        raise CoverageError(f"{path}: invalid JSON: {e}") from None
     except RecursionError:
-        raise ProfileError(f"{path}: invalid profile: its JSON is nested too deeply") from None
+        raise CoverageError(f"{path}: invalid coverage: its JSON is nested too deeply") from None
     return from_dict(data, path)
 
 
-__all__ = ["DEFAULT_PROFILE", "ENV_VAR", "OpRule", "Profile", "ProfileError", "bundled", "from_dict", "load"]
+def from_environment() -> str | None:
+    """NEURON_LAB_COVERAGE, else the deprecated NEURON_LAB_PROFILE (with a warning naming the new one)."""
+    spec, old = _COVERAGE.raw(), _OLD.raw()
+    if not spec and old:
+        renamed(OLD_ENV_VAR, ENV_VAR)
+        return old
+    return spec or None
+
+
+__all__ = ["DEFAULT_COVERAGE", "ENV_VAR", "Coverage", "CoverageError", "OpRule", "bundled", "from_dict",
+           "from_environment", "load"]
 
 
 def backend_ops() -> list[str]:
-    """Every ATen op (by profile key) that can reach a device backend: ops with a CompositeImplicitAutograd
-    kernel for every overload decompose before the backend sees them, so no profile can make them fall back."""
+    """Every ATen op (by coverage key) that can reach a device backend: ops with a CompositeImplicitAutograd
+    kernel for every overload decompose before the backend sees them, so no coverage can make them fall back."""
     import torch
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
@@ -167,9 +183,9 @@ def backend_ops() -> list[str]:
     return sorted(k for k, reaches in keys.items() if reaches)
 
 
-def diff(a: Profile, b: Profile) -> list[tuple[str, str, str]]:
+def diff(a: Coverage, b: Coverage) -> list[tuple[str, str, str]]:
     """``(op, kind under a, kind under b)`` for every op the two classify differently (dtype-free calls), over
-    the ops a backend can see and every op either profile lists."""
+    the ops a backend can see and every op either coverage lists."""
     names = sorted({*backend_ops(), *a.ops, *b.ops})
     out = [(n, a.classify(n)[0], b.classify(n)[0]) for n in names]
     return [row for row in out if row[1] != row[2]]

@@ -1,6 +1,6 @@
-"""The shape of a profile file, checked field by field before anything reads it.
+"""The shape of a coverage file, checked field by field before anything reads it.
 
-A profile comes from a user's file as often as from neuron_lab, and a wrong shape must not surface
+A coverage file comes from a user as often as from neuron_lab, and a wrong shape must not surface
 later as an ``AttributeError`` inside the emulator. :func:`check` walks the fixed, shallow structure
 (never recursing into arbitrary values, so no nesting depth breaks it) and raises ``ValueError`` with
 one line that names the field at fault, e.g. ``ops['aten::add'].dtypes[0]: expected a dtype name``.
@@ -70,9 +70,9 @@ def _table(field: str, value: Any, noun: tuple[str, str], example: str, key_ok, 
 
 
 def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming the first field of ``d`` that is not a valid profile's."""
+    """Raise ``ValueError`` naming the first field of ``d`` that is not a valid coverage file's."""
     if not isinstance(d, dict):
-        raise ValueError(f"a profile is a JSON object, got {shown(d)}")
+        raise ValueError(f"a coverage file is a JSON object, got {shown(d)}")
     if d.get("schema_version") != schema_version:
         raise ValueError(f"schema_version {shown(d.get('schema_version'))} is not {schema_version}")
     for k in REQUIRED:
@@ -80,7 +80,7 @@ def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
             raise ValueError(f"{k}: expected a string, got {'nothing' if k not in d else shown(d[k])}")
     unknown = [k for k in d if k not in TOP_FIELDS]
     if unknown:
-        raise ValueError(f"unknown field {shown(unknown[0])} (a profile has {', '.join(TOP_FIELDS)})")
+        raise ValueError(f"unknown field {shown(unknown[0])} (a coverage file has {', '.join(TOP_FIELDS)})")
     if "provenance" in d and not isinstance(d["provenance"], dict):
         raise ValueError(f"provenance: expected an object (repo, commit, method, ...), got {shown(d['provenance'])}")
     if "default" in d:

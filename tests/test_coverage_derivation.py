@@ -1,4 +1,4 @@
-"""tools/derive_profile.py reads TorchNeuron's PrivateUse1 registrations from source and writes a coverage profile.
+"""tools/derive_coverage.py reads TorchNeuron's PrivateUse1 registrations from source and writes a coverage profile.
 
 The synthetic tree below holds a few lines of every registration form the script reads (written for this test,
 not copied from TorchNeuron), plus decoys it must ignore: commented-out registrations, docstring examples, other
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from neuron_lab.backend import profiles
+from neuron_lab.backend import coverage
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "derive_profile.py"
+SCRIPT = ROOT / "tools" / "derive_coverage.py"
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 BUNDLED = "torchneuron-src-2026-04"
 
@@ -256,7 +256,7 @@ def test_every_registration_form_is_read_and_decoys_are_not(tree: Path, tmp_path
     assert "@register_aten" in reasons["aten::sqrt"] and "python_ops/torch_mlir/ops/unary.py" in reasons["aten::sqrt"]
     assert "view whitelist" in reasons["aten::transpose"]
 
-    profile = profiles.from_dict(data)  # the schema accepts it
+    profile = coverage.from_dict(data)  # the schema accepts it
     assert profile.classify("aten::mul_", frozenset({"float32"}))[0] == "native"
     assert profile.classify("aten::cos", frozenset({"float32"}))[0] == "fallback"
 
@@ -274,12 +274,12 @@ def test_options_and_errors(tree: Path, tmp_path: Path) -> None:
 def test_keys_match_the_loader() -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     try:
-        import derive_profile
+        import derive_coverage
     finally:
         sys.path.remove(str(SCRIPT.parent))
     for name in ("add_.Tensor", "aten::add.out", "aten::__and__.Tensor", "_fused_adamw_.tensor_lr", "set_",
                  "empty.memory_format", "aten::index.Tensor_out"):
-        assert derive_profile.op_key(name) == profiles._key("aten::" + name.removeprefix("aten::").split(".")[0])
+        assert derive_coverage.op_key(name) == coverage._key("aten::" + name.removeprefix("aten::").split(".")[0])
 
 
 # ---------------------------------------------------------------- the bundled derived profile
@@ -292,8 +292,8 @@ METADATA_OPS = ("aten::view", "aten::as_strided", "aten::as_strided_", "aten::_r
 
 
 def test_bundled_derived_profile() -> None:
-    assert BUNDLED in profiles.bundled()
-    p = profiles.load(BUNDLED)
+    assert BUNDLED in coverage.bundled()
+    p = coverage.load(BUNDLED)
     assert p.name == BUNDLED and p.date == "2026-04-21"
     assert p.default == "fallback" and p.default_reason.endswith(
         "\nsource: not registered by TorchNeuron's backend at 98154b8: the boxed CPU fallback runs it")
@@ -324,5 +324,5 @@ def test_bundled_profile_regenerates(tmp_path: Path) -> None:
                            "98154b867aa24562a3213e520d9ad7fd41032291", "--date", "2026-04-21", "-o", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    bundled = ROOT / "neuron_lab" / "backend" / "profiles" / f"{BUNDLED}.json"
+    bundled = ROOT / "neuron_lab" / "backend" / "coverage" / f"{BUNDLED}.json"
     assert json.loads(out.read_text()) == json.loads(bundled.read_text())

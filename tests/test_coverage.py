@@ -1,22 +1,24 @@
-"""A coverage profile is checked against its schema before anything reads it: a file that is not a profile is one
-line naming the field at fault, from the loader (``ProfileError``), from ``%neuron profile`` (``UsageError``, the
-active profile unchanged) and from ``neuron-lab coverage show`` (exit 2). ``neuron-lab run --profile`` is covered in
-test_runner.py."""
+"""A coverage file is checked against its schema before anything reads it: a file that is not one is one line
+naming the field at fault, from the loader (``CoverageError``), from ``%neuron coverage`` (``UsageError``, the
+active coverage unchanged) and from ``neuron-lab coverage show`` (exit 2). ``neuron-lab run --coverage`` is covered
+in test_runner.py. The old spellings (``%neuron profile NAME``, ``NEURON_LAB_PROFILE``, ``--profile``,
+``Report.profile``) still work and warn."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 from IPython.core.error import UsageError
 from shells import loaded_shell, run
 
 from neuron_lab import backend
-from neuron_lab.backend import profiles
+from neuron_lab.backend import coverage
 
-GOOD = profiles.load().as_dict()
+GOOD = coverage.load().as_dict()
 
 
 def with_(**fields) -> dict:
@@ -30,14 +32,14 @@ def without(name: str) -> dict:
 OP = "aten::add"
 BAD = [
     (b"\x89PNG\r\n\x1a\n\x00\xff", "not a JSON text file (byte 0x89 at offset 0 is not UTF-8)"),
-    (b"[" * 100_000 + b"]" * 100_000, "invalid profile: its JSON is nested too deeply"),
-    (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "invalid profile: its JSON is nested too deeply"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid coverage: its JSON is nested too deeply"),
+    (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "invalid coverage: its JSON is nested too deeply"),
     ("{not json", "invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
-    ([1], "a profile is a JSON object, got a list"),
+    ([1], "a coverage file is a JSON object, got a list"),
     (with_(schema_version=2), "schema_version 2 is not 1"),
     (without("name"), "name: expected a string, got nothing"),
     (with_(date=20261101), "date: expected a string, got 20261101"),
-    (with_(op={}), "unknown field 'op' (a profile has schema_version, name, source, date, provenance, default, "
+    (with_(op={}), "unknown field 'op' (a coverage file has schema_version, name, source, date, provenance, default, "
                    "downcast_dtypes, dtypes, ops)"),
     (with_(ops=[1]), "ops: expected an object mapping op names (such as \"aten::add\") to rules, got a list"),
     (with_(ops={"add": {"kind": "native"}}), "ops['add']: not an op name (such as \"aten::add\")"),
@@ -87,8 +89,8 @@ def write(path, contents) -> str:
 @pytest.mark.parametrize(("contents", "message"), BAD, ids=IDS)
 def test_a_file_that_is_not_a_profile_is_one_clear_line(tmp_path, contents, message):
     path = write(tmp_path / "p.json", contents)
-    with pytest.raises(profiles.ProfileError) as e:
-        profiles.load(path)
+    with pytest.raises(coverage.CoverageError) as e:
+        coverage.load(path)
     assert str(e.value) == f"{path}: {message}"
     assert isinstance(e.value, ValueError)
 
@@ -96,24 +98,24 @@ def test_a_file_that_is_not_a_profile_is_one_clear_line(tmp_path, contents, mess
 def test_a_valid_profile_still_loads_with_every_optional_field(tmp_path):
     path = write(tmp_path / "p.json", with_(ops={OP: {"kind": "fallback", "reason": "r", "dtypes": ["bfloat16"]}},
                                             downcast_dtypes=["float64"]))
-    p = profiles.load(path)
+    p = coverage.load(path)
     assert p.ops[OP].dtypes == frozenset({"bfloat16"}) and p.downcast_dtypes == frozenset({"float64"})
-    assert profiles.load(write(tmp_path / "min.json", {"schema_version": 1, "name": "n", "source": "s",
+    assert coverage.load(write(tmp_path / "min.json", {"schema_version": 1, "name": "n", "source": "s",
                                                       "date": "d"})).default == "native"
 
 
 @pytest.mark.parametrize(("contents", "message"), [BAD[0], BAD[1], BAD[9], BAD[15], BAD[23]],
                          ids=["binary", "nested", "ops list", "op dtypes string", "downcast number"])
-def test_the_profile_magic_refuses_it_and_keeps_the_active_profile(tmp_path, contents, message):
+def test_the_coverage_magic_refuses_it_and_keeps_the_active_coverage(tmp_path, contents, message):
     path = write(tmp_path / "p.json", contents)
     with loaded_shell() as sh:
-        before = backend.active().profile
-        res, _ = run(sh, f"%neuron profile {path}", ok=False)
+        before = backend.active().coverage
+        res, _ = run(sh, f"%neuron coverage {path}", ok=False)
         assert isinstance(res.error_in_exec, UsageError), res.error_in_exec
         first, usage = str(res.error_in_exec).split("\n")
-        assert first == f"%neuron profile: {path}: {message}"
-        assert usage.startswith("usage: %neuron profile")
-        assert backend.active().profile is before
+        assert first == f"%neuron coverage: {path}: {message}"
+        assert usage.startswith("usage: %neuron coverage")
+        assert backend.active().coverage is before
 
 
 def test_coverage_show_refuses_it_with_exit_2_and_one_line(tmp_path):
@@ -123,3 +125,55 @@ def test_coverage_show_refuses_it_with_exit_2_and_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines()[-1] == f"neuron-lab coverage show: {path}: {BAD[9][1]}"
     assert "Traceback" not in r.stderr
+
+
+# -- the old spellings ("profile" is torch.profiler's now) still work, and say what replaced them -----------------
+def test_the_profile_magic_on_a_line_still_shows_and_switches_the_coverage_and_warns(shell):
+    b = backend.active()
+    before = b.coverage.name
+    other = next(n for n in coverage.bundled() if n != before)
+    try:
+        with pytest.warns(FutureWarning, match=r"`%neuron profile NAME` is deprecated: use `%neuron coverage NAME`"):
+            res, _ = run(shell, f"%neuron profile {other}")
+        assert str(res.result).startswith(f"op coverage: {other} (") and b.coverage.name == other
+        with pytest.warns(FutureWarning):
+            res, _ = run(shell, "%neuron profile")
+        assert str(res.result).startswith(f"op coverage: {other} (")
+    finally:
+        b.set_coverage(before)
+
+
+def test_neuron_lab_profile_is_still_read_when_neuron_lab_coverage_is_not_set(monkeypatch):
+    monkeypatch.delenv(coverage.ENV_VAR, raising=False)
+    monkeypatch.setenv(coverage.OLD_ENV_VAR, "torchneuron-src-2026-04")
+    with pytest.warns(FutureWarning, match="NEURON_LAB_PROFILE is deprecated: use NEURON_LAB_COVERAGE"):
+        assert coverage.load().name == "torchneuron-src-2026-04"
+    monkeypatch.setenv(coverage.ENV_VAR, "torchneuron-2.33")  # the new name wins, and nothing warns
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert coverage.load().name == "torchneuron-2.33"
+
+
+def test_the_runners_profile_option_is_still_its_coverage_option():
+    from neuron_lab.runner import main
+
+    with pytest.warns(FutureWarning, match="neuron-lab run --profile is deprecated: use neuron-lab run --coverage"):
+        args = main.parser().parse_args(["nb.ipynb", "--profile", "torchneuron-2.33"])
+    assert args.coverage == "torchneuron-2.33"
+    assert "--profile" not in main.parser().format_help()  # the help names the new spelling only
+
+
+def test_report_and_backend_profile_attributes_are_the_coverage_under_the_old_name():
+    import neuron_lab
+    from neuron_lab.report.model import Report
+
+    with neuron_lab.track() as report:
+        pass
+    assert report.coverage == backend.active().coverage.name
+    with pytest.warns(FutureWarning, match="Report.profile is deprecated: use Report.coverage"):
+        assert report.profile == report.coverage
+    with pytest.warns(FutureWarning, match=r"Backend.profile is deprecated"):
+        assert backend.active().profile is backend.active().coverage
+    old = report.as_dict()
+    old["profile"] = old.pop("coverage")  # a report saved before the rename
+    assert Report.from_dict(old).coverage == report.coverage

@@ -1,16 +1,16 @@
-"""Derive an op-coverage profile from TorchNeuron's source tree.
+"""Derive the op coverage from TorchNeuron's source tree.
 
 TorchNeuron runs an ATen op natively on a ``neuron`` tensor only when its backend registers a
 ``PrivateUse1`` kernel for it; every other op reaches the boxed CPU fallback that
 ``csrc/core/NeuronBindings.cpp`` installs (``TORCH_LIBRARY_IMPL(_, PrivateUse1, m)``), which runs it
 on the CPU and reports it in ``get_fallback_ops()``. This script reads the registrations statically
-(no torch import, stdlib only) and writes a profile in neuron_lab's schema
-(``neuron_lab/backend/profiles/schema.py``)::
+(no torch import, stdlib only) and writes a coverage file in neuron_lab's schema
+(``neuron_lab/backend/coverage/schema.py``)::
 
-    python tools/derive_profile.py SOURCE_DIR --commit SHA --date YYYY-MM-DD -o OUT.json
+    python tools/derive_coverage.py SOURCE_DIR --commit SHA --date YYYY-MM-DD -o OUT.json
 
 SOURCE_DIR holds TorchNeuron files at their repository paths. When it has a ``PROVENANCE.json``
-(``{"repo": ..., "files": {path: {"commit": ...}}}``) the per-file commits go into the profile.
+(``{"repo": ..., "files": {path: {"commit": ...}}}``) the per-file commits go into the coverage file.
 
 Registration forms it reads, each counted separately in the provenance:
 
@@ -41,8 +41,8 @@ Registration forms it reads, each counted separately in the provenance:
     names held in variables with ``.impl(name, fn, "PrivateUse1")`` (``cpu_fallback_registrations.py``
     runs them on the CPU and restrides the result on the device): kind ``host``.
 
-Names are normalized to profile keys: ``aten::`` prefix, no overload, and an in-place ``name_``
-shares the entry of ``name`` (``profiles._key``). ``downcast_dtypes`` comes from a
+Names are normalized to coverage keys: ``aten::`` prefix, no overload, and an in-place ``name_``
+shares the entry of ``name`` (``coverage._key``). ``downcast_dtypes`` comes from a
 ``*target_dtype*`` function mapping ``torch.X`` to a narrower ``torch.Y`` (``dtype_autocast.py``).
 ``PYTORCH_SERVED`` lists the few metadata ops no registration names because PyTorch never sends them
 to the fallback; they are native too. Everything else is ``fallback``: the boxed CPU fallback runs it.
@@ -85,7 +85,7 @@ _HOST_CPP = re.compile(r"\.to\(\s*(?:at::|c10::)?kCPU\s*\)")
 
 
 def op_key(name: str) -> str:
-    """``add_.Tensor`` / ``aten::add.out`` -> ``aten::add``: the profile key (see ``profiles._key``)."""
+    """``add_.Tensor`` / ``aten::add.out`` -> ``aten::add``: the coverage key (see ``coverage._key``)."""
     base = name.removeprefix("aten::").split(".", 1)[0]
     if base.endswith("_") and not base.endswith("__"):
         base = base[:-1]
@@ -325,7 +325,7 @@ def extract_python(root: Path, rel: str, ex: Extraction) -> None:
     try:
         tree = ast.parse((root / rel).read_text(errors="replace"), filename=rel)
     except SyntaxError as e:
-        print(f"derive_profile: skipping {rel}: {e}", file=sys.stderr)
+        print(f"derive_coverage: skipping {rel}: {e}", file=sys.stderr)
         return
     decorated = auto_imported(rel)
     dynamic_impl = False
@@ -385,7 +385,7 @@ def extract(root: Path) -> Extraction:
     return ex
 
 
-# ---------------------------------------------------------------- profile
+# ---------------------------------------------------------------- coverage
 
 
 def _short(path: str) -> str:
@@ -403,7 +403,7 @@ UNUSED_WHY = ("TorchNeuron registers a device kernel for this op but never uses 
               "the inputs go to the CPU and the result comes back.")
 
 
-def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: str,
+def build_coverage(ex: Extraction, *, name: str, commit: str, date: str, repo: str,
                   file_commits: dict[str, str]) -> dict:
     by_key: dict[str, list[Registration]] = {}
     for reg in ex.regs:
@@ -450,7 +450,7 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
         "file_commits": commits,
         "date": date,
         "files_scanned": len(ex.files),
-        "method": "static read of PrivateUse1 registrations (tools/derive_profile.py): C++ TORCH_LIBRARY_IMPL blocks "
+        "method": "static read of PrivateUse1 registrations (tools/derive_coverage.py): C++ TORCH_LIBRARY_IMPL blocks "
                   "by regex, Python by ast; unregistered ops default to the boxed CPU fallback",
         "counts": counts,
         "pytorch_served": served,
@@ -459,10 +459,10 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
     if ex.downcast:
         prov["downcast"] = {"from": _short(ex.downcast_path), "map": dict(sorted(ex.downcast.items()))}
     source = (f"Derived from TorchNeuron's source ({repo} at {commit[:7]}, files from "
-              f"{', '.join(c[:7] for c in commits)}; {date}) by tools/derive_profile.py: an op is native only when "
+              f"{', '.join(c[:7] for c in commits)}; {date}) by tools/derive_coverage.py: an op is native only when "
               f"the backend registers a PrivateUse1 kernel for it, host when that kernel runs on the CPU, and a "
               f"fallback otherwise (how: the provenance field).")
-    profile = {
+    coverage = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
         "source": source,
@@ -472,10 +472,10 @@ def build_profile(ex: Extraction, *, name: str, commit: str, date: str, repo: st
                                                   f"at {commit[:7]}: the boxed CPU fallback runs it"},
     }
     if ex.downcast:
-        profile["downcast_dtypes"] = sorted(ex.downcast)
-    profile["dtypes"] = {}
-    profile["ops"] = ops
-    return profile
+        coverage["downcast_dtypes"] = sorted(ex.downcast)
+    coverage["dtypes"] = {}
+    coverage["ops"] = ops
+    return coverage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("source_dir", type=Path, help="TorchNeuron files at their repository paths")
     ap.add_argument("--commit", required=True, help="the repository commit the tree represents (HEAD)")
     ap.add_argument("--date", required=True, help="YYYY-MM-DD of that commit")
-    ap.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
-    ap.add_argument("--name", help="profile name (default: torchneuron-src-YYYY-MM)")
+    ap.add_argument("-o", "--output", type=Path, required=True, help="coverage JSON to write")
+    ap.add_argument("--name", help="coverage name (default: torchneuron-src-YYYY-MM)")
     ap.add_argument("--repo", help=f"repository the files come from (default: PROVENANCE.json's, or {DEFAULT_REPO})")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", args.date):
@@ -498,12 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         file_commits = {p: f["commit"] for p, f in data.get("files", {}).items() if "commit" in f}
         repo = repo or data.get("repo")
     ex = extract(args.source_dir)
-    profile = build_profile(ex, name=args.name or f"torchneuron-src-{args.date[:7]}", commit=args.commit,
+    coverage = build_coverage(ex, name=args.name or f"torchneuron-src-{args.date[:7]}", commit=args.commit,
                             date=args.date, repo=repo or DEFAULT_REPO, file_commits=file_commits)
-    args.output.write_text(json.dumps(profile, indent=1) + "\n")
-    prov = profile["provenance"]
+    args.output.write_text(json.dumps(coverage, indent=1) + "\n")
+    prov = coverage["provenance"]
     forms = ", ".join(f"{k}={v['ops']}" for k, v in prov["counts"].items())
-    print(f"{args.output}: {len(profile['ops'])} ops {prov['ops_by_kind']}, default fallback; ops per form: {forms}")
+    print(f"{args.output}: {len(coverage['ops'])} ops {prov['ops_by_kind']}, default fallback; ops per form: {forms}")
     return 0
 
 
