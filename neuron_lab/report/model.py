@@ -57,10 +57,6 @@ class OpRow:
     ranks: int = 0  # a collective's group size: a collective has a row per group size
 
     @property
-    def host_ms(self) -> float:
-        return self.host_ns / 1e6
-
-    @property
     def why(self) -> str:
         """The reason in plain words, without its source."""
         return self.reason.partition(SOURCE)[0]
