@@ -9,36 +9,48 @@ in a cell, and ``dashboard()`` shows the live views.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
 import torch  # noqa: E402,F401  (first: PyTorch's autoload may call back into neuron_lab.backend)
 
 from neuron_lab import backend as backend  # noqa: E402
 from neuron_lab._version import __version__ as __version__
 
+if TYPE_CHECKING:  # the modules behind the API load when it is first called, not at `import neuron_lab`
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from neuron_lab.report.checks import CheckResult, CompareResult, ParityResult
+    from neuron_lab.report.model import Report
+    from neuron_lab.trace.sites import Locator
+
 backend.activate()  # never raises: problems become warnings and stay in backend.state() for `doctor`
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext neuron_lab``: the `%neuron` magics, per-cell reports and ``%config NeuronLab``."""
     from neuron_lab import extension
 
     extension.load(ipython)
 
 
-def unload_ipython_extension(ipython) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """``%unload_ext neuron_lab``: undo everything loading did."""
     from neuron_lab import extension
 
     extension.unload(ipython)
 
 
-def track(**kwargs):
+def track(*, callsites: bool = True, stack_limit: int = 3,
+          locator: Locator | None = None) -> AbstractContextManager[Report]:
     """``with neuron_lab.track() as report: ...``: the per-cell report for a block of a script or test."""
     from neuron_lab.trace import track as _track
 
-    return _track(**kwargs)
+    return _track(callsites=callsites, stack_limit=stack_limit, locator=locator)
 
 
-def profile(*, export=None, row_limit=10):
+def profile(*, export: str | None = None, row_limit: int = 10) -> AbstractContextManager[Report]:
     """``with neuron_lab.profile(export="trace.json") as report: ...``: the block runs under torch.profiler; its report
     adds each op's device and host time and the line that issued it, and the time per line (``%%neuron profile``)."""
     from neuron_lab.trace.profile import profile as _profile
@@ -46,7 +58,7 @@ def profile(*, export=None, row_limit=10):
     return _profile(export=export, row_limit=row_limit)
 
 
-def dashboard(views=None):
+def dashboard(views: Iterable[str] | None = None) -> Any:
     """The live dashboard (memory, tensors, fallbacks, compiles) for the current IPython session.
 
     Make it a cell's value, or ``display()`` it. Loads the extension if it is not loaded yet.
@@ -63,23 +75,26 @@ def dashboard(views=None):
     return widgets.show(extension.session_of(shell), tuple(views) if views else widgets.VIEWS)
 
 
-def parity(fn, *args, **kwargs):
-    """``neuron_lab.parity(fn, *args, against="cpu", rtol=None, atol=None, seed=None, **kw)``: run ``fn`` as given,
-    then on copies of its arguments on ``against``, and compare what each run produced (``%%neuron parity``)."""
+def parity(fn: Callable[..., Any], *args: Any, against: str | torch.device = "cpu", rtol: float | None = None,
+           atol: float | None = None, seed: int | None = None, **kwargs: Any) -> ParityResult:
+    """Run ``fn(*args, **kwargs)`` as given, then on copies of its arguments on ``against``, and compare what each
+    run produced (``%%neuron parity``)."""
     from neuron_lab.checks import api
 
-    return api.parity(fn, *args, _keep=_keep_in_cell, **kwargs)
+    return api.parity(fn, *args, against=against, rtol=rtol, atol=atol, seed=seed, _keep=_keep_in_cell, **kwargs)
 
 
-def compare(fn, *args, **kwargs):
-    """``neuron_lab.compare(fn, *args, warmup=1, runs=5, fullgraph=False, backend=None, **kw)``: time ``fn`` eager
-    and compiled on copies of its arguments and compare their outputs (``%%neuron compare``)."""
+def compare(fn: Callable[..., Any], *args: Any, warmup: int = 1, runs: int = 5, fullgraph: bool = False,
+            backend: str | None = None, **kwargs: Any) -> CompareResult:
+    """Time ``fn(*args, **kwargs)`` eager and compiled on copies of its arguments and compare their outputs
+    (``%%neuron compare``)."""
     from neuron_lab.checks import api
 
-    return api.compare(fn, *args, _keep=_keep_in_cell, **kwargs)
+    return api.compare(fn, *args, warmup=warmup, runs=runs, fullgraph=fullgraph, backend=backend,
+                       _keep=_keep_in_cell, **kwargs)
 
 
-def _keep_in_cell(result) -> None:
+def _keep_in_cell(result: CheckResult) -> None:
     """Called from inside a notebook cell, a check's result joins that cell's report too."""
     import sys
 

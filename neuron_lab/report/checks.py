@@ -2,8 +2,9 @@
 ``%%neuron compare`` (eager against compiled).
 
 Like :class:`~neuron_lab.report.model.Report` these hold names, numbers and source text only, never a
-tensor, so a cell's report can keep them in the session history. They are rendered where every report
-is: :func:`neuron_lab.report.text.render_check_text` and :func:`neuron_lab.report.html.render_check_html`.
+tensor, so a cell's report can keep them in the session history (:class:`~neuron_lab.report.model.Check`). They are
+rendered where every report is: :func:`neuron_lab.report.text.render_check_text` and
+:func:`neuron_lab.report.html.render_check_html`, which tell the two kinds apart by their class.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class _Rendered(ShownAsText):
     """The IPython display protocol, by the renderers (imported when called: they import this model)."""
 
     def __repr__(self) -> str:
-        from neuron_lab.report.text import check_summary_line
+        from neuron_lab.report.checks_rows import check_summary_line
 
         return f"<{type(self).__name__}: {check_summary_line(self)}>"
 
@@ -255,3 +256,6 @@ class CompareResult(_Rendered):
         d.update(passed=self.passed, speedup=self.speedup, compile_cost_s=self.compile_cost_s,
                  break_even=self.break_even, within_noise=self.within_noise)
         return d
+
+
+CheckResult = ParityResult | CompareResult  # what a cell's report carries in ``checks``; renderers tell them by type

@@ -1,4 +1,6 @@
-"""HTML rendering of a :class:`Report` for notebooks: one compact table per section, long lists folded.
+"""HTML layout of the report model for notebooks: the renderer-neutral rows (:mod:`~neuron_lab.report.rows` for a
+cell's report, ``profiled_rows``, ``checks_rows``, ``ranks_rows``) that the text lays out too, one compact table per
+section, long lists folded.
 
 Self-contained (inline styles), so it survives nbconvert exports and untrusted notebooks. The one drawing, the
 profile's timeline (:mod:`~neuron_lab.report.timeline_html`), is an SVG whose script only zooms what it shows.
@@ -7,44 +9,44 @@ profile's timeline (:mod:`~neuron_lab.report.timeline_html`), is an SVG whose sc
 from __future__ import annotations
 
 from html import escape
-from typing import Any
 
 from neuron_lab.kinds import Kind
-from neuron_lab.report.model import GraphBreak, OpRow, Profiled, Recompile, Report
-from neuron_lab.report.text import (
-    FOLD,
-    LINE_HEADER,
-    PERFETTO,
-    PROFILED_HEADER,
-    RANK_HEADER,
+from neuron_lab.report.checks import Agreement, ParityResult
+from neuron_lab.report.checks_rows import (
     agreeing_text,
     agreement_notes,
+    as_result,
     check_summary_line,
     compare_facts,
     divergence_lines,
-    host_timed,
-    item_header,
-    item_rows,
-    line_rows,
-    one_line,
-    oom_lines,
+    item_table,
     ordered_items,
     parity_head,
-    profiled_head,
-    profiled_rows,
-    rank_rows,
-    ranks_profile,
-    ranks_profile_heads,
-    ranks_summary_line,
+    timing_table,
+    verdict,
+)
+from neuron_lab.report.model import Check, GraphBreak, OpRow, Profiled, Recompile, Report
+from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
+from neuron_lab.report.ranks import RanksReport
+from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
+from neuron_lab.report.rows import (
+    FOLD,
+    Table,
+    compile_counts,
+    compile_timing,
+    held_table,
+    host_timed,
+    memory_table,
+    one_line,
+    oom_freed,
+    oom_head,
+    reasons,
     section_refs,
     shape_text,
     summary_line,
-    timeline_head,
-    timing_rows,
-    verdict,
 )
 from neuron_lab.report.timeline_html import timeline_html
-from neuron_lab.units import count, format_delta, format_seconds, format_size
+from neuron_lab.units import count, format_seconds, format_size
 
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
 _CELL = 'style="padding:1px 8px;text-align:left;vertical-align:top"'
@@ -55,6 +57,16 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th {_CELL}>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td {_CELL}>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def escaped(rows: list[list[str]]) -> list[list[str]]:
+    """Text cells (the renderer-neutral rows) as HTML cells."""
+    return [[escape(c) for c in row] for row in rows]
+
+
+def divs(lines: list[str]) -> str:
+    """Sentences of text, a <div> each."""
+    return "".join(f"<div>{escape(x)}</div>" for x in lines)
 
 
 def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -100,10 +112,9 @@ def reasons_html(refs: dict[str, int]) -> str:
     if not refs:
         return ""
     items = []
-    for reason, n in refs.items():
-        row = OpRow("", "", reason)
-        note = f"<br><small>source: {escape(row.source)}</small>" if row.source else ""
-        items.append(f"<div>[{n}] {escape(row.why)}{note}</div>")
+    for n, why, source in reasons(refs):
+        note = f"<br><small>source: {escape(source)}</small>" if source else ""
+        items.append(f"<div>[{n}] {escape(why)}{note}</div>")
     return f"<div><b>why</b>{''.join(items)}</div>"
 
 
@@ -123,17 +134,14 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
 
 def oom_html(r: Report) -> str:
     """What held the device when the window ran out of its memory (the same facts as the text's lines)."""
-    if r.oom is None:
+    o = r.oom
+    if o is None:
         return ""
-    lines = oom_lines(r)
-    rows = [[escape(format_size(t.bytes)), escape(", ".join(t.names) or "-"),
-             escape(f"{list(t.shape) if t.shape is not None else '?'} {t.dtype or ''}".rstrip()),
-             f"{t.storages:,}", escape(t.held_by)] for t in r.oom.tensors]
-    if r.oom.more:
-        rows.append([escape(format_size(r.oom.more)), "in smaller storages", "", "", ""])
-    tail = "".join(f"<div>{escape(x)}</div>" for x in lines[1 + len(rows):])
-    return (f"<div><b>{escape(lines[0])}</b>{table(['bytes', 'names', 'shape', 'storages', 'held by'], rows)}"
-            f"{tail}</div>")
+    held = held_table(o)
+    rows = escaped(held.rows)
+    if o.more:
+        rows.append([escape(format_size(o.more)), "in smaller storages", "", "", ""])
+    return f"<div><b>{escape(oom_head(o))}</b>{table(held.header, rows)}{divs(oom_freed(o))}</div>"
 
 
 def _break_why(b: GraphBreak) -> str:
@@ -162,21 +170,14 @@ def render_html(r: Report, detail: str | None = None) -> str:
     if detail == "summary":
         return head
     full = detail == "full"
-    m = r.memory
-    parts = [head, table(["memory before", "after", "Δ", "peak", "capacity", "host RSS Δ", "host→device",
-                           "device→host"],
-                          [[escape(x) for x in (format_size(m.before), format_size(m.after), format_delta(m.delta),
-                                                format_size(m.peak), format_size(m.capacity),
-                                                format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
-                                                format_size(r.d2h_bytes))]])]
+    memory = memory_table(r)
+    parts = [head, table(memory.header, escaped(memory.rows))]
     parts.append(op_sections_html(r.sections(), full))
     if r.coverage and r.fallbacks:
         parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
     c = r.compiles
     if c:
-        timing = f"{format_seconds(c.compile_s)} compiling, {format_seconds(r.run_s)} running"
-        what = f"{count(c.frames, 'frame compile')}, {count(c.graphs, 'graph')}"
-        parts.append(f"<div><b>compile</b>: {what}, {escape(timing)}</div>")
+        parts.append(f"<div><b>compile</b>: {compile_counts(c)}, {escape(compile_timing(r))}</div>")
         parts.append(compile_events_html(c.breaks, c.recompiles, c.failures))
     if r.profiled is not None:
         parts.append(profiled_html(r.profiled, full))
@@ -193,21 +194,18 @@ def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:
     per line, each showing ``row_limit`` rows and the rest behind a <details>."""
     limit = None if full else p.row_limit
 
-    def fold(title: str, header: list[str], rows: list[list[str]]) -> str:
-        cells = [[escape(c) for c in row] for row in rows]
+    def fold(title: str, t: Table) -> str:
+        cells = escaped(t.rows)
         shown, rest = cells[:limit], cells[len(cells[:limit]):]
-        out = f"<div><b>{escape(title)}</b>{table(header, shown)}"
+        out = f"<div><b>{escape(title)}</b>{table(t.header, shown)}"
         if rest:
-            out += f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>"
+            out += f"<details><summary>{len(rest)} more</summary>{table(t.header, rest)}</details>"
         return out + "</div>"
 
     parts = [f"<div><b>{escape(profiled_head(p))}</b></div>"] if head else []
-    if p.rows:
-        parts.append(fold("ops by device + host time", PROFILED_HEADER, profiled_rows(p)))
-    if p.lines:
-        parts.append(fold("time per line", LINE_HEADER, line_rows(p)))
+    parts += [fold(title, t) for title, _, t in profiled_tables(p)]
     if p.unattributed_ns:
-        parts.append(f"<div>{escape(format_seconds(p.unattributed_ns / 1e9))} in calls without a user line</div>")
+        parts.append(divs([unattributed_text(p)]))
     if p.timeline.lanes or p.timeline.memory:
         parts.append(timeline_html(p.timeline, timeline_head(p.timeline)))
     if p.trace_path:
@@ -216,42 +214,42 @@ def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:
     return "<div class='neuron-lab-profile'>" + "".join(parts) + "</div>"
 
 
-# -- checks: %%neuron parity / compare (neuron_lab.report.checks, read by their fields as in text.py) --------------
-def _divs(lines: list[str]) -> str:
-    return "".join(f"<div>{escape(x)}</div>" for x in lines)
-
-
-def _agreement_html(a: Any, divergence: bool = True) -> str:
+# -- checks: %%neuron parity / compare (neuron_lab.report.checks) ------------------------------------------------------
+def agreement_html(a: Agreement, divergence: bool = True) -> str:
     """The items over tolerance in a table, the agreeing ones folded behind a <details> that counts them."""
-    parts = [_divs(divergence_lines(a))] if divergence else []
+    parts = [divs(divergence_lines(a))] if divergence else []
     failed, agreeing = ordered_items(a)
     if failed:
-        parts.append(table(item_header(a), [[escape(c) for c in r] for r in item_rows(a, failed)]))
+        t = item_table(a, failed)
+        parts.append(table(t.header, escaped(t.rows)))
     if agreeing:
-        rows = [[escape(c) for c in r] for r in item_rows(a, agreeing)]
+        t = item_table(a, agreeing)
         parts.append(f"<details><summary>{escape(agreeing_text(agreeing))}</summary>"
-                     f"{table(item_header(a), rows)}</details>")
-    return "".join(parts) + _divs(agreement_notes(a))
+                     f"{table(t.header, escaped(t.rows))}</details>")
+    return "".join(parts) + divs(agreement_notes(a))
 
 
-def render_check_html(result: Any) -> str:
-    """A :class:`~neuron_lab.report.checks.ParityResult` or ``CompareResult`` in full."""
-    if result.kind == "parity":
-        body = _divs(parity_head(result))
+def render_check_html(check: Check) -> str:
+    """A parity or compare check in full."""
+    result = as_result(check)
+    if isinstance(result, ParityResult):
+        body = divs(parity_head(result))
     else:
-        rows = timing_rows(result)
+        t = timing_table(result)
         body = (f"<div><b>{escape(check_summary_line(result))}</b></div>"
-                f"{table(rows[0], [[escape(c) for c in r] for r in rows[1:]])}{_divs(compare_facts(result))}"
+                f"{table(t.header, escaped(t.rows))}{divs(compare_facts(result))}"
                 f"{compile_events_html(result.breaks, result.recompiles, result.failures)}"
                 f"<div>numeric agreement, compiled against eager: {escape(verdict(result.agreement))}</div>")
     return (f"<div class='neuron-lab-check' style='font-family:monospace;font-size:12px'>{body}"
-            f"{_agreement_html(result.agreement, divergence=result.kind != 'parity')}</div>")
+            f"{agreement_html(result.agreement, divergence=not isinstance(result, ParityResult))}</div>")
 
 
-def render_ranks_html(rr: Any) -> str:
+# -- several ranks: %%neuron ranks, neuron-lab run --nproc (neuron_lab.report.ranks) ---------------------------------
+def render_ranks_html(rr: RanksReport) -> str:
     """The facts of :func:`~neuron_lab.report.text.render_ranks_text`: the rank table, all ranks' rows, and when
     profiled each rank's profile head, one rank's op table and the timeline of all ranks."""
-    table = folded(ranks_summary_line(rr), RANK_HEADER, [[escape(c) for c in row] for row in rank_rows(rr)])
+    ranks = rank_table(rr)
+    head = folded(ranks_summary_line(rr), ranks.header, escaped(ranks.rows))
     merged = rr.merged()
     rows = (f"<div>summed over {count(len(rr.reports), 'rank')}:</div>{op_sections_html(merged.sections())}"
             if merged.ops_not_native else "")
@@ -260,4 +258,4 @@ def render_ranks_html(rr: Any) -> str:
         first, *heads = ranks_profile_heads(rr)
         rows += (f"<div><b>{escape(first)}</b>{''.join(f'<div>{escape(h.strip())}</div>' for h in heads)}</div>"
                  f"{profiled_html(shown, head=False)}")
-    return f"<div class=\"neuron-lab-ranks\">{table}{rows}</div>"
+    return f"<div class=\"neuron-lab-ranks\">{head}{rows}</div>"

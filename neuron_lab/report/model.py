@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
@@ -56,10 +56,6 @@ class OpRow:
     unattributed: int = 0  # calls with no user line (call sites off, or no user frame on the stack)
     nbytes: int = 0  # a collective's payload, all calls together
     ranks: int = 0  # a collective's group size: a collective has a row per group size
-
-    @property
-    def host_ms(self) -> float:
-        return self.host_ns / 1e6
 
     @property
     def why(self) -> str:
@@ -270,6 +266,16 @@ class Profiled:
                    ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline())
 
 
+class Check(Protocol):
+    """A trust check's result as a report carries it (``%%neuron parity`` / ``compare``): the classes of
+    :mod:`neuron_lab.report.checks`, which sit above this model; the renderers tell them apart by their class."""
+
+    @property
+    def passed(self) -> bool: ...
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class Report(ShownAsText):
     """Everything one window did on the device."""
@@ -290,7 +296,7 @@ class Report(ShownAsText):
     callsites: bool = True  # whether call sites were being captured
     detail: str = "table"  # how renderers show it: "summary" (one line), "table", "full" (with stacks)
     coverage: str | None = None  # the op coverage that classified the ops (None: the device reported them)
-    checks: list[Any] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
+    checks: list[Check] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
     oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
     profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
 

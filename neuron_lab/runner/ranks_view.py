@@ -16,7 +16,8 @@ from neuron_lab.report.aggregate import merge_reports
 from neuron_lab.report.html import render_ranks_html
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RankResult, RanksReport
-from neuron_lab.report.text import ranks_summary_parts, render_ranks_text
+from neuron_lab.report.ranks_rows import ranks_summary_parts
+from neuron_lab.report.text import render_ranks_text
 from neuron_lab.runner import export, progress
 from neuron_lab.runner.execute import Outcome
 from neuron_lab.runner.gates import GateResult

@@ -274,24 +274,32 @@ def _timeline(results: Any, events: list[_Event], host_work: dict[int, str],
     return profile_timeline.build(results.trace_start_ns(), lanes, allocations, baselines)
 
 
-def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
-    events = _events(results)
-    host_work = {id(e): k for e in events if not e.device for prefix, k in _HOST_WORK.items()
-                 if e.name.startswith(prefix)}
-    timeline = _timeline(results, events, host_work, baselines)
-    events = [e for e in events if e.name != MEMORY]
-    ops = {e.cid: e for e in events if not e.device and e.name.startswith("aten::") and id(e) not in host_work}
-    owned: dict[int, list[_Event]] = {}  # op's correlation id -> its device events and host-work events
+def _host_work(events: list[_Event]) -> dict[int, str]:
+    """The host-work events the backend added for off-device calls (by ``id``), each with its kind."""
+    return {id(e): k for e in events if not e.device for prefix, k in _HOST_WORK.items() if e.name.startswith(prefix)}
+
+
+def _lane_busy(events: list[_Event]) -> dict[str, int]:
+    """Each device lane's busy time, by lane name."""
     lanes: dict[str, list[tuple[int, int]]] = {}
     for e in events:
         if e.device:
             lanes.setdefault(e.device, []).append((e.start, e.end))
+    return {lane: _busy_ns(spans) for lane, spans in sorted(lanes.items())}
+
+
+def _owned(events: list[_Event], ops: dict[int, _Event], host_work: dict[int, str]) -> dict[int, list[_Event]]:
+    """Each op's device events and host-work events, by the op's correlation id."""
+    owned: dict[int, list[_Event]] = {}
+    for e in events:
         if (e.device or id(e) in host_work) and e.linked in ops:
             owned.setdefault(e.linked, []).append(e)
-    owners = [ops[i] for i in owned]
-    nested = _contained(owners)
-    # each op name's profiled calls, in call order: the ops with device or host work, else (no device
-    # activity in the profile) the innermost op of that name
+    return owned
+
+
+def _profiled_calls(ops: dict[int, _Event], owners: list[_Event], calls: _Calls) -> dict[str, list[_Event]]:
+    """Each op name's profiled calls, in call order: the ops with device or host work, else (no device activity in
+    the profile) the innermost op of that name."""
     by_name: dict[str, list[_Event]] = {}
     for op in sorted(owners, key=lambda e: e.start):
         by_name.setdefault(op.name, []).append(op)
@@ -300,19 +308,49 @@ def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
     for op in sorted(missing, key=lambda e: e.start):
         if not any(f.name == op.name for f in inner.get(op.cid, ())):
             by_name.setdefault(op.name, []).append(op)
-    rows: dict[tuple[str, str], ProfiledOp] = {}
-    row_sites: dict[tuple[str, str], dict[tuple[str, int], LineTime]] = {}
-    lines: dict[tuple[str, int], LineTime] = {}
-    sites: dict[tuple[str, int], Site] = {}
-    out = Profiled(lanes={lane: _busy_ns(spans) for lane, spans in sorted(lanes.items())}, timeline=timeline)
+    return by_name
 
-    def tally(name: str, kind: str, shapes: tuple, dtypes: tuple, where: tuple[str, int] | None, device_ns: int,
-              host_ns: int) -> None:
-        """One profiled call into its op's row, the window's totals and its line's time."""
-        row = rows.get((name, kind))
+
+def _paired(made: list[_Call], profiled: list[_Event]) -> list[_Call | None]:
+    """The backend's call for each profiled call, k-th with k-th; none at all when the counts differ (no line rather
+    than a wrong one)."""
+    return list(made) if len(made) == len(profiled) else [None] * len(profiled)
+
+
+def _op_ns(op: _Event, work: list[_Event], nested: list[_Event]) -> tuple[int, int]:
+    """An op call's device time and its own host time: less the ops inside it and, as the emulator runs a kernel on
+    the calling thread inside its op, less its device time."""
+    dev = [e for e in work if e.device]
+    overlap = sum(max(0, min(op.end, e.end) - max(op.start, e.start)) for e in dev)
+    host_ns = max(op.end - op.start - overlap - sum(f.end - f.start for f in nested), 0)
+    return sum(e.end - e.start for e in dev), host_ns
+
+
+def _unreported_kind(work: list[_Event], host_work: dict[int, str]) -> str:
+    """The kind of an op call no backend call describes: from its host work, else a copy when its device work is only
+    copies (``.item()``), else native."""
+    dev = [e for e in work if e.device]
+    return next((host_work[id(e)] for e in work if id(e) in host_work),
+                COPY if dev and all(e.name.startswith("Memcpy") for e in dev) else NATIVE)
+
+
+class _Tally:
+    """Profiled calls summed into their op's row, the window's totals and their user line's time."""
+
+    def __init__(self, out: Profiled, locator: Locator) -> None:
+        self.out, self.locator = out, locator
+        self.rows: dict[tuple[str, str], ProfiledOp] = {}
+        self.row_sites: dict[tuple[str, str], dict[tuple[str, int], LineTime]] = {}
+        self.lines: dict[tuple[str, int], LineTime] = {}
+        self.sites: dict[tuple[str, int], Site] = {}
+
+    def add(self, name: str, kind: str, shapes: tuple, dtypes: tuple, where: tuple[str, int] | None, device_ns: int,
+            host_ns: int) -> None:
+        out, key = self.out, (name, kind)
+        row = self.rows.get(key)
         if row is None:
-            row = rows[(name, kind)] = ProfiledOp(name, kind, shapes=shapes, dtypes=dtypes)
-            row_sites[(name, kind)] = {}
+            row = self.rows[key] = ProfiledOp(name, kind, shapes=shapes, dtypes=dtypes)
+            self.row_sites[key] = {}
         row.calls += 1
         row.device_ns += device_ns
         row.host_ns += host_ns
@@ -322,10 +360,10 @@ def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
             row.unattributed += 1
             out.unattributed_ns += device_ns + host_ns
             return
-        site = sites.get(where)
+        site = self.sites.get(where)
         if site is None:
-            site = sites[where] = calls.locator.site(*where)
-        for table, into in ((row_sites[(name, kind)], row.sites), (lines, None)):
+            site = self.sites[where] = self.locator.site(*where)
+        for table, into in ((self.row_sites[key], row.sites), (self.lines, None)):
             lt = table.get(where)
             if lt is None:
                 lt = table[where] = LineTime(site)
@@ -335,42 +373,56 @@ def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
             lt.device_ns += device_ns
             lt.host_ns += host_ns
 
-    for name, profiled in by_name.items():
-        made = calls.by_name.get(name, [])
-        if len(made) != len(profiled):  # the two do not pair up: no line rather than a wrong one
-            made = []
-        for k, op in enumerate(profiled):
-            call = made[k] if made else None
+    def finish(self) -> Profiled:
+        """The rows and lines in the order the renderers show them: the most device + host time first."""
+        for row in self.rows.values():
+            row.sites.sort(key=lambda x: -x.total_ns)
+        self.out.rows = sorted(self.rows.values(), key=lambda r: (-r.total_ns, r.op))
+        self.out.lines = sorted(self.lines.values(), key=lambda x: -x.total_ns)
+        return self.out
+
+
+def _tally_ops(tally: _Tally, events: list[_Event], calls: _Calls, host_work: dict[int, str]) -> None:
+    """Every profiled ATen op call, joined to the backend's call of it for its kind, shapes and line."""
+    ops = {e.cid: e for e in events if not e.device and e.name.startswith("aten::") and id(e) not in host_work}
+    owned = _owned(events, ops, host_work)
+    owners = [ops[i] for i in owned]
+    nested = _contained(owners)
+    for name, profiled in _profiled_calls(ops, owners, calls).items():
+        for op, call in zip(profiled, _paired(calls.by_name.get(name, []), profiled)):
             work = owned.get(op.cid, [])
-            dev = [e for e in work if e.device]
-            device_ns = sum(e.end - e.start for e in dev)
-            # the emulator runs a kernel on the calling thread, inside its op: that time is the device's, not the host's
-            overlap = sum(max(0, min(op.end, e.end) - max(op.start, e.start)) for e in dev)
-            host_ns = max(op.end - op.start - overlap - sum(f.end - f.start for f in nested.get(op.cid, ())), 0)
+            device_ns, host_ns = _op_ns(op, work, nested.get(op.cid, []))
             if call is not None:
                 kind, shapes, dtypes, where = call
             else:
-                kind = next((host_work[id(e)] for e in work if id(e) in host_work),
-                            COPY if dev and all(e.name.startswith("Memcpy") for e in dev) else NATIVE)
-                shapes, dtypes, where = op.shapes, (), None
-            tally(name, kind, shapes, dtypes, where, device_ns, host_ns)
-    # collectives: device work of their own, no CPU op around them; the k-th to complete pairs with the k-th reported
+                kind, shapes, dtypes, where = _unreported_kind(work, host_work), op.shapes, (), None
+            tally.add(name, kind, shapes, dtypes, where, device_ns, host_ns)
+
+
+def _tally_collectives(tally: _Tally, events: list[_Event], calls: _Calls) -> None:
+    """Collectives: device work of their own, no CPU op around them; the k-th to complete pairs with the k-th
+    reported."""
     collectives: dict[str, list[_Event]] = {}
     for e in events:
         if e.device and e.name.startswith(COLLECTIVE_PREFIX):
             collectives.setdefault(e.name.partition(".")[0], []).append(e)
     for name, profiled in collectives.items():
         made = [c for c in calls.by_name.get(name, []) if c.kind == COLLECTIVE]
-        if len(made) != len(profiled):
-            made = []
-        for k, e in enumerate(sorted(profiled, key=lambda e: e.end)):
-            shapes, dtypes, where = (made[k].shapes, made[k].dtypes, made[k].where) if made else ((), (), None)
-            tally(e.name, COLLECTIVE, shapes, dtypes, where, e.end - e.start, 0)
-    for row in rows.values():
-        row.sites.sort(key=lambda x: -x.total_ns)
-    out.rows = sorted(rows.values(), key=lambda r: (-r.total_ns, r.op))
-    out.lines = sorted(lines.values(), key=lambda x: -x.total_ns)
-    return out
+        for e, call in zip(sorted(profiled, key=lambda e: e.end), _paired(made, profiled)):
+            shapes, dtypes, where = (call.shapes, call.dtypes, call.where) if call is not None else ((), (), None)
+            tally.add(e.name, COLLECTIVE, shapes, dtypes, where, e.end - e.start, 0)
+
+
+def _read(results: Any, calls: _Calls, baselines: dict[str, int]) -> Profiled:
+    """Kineto's events and the backend's calls as report data: the timeline, then the time per op and per line."""
+    events = _events(results)
+    host_work = _host_work(events)
+    timeline = _timeline(results, events, host_work, baselines)
+    events = [e for e in events if e.name != MEMORY]
+    tally = _Tally(Profiled(lanes=_lane_busy(events), timeline=timeline), calls.locator)
+    _tally_ops(tally, events, calls, host_work)
+    _tally_collectives(tally, events, calls)
+    return tally.finish()
 
 
 @contextmanager

@@ -1,0 +1,244 @@
+"""A trust check's facts (``%%neuron parity``, ``%%neuron compare``: :mod:`neuron_lab.report.checks`) as
+renderer-neutral rows and sentences: the verdict, the first divergence, the timings, the compared items.
+
+Each function takes the result's own class, and the two kinds are told apart by their type.
+"""
+
+from __future__ import annotations
+
+from neuron_lab.report.checks import Agreement, CheckResult, CompareResult, Divergence, Item, ParityResult, Timing
+from neuron_lab.report.model import Check
+from neuron_lab.report.rows import Table
+from neuron_lab.units import count, format_seconds
+
+CHECK_FOLD = 12  # item rows shown before the rest are summarised
+
+def verdict(a: Agreement) -> str:
+    """An :class:`~neuron_lab.report.checks.Agreement` in a few words: ``agree (12 items)``, ``FAIL (…)``."""
+    if a.actual_error or a.expected_error:
+        who, err = (a.actual, a.actual_error) if a.actual_error else (a.expected, a.expected_error)
+        return f"FAIL: the {who} run raised {err}"
+    n = len(a.items)
+    if a.passed:
+        return f"agree ({count(n, 'item')}" + (f", {count(a.steps, 'step')}" if a.steps else "") + ")"
+    bad = len(a.failed)
+    if bad:
+        return f"FAIL ({bad} of {n} items over tolerance)"
+    return f"FAIL (the loss went over tolerance at step {a.divergence.step.step})"
+
+
+def divergence_text(d: Divergence) -> str:
+    """Where two runs first parted (a :class:`~neuron_lab.report.checks.Divergence`): the step, the variable."""
+    parts = []
+    if d.step is not None:
+        s = d.step
+        where = f" at {s.site.label}" if s.site else ""
+        parts.append(f"step {s.step} (loss{where}: {s.actual:.7g} vs {s.expected:.7g})")
+    if d.var is not None:
+        item = f" ({d.item})" if d.item and d.item != d.var else ""
+        parts.append(f"variable {d.var}{item}" + (f", line {d.line}" if d.line else ""))
+    return "; ".join(parts) or "nowhere"
+
+
+def as_result(check: Check) -> CheckResult:
+    """A report's check as the class it is, which decides how it is laid out."""
+    if isinstance(check, (ParityResult, CompareResult)):
+        return check
+    raise TypeError(f"no layout for a {type(check).__name__}: a check is a ParityResult or a CompareResult")
+
+
+def check_summary_line(check: Check) -> str:
+    """A check in one line: what a cell's report shows of it, and its ``repr``."""
+    result = as_result(check)
+    return parity_summary(result) if isinstance(result, ParityResult) else compare_summary(result)
+
+
+def parity_summary(result: ParityResult) -> str:
+    a = result.agreement
+    parts = [f"parity {result.device} vs {result.reference}: {verdict(a)}"]
+    if a.divergence is not None and not a.passed and not (a.actual_error or a.expected_error):
+        parts.append(f"first: {divergence_text(a.divergence)}")
+    r = result.randomness
+    if not a.passed and not r.complete:
+        parts.append(f"random draws not replayed from op {r.replayed + 1} on")
+    return " · ".join(parts)
+
+
+def compare_summary(result: CompareResult) -> str:
+    a = result.agreement
+    if result.eager is None or result.compiled is None:
+        return f"compare eager vs compiled ({result.backend}): {verdict(a)}"
+    be, noise = result.break_even, result.within_noise
+    parts = [f"compare eager {format_seconds(result.eager.median_s)} vs compiled "
+             f"{format_seconds(result.compiled.median_s)}: " +
+             ("within noise" if noise else f"{result.speedup:.2f}×" + (", too few runs to tell from noise"
+                                                                         if noise is None else "")),
+             f"compile {format_seconds(result.compile_cost_s or 0.0)}"]
+    if noise is False:
+        parts.append("never breaks even" if be is None else f"breaks even after {be:,} runs")
+    parts.append(f"outputs {verdict(a)}")
+    if result.breaks or result.recompiles:
+        parts.append(f"{count(len(result.breaks), 'graph break')}, {count(len(result.recompiles), 'recompile')}")
+    return " · ".join(parts)
+
+
+def check_context(result: CheckResult) -> str:
+    """What the numbers of a check depend on: the op coverage, the 64-bit downcast and its op calls."""
+    parts = [f"coverage {result.coverage}" if result.coverage else "no op coverage"]
+    if not result.coverage:  # the real device: no coverage, and it always computes 64-bit ops in 32 bits
+        parts.append("float64 computed in float32 by the device")
+    elif result.downcast_emulation:
+        parts.append("64-bit downcast emulated (NEURON_LAB_EMULATE_DOWNCAST=1: float64 computed in float32)")
+    else:
+        parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=1 emulates it)")
+    if result.downcasts:
+        ops = ", ".join(result.downcast_ops[:4]) + (" …" if len(result.downcast_ops) > 4 else "")
+        parts.append(f"{result.downcasts:,} 64-bit op calls ({ops})")
+    return " · ".join(parts)
+
+
+def randomness_line(result: ParityResult) -> list[str]:
+    """How a parity check handled random ops, in one line ([] when neither run drew)."""
+    r = result.randomness
+    if not r.drawn and not r.own:
+        return []
+    ops = ", ".join(f"{op.removeprefix('aten::')} ×{n}" for op, n in r.ops)
+    if r.complete:
+        return [f"randomness: {count(r.drawn, 'random op')} ({ops}) replayed from the {result.device} run"]
+    return [f"randomness: {r.replayed} of {count(r.drawn, 'random op')} replayed from the {result.device} run, "
+            f"then the runs drew differently ({r.differs}); later draws come from each run's own generators, so "
+            f"what depends on them can differ"]
+
+
+def parity_head(result: ParityResult) -> list[str]:
+    """The lines above a parity check's items: verdict, first divergence, randomness, timings, seed, tolerances,
+    context."""
+    tol = "dtype defaults (as torch.testing.assert_close)" if result.rtol is None else \
+        f"rtol {result.rtol:g}, atol {result.atol:g}"
+    seed = "random generators as the cell found them" if result.seed is None else f"seed {result.seed}"
+    return [f"neuron_lab {check_summary_line(result)}", *divergence_lines(result.agreement),
+            *randomness_line(result),
+            f"{result.device} {format_seconds(result.device_s)}, {result.reference} (eager, on copies) "
+            f"{format_seconds(result.reference_s)} · {seed} · tolerances: {tol}",
+            check_context(result)]
+
+
+def timing_table(result: CompareResult) -> Table:
+    """A compare check's timings, a row per mode."""
+    rows = []
+    for name, t in (("eager", result.eager), ("compiled", result.compiled)):
+        if t is None:
+            rows.append([name, "raised", "", "", ""])
+        else:
+            rows.append([name, format_seconds(t.median_s), f"{format_seconds(t.min_s)}–{format_seconds(t.max_s)}",
+                         format_seconds(t.first_s), f"{len(t.runs_s)} after {result.warmup} warm-up"])
+    return Table(["mode", "median", "min–max", "first run", "runs"], rows)
+
+
+def compare_facts(result: CompareResult) -> list[str]:
+    """What compiling cost and bought, the backend and the context (the compile events are listed apart)."""
+    be = result.break_even
+    out = []
+    if result.speedup is not None:
+        cost = (f"compile cost {format_seconds(result.compile_cost_s or 0.0)} (dynamo and backend "
+                f"{format_seconds(result.compile_s)}, {count(result.frames, 'frame compile')}, "
+                f"{count(result.graphs, 'graph')})")
+        out.append(" · ".join([noise_text(result), cost] + (
+            [] if result.within_noise is not False else
+            ["never breaks even" if be is None else f"breaks even after {be:,} runs"])))
+    out.append(f"backend {result.backend}" + (", fullgraph" if result.fullgraph else "") + " · " +
+               check_context(result))
+    return out
+
+
+def noise_text(result: CompareResult) -> str:
+    """The speed-up of a compare check, or why there is none to claim: the interquartile ranges (the middle half of
+    each mode's timed runs) overlap, or too few runs."""
+    noise, ratio = result.within_noise, f"{result.speedup:.2f}×"
+    if noise is None:
+        return (f"median ratio {ratio} from {len(result.eager.runs_s)} and {len(result.compiled.runs_s)} runs, too "
+                f"few to tell from noise (--runs 3 or more): no speed-up claimed")
+
+    def iqr(t: Timing) -> str:
+        q1, q3 = t.quartiles_s
+        return f"{format_seconds(q1)}–{format_seconds(q3)}"
+
+    ranges = f"interquartile ranges eager {iqr(result.eager)}, compiled {iqr(result.compiled)}"
+    if noise:
+        return (f"within noise: the {ranges} overlap, so no speed-up or break-even is claimed "
+                f"(median ratio {ratio}; more --runs may separate them)")
+    return f"speedup {ratio} (the {ranges} do not overlap)"
+
+
+def _num(x: float | str | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    return "0" if x == 0 else f"{x:.3g}" if abs(x) >= 1e-3 and abs(x) < 1e4 else f"{x:.2e}"
+
+
+def _val(x: float | str | None) -> str:
+    return "-" if x is None else x if isinstance(x, str) else f"{x:.7g}"
+
+
+def _dtype_shape(i: Item) -> str:
+    def one(d: str | None, s: tuple[int, ...] | None) -> str:
+        return f"{d or '?'} {list(s) if s is not None else ''}".strip()
+
+    a, e = one(i.actual_dtype, i.actual_shape), one(i.expected_dtype, i.expected_shape)
+    return a if a == e else f"{a} vs {e}"
+
+
+def item_table(a: Agreement, items: list[Item]) -> Table:
+    """A row per compared item of ``items``, in their order; ``result`` is ``ok`` or ``FAIL``."""
+    header = ["item", "result", "max abs", "max rel", "worst at", a.actual, a.expected, "rtol/atol", "dtype, shape"]
+    return Table(header, [[i.name, "ok" if i.passed else "FAIL", _num(i.max_abs), _num(i.max_rel),
+                           "-" if i.worst is None else str(list(i.worst)), _val(i.actual_value),
+                           _val(i.expected_value), f"{i.rtol:g}/{i.atol:g}",
+                           _dtype_shape(i) + (f"  {i.problem}" if i.problem else "")] for i in items])
+
+
+def ordered_items(a: Agreement) -> tuple[list[Item], list[Item]]:
+    """(the items over tolerance, the agreeing ones): each in the agreement's order, what the run left unchanged
+    (inputs, parameters nothing stepped) after what it made or changed."""
+    return a.failed, [i for i in a.items if i.passed and not i.unchanged] + [i for i in a.items if i.unchanged
+                                                                              and i.passed]
+
+
+def agreeing_text(items: list[Item]) -> str:
+    """Agreeing items folded to one line: how many, by variable, the changed ones first."""
+    def by_var(group: list[Item]) -> str:
+        n: dict[str, int] = {}
+        for i in group:
+            n[i.var or i.name] = n.get(i.var or i.name, 0) + 1
+        names = [v if k == 1 else f"{v} ({k})" for v, k in n.items()]
+        return ", ".join(names[:8]) + (f", … {len(names) - 8} more" if len(names) > 8 else "")
+
+    changed, unchanged = [i for i in items if not i.unchanged], [i for i in items if i.unchanged]
+    parts = [by_var(changed)] if changed else []
+    parts += [f"unchanged by the run: {by_var(unchanged)}"] if unchanged else []
+    return f"{count(len(items), 'item')} agree: " + "; ".join(parts)
+
+
+def divergence_lines(a: Agreement) -> list[str]:
+    if a.divergence is None or a.actual_error or a.expected_error:
+        return []
+    return [f"first divergence: {divergence_text(a.divergence)}"]
+
+
+def agreement_notes(a: Agreement) -> list[str]:
+    """Everything of an agreement but the divergence line and the item table."""
+    lines = []
+    if a.steps:
+        lines.append(f"training steps compared: {a.steps} (the loss at each backward())")
+    if a.step_counts[0] != a.step_counts[1]:
+        lines.append(f"backward() calls differ: {a.step_counts[0]} in the {a.actual} run, "
+                     f"{a.step_counts[1]} in the {a.expected} run")
+    if not a.items and not (a.actual_error or a.expected_error):
+        lines.append("nothing to compare: the cell produced no tensors, modules, optimizers or numbers")
+    if a.shared:
+        lines.append(f"not copied, so both runs used the same object: {', '.join(a.shared)}")
+    return lines + a.notes
+
+

@@ -1,0 +1,132 @@
+"""A cell report's facts as renderer-neutral rows and sentences, built once from the model.
+
+The text (:mod:`~neuron_lab.report.text`) and the HTML (:mod:`~neuron_lab.report.html`) lay out the same rows, so a
+terminal and a notebook show the same facts in the same words; a renderer adds only its layout (columns, tags).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_lab import kinds
+from neuron_lab.kinds import FALLBACK
+from neuron_lab.report.model import Compiles, OpRow, OutOfMemory, Report
+from neuron_lab.units import count, format_delta, format_seconds, format_size
+
+FOLD = 8  # rows shown per list in "table" detail; "full" shows all
+
+
+@dataclass
+class Table:
+    """A table as data: a header and rows of text cells, laid out as aligned columns or as an HTML table."""
+
+    header: list[str]
+    rows: list[list[str]]
+
+
+def summary_line(r: Report) -> str:
+    """The report in one line: what every view shows first, and all that ``summary`` detail shows."""
+    parts = [r.title, r.device, r.mode, format_seconds(r.wall_s)]
+    if r.compiles.compile_s:
+        parts[-1] += f" (compile {format_seconds(r.compiles.compile_s)}, run {format_seconds(r.run_s)})"
+    parts.append(count(r.ops, "op"))
+    fb = r.fallbacks
+    parts.append(f"{count(r.fallback_calls, kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
+                 else "no CPU fallbacks")
+    parts += [count(sum(x.count for x in rows), kind.call) for kind, rows in r.sections() if not kind.off_device]
+    m = r.memory
+    parts.append(f"mem {format_size(m.after)} ({format_delta(m.delta)}, peak {format_size(m.peak)})")
+    if r.compiles:
+        c = r.compiles
+        parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'break')}, "
+                     f"{count(len(c.recompiles), 'recompile')}")
+    if r.profiled is not None:
+        p = r.profiled
+        parts.append(f"profiled: device {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}")
+    if r.error:
+        parts.append(f"raised {r.error.split(':')[0]}")
+    return "neuron_lab " + " · ".join(parts)
+
+
+def memory_table(r: Report) -> Table:
+    """Device memory before, after and at its peak, the host's RSS change and the copies, in one row."""
+    m = r.memory
+    return Table(["memory before", "after", "Δ", "peak", "capacity", "host RSS Δ", "host→device", "device→host"],
+                 [[format_size(m.before), format_size(m.after), format_delta(m.delta), format_size(m.peak),
+                   format_size(m.capacity), format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
+                   format_size(r.d2h_bytes)]])
+
+
+# -- op rows: the sections of ops that did not run natively (Report.sections) -----------------------------------------
+def shape_text(row: OpRow) -> str:
+    """The first call's shapes and dtypes; for a collective, its bytes and group size first."""
+    moved = f"{format_size(row.nbytes)} over {row.ranks} ranks  " if row.ranks else ""
+    if not row.shapes:
+        return moved.rstrip()
+    return moved + ", ".join(f"{list(s)} {d}" for s, d in zip(row.shapes, row.dtypes))
+
+
+def host_timed(rows: list[OpRow]) -> bool:
+    """Whether the rows' host time is worth a column: kinds that run nothing on the host (a downcast is a note on a
+    device call) would only show "0 µs"."""
+    return any(r.host_ns for r in rows)
+
+
+def reason_numbers(rows: list[OpRow]) -> dict[str, int]:
+    """Each distinct reason of ``rows``, numbered from 1 in the order the rows show them: a report explains each
+    once and its rows refer to the number."""
+    refs: dict[str, int] = {}
+    for r in rows:
+        if r.reason:  # a collective needs no why
+            refs.setdefault(r.reason, len(refs) + 1)
+    return refs
+
+
+def section_refs(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool, limit: int | None) -> dict[str, int]:
+    """The reasons of the rows shown in tables (the first ``limit`` of each section), numbered."""
+    return reason_numbers([row for kind, rows in sections if not (kind.one_line and not full) for row in rows[:limit]])
+
+
+def reasons(refs: dict[str, int]) -> list[tuple[int, str, str]]:
+    """The numbered reasons as (number, why, source): a reason's words for a newcomer, then where it comes from."""
+    rows = [(n, OpRow("", "", reason)) for reason, n in refs.items()]
+    return [(n, row.why, row.source) for n, row in rows]
+
+
+def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
+    """A section that ``kind.one_line`` folds: its calls, the dtypes involved and the busiest ops, in one line."""
+    total = sum(r.count for r in rows)
+    wide = sorted({d for r in rows for d in r.dtypes if d.endswith("64") and not d.startswith("complex")})
+    dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
+    busiest = sorted(rows, key=lambda r: (-r.count, r.op))
+    ops = ", ".join(f"{r.op} ×{r.count:,}" for r in busiest[:3])
+    if len(rows) > 3:
+        ops += f", … {count(len(rows) - 3, 'more op')}"
+    return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"
+
+
+# -- compiles and out of memory ----------------------------------------------------------------------------------------
+def compile_counts(c: Compiles) -> str:
+    return f"{count(c.frames, 'frame compile')}, {count(c.graphs, 'graph')}"
+
+
+def compile_timing(r: Report) -> str:
+    return f"{format_seconds(r.compiles.compile_s)} compiling, {format_seconds(r.run_s)} running"
+
+
+def oom_head(o: OutOfMemory) -> str:
+    return f"out of memory: {format_size(o.allocated)} held when the error unwound, by:"
+
+
+def held_table(o: OutOfMemory) -> Table:
+    """What held the device, biggest first: bytes, names, the shape of one storage, storages, who held them."""
+    return Table(["bytes", "names", "shape", "storages", "held by"],
+                 [[format_size(t.bytes), ", ".join(t.names) or "-",
+                   f"{list(t.shape) if t.shape is not None else '?'} {t.dtype or ''}".rstrip(), f"{t.storages:,}",
+                   t.held_by] for t in o.tensors])
+
+
+def oom_freed(o: OutOfMemory) -> list[str]:
+    """What was given back after the error, and how to keep it for ``%debug``."""
+    return [f"freed after the error: {format_size(o.freed)} the failing frames held "
+            "(`%config NeuronLab.oom_traceback = 'full'` keeps them for %debug)"] if o.freed else []
