@@ -109,7 +109,7 @@ class NeuronMagics(Magics):
         finally:
             profiled = p.result(export=path, row_limit=limit)
             if tracker is not None:
-                tracker.report.profiled = profiled
+                tracker.attach_profile(profiled)
 
     def _check_options(self, args, cell: str) -> ParityOptions | CompareOptions:
         """Options of `%%neuron parity` / `compare`, checked before the cell runs: their bounds by the option
@@ -224,10 +224,9 @@ class NeuronMagics(Magics):
         if detail == "json":
             return _Text(json.dumps(report.as_dict(), indent=1))
         if detail:
-            from copy import copy
+            from dataclasses import replace
 
-            report = copy(report)
-            report.detail = detail
+            report = replace(report, detail=detail)  # a copy shown otherwise: the kept report is final
         return report
 
     def cmd_reset(self, args):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_lab.report.model import Report, Site
+from neuron_lab.trace.tracker import Renaming
 
 MIME = "application/vnd.neuron-lab.run.v1+json"
 
@@ -48,11 +49,11 @@ class Script:
     file: str  # the resolved path, the kernel's ``__file__``
     first_lines: list[int]
 
-    def as_script_lines(self, report: Report) -> None:
+    def as_script_lines(self, report: Report) -> Renaming | None:
         """A site map: say ``train.py:12`` where the kernel saw ``In[N] line L``, and title the report so."""
         n = report.cell
         if n is None or not 1 <= n <= len(self.first_lines):
-            return
+            return None
         offset = self.first_lines[n - 1] - 1
         label = re.compile(rf"^In\[{n}\] line (\d+)")
 
@@ -62,8 +63,7 @@ class Script:
         def frame(f: str) -> str:
             return label.sub(lambda m: f"{self.path}:{int(m.group(1)) + offset}", f)
 
-        report.map_sites(site, frame)
-        report.title = f"{self.path}:{self.first_lines[n - 1]}"
+        return Renaming(site, frame, f"{self.path}:{self.first_lines[n - 1]}")
 
 
 class Collector:

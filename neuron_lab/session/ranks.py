@@ -224,27 +224,25 @@ class Ranks(ShownAsText):
         ``profile``: each rank runs it under torch.profiler (``row_limit`` rows shown), and the report gets their
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
         if not profile:
-            return self._run(lambda rank: body, title, cell, line_offset, timeout_s)
+            return RanksReport(title, self._run(lambda rank: body, title, cell, line_offset, timeout_s))
         folder = tempfile.mkdtemp(prefix="neuron-lab-ranks-traces-") if export else None
         try:
             # one line more on the engine: its reports' lines already count the `%%neuron profile` line
-            report = self._run(lambda rank: _profiled_cell(body, folder, rank, row_limit), title, cell,
-                               line_offset - 1, timeout_s)
-            profiles = {r.rank: r.report.profiled for r in report.ranks
+            results = self._run(lambda rank: _profiled_cell(body, folder, rank, row_limit), title, cell,
+                                line_offset - 1, timeout_s)
+            profiles = {r.rank: r.report.profiled for r in results
                         if r.report is not None and r.report.profiled is not None}
-            for p in profiles.values():
+            for p in profiles.values():  # the notebook's copies, read back from the engines' data
                 p.trace_path = None  # the engine's file, merged below and removed
-            report.timeline = merge_ranks({rank: p.timeline for rank, p in profiles.items()})
-            if folder is not None and export is not None:
-                report.trace_path = _merge_traces(folder, export, [e.rank for e in self.engines])
-            return report
+            merged = None if folder is None else _merge_traces(folder, export, [e.rank for e in self.engines])
+            return RanksReport(title, results, merge_ranks({rank: p.timeline for rank, p in profiles.items()}), merged)
         finally:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
-             timeout_s: float | None) -> RanksReport:
-        """:meth:`run`, with ``code(rank)`` the code each rank runs."""
+             timeout_s: float | None) -> list[RankResult]:
+        """:meth:`run`'s ranks, in rank order, with ``code(rank)`` the code each rank runs."""
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
             raise RanksError(f"{count(len(dead), 'rank')} of the group died ({', '.join(e.where for e in dead)}): the "
@@ -282,7 +280,7 @@ class Ranks(ShownAsText):
         for rank in running:
             if rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
-        return RanksReport(title, [results[e.rank] for e in self.engines])
+        return [results[e.rank] for e in self.engines]
 
     def _wait(self, running: dict[int, Any], results: dict[int, RankResult], deadline: float | None,
               timeout_s: float | None, title: str) -> None:
@@ -364,12 +362,11 @@ class Ranks(ShownAsText):
             return RankResult(e.rank, error=f"no report: {_one_line(err)}", where=e.where)
         if data is None:
             return RankResult(e.rank, error="no report: neuron_lab did not track the cell", where=e.where)
-        report = Report.from_dict(json.loads(data))
+        report = Report.from_dict(json.loads(data))  # the notebook's copy, titled and named as the notebook's cell
         own = report.cell
         report.map_sites(lambda s: s if s.cell is None or s.cell != own  # one name on every rank: they merge
                          else replace(s, filename=title, cell=cell, line=s.line + line_offset))
-        report.title = title
-        return RankResult(e.rank, report, where=e.where)
+        return RankResult(e.rank, replace(report, title=title), where=e.where)
 
     # -- stop ---------------------------------------------------------------------------------------------------
     def stop(self) -> list[int]:
