@@ -392,6 +392,19 @@ class Session:
         return Status(self)
 
 
+def banner(session: Session) -> str:
+    """The line ``%load_ext neuron_lab`` prints: version, backend, device, capacity, mode."""
+    from neuron_lab._version import __version__
+
+    if not _backend.is_active():
+        return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
+    b = _backend.active()
+    profile = f", profile {b.profile.name}" if b.profile else ""
+    detail = f" · {b.detail}" if b.detail else ""
+    return (f"neuron_lab {__version__}: {b.name} backend{profile} · device {session.device} · "
+            f"{format_size(b.capacity())} · mode {session.mode}{detail}")
+
+
 class Status(ShownAsText):
     """What ``%neuron status`` shows."""
 
