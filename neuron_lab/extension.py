@@ -11,22 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_lab import backend as _backend
-from neuron_lab.units import format_size
+from neuron_lab.session import shells
+from neuron_lab.session.session import banner
 
 MAGICS = "NeuronMagics"  # the name IPython's magics registry keeps the loaded extension's state under
-
-
-def banner(session: Any) -> str:
-    from neuron_lab._version import __version__
-
-    if not _backend.is_active():
-        return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
-    b = _backend.active()
-    coverage = f", coverage {b.coverage.name}" if b.coverage else ""
-    detail = f" · {b.detail}" if b.detail else ""
-    return (f"neuron_lab {__version__}: {b.name} backend{coverage} · device {session.device} · "
-            f"{format_size(b.capacity())} · mode {session.mode}{detail}")
 
 
 def load(shell: Any) -> None:
@@ -45,6 +33,7 @@ def load(shell: Any) -> None:
     session = Session(shell, config)
     magics = NeuronMagics(shell, session, config)
     shell.register_magics(magics)
+    shells.register(shell, session)  # where the agent, the widgets and the API find it
 
     def show(report: Any) -> None:
         if config.auto_report and report.touched_device:
@@ -66,6 +55,7 @@ def unload(shell: Any) -> None:
         return
     session, config = magics.session, magics.settings
     session.close()  # views close with it
+    shells.forget(shell)
     for kind in ("line", "cell"):
         table = shell.magics_manager.magics[kind]
         if getattr(table.get("neuron"), "__self__", None) is magics:
@@ -89,5 +79,4 @@ def _magics_of(shell: Any) -> Any:
 
 def session_of(shell: Any) -> Any:
     """The loaded session of ``shell`` (for widgets and tests), or None."""
-    magics = _magics_of(shell)
-    return magics.session if magics is not None else None
+    return shells.session_of(shell)

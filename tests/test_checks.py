@@ -17,7 +17,7 @@ from shells import loaded_shell, run
 from neuron_lab import modes
 from neuron_lab.extension import session_of
 from neuron_lab.report.checks import CompareResult, ParityResult
-from neuron_lab.report.text import check_summary_line
+from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.units import format_seconds
 
 

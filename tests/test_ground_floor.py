@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from importlib.metadata import version
 
+import pytest
 from IPython.lib.pretty import pretty
 
 import neuron_lab
@@ -63,3 +65,13 @@ def test_map_sites_rewrites_every_user_line_once() -> None:
     sc = r.ops_not_native[0].sites[0]
     assert (sc.site.label, sc.stacks) == ("train.py:12", [("train.py:12",)])
     assert [b.site.label if b.site else None for b in r.compiles.breaks] == ["train.py:12", None]
+
+
+def test_a_stopped_report_is_final_and_a_copy_is_its_own() -> None:
+    """The tracker is the one writer of its report: once stop returns it, setting a field raises and says how."""
+    with neuron_lab.track() as report:
+        pass
+    with pytest.raises(dataclasses.FrozenInstanceError, match="final once its tracker stopped"):
+        report.detail = "full"
+    shown = dataclasses.replace(report, detail="full")
+    assert (shown.detail, report.detail) == ("full", "table")

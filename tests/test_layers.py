@@ -36,7 +36,7 @@ def copy(tmp_path: Path) -> Path:
 def test_the_package_keeps_its_layers() -> None:
     proc = lint(ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "Contracts: 2 kept, 0 broken." in proc.stdout
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout
 
 
 def breached(copy: Path, *imports: tuple[str, str]) -> str:
@@ -59,6 +59,13 @@ def test_siblings_never_import_each_other(copy: Path) -> None:
     """checks and widgets are siblings in one layer: neither may import the other."""
     out = breached(copy, ("widgets/snapshot.py", "neuron_lab.checks"))
     assert "neuron_lab.widgets is not allowed to import neuron_lab.checks" in out
+
+
+def test_the_in_kernel_agent_imports_neither_the_magics_nor_ipython(copy: Path) -> None:
+    """The agent both launchers call by name runs in any kernel or engine: it is handed the shell."""
+    out = breached(copy, ("agent.py", "IPython.display"), ("agent.py", "neuron_lab.extension"))
+    assert "neuron_lab.agent is not allowed to import IPython" in out
+    assert "neuron_lab.agent is not allowed to import neuron_lab.extension" in out
 
 
 def test_the_report_glue_is_the_one_allowed_cycle(copy: Path) -> None:

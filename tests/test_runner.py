@@ -28,6 +28,7 @@ from procs import Lines, default_sigint
 from shells import loaded_shell
 from shells import run as run_cell
 
+from neuron_lab import agent
 from neuron_lab.extension import session_of
 from neuron_lab.report.model import Memory, Report
 from neuron_lab.runner import execute, gates, kernel, main, options
@@ -349,26 +350,26 @@ def test_in_the_kernel_a_scripts_lines_are_a_site_map_and_the_reports_a_collecto
         info = kernel.install(sh, script).data
         assert info["backend"] == "emulator" and sh.user_ns["__file__"] == script["file"]
         session = session_of(sh)
-        collector = kernel.Collector.of(session)
+        collector = agent.Collector.of(session)
         assert collector is not None and session.listeners[-1] == collector.keep  # appended, after the display
         run_cell(sh, "import torch\nx = torch.ones(4).to(device)")
         _, shown = run_cell(sh, "def f(t):\n    return torch.atan2(t, t)\ny = f(x)")
         assert "train.py:11" in shown.outputs[-1].data["text/plain"]  # In[2] line 2 is the script's line 11
-        after = kernel.after_cell(sh, script).data
-        assert after["loaded"] is None and kernel.Collector.of(session) is collector
+        after = agent.after_cell(sh, script).data
+        assert after["loaded"] is None and agent.Collector.of(session) is collector
         assert [r["report"]["title"] for r in after["reports"]] == ["train.py:1", "train.py:10"]
         (row,) = after["reports"][1]["report"]["ops_not_native"]
         (site,) = row["sites"]
         assert (site["site"]["filename"], site["site"]["line"], site["site"]["cell"]) == ("train.py", 11, None)
         assert any(frame.startswith("train.py:12") for stack in site["stacks"] for frame in stack), site["stacks"]
-        assert kernel.after_cell(sh, script).data["reports"] == []  # handed over once
+        assert agent.after_cell(sh, script).data["reports"] == []  # handed over once
 
         with capture_output():
             sh.run_line_magic("reload_ext", "neuron_lab")  # a new session: the next call attaches to it
-        again = kernel.after_cell(sh, script).data
+        again = agent.after_cell(sh, script).data
         assert again["loaded"]["backend"] == "emulator" and again["reports"] == []
         run_cell(sh, "z = torch.atan2(x, x)")
-        (report,) = kernel.after_cell(sh, script).data["reports"]
+        (report,) = agent.after_cell(sh, script).data["reports"]
         assert report["report"]["title"] == "train.py:20"
 
 

@@ -22,7 +22,7 @@ from neuron_lab.magics import parser as _parser
 from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RanksReport
-from neuron_lab.report.text import summary_line
+from neuron_lab.report.rows import summary_line
 from neuron_lab.session import Session, devices
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
 from neuron_lab.trace import profile as profiling
@@ -110,7 +110,7 @@ class NeuronMagics(Magics):
         finally:
             profiled = p.result(export=path, row_limit=limit)
             if tracker is not None:
-                tracker.report.profiled = profiled
+                tracker.attach_profile(profiled)
 
     def _check_options(self, args, cell: str) -> ParityOptions | CompareOptions:
         """Options of `%%neuron parity` / `compare`, checked before the cell runs: their bounds by the option
@@ -225,10 +225,9 @@ class NeuronMagics(Magics):
         if detail == "json":
             return _Text(json.dumps(report.as_dict(), indent=1))
         if detail:
-            from copy import copy
+            from dataclasses import replace
 
-            report = copy(report)
-            report.detail = detail
+            report = replace(report, detail=detail)  # a copy shown otherwise: the kept report is final
         return report
 
     def cmd_reset(self, args):

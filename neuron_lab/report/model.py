@@ -8,7 +8,7 @@ numbers and source text only: never a tensor, so keeping reports never keeps dev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import FrozenInstanceError, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Protocol
 
 from neuron_lab.deprecation import renamed
@@ -278,7 +278,12 @@ class Check(Protocol):
 
 @dataclass
 class Report(ShownAsText):
-    """Everything one window did on the device."""
+    """Everything one window did on the device.
+
+    Its tracker is its one writer: once :meth:`~neuron_lab.trace.tracker.Tracker.stop` returns it, the report is
+    final (:meth:`freeze`), and setting a field raises. A view that shows it otherwise is a copy
+    (``dataclasses.replace(report, detail="full")``); a copy read back from data (:meth:`from_dict`) is its reader's.
+    """
 
     title: str  # "In[7]" or "track"
     cell: int | None
@@ -299,6 +304,19 @@ class Report(ShownAsText):
     checks: list[Check] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
     oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
     profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
+    _final = False  # a class attribute, not a field: True on a report its tracker has stopped
+
+    def freeze(self) -> None:
+        """The report is final: from now on setting a field raises ``FrozenInstanceError``."""
+        object.__setattr__(self, "_final", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._final:
+            raise FrozenInstanceError(
+                f"cannot set {name!r} of report {self.title}: it is final once its tracker stopped (the tracker is "
+                "the one writer of its report: hand the tracker what belongs in it before stop, or make a copy "
+                "with dataclasses.replace)")
+        object.__setattr__(self, name, value)
 
     @property
     def profile(self) -> str | None:

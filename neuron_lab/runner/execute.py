@@ -1,8 +1,8 @@
 """Run a :class:`~neuron_lab.runner.inputs.Program` in a fresh ipykernel through nbclient, cell by cell.
 
 Before the first cell a silent execution loads the extension (``kernel.install``); after each cell
-another fetches that cell's report (``kernel.after_cell``), so the records of the cells before a kernel
-death are already here when it happens. Silent executions store no history, fire no cell events
+another fetches that cell's report from the in-kernel agent (``agent.after_cell``), so the records of the cells
+before a kernel death are already here when it happens. Silent executions store no history, fire no cell events
 and add no output, so the executed notebook is what the user would have seen.
 """
 
@@ -25,14 +25,15 @@ from typing import IO, Any
 import nbclient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+from neuron_lab import agent
 from neuron_lab.compat import nbclient as compat
-from neuron_lab.runner import kernel
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, STOPPED, TIMEOUT, CellRecord
 
 STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_HOOK = "__import__('neuron_lab.runner.kernel', fromlist=['kernel'])"
+_HOOK = "__import__('neuron_lab.runner.kernel', fromlist=['kernel'])"  # the runner's own calls: load, --trace
+_AGENT = "__import__('neuron_lab.agent', fromlist=['agent'])"  # the in-kernel agent %neuron ranks calls too
 _LOADS_ITSELF = re.compile(r"^\s*%(re)?load_ext\s+neuron_lab\b", re.M)
 _RETRIES = 50  # times a silent request the kernel aborted is sent again (0.1 s apart)
 _STDERR_TAIL = 20  # lines of the kernel process's own stderr kept for a kernel failure
@@ -82,7 +83,7 @@ class Run:
         self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
         self.stopped: str | None = None  # why the caller ended this kernel (another rank failed)
         self.outcome = Outcome([CellRecord(index, k) for k, index in enumerate(program.code_cells, 1)])
-        self.script: dict[str, Any] | None = None  # what the kernel needs to name a script's lines (kernel.Script)
+        self.script: dict[str, Any] | None = None  # what the kernel needs to name a script's lines (agent.Script)
         if program.kind == "script":
             self.script = {"path": str(program.path), "file": str(program.path.resolve()),
                            "first_lines": program.first_lines}
@@ -228,7 +229,7 @@ class Run:
     async def _fetch(self, rec: CellRecord) -> dict[str, Any] | None:
         """The cell's report into ``rec``; what the kernel said about neuron_lab when this cell loaded it."""
         # Until the notebook has loaded the extension the kernel imports nothing (None comes back).
-        after_cell = (f"{_HOOK}.after_cell(get_ipython(), {self.script!r}) "
+        after_cell = (f"{_AGENT}.after_cell(get_ipython(), {self.script!r}) "
                       "if 'neuron_lab.extension' in __import__('sys').modules else None")
         try:
             after = await asyncio.wait_for(_ask(self.client, after_cell), 60)
@@ -284,7 +285,7 @@ def _error_of(cell: Any, ename: str, evalue: str) -> dict[str, Any]:
 
 
 async def _ask(client: nbclient.NotebookClient, expression: str) -> Any:
-    """Evaluate ``expression`` in the kernel silently; its :class:`kernel.Payload`'s data.
+    """Evaluate ``expression`` in the kernel silently; its :class:`agent.Payload`'s data.
 
     A request that reached the kernel while a cell was failing (the one sent after a ``--timeout``
     interrupt) is aborted with the cell, as ipykernel aborts every queued request after an error: ask again.
@@ -301,7 +302,7 @@ async def _ask(client: nbclient.NotebookClient, expression: str) -> Any:
         raise KernelFailed(f"the kernel could not run neuron_lab's runner hook: {value.get('ename', 'error')}: "
                            f"{value.get('evalue', reply['content'].get('evalue', ''))}")
     data = value.get("data", {})
-    return json.loads(data[kernel.MIME]) if kernel.MIME in data else None
+    return json.loads(data[agent.MIME]) if agent.MIME in data else None
 
 
 async def _reply(client: nbclient.NotebookClient, msg_id: str) -> dict[str, Any]:

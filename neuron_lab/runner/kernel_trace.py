@@ -63,7 +63,7 @@ class CellTracer:
             self.missing = "torch.profiler was already running (the script's own)"
 
     def finish(self, cell: Tracker) -> None:
-        """The session's ``finishing``: write the trace, and put the profile on the cell's report."""
+        """The session's ``finishing``: write the trace, and hand the profile to the cell's tracker for its report."""
         profile, self._profile, path, self.path = self._profile, None, self.path, None
         if profile is None or path is None:
             return
@@ -73,10 +73,11 @@ class CellTracer:
                 self.missing = OWN_PROFILER
                 return
             try:
-                cell.report.profiled = profile.result(export=path)
+                profiled = profile.result(export=path)
             except Exception as e:  # the export, or reading what it recorded: the cell's work is done, say why
                 self.missing = f"cannot write {path}: {type(e).__name__}: {e}"
                 return
         if not os.path.isfile(path):  # Kineto logs a failed write (a folder in the way) and raises nothing
             self.missing = f"cannot write {path}: the profiler wrote no file there (see the kernel's log)"
-            cell.report.profiled.trace_path = None  # the op table stays; the report names no file
+            profiled.trace_path = None  # the op table stays; the report names no file
+        cell.attach_profile(profiled)

@@ -9,6 +9,7 @@ with the model's own text and HTML renderers.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from html import escape
 from typing import Any
 
@@ -130,8 +131,7 @@ def gate_reports(outcome: RanksOutcome) -> list[Report]:
         for r, rec in enumerate(outcome.cell(k)):
             report = rec.as_report()
             if report is not None:
-                report.title = f"rank {r} {report.title}"
-                out.append(report)
+                out.append(replace(report, title=f"rank {r} {report.title}"))
     return out
 
 

@@ -5,7 +5,9 @@ Engine ``i`` is rank ``i``. Each engine gets torchrun's variables (``RANK``, ``L
 installs with ``neuron:{rank}`` as its device; then it loads neuron_lab as a notebook does, imports
 ``torch_neuronx`` and joins ``init_process_group(backend="neuron")``. A cell runs on every engine through
 ``view.execute``, the machinery of ``%%px``, with each rank's output prefixed as ``%%px`` prefixes it; each engine's
-own session makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`.
+own session makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`. What runs on
+an engine besides the cell is the in-kernel agent (``neuron_lab.agent``), called there by name: nothing of
+neuron_lab's code is shipped to it.
 
 ``%%neuron ranks --profile`` runs the cell on each engine as a ``%%neuron profile`` cell, so each rank's own session
 profiles it and puts the profile on its report, as in a one-rank notebook; the notebook merges the ranks' timelines
@@ -29,7 +31,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -69,55 +70,19 @@ class RanksFailed(Exception):
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
-_LAST: list[Report] = []  # the engine's last cell report, until the notebook fetches it
-
-
 def _set_env_code(env: dict[str, str]) -> str:
-    """The first code an engine runs: the rank's variables, before anything imports torch (a string: sending a
-    function of neuron_lab would import neuron_lab, and so torch, to unpickle it)."""
+    """The first code an engine runs: the rank's variables, before anything imports torch (a string: importing
+    neuron_lab would import torch), and whether torch came first (``neuron_lab.agent.TORCH_FIRST``)."""
     return (f"import os as _os, sys as _sys\n_nl_torch_first = 'torch' in _sys.modules\n"
             f"_os.environ.update({env!r})\ndel _os, _sys\n")
 
 
-def _engine_setup(timeout_s: float) -> dict[str, Any]:
-    """Run on each engine after its variables are set: neuron_lab as in a notebook, then the process group."""
-    from IPython import get_ipython
+def _agent(call: str) -> Any:
+    """The in-kernel agent's function ``call``, looked up on the engine by name: ``apply_async(_agent("cell_report"),
+    3)`` runs ``neuron_lab.agent.cell_report(get_ipython(), 3)`` there with the engine's own shell."""
+    from ipyparallel import Reference
 
-    shell = get_ipython()
-    torch_first = shell.user_ns.pop("_nl_torch_first", True)
-    shell.run_line_magic("load_ext", "neuron_lab")
-    import torch
-    import torch.distributed as dist
-    import torch_neuronx  # noqa: F401  (the `neuron` process-group backend, as on a Trn instance)
-
-    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=timeout_s))
-    session = shell.find_line_magic("neuron").__self__.session
-    session.config.auto_report = False  # the notebook shows all ranks in one report instead
-    session.set_device(torch.device("neuron", torch.neuron.current_device()))
-    session.listeners.append(_keep_last)
-    return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
-
-
-def _keep_last(report: Report) -> None:
-    _LAST[:] = [report]
-
-
-def _engine_report(cell: int) -> str | None:
-    """The report of cell number ``cell`` as JSON, once; None when that cell made none (an interrupted earlier
-    cell's report is not this one's)."""
-    report = _LAST.pop() if _LAST else None
-    return None if report is None or report.cell != cell else json.dumps(report.as_dict())
-
-
-def _noop() -> None:
-    """A request that does nothing: answered once the kernel takes requests again (:meth:`Ranks._settle`)."""
-
-
-def _engine_stop() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    return Reference(f"lambda *args: __import__('neuron_lab.agent', fromlist=['agent']).{call}(get_ipython(), *args)")
 
 
 # -- in the notebook ------------------------------------------------------------------------------------------------
@@ -192,7 +157,7 @@ class Ranks(ShownAsText):
             pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
             for i in range(n):
                 client[i].execute(_set_env_code(envs[i]), silent=True, block=False)
-            pending = {i: client[i].apply_async(_engine_setup, timeout_s) for i in range(n)}
+            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s) for i in range(n)}
             engines: list[Engine] = []
             for i, ar in pending.items():
                 info = _wait_setup(ar, i, pids[i], started + timeout_s)
@@ -224,27 +189,25 @@ class Ranks(ShownAsText):
         ``profile``: each rank runs it under torch.profiler (``row_limit`` rows shown), and the report gets their
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
         if not profile:
-            return self._run(lambda rank: body, title, cell, line_offset, timeout_s)
+            return RanksReport(title, self._run(lambda rank: body, title, cell, line_offset, timeout_s))
         folder = tempfile.mkdtemp(prefix="neuron-lab-ranks-traces-") if export else None
         try:
             # one line more on the engine: its reports' lines already count the `%%neuron profile` line
-            report = self._run(lambda rank: _profiled_cell(body, folder, rank, row_limit), title, cell,
-                               line_offset - 1, timeout_s)
-            profiles = {r.rank: r.report.profiled for r in report.ranks
+            results = self._run(lambda rank: _profiled_cell(body, folder, rank, row_limit), title, cell,
+                                line_offset - 1, timeout_s)
+            profiles = {r.rank: r.report.profiled for r in results
                         if r.report is not None and r.report.profiled is not None}
-            for p in profiles.values():
+            for p in profiles.values():  # the notebook's copies, read back from the engines' data
                 p.trace_path = None  # the engine's file, merged below and removed
-            report.timeline = merge_ranks({rank: p.timeline for rank, p in profiles.items()})
-            if folder is not None and export is not None:
-                report.trace_path = _merge_traces(folder, export, [e.rank for e in self.engines])
-            return report
+            merged = None if folder is None else _merge_traces(folder, export, [e.rank for e in self.engines])
+            return RanksReport(title, results, merge_ranks({rank: p.timeline for rank, p in profiles.items()}), merged)
         finally:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
-             timeout_s: float | None) -> RanksReport:
-        """:meth:`run`, with ``code(rank)`` the code each rank runs."""
+             timeout_s: float | None) -> list[RankResult]:
+        """:meth:`run`'s ranks, in rank order, with ``code(rank)`` the code each rank runs."""
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
             raise RanksError(f"{count(len(dead), 'rank')} of the group died ({', '.join(e.where for e in dead)}): the "
@@ -282,7 +245,7 @@ class Ranks(ShownAsText):
         for rank in running:
             if rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
-        return RanksReport(title, [results[e.rank] for e in self.engines])
+        return [results[e.rank] for e in self.engines]
 
     def _wait(self, running: dict[int, Any], results: dict[int, RankResult], deadline: float | None,
               timeout_s: float | None, title: str) -> None:
@@ -346,7 +309,7 @@ class Ranks(ShownAsText):
 
         for _ in range(SETTLE_TRIES):
             try:
-                self.client[e.rank].apply_async(_noop).get(timeout=FETCH_TIMEOUT_S)
+                self.client[e.rank].apply_async(_agent("ready")).get(timeout=FETCH_TIMEOUT_S)
                 return
             except TaskAborted:
                 continue
@@ -357,19 +320,18 @@ class Ranks(ShownAsText):
         """The engine's report of the cell, its lines renamed to the notebook cell's."""
         self._settle(e)
         try:
-            data = self.client[e.rank].apply_async(_engine_report, cell).get(timeout=FETCH_TIMEOUT_S)
+            data = self.client[e.rank].apply_async(_agent("cell_report"), cell).get(timeout=FETCH_TIMEOUT_S)
         except Exception as err:
             if not e.alive():
                 return RankResult(e.rank, error=f"engine {e.rank} died (pid {e.pid})", where=e.where)
             return RankResult(e.rank, error=f"no report: {_one_line(err)}", where=e.where)
         if data is None:
             return RankResult(e.rank, error="no report: neuron_lab did not track the cell", where=e.where)
-        report = Report.from_dict(json.loads(data))
+        report = Report.from_dict(json.loads(data))  # the notebook's copy, titled and named as the notebook's cell
         own = report.cell
         report.map_sites(lambda s: s if s.cell is None or s.cell != own  # one name on every rank: they merge
                          else replace(s, filename=title, cell=cell, line=s.line + line_offset))
-        report.title = title
-        return RankResult(e.rank, report, where=e.where)
+        return RankResult(e.rank, replace(report, title=title), where=e.where)
 
     # -- stop ---------------------------------------------------------------------------------------------------
     def stop(self) -> list[int]:
@@ -382,7 +344,7 @@ class Ranks(ShownAsText):
         live = [e for e in self.engines if e.alive() and e.free()]
         if live:
             try:
-                self.client[[e.rank for e in live]].apply_async(_engine_stop).get(timeout=FETCH_TIMEOUT_S)
+                self.client[[e.rank for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
             except Exception:
                 pass  # the engines are stopped below all the same
         pids = [e.pid for e in self.engines if e.alive()]

@@ -28,7 +28,7 @@ from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.session.oom import OomHandler
 from neuron_lab.trace.timeline import Timeline
-from neuron_lab.trace.tracker import SiteMap, Tracker
+from neuron_lab.trace.tracker import Renaming, SiteMap, Tracker
 from neuron_lab.units import ShownAsText, count, format_size
 
 
@@ -226,14 +226,14 @@ class Session:
             return
         self._nested[name] = outer[:at].count("\n")
 
-    def _as_outer_cell(self, report: Report) -> None:
+    def _as_outer_cell(self, report: Report) -> Renaming | None:
         """A site map: the lines of a nested cell's code are the outer cell's."""
         if not self._nested:
-            return
+            return None
         nested = dict(self._nested)
         self._nested.clear()
-        report.map_sites(lambda site: site if site.filename not in nested
-                         else replace(site, cell=report.cell, line=site.line + nested[site.filename]))
+        return Renaming(lambda site: site if site.filename not in nested
+                        else replace(site, cell=report.cell, line=site.line + nested[site.filename]))
 
     def post_run_cell(self, result: Any) -> None:
         self._depth = max(self._depth - 1, 0)
@@ -248,12 +248,10 @@ class Session:
         self._notify(self.finishing, tracker)
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
-        oom = None
         if isinstance(error, torch.OutOfMemoryError) and _backend.is_active():
             with tracker.excluded():  # before the report reads memory: it counts what the OOM gave back
-                oom = self._oom.after()
+                tracker.note_oom(self._oom.after())
         report = tracker.stop(error, cell=n, site_maps=self.site_maps)
-        report.oom = oom
         end_s = self.timeline.now()
         self.timeline.sample(report.memory.after, end_s)
         if report.touched_device:  # the timeline marks the cells that used the device
@@ -394,6 +392,19 @@ class Session:
 
     def status(self) -> Status:
         return Status(self)
+
+
+def banner(session: Session) -> str:
+    """The line ``%load_ext neuron_lab`` prints: version, backend, device, capacity, mode."""
+    from neuron_lab._version import __version__
+
+    if not _backend.is_active():
+        return f"neuron_lab {__version__}: no neuron backend ({_backend.state().reason}); device {session.device}"
+    b = _backend.active()
+    coverage = f", coverage {b.coverage.name}" if b.coverage else ""
+    detail = f" · {b.detail}" if b.detail else ""
+    return (f"neuron_lab {__version__}: {b.name} backend{coverage} · device {session.device} · "
+            f"{format_size(b.capacity())} · mode {session.mode}{detail}")
 
 
 class Status(ShownAsText):

@@ -442,8 +442,8 @@ def profile(*, export: str | None = None, row_limit: int = DEFAULT_ROW_LIMIT,
     try:
         yield t.report
     except BaseException as e:
-        t.report.profiled = p.result(export=path, row_limit=row_limit)
+        t.attach_profile(p.result(export=path, row_limit=row_limit))
         t.stop(e)
         raise
-    t.report.profiled = p.result(export=path, row_limit=row_limit)
+    t.attach_profile(p.result(export=path, row_limit=row_limit))
     t.stop()

@@ -2,9 +2,11 @@
 
 The notebook session opens one per cell; ``neuron_lab.track()`` opens one around a block of a
 script or test. Memory is read once at each end, after one synchronize; nothing else touches
-the device. The tracker is the one writer of its report: the session tells it where the window ran
-and which checks it made, and :meth:`Tracker.stop` applies the site maps (a nested cell's lines as the
-outer cell's, a script's lines) before anybody else sees the report.
+the device. The tracker is the one writer of its report: the session tells it where the window ran, which checks
+it made, what the profiler saw (:meth:`Tracker.attach_profile`) and what filled the device when it ran out
+(:meth:`Tracker.note_oom`); :meth:`Tracker.stop` asks the site maps how to name the user lines (a nested cell's
+lines as the outer cell's, a script's lines and title), applies them, and freezes the report before anybody else
+sees it.
 """
 
 from __future__ import annotations
@@ -12,19 +14,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from neuron_lab import backend as _backend
 from neuron_lab.kinds import REPORTED
-from neuron_lab.report.model import Memory, OpRow, Report
+from neuron_lab.report.model import Memory, OpRow, OutOfMemory, Profiled, Report, Site
 from neuron_lab.trace.compiles import CompileTrace
 from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.sites import FileLocator, Locator
 
 _process = psutil.Process()
-SiteMap = Callable[[Report], None]  # rewrites a finished report's user lines, through Report.map_sites
+
+
+@dataclass(frozen=True)
+class Renaming:
+    """How a finished window names its user lines: what a site map answers, for :meth:`Tracker.stop` to apply."""
+
+    site: Callable[[Site], Site]  # each user line (op call sites, graph breaks, recompiles, profiled lines)
+    frame: Callable[[str], str] | None = None  # each formatted stack frame
+    title: str | None = None  # the report's title, when the renaming gives it one ("train.py:12")
+
+
+SiteMap = Callable[[Report], Renaming | None]  # given the finished report (read only): how to rename its lines
 
 
 class Tracker:
@@ -92,7 +106,16 @@ class Tracker:
 
     def keep(self, check: Any) -> None:
         """A check made inside the window (``%%neuron parity``, ``neuron_lab.compare``) joins its report."""
-        self.report.checks.append(check)
+        self.report.checks = [*self.report.checks, check]
+
+    def attach_profile(self, profiled: Profiled) -> None:
+        """What torch.profiler saw of the window (``%%neuron profile``, ``neuron_lab.profile()``, ``neuron-lab run
+        --trace``) joins its report; before :meth:`stop`, so the site maps name its lines too."""
+        self.report.profiled = profiled
+
+    def note_oom(self, oom: OutOfMemory) -> None:
+        """The window ended with the device's out-of-memory error: what held the device, and what was given back."""
+        self.report.oom = oom
 
     @property
     def memory_before(self) -> int:
@@ -114,8 +137,9 @@ class Tracker:
 
     def stop(self, error: BaseException | None = None, *, cell: int | None = None,
              site_maps: Sequence[SiteMap] = ()) -> Report:
-        """Close the window; idempotent. ``error`` is what the window raised, if anything; ``cell`` is the
-        notebook cell it was (it titles the report); ``site_maps`` rewrite its user lines, in order."""
+        """Close the window and freeze its report; idempotent. ``error`` is what the window raised, if anything;
+        ``cell`` is the notebook cell it was (it titles the report); ``site_maps`` say how to rename its user lines,
+        each in turn on what the ones before made of them."""
         if not self._running:
             return self.report
         wall = time.perf_counter() - self._t0
@@ -142,7 +166,11 @@ class Tracker:
         if cell is not None:
             r.cell, r.title = cell, f"In[{cell}]"
         for site_map in site_maps:
-            site_map(r)
+            renaming = site_map(r)
+            if renaming is not None:
+                r.map_sites(renaming.site, renaming.frame)
+                r.title = renaming.title or r.title
+        r.freeze()
         return r
 
 

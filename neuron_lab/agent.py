@@ -1,0 +1,182 @@
+"""The in-kernel agent: what a launcher runs inside each kernel or engine it starts, to get each cell's report back.
+
+``neuron-lab run`` (its kernels) and ``%neuron ranks`` (its ipyparallel engines) both call this module by name in
+the kernel, never ship code of their own: the runner evaluates ``neuron_lab.agent.after_cell(get_ipython())`` as a
+silent user expression, the notebook applies an ipyparallel ``Reference`` to ``neuron_lab.agent.cell_report``. The
+agent finds the shell's session where the extension registered it (:func:`neuron_lab.session.shells.session_of`),
+keeps each cell's report as data (a :class:`Collector` among the session's listeners) and hands the reports over
+on request.
+
+It needs none of the magics: the layers contract keeps it so. The runner loads the extension itself before the
+first cell, quietly (``neuron_lab.runner.kernel.install``), or the notebook it runs does (``%load_ext``); an engine's
+agent loads it as a notebook does (:func:`join_ranks`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from neuron_lab import backend, settings
+from neuron_lab.report.model import Report, Site
+from neuron_lab.session import shells
+from neuron_lab.session.session import Session, banner
+from neuron_lab.trace.tracker import Renaming
+
+MIME = "application/vnd.neuron-lab.run.v1+json"
+TORCH_FIRST = "_nl_torch_first"  # set by the engine's first code (session.ranks): torch was imported before it ran
+
+
+class Payload:
+    """A user-expression value that arrives as JSON under :data:`MIME` (how the runner receives what it asked)."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {MIME: json.dumps(self.data, default=str)}
+
+
+@dataclass
+class Script:
+    """A script run as cells: chunk N (a ``# %%`` block, from line ``first_lines[N - 1]``) is cell In[N]."""
+
+    path: str  # the name shown: train.py:12
+    file: str  # the resolved path, the kernel's ``__file__``
+    first_lines: list[int]
+
+    def as_script_lines(self, report: Report) -> Renaming | None:
+        """A site map: say ``train.py:12`` where the kernel saw ``In[N] line L``, and title the report so."""
+        n = report.cell
+        if n is None or not 1 <= n <= len(self.first_lines):
+            return None
+        offset = self.first_lines[n - 1] - 1
+        label = re.compile(rf"^In\[{n}\] line (\d+)")
+
+        def site(s: Site) -> Site:
+            return s if s.cell != n else Site(self.path, s.line + offset, s.source)
+
+        def frame(f: str) -> str:
+            return label.sub(lambda m: f"{self.path}:{int(m.group(1)) + offset}", f)
+
+        return Renaming(site, frame, f"{self.path}:{self.first_lines[n - 1]}")
+
+
+class Collector:
+    """The reports of the cells that finished since the launcher last asked, as data (``Report.as_dict()``), with
+    the text the extension's renderer made of the same report when ``text`` is on (the runner prints it)."""
+
+    def __init__(self, text: bool = True) -> None:
+        self.text = text
+        self.reports: list[dict[str, Any]] = []
+
+    @classmethod
+    def attach(cls, session: Session, script: Script | None = None, *, text: bool = True) -> Collector:
+        """A new collector, listening to ``session``; a script's lines replace the cells' in every report."""
+        collector = cls(text)
+        if script is not None:
+            session.site_maps.append(script.as_script_lines)
+        session.listeners.append(collector.keep)
+        return collector
+
+    @classmethod
+    def of(cls, session: Session | None) -> Collector | None:
+        """The collector listening to ``session``, if one is."""
+        listeners = session.listeners if session is not None else []
+        return next((fn.__self__ for fn in listeners if isinstance(getattr(fn, "__self__", None), cls)), None)
+
+    def keep(self, report: Report) -> None:
+        kept = {"report": report.as_dict(), "touched_device": report.touched_device}
+        self.reports.append({**kept, "text": str(report)} if self.text else kept)
+
+    def hand_over(self) -> list[dict[str, Any]]:
+        """The reports kept so far, oldest first; the collector starts empty again."""
+        out, self.reports = self.reports, []
+        return out
+
+
+# -- neuron-lab run ----------------------------------------------------------------------------------------------------
+def attach(shell: Any, script: dict[str, Any] | None = None, said: str = "") -> Payload:
+    """Start keeping the reports of the session just loaded into ``shell``; what loading it ``said`` (its banner),
+    as the runner shows it."""
+    session = shells.session_of(shell)
+    Collector.attach(session, None if script is None else Script(**script))
+    return Payload(_info(banner(session) if _on_rank_device(session) else said))
+
+
+def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
+    """The reports of the cells that finished since the last call, oldest first, and, the first time the
+    extension is found loaded by the notebook itself (or loaded again), what :func:`attach` would have said."""
+    session = shells.session_of(shell)
+    if session is None:
+        return Payload({"loaded": None, "reports": []})
+    collector, loaded = Collector.of(session), None
+    if collector is None:
+        collector = Collector.attach(session, None if script is None else Script(**script))
+        _on_rank_device(session)
+        loaded = _info(banner(session))
+    return Payload({"loaded": loaded, "reports": collector.hand_over()})
+
+
+def _on_rank_device(session: Session) -> bool:
+    """A torchrun rank (``neuron-lab run --nproc``) owns ``neuron:{LOCAL_RANK}``, its current device: make that the
+    notebook device, as it is in the script's own ``torch.neuron.current_device()``. Whether it changed."""
+    if not backend.is_active() or settings.env("LOCAL_RANK").raw() is None:
+        return False
+    import torch
+
+    dev = torch.device("neuron", torch.neuron.current_device())
+    if session.device == dev:
+        return False
+    session.set_device(dev)
+    return True
+
+
+def _info(said: str) -> dict[str, Any]:
+    coverage = backend.active().coverage if backend.is_active() else None
+    return {"banner": said, "backend": backend.state().kind,
+            "description": backend.active().description if backend.is_active() else backend.state().reason,
+            "coverage": coverage.name if coverage is not None else None}
+
+
+# -- %neuron ranks -----------------------------------------------------------------------------------------------------
+def join_ranks(shell: Any, timeout_s: float) -> dict[str, Any]:
+    """An engine becomes its rank, once its variables are set: neuron_lab loaded as in a notebook, the process group
+    joined, its device the notebook device; its reports kept for :func:`cell_report` instead of shown."""
+    torch_first = shell.user_ns.pop(TORCH_FIRST, True)
+    shell.run_line_magic("load_ext", "neuron_lab")
+    import torch
+    import torch.distributed as dist
+    import torch_neuronx  # noqa: F401  (the `neuron` process-group backend, as on a Trn instance)
+
+    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=timeout_s))
+    session = shells.session_of(shell)
+    session.config.auto_report = False  # the notebook shows all ranks in one report instead
+    session.set_device(torch.device("neuron", torch.neuron.current_device()))
+    Collector.attach(session, text=False)
+    return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
+
+
+def cell_report(shell: Any, cell: int) -> str | None:
+    """The report of cell number ``cell`` as JSON, once; None when that cell made none (an interrupted earlier
+    cell's report is not this one's)."""
+    collector = Collector.of(shells.session_of(shell))
+    reports = collector.hand_over() if collector is not None else []
+    report = reports[-1]["report"] if reports else None
+    return None if report is None or report["cell"] != cell else json.dumps(report)
+
+
+def ready(shell: Any) -> None:
+    """A request that does nothing: answered once the kernel takes requests again (after a failed cell)."""
+
+
+def leave_ranks(shell: Any) -> None:
+    """The rank leaves its process group (``%neuron ranks stop``)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
