@@ -480,7 +480,7 @@ def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tm
         from torch.profiler import profile, ProfilerActivity
         x = torch.ones(256, device=dev)
         dist.all_reduce(x)  # the group's first collective connects gloo's pairs: not what is measured
-        with neuron_lab.coverage(export=f"{tmp_path}/rank{{rank}}.json") as rep:
+        with neuron_lab.profile(export=f"{tmp_path}/rank{{rank}}.json") as rep:
             dist.barrier(group=cpu_group)  # both profiling (gloo's own group: not a `neuron` collective)
             if rank == 1:
                 time.sleep(0.5)

@@ -1,4 +1,4 @@
-"""``%%neuron profile`` in a real IPython shell and ``neuron_lab.coverage()`` in a script: the cell runs once under
+"""``%%neuron profile`` in a real IPython shell and ``neuron_lab.profile()`` in a script: the cell runs once under
 torch.profiler, and its report lists each op with its device and host time, calls, first shapes, whether it ran
 natively, and the line that issued it, then the time per line; ``--export`` writes a Chrome/Perfetto trace.
 
@@ -173,7 +173,7 @@ def test_profile_in_a_script_reports_file_and_line(tmp_path: Path) -> None:
         net = torch.nn.Linear(8, 8).to("neuron")
         x = torch.randn(4, 8, device="neuron")
         torch.atan2(x, x)
-        with neuron_lab.coverage(export={str(trace)!r}) as report:
+        with neuron_lab.profile(export={str(trace)!r}) as report:
             y = net(x).relu()
             z = torch.atan2(y, y)
         print(report)
@@ -197,15 +197,15 @@ def test_profile_in_a_script_reports_file_and_line(tmp_path: Path) -> None:
 
 def test_profile_refuses_a_bad_export_path_before_running(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^--export .*: no directory "):
-        with neuron_lab.coverage(export=str(tmp_path / "no" / "t.json")):
+        with neuron_lab.profile(export=str(tmp_path / "no" / "t.json")):
             raise AssertionError("the block must not run")
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match=rf"^--export .*: {tmp_path / 'f'} is a file, not a directory$"):
-        with neuron_lab.coverage(export=str(tmp_path / "f" / "t.json")):
+        with neuron_lab.profile(export=str(tmp_path / "f" / "t.json")):
             raise AssertionError("the block must not run")
     # a folder that takes no new files (even for root, whom os.access lets write anywhere): torch would only log it
     with pytest.raises(ValueError, match=r"^--export /proc/t\.json: cannot write into /proc: "):
-        with neuron_lab.coverage(export="/proc/t.json"):
+        with neuron_lab.profile(export="/proc/t.json"):
             raise AssertionError("the block must not run")
     assert list(tmp_path.iterdir()) == [tmp_path / "f"]  # the probe leaves nothing behind
     assert torch.neuron.is_available()

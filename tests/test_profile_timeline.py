@@ -53,7 +53,7 @@ def _window() -> tuple[Report, int, int]:
     the bytes allocated before and after it."""
     a, b, c = _operands()
     before = torch.neuron.memory_allocated()
-    with neuron_lab.coverage() as report:
+    with neuron_lab.profile() as report:
         y = torch.addmm(c, a, b)
         z = torch.mm(a, b)
         w = torch.atan2(y, z)  # a CPU fallback in the coverage profile
@@ -99,7 +99,7 @@ def test_the_memory_curve_rises_by_a_tensors_bytes_and_falls_when_it_is_freed() 
 def test_a_long_memory_curve_is_thinned_keeping_its_ends_and_its_peak(monkeypatch) -> None:
     before = torch.neuron.memory_allocated()
     monkeypatch.setattr(profile_timeline, "MAX_POINTS", 20)
-    with neuron_lab.coverage() as report:
+    with neuron_lab.profile() as report:
         for i in range(100):
             t = torch.empty(1000 + (i == 37) * 1000, device="neuron")  # the 38th is twice the size: the peak
             del t
@@ -124,7 +124,7 @@ def test_past_the_cap_short_neighbours_merge_and_every_event_is_accounted_for(mo
     x.add_(1)
     torch.atan2(x, y)
     monkeypatch.setattr(profile_timeline, "MAX_SPANS", 40)
-    with neuron_lab.coverage() as report:
+    with neuron_lab.profile() as report:
         for i in range(300):
             x.add_(1)
             if i % 100 == 0:
@@ -144,7 +144,7 @@ def test_when_kinds_alternate_too_often_to_merge_the_shortest_spans_go(monkeypat
     x = torch.zeros(64, device="neuron")
     x.add_(1).cpu()
     monkeypatch.setattr(profile_timeline, "MAX_SPANS", 10)
-    with neuron_lab.coverage() as report:
+    with neuron_lab.profile() as report:
         for _ in range(50):
             x.add_(1).cpu()  # a kernel, then a copy: no two neighbours of one kind
     tl = report.profiled.timeline
@@ -239,7 +239,7 @@ def test_the_timeline_zooms_pans_and_resets_in_chromium(chromium, tmp_path: Path
     ns: dict = {"torch": torch}
     exec(TRAINING, ns)
     exec(STEPS, ns)  # warm
-    with neuron_lab.coverage() as report:
+    with neuron_lab.profile() as report:
         exec(STEPS, ns)
     path = tmp_path / "report.html"
     path.write_text(f"<!doctype html><meta charset='utf-8'><body style='font-family:sans-serif'>"

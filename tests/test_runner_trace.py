@@ -110,7 +110,7 @@ OWN_PROFILERS = """
     a = torch.ones(16, 16).to("neuron")
     c = a @ a
     # %%
-    with neuron_lab.coverage() as r:
+    with neuron_lab.profile() as r:
         d = a @ a
     assert [row.op for row in r.profiled.rows] == ["aten::mm"], r.profiled.rows
     # %%
@@ -157,7 +157,7 @@ def test_a_cell_that_runs_its_own_profiler_runs_as_without_trace_and_the_runner_
 def test_the_tracer_gives_way_in_a_shell_and_leaves_with_the_extension(shell, tmp_path):
     run_cell(shell, "import torch, neuron_lab\na = torch.ones(8, 8).to('neuron')")
     tracer = CellTracer.of(session_of(shell))
-    cells = ["c = a @ a", "%%neuron profile\nd = a @ a", "with neuron_lab.coverage() as r:\n    e = a @ a",
+    cells = ["c = a @ a", "%%neuron profile\nd = a @ a", "with neuron_lab.profile() as r:\n    e = a @ a",
              "with torch.profiler.profile():\n    f = a @ a", "g = a @ a"]
     wrote, why = [], []
     for k, code in enumerate(cells):

@@ -2,7 +2,7 @@
 headless Chromium, and the viewer shows the ``neuron:0`` lane with the kernels the trace holds, no more, no less.
 
 What is compared is the viewer's own model (its lane list and the profile it exports), against the trace file
-a script wrote with ``neuron_lab.coverage(export=...)`` around one MLP training step with a CPU fallback. A viewer
+a script wrote with ``neuron_lab.profile(export=...)`` around one MLP training step with a CPU fallback. A viewer
 that cannot parse a file, or a trace with no device lane, makes the tool exit 1 with the reason.
 
 Skipped when Chromium, Playwright or the speedscope npm package is absent (the skip reason says how to install
@@ -52,7 +52,7 @@ opt = torch.optim.SGD(net.parameters(), lr=0.1)
 x = torch.randn(8, 16, device="neuron")
 target = torch.randn(8, 4, device="neuron")
 torch.atan2(x, x)  # warm: the first call classifies the op
-with neuron_lab.coverage(export=sys.argv[1]):
+with neuron_lab.profile(export=sys.argv[1]):
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(torch.atan2(net(x), x[:, :4]), target)  # atan2: a CPU fallback
     loss.backward()
