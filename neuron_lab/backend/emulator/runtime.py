@@ -20,15 +20,6 @@ if TYPE_CHECKING:
 
 COMPILED, PYTHON = "compiled", "python"
 
-# Device plumbing: allocation, copies into place, metadata views. Never reported as fallbacks
-# whatever the profile says; copies count as native ops and as transfer bytes.
-PLUMBING = frozenset({"aten::empty", "aten::empty_strided", "aten::_copy_from", "aten::_copy_from_and_resize",
-                      "aten::set_", "aten::resize_", "aten::_local_scalar_dense", "aten::as_strided", "aten::view",
-                      "aten::_reshape_alias", "aten::unfold", "aten::view_as_real", "aten::view_as_complex",
-                      "aten::alias", "aten::_unsafe_view", "aten::as_strided_", "aten::_mkldnn_transpose",
-                      "aten::copy_", "aten::_to_copy"})
-
-
 # Hot functional overloads sent to the core's fallback directly, as a generated backend registers kernels:
 # one call instead of the structured wrapper's empty + `.out` pair. Composites whose result differs from the
 # CPU kernel's (group_norm on a channels-last input) go there too.

@@ -159,6 +159,20 @@ NeuronAllocator& allocator();
 c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);
 
+// -- the rules both cores share (policy.py), handed over once by set_policy (module.cpp) -------------
+struct Policy {
+  // Op names (aten::...) that take a quirk: CPU index tensors allowed, integer inputs computed in float32, the
+  // input gradient always computed, drawing from the default CPU generator, the CPU kernel run on the device tensor.
+  std::unordered_set<std::string> mixed_ok, int_as_float, always_grad_input, implicit_rng, on_device;
+  uint64_t wide_mask = 0;  // dtypes (one bit per ScalarType) TorchNeuron computes in 32 bits
+  std::unordered_map<uint64_t, std::string> downcast_reasons;  // the wide dtypes of a call -> its downcast reason
+  std::string device_mismatch;  // with {first}, {second}, {op}
+  std::string unsupported_layout;  // with {layout}
+};
+void set_policy(Policy policy);
+// A message template with its {name} placeholders filled in.
+std::string fill(std::string text, std::initializer_list<std::pair<const char*, std::string>> values);
+
 // -- ops (dispatch.cpp) --------------------------------------------------------------------
 // Kinds of op call are named by Python (neuron_lab.kinds) at configure time; the core itself makes only the
 // first two, and numbers the others in the order it was given.

@@ -31,24 +31,6 @@ constexpr size_t kMaxSignatures = 4;
 const c10::DispatchKeySet kCPU(c10::DispatchKey::CPU);
 const c10::DispatchKeySet kDevice(c10::DispatchKey::PrivateUse1);
 
-// Ops that may take CPU index tensors beside device tensors, as on CUDA.
-const std::unordered_set<std::string> kMixedOk = {
-    "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl", "aten::_index_put_impl_",
-    "aten::_unsafe_index", "aten::_unsafe_index_put", "aten::index_select", "aten::_unsafe_masked_index"};
-// Ops the CPU lacks for integer inputs that devices support: computed in float32, cast back.
-const std::unordered_set<std::string> kIntAsFloat = {"aten::histc"};
-// Backward ops whose CPU kernel crashes when the input gradient is not wanted (torch 2.13's channels-last
-// group_norm backward writes through an undefined grad_input): the input gradient is computed and dropped.
-const std::unordered_set<std::string> kAlwaysGradInput = {"aten::native_group_norm_backward"};
-// Ops whose CPU kernel draws from the default CPU generator (no `generator` argument): dropout_on_device
-// runs them on the device generator instead.
-const std::unordered_set<std::string> kImplicitRng = {"aten::native_dropout"};
-// Metadata-only ops: their CPU kernels make a view TensorImpl over the same storage and never touch
-// data, so they run on the device tensor itself and are not reported (TorchNeuron does not either).
-const std::unordered_set<std::string> kOnDevice = {
-    "aten::unfold", "aten::view_as_real", "aten::view_as_complex", "aten::alias", "aten::_unsafe_view",
-    "aten::as_strided_", "aten::_mkldnn_transpose", "aten::set_"};
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -80,7 +62,18 @@ std::mutex plans_mu;
 std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Plan>> plans;
 std::atomic<int> wanted{0};
 std::atomic<bool> emulate_downcast{false};
+Policy rules;  // set once at configure, before any op runs; read without a lock
 std::atomic<int64_t> calls{0}, h2d{0}, d2h{0}, h2d_total{0}, d2h_total{0};
+
+// The policy's quirks for one op, looked up once per plan (and again if the policy is set anew).
+void apply_rules(Plan& p) {
+  p.mixed_ok = rules.mixed_ok.count(p.name) > 0;
+  p.implicit_rng = rules.implicit_rng.count(p.name) > 0;
+  p.int_as_float = rules.int_as_float.count(p.name) > 0;
+  p.always_grad_input = rules.always_grad_input.count(p.name) > 0;
+  // set_() has a kernel of its own (set_empty); its other overloads bind a storage on the device tensor itself.
+  p.on_device = rules.on_device.count(p.name) > 0 && !(p.name == "aten::set_" && p.overload.empty());
+}
 
 Plan& plan_of(const c10::OperatorHandle& op) {
   const auto* key = &op.schema();
@@ -120,11 +113,7 @@ Plan& plan_of(const c10::OperatorHandle& op) {
     }
     p->write_returns.push_back(target);
   }
-  p->mixed_ok = kMixedOk.count(p->name) > 0;
-  p->implicit_rng = kImplicitRng.count(p->name) > 0;
-  p->int_as_float = kIntAsFloat.count(p->name) > 0;
-  p->always_grad_input = kAlwaysGradInput.count(p->name) > 0;
-  p->on_device = kOnDevice.count(p->name) > 0 && !(p->name == "aten::set_" && p->overload.empty());
+  apply_rules(*p);
   return *plans.emplace(key, std::move(p)).first->second;
 }
 
@@ -271,8 +260,8 @@ struct Call {
     if (!t.defined()) return t;
     if (t.device().type() == c10::DeviceType::PrivateUse1) {
       TORCH_CHECK(t.device().index() == device,
-                  "Expected all tensors to be on the same device, but found at least two devices, ", where(device),
-                  " and ", where(t.device().index()), "! (when checking argument for ", plan.name, ")");
+                  fill(rules.device_mismatch, {{"first", where(device)}, {"second", where(t.device().index())},
+                                               {"op", plan.name}}));
       mask |= uint64_t(1) << static_cast<int>(t.scalar_type());
       if (written) {
         auto alias = cpu_alias_storage(t.storage(), true);
@@ -290,8 +279,7 @@ struct Call {
     }
     if (t.is_cpu()) {
       TORCH_CHECK(t.dim() == 0 || plan.mixed_ok,
-                  "Expected all tensors to be on the same device, but found at least two devices, ", where(device),
-                  " and cpu! (when checking argument for ", plan.name, ")");
+                  fill(rules.device_mismatch, {{"first", where(device)}, {"second", "cpu"}, {"op", plan.name}}));
       cpu_inputs.push_back(t.storage().unsafeGetStorageImpl());
     }
     return t;
@@ -329,9 +317,7 @@ struct Call {
   // A CPU result presented as a device tensor: a view of an input's bytes keeps that input's storage.
   at::Tensor back(const at::Tensor& r) {
     if (!r.defined() || r.device().type() == c10::DeviceType::PrivateUse1) return r;
-    TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::kStrided, "neuron emulator: ", r.layout(),
-                                " tensors are not supported on the neuron device (device memory holds dense, strided "
-                                "tensors only)");
+    TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::kStrided, fill(rules.unsupported_layout, {{"layout", c10::str(r.layout())}}));
     const auto* impl = r.storage().unsafeGetStorageImpl();
     for (const auto& [cpu, dev] : aliases) {
       if (cpu.unsafeGetStorageImpl() == impl) return on_device(dev, r);
@@ -465,13 +451,8 @@ void dropout_on_device(c10::DeviceIndex device, const Stack& hargs, Stack* stack
   stack->push_back(mask);
 }
 
-std::string downcast_reason(uint64_t mask) {
-  bool f64 = (mask >> static_cast<int>(at::kDouble)) & 1;
-  bool i64 = (mask >> static_cast<int>(at::kLong)) & 1;
-  std::string names = f64 && i64 ? "float64/int64" : (f64 ? "float64" : "int64");
-  std::string how = emulate_downcast.load() && f64 ? "computed in 32-bit" : "reported only";
-  return names + " on TorchNeuron computes in 32-bit (" + how +
-         " here; NEURON_LAB_EMULATE_DOWNCAST=1 computes float64 in float32)";
+const std::string& downcast_reason(uint64_t mask) {
+  return rules.downcast_reasons.at(mask & rules.wide_mask);
 }
 
 void run(const c10::OperatorHandle& op, Stack* stack) {
@@ -497,8 +478,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     hargs[p.generator_arg] = cpu_engine(default_generator(c.device));
   }
   auto kind = kind_of(p, c.mask);
-  const uint64_t wide_mask = (uint64_t(1) << static_cast<int>(at::kDouble)) | (uint64_t(1) << static_cast<int>(at::kLong));
-  const bool wide = c.mask & wide_mask;
+  const bool wide = c.mask & rules.wide_mask;
 
   c10::ScalarType int_input = c10::ScalarType::Undefined;
   if (p.int_as_float && hargs[0].isTensor() && c10::isIntegralType(hargs[0].toTensor().scalar_type(), true)) {
@@ -804,6 +784,22 @@ void forget_kinds() {
 
 void set_wanted(int kinds_mask) {
   wanted = kinds_mask;
+}
+
+void set_policy(Policy policy) {
+  std::lock_guard<std::mutex> g(plans_mu);
+  rules = std::move(policy);
+  for (auto& [_, p] : plans) apply_rules(*p);
+}
+
+std::string fill(std::string text, std::initializer_list<std::pair<const char*, std::string>> values) {
+  for (const auto& [name, value] : values) {
+    const std::string key = std::string("{") + name + "}";
+    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size())) {
+      text.replace(at, key.size(), value);
+    }
+  }
+  return text;
 }
 
 void set_emulate_downcast(bool on) {
