@@ -1,7 +1,8 @@
 """The emulator's one per-process state, whichever core runs it.
 
-Both cores offer the same pieces: device memory (``memory``), op aggregates (``recorder``), device
-selection and generators (``devices``), zero-copy host views (``bridge``), and the coverage profile.
+Both cores offer the same pieces, typed by the protocols of ``core_api``: device memory (``memory``), op
+aggregates (``recorder``), device selection and generators (``devices``), zero-copy host views (``bridge``),
+the profiler's device lanes (``trace``); the coverage profile is the runtime's own.
 Everything above reads these and never asks which core it got, except to say so.
 """
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_lab.kinds import NKI
 
 if TYPE_CHECKING:
+    from neuron_lab.backend.emulator.core_api import DeviceMemory, DeviceSelection, DeviceTrace, HostViews
     from neuron_lab.backend.emulator.topology import Topology
     from neuron_lab.backend.events import OpRecorder
     from neuron_lab.backend.profiles import Profile
@@ -64,10 +66,10 @@ class Runtime:
     core: str  # COMPILED | PYTHON
     core_reason: str  # why this core runs
     topology: Topology
-    memory: Any  # memory.Allocator | compiled.CoreMemory: the same methods
+    memory: DeviceMemory  # memory.Allocator | compiled.CoreMemory
     recorder: OpRecorder
-    devices: Any  # python_core.PythonDevices | compiled.CoreDevices
-    bridge: Any  # to_host(t), from_host(r)
+    devices: DeviceSelection  # python_core.PythonDevices | compiled.CoreDevices
+    bridge: HostViews  # host.HostBridge | compiled.CoreBridge
     profile: Profile
     on_profile: Callable[[Profile], None]
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
@@ -75,7 +77,7 @@ class Runtime:
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
     emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
-    trace: Any = field(default_factory=NoDeviceTrace)  # compiled.CoreTrace: work added to the profiler's device lanes
+    trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # compiled.CoreTrace: work added to the device lanes
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the profile
