@@ -208,7 +208,7 @@ def test_both_cores_give_every_seam_the_interface_reads() -> None:
     """Each core's pieces satisfy the protocols of core_api, the running core's and the other's alike."""
     from types import SimpleNamespace
 
-    from neuron_lab.backend.emulator import compiled, core_api, host, memory, python_core
+    from neuron_lab.backend.emulator import core_api, cpp_core, host, memory, python_core
 
     rt = runtime.get()
     for name, protocol in core_api.SEAMS.items():
@@ -216,8 +216,8 @@ def test_both_cores_give_every_seam_the_interface_reads() -> None:
     stand_in = SimpleNamespace(**dict.fromkeys(("tracing", "profile_clock", "trace_collective", "to_host", "from_host"),
                                                print))  # a compiled core's functions, for the pieces that bind them
     allocator = memory.Allocator(1024)
-    pieces = {"compiled": (compiled.CoreMemory(stand_in), compiled.CoreDevices(stand_in), compiled.CoreBridge(stand_in),
-                           compiled.CoreTrace(stand_in)),
+    pieces = {"compiled": (cpp_core.CoreMemory(stand_in), cpp_core.CoreDevices(stand_in), cpp_core.CoreBridge(stand_in),
+                           cpp_core.CoreTrace(stand_in)),
               "python": (allocator, python_core.PythonDevices(torch.Generator(), "why", 4), host.HostBridge(allocator),
                          runtime.NoDeviceTrace())}
     for core_name, made in pieces.items():

@@ -1,9 +1,9 @@
 """What a core gives the emulator: the typed seams between the backend interface and each core.
 
-The compiled core (``compiled``: ``CoreMemory``, ``CoreDevices``, ``CoreBridge``, ``CoreTrace``) and the
+The compiled core (``cpp_core``: ``CoreMemory``, ``CoreDevices``, ``CoreBridge``, ``CoreTrace``) and the
 pure-Python core (``memory.Allocator``, ``python_core.PythonDevices``, ``host.HostBridge``,
 ``runtime.NoDeviceTrace``) each provide one of every protocol here; the runtime holds them under these types,
-and the interface (``backend/emulated.py``), ``torch.neuron`` and the profiler read only what they declare.
+and the interface (``backend/emulator_backend.py``), ``torch.neuron`` and the profiler read only what they declare.
 Op aggregates are the other seam, :class:`neuron_lab.backend.events.OpRecorder`, which both cores' recorders are.
 """
 
@@ -31,7 +31,7 @@ class DeviceMemory(Protocol):
     def set_record_sites(self, enabled: bool) -> None: ...
     def record_history(self, enabled: bool, context: int, max_entries: int, clear: bool) -> None: ...
     def snapshot(self) -> dict[str, Any]: ...
-    def live(self) -> list[Any]: ...  # memory.Allocation | compiled.LiveBlock (same fields), oldest first
+    def live(self) -> list[Any]: ...  # memory.Allocation | cpp_core.LiveBlock (same fields), oldest first
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 
 Which ops need a quirk to run on the CPU, which are device plumbing, which dtypes TorchNeuron computes in
 32 bits, and the messages a core raises: the pure-Python core (``ops``, ``native``) reads them here, and the
-compiled core receives them from :func:`for_core` when it is configured (``compiled.configure``), turning
+compiled core receives them from :func:`for_core` when it is configured (``cpp_core.configure``), turning
 them into C++ tables once. A rule changed here changes both cores alike.
 """
 

@@ -66,10 +66,10 @@ class Runtime:
     core: str  # COMPILED | PYTHON
     core_reason: str  # why this core runs
     topology: Topology
-    memory: DeviceMemory  # memory.Allocator | compiled.CoreMemory
+    memory: DeviceMemory  # memory.Allocator | cpp_core.CoreMemory
     recorder: OpRecorder
-    devices: DeviceSelection  # python_core.PythonDevices | compiled.CoreDevices
-    bridge: HostViews  # host.HostBridge | compiled.CoreBridge
+    devices: DeviceSelection  # python_core.PythonDevices | cpp_core.CoreDevices
+    bridge: HostViews  # host.HostBridge | cpp_core.CoreBridge
     profile: Profile
     on_profile: Callable[[Profile], None]
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
@@ -77,7 +77,7 @@ class Runtime:
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
     emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
-    trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # compiled.CoreTrace: work added to the device lanes
+    trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # cpp_core.CoreTrace: work added to the device lanes
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the profile
