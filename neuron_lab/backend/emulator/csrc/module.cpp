@@ -1,7 +1,13 @@
-// The Python face of the compiled core (`neuron_lab.backend.emulator._core`), and the few calls the core
+// The Python face of the compiled core (`neuron_lab.backend.emulator._core`) over its runtime/ (devices, memory,
+// guard, hooks, generators), aten/ (the fallback, kernels, policy) and profiler/, and the few calls the core
 // makes into Python. Those take the GIL, and a Python exception raised in them (a KeyboardInterrupt
 // delivered there included) travels back through the dispatcher and is re-raised unchanged.
-#include "core.h"
+#include "aten/dispatch.h"
+#include "aten/host_alias.h"
+#include "profiler/profiler.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>

@@ -1,62 +1,37 @@
-// How the emulated device runs ATen ops: one boxed PrivateUse1 fallback over zero-copy CPU aliases,
-// plus the kernels a backend provides itself (allocation, copies, views, resize).
+// How the emulated device runs ATen ops: one boxed PrivateUse1 fallback over zero-copy CPU aliases.
 //
 // The coverage profile decides only how a call is reported (native, CPU fallback, host kernel); counts
 // are aggregated here, and Python hears of a call only when its kind is one somebody subscribed to.
-#include "core.h"
+#include "aten/dispatch.h"
 
-#include <ATen/EmptyTensor.h>
+#include "aten/host_alias.h"
+#include "profiler/profiler.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/native/Resize.h>
-#include <ATen/ops/_reshape_alias_native.h>
-#include <ATen/ops/as_strided_native.h>
-#include <ATen/ops/view_native.h>
-#include <ATen/record_function.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 
 namespace neuron_lab {
 namespace {
 
-using Stack = std::vector<c10::IValue>;
 constexpr int64_t kSignatureProbes = 256;  // calls per op inspected for a new signature
 constexpr size_t kMaxSignatures = 4;
-
-const c10::DispatchKeySet kCPU(c10::DispatchKey::CPU);
-const c10::DispatchKeySet kDevice(c10::DispatchKey::PrivateUse1);
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-
-// Hides a host kernel's own ATen calls from RecordFunction observers (profilers): they are how the emulator
-// computes, not ops of the device. Only while one listens: switching RecordFunction off rebuilds its thread-local
-// callback list, which an unobserved op should not pay for.
-struct QuietHost {
-  std::optional<at::DisableRecordFunctionGuard> guard;
-  QuietHost() {
-    if (at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION)) guard.emplace();
-  }
-};
-
-struct Plan {
-  std::string name, overload;
-  std::vector<int> write_returns;  // per return: the argument it aliases when written, or -1
-  std::vector<int> write_args;
-  int generator_arg = -1;
-  int dtype_arg = -1;
-  bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
-  bool always_grad_input = false;
-  std::unordered_map<uint64_t, std::pair<int, std::string>> kinds;  // device dtype set -> kind, reason
-  OpStat stats[kMaxKinds];
-};
 
 std::mutex plans_mu;
 std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Plan>> plans;
@@ -73,48 +48,6 @@ void apply_rules(Plan& p) {
   p.always_grad_input = rules.always_grad_input.count(p.name) > 0;
   // set_() has a kernel of its own (set_empty); its other overloads bind a storage on the device tensor itself.
   p.on_device = rules.on_device.count(p.name) > 0 && !(p.name == "aten::set_" && p.overload.empty());
-}
-
-Plan& plan_of(const c10::OperatorHandle& op) {
-  const auto* key = &op.schema();
-  std::lock_guard<std::mutex> g(plans_mu);
-  auto it = plans.find(key);
-  if (it != plans.end()) return *it->second;
-  auto p = std::make_unique<Plan>();
-  const auto& schema = op.schema();
-  p->name = schema.name();
-  p->overload = schema.overload_name();
-  const auto& args = schema.arguments();
-  for (size_t i = 0; i < args.size(); ++i) {
-    const auto* a = args[i].alias_info();
-    if (a && a->isWrite()) p->write_args.push_back(static_cast<int>(i));
-    auto type = args[i].type();
-    if (type->kind() == c10::TypeKind::OptionalType &&
-        type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
-      p->generator_arg = static_cast<int>(i);
-    }
-    if (args[i].name() == "dtype") p->dtype_arg = static_cast<int>(i);
-  }
-  for (const auto& r : schema.returns()) {
-    int target = -1;
-    if (const auto* a = r.alias_info()) {
-      if (a->isWrite()) {
-        for (size_t i = 0; i < args.size(); ++i) {
-          const auto* ai = args[i].alias_info();
-          if (!ai || !ai->isWrite()) continue;
-          for (const auto& s : a->beforeSets()) {
-            if (ai->beforeSets().count(s)) target = static_cast<int>(i);
-          }
-          if (target >= 0) break;
-        }
-      } else {
-        p->is_view = true;
-      }
-    }
-    p->write_returns.push_back(target);
-  }
-  apply_rules(*p);
-  return *plans.emplace(key, std::move(p)).first->second;
 }
 
 std::string dtype_name(c10::ScalarType t) {
@@ -148,30 +81,6 @@ Signature signature_of(const Stack& args) {
   return s;
 }
 
-void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args) {
-  bool probe;
-  OpStat& st = p.stats[kind];
-  {
-    std::lock_guard<std::mutex> g(plans_mu);
-    if (st.count == 0) st.reason = reason;
-    st.count += 1;
-    st.host_ns += host_ns;
-    probe = st.count <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
-  }
-  if (kind != kDowncast) calls += 1;
-  bool deliver_it = (wanted.load() >> kind) & 1;
-  if (!probe && !deliver_it) return;
-  Signature sig = signature_of(args);
-  if (probe) {
-    std::lock_guard<std::mutex> g(plans_mu);
-    if (st.signatures.size() < kMaxSignatures &&
-        std::find(st.signatures.begin(), st.signatures.end(), sig) == st.signatures.end()) {
-      st.signatures.push_back(sig);
-    }
-  }
-  if (deliver_it) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
-}
-
 std::pair<int, std::string> kind_of(Plan& p, uint64_t mask) {
   {
     std::lock_guard<std::mutex> g(plans_mu);
@@ -186,52 +95,6 @@ std::pair<int, std::string> kind_of(Plan& p, uint64_t mask) {
   std::lock_guard<std::mutex> g(plans_mu);
   p.kinds[mask] = k;
   return k;
-}
-
-// -- host aliases ---------------------------------------------------------------------------------
-at::Tensor with_math_bits(at::Tensor t, const at::Tensor& like) {
-  if (like.is_conj()) t._set_conj(true);
-  if (like.is_neg()) t._set_neg(true);
-  return t;
-}
-
-at::Tensor over(c10::Storage storage, c10::DispatchKeySet keys, const at::Tensor& like) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, like.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  return with_math_bits(std::move(t), like);
-}
-
-// A CPU storage over a device storage's bytes. A growable one is what an out= argument gets: a kernel that
-// resizes it moves it to fresh host memory, and the device storage then grows in place to match.
-c10::Storage cpu_alias_storage(const c10::Storage& device, bool growable = false) {
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), device.nbytes(),
-      c10::DataPtr(const_cast<void*>(device.data()), c10::Device(c10::DeviceType::CPU)),
-      growable ? c10::GetCPUAllocator() : nullptr, growable));
-}
-
-// The non-resizable CPU alias a kernel computes on: same bytes, same layout.
-at::Tensor host(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
-  return over(cpu_alias_storage(t.storage()), kCPU, t);
-}
-
-at::Tensor on_device(c10::Storage storage, const at::Tensor& like) {
-  return over(std::move(storage), kDevice, like);
-}
-
-// A device storage over a CPU kernel's result bytes (no copy).
-c10::Storage adopt(const at::Tensor& r, c10::DeviceIndex device) {
-  auto ptr = allocator().adopt(r.storage(), device);
-  Block* b = NeuronAllocator::block_of(ptr);
-  c10::Storage st(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), r.storage().nbytes(),
-                                                        std::move(ptr), &allocator(), true));
-  if (b) {
-    b->dtype = r.scalar_type();
-    b->shape = r.sizes().vec();
-    b->storage = c10::weak_intrusive_ptr<c10::StorageImpl>(st.getWeakStorageImpl());
-  }
-  return st;
 }
 
 std::string where(c10::DeviceIndex d) {
@@ -455,6 +318,74 @@ const std::string& downcast_reason(uint64_t mask) {
   return rules.downcast_reasons.at(mask & rules.wide_mask);
 }
 
+}  // namespace
+
+Plan& plan_of(const c10::OperatorHandle& op) {
+  const auto* key = &op.schema();
+  std::lock_guard<std::mutex> g(plans_mu);
+  auto it = plans.find(key);
+  if (it != plans.end()) return *it->second;
+  auto p = std::make_unique<Plan>();
+  const auto& schema = op.schema();
+  p->name = schema.name();
+  p->overload = schema.overload_name();
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* a = args[i].alias_info();
+    if (a && a->isWrite()) p->write_args.push_back(static_cast<int>(i));
+    auto type = args[i].type();
+    if (type->kind() == c10::TypeKind::OptionalType &&
+        type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+      p->generator_arg = static_cast<int>(i);
+    }
+    if (args[i].name() == "dtype") p->dtype_arg = static_cast<int>(i);
+  }
+  for (const auto& r : schema.returns()) {
+    int target = -1;
+    if (const auto* a = r.alias_info()) {
+      if (a->isWrite()) {
+        for (size_t i = 0; i < args.size(); ++i) {
+          const auto* ai = args[i].alias_info();
+          if (!ai || !ai->isWrite()) continue;
+          for (const auto& s : a->beforeSets()) {
+            if (ai->beforeSets().count(s)) target = static_cast<int>(i);
+          }
+          if (target >= 0) break;
+        }
+      } else {
+        p->is_view = true;
+      }
+    }
+    p->write_returns.push_back(target);
+  }
+  apply_rules(*p);
+  return *plans.emplace(key, std::move(p)).first->second;
+}
+
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args) {
+  bool probe;
+  OpStat& st = p.stats[kind];
+  {
+    std::lock_guard<std::mutex> g(plans_mu);
+    if (st.count == 0) st.reason = reason;
+    st.count += 1;
+    st.host_ns += host_ns;
+    probe = st.count <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
+  }
+  if (kind != kDowncast) calls += 1;
+  bool deliver_it = (wanted.load() >> kind) & 1;
+  if (!probe && !deliver_it) return;
+  Signature sig = signature_of(args);
+  if (probe) {
+    std::lock_guard<std::mutex> g(plans_mu);
+    if (st.signatures.size() < kMaxSignatures &&
+        std::find(st.signatures.begin(), st.signatures.end(), sig) == st.signatures.end()) {
+      st.signatures.push_back(sig);
+    }
+  }
+  if (deliver_it) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
+}
+
 void run(const c10::OperatorHandle& op, Stack* stack) {
   Plan& p = plan_of(op);
   if (p.on_device) {
@@ -551,33 +482,6 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
 }
 
-void fallback(const c10::OperatorHandle& op, Stack* stack) {
-  run(op, stack);
-}
-
-// -- kernels a backend provides itself -------------------------------------------------------------
-c10::DeviceIndex index_of(std::optional<c10::Device> device) {
-  return device && device->has_index() ? checked_index(device->index()) : current_device();
-}
-
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> /*layout*/, std::optional<c10::Device> device,
-                               std::optional<bool> /*pin_memory*/, std::optional<c10::MemoryFormat> memory_format) {
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index_of(device)));
-  at::Tensor t = at::detail::empty_generic(size, &allocator(), kDevice, c10::dtype_or_default(dtype), memory_format);
-  NeuronAllocator::describe(t);
-  return t;
-}
-
-at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
-                         std::optional<c10::Layout> /*layout*/, std::optional<c10::Device> device,
-                         std::optional<bool> /*pin_memory*/) {
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index_of(device)));
-  at::Tensor t = at::detail::empty_strided_generic(size, stride, &allocator(), kDevice, c10::dtype_or_default(dtype));
-  NeuronAllocator::describe(t);
-  return t;
-}
-
 Plan& named(const char* name, const char* overload) {
   return plan_of(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload));
 }
@@ -589,161 +493,16 @@ void count_transfer(int64_t to_device, int64_t to_host) {
   d2h_total += to_host;
 }
 
-at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
-  const bool traced = profiling();
-  const int64_t w0 = traced ? profile_clock() : 0;
-  {
-    QuietHost quiet;
-    host(self).copy_(host(src));
-  }
-  int64_t n = src.numel() * static_cast<int64_t>(src.element_size());
-  if (traced) {
-    trace_copy(!self.is_cpu(), !src.is_cpu(), (self.is_cpu() ? src : self).device().index(), n, w0, profile_clock());
-  }
-  if (src.is_cpu() != self.is_cpu()) count_transfer(src.is_cpu() ? n : 0, self.is_cpu() ? n : 0);
-  static Plan& plan = named("aten::copy_", "");
-  record(plan, kNative, "", 0, {self, src});
-  return self;
-}
+namespace {
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  at::Tensor d = dst;
-  copy_(d, self, non_blocking);
-  return dst;
-}
-
-at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  dst.resize_(self.sizes());
-  at::Tensor d = dst;
-  copy_(d, self, false);
-  return dst;
-}
-
-at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
-                   std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
-                   std::optional<c10::MemoryFormat> memory_format) {
-  c10::Device target = device.value_or(self.device());
-  const bool traced = profiling();
-  const int64_t w0 = traced ? profile_clock() : 0;
-  QuietHost quiet;  // the host copy below is this op's own work
-  at::Tensor h = host(self);
-  at::Tensor r = at::_to_copy(h, dtype, layout, c10::Device(c10::kCPU), std::nullopt, non_blocking, memory_format);
-  static Plan& plan = named("aten::_to_copy", "");
-  record(plan, kNative, "", 0, {self});
-  const int64_t n = r.numel() * static_cast<int64_t>(r.element_size());
-  if (self.is_cpu()) count_transfer(n, 0);
-  if (target.type() != c10::DeviceType::PrivateUse1) {
-    count_transfer(0, n);
-    if (pin_memory.value_or(false)) r = r.pin_memory();
-    if (traced) trace_copy(false, true, self.device().index(), n, w0, profile_clock());
-    return r;
-  }
-  if (r.storage().data() == h.storage().data()) r = r.clone();
-  auto idx = target.has_index() ? checked_index(target.index())
-                                : (self.is_cpu() ? current_device() : self.device().index());
-  if (traced) trace_copy(true, !self.is_cpu(), idx, n, w0, profile_clock());
-  return on_device(adopt(r, idx), r);
-}
-
-const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
-                          std::optional<c10::MemoryFormat> memory_format) {
-  // Grow the storage first: if that runs out of memory, the tensor is left as it was.
-  auto mf = memory_format.value_or(c10::MemoryFormat::Contiguous);
-  std::vector<int64_t> strides(size.size(), 1);
-  for (int64_t i = static_cast<int64_t>(size.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * std::max<int64_t>(size[i + 1], 1);
-  }
-  if (mf == c10::MemoryFormat::ChannelsLast && size.size() == 4) strides = c10::get_channels_last_strides_2d(size);
-  if (mf == c10::MemoryFormat::ChannelsLast3d && size.size() == 5) strides = c10::get_channels_last_strides_3d(size);
-  size_t need = c10::multiply_integers(size) == 0
-                    ? 0
-                    : at::detail::computeStorageNbytes(size, strides, self.element_size(),
-                                                       static_cast<size_t>(self.storage_offset()));
-  if (need > self.storage().nbytes()) allocator().resize(self.storage(), need);
-  auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
-  if (mf != c10::MemoryFormat::Preserve && mf != c10::MemoryFormat::Contiguous) impl->empty_tensor_restride(mf);
-  return self;
-}
-
-at::Tensor& set_empty(at::Tensor& self) {
-  c10::Storage st(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
-                                                        allocator().allocate_on(0, self.device().index()),
-                                                        &allocator(), true));
-  return self.set_(st, 0, {0}, {1});
-}
-
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  count_transfer(0, static_cast<int64_t>(self.element_size()));
-  const bool traced = profiling();
-  const int64_t w0 = traced ? profile_clock() : 0;
-  QuietHost quiet;
-  auto v = at::_local_scalar_dense(host(self));
-  if (traced) {
-    trace_copy(false, true, self.device().index(), static_cast<int64_t>(self.element_size()), w0, profile_clock());
-  }
-  return v;
-}
-
-Stack through(const char* name, const char* overload, Stack args) {
-  const auto& op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
-  Stack stack = std::move(args);
-  run(op, &stack);
-  return stack;
-}
-
-at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                       c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
-                       c10::IntArrayRef output_padding, int64_t groups) {
-  auto out = through("aten::convolution", "",
-                     {input, weight, bias, stride.vec(), padding.vec(), dilation.vec(), transposed,
-                      output_padding.vec(), groups});
-  return out.back().toTensor();
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
-    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
-    int64_t groups, std::array<bool, 3> output_mask) {
-  auto out = through("aten::convolution_backward", "",
-                     {grad_output, input, weight, c10::IValue(), stride.vec(), padding.vec(), dilation.vec(),
-                      transposed, output_padding.vec(), groups,
-                      c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]})});
-  auto get = [&](size_t i) { return out[out.size() - 3 + i].toTensor(); };
-  return {get(0), get(1), get(2)};
+void fallback(const c10::OperatorHandle& op, Stack* stack) {
+  run(op, stack);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
-}
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
-  m.impl("view", TORCH_FN(at::native::view));
-  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  m.impl("copy_", TORCH_FN(copy_));
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
-  m.impl("_to_copy", TORCH_FN(to_copy));
-  m.impl("resize_", TORCH_FN(resize_));
-  m.impl("set_", TORCH_FN(set_empty));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
-  m.impl("convolution_overrideable", TORCH_FN(convolution));
-  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
-}
-
-at::Tensor host_alias(const at::Tensor& t) {
-  return host(t);
-}
-
-at::Tensor from_host(const at::Tensor& r, c10::DeviceIndex device) {
-  if (!r.defined() || r.device().type() == c10::DeviceType::PrivateUse1) return r;
-  if (auto st = allocator().storage_at(r.storage().data())) return on_device(c10::Storage(std::move(st)), r);
-  return on_device(adopt(r, checked_index(device)), r);
 }
 
 void register_direct(const std::vector<std::string>& names) {
@@ -790,16 +549,6 @@ void set_policy(Policy policy) {
   std::lock_guard<std::mutex> g(plans_mu);
   rules = std::move(policy);
   for (auto& [_, p] : plans) apply_rules(*p);
-}
-
-std::string fill(std::string text, std::initializer_list<std::pair<const char*, std::string>> values) {
-  for (const auto& [name, value] : values) {
-    const std::string key = std::string("{") + name + "}";
-    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size())) {
-      text.replace(at, key.size(), value);
-    }
-  }
-  return text;
 }
 
 void set_emulate_downcast(bool on) {

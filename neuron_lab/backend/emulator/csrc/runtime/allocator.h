@@ -1,0 +1,143 @@
+// Device memory of the emulated `neuron` devices: host bytes presented as PrivateUse1 storages, with the
+// statistics, segments and memory history of TorchNeuron's caching allocator (allocator.cpp says how).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace neuron_lab {
+
+// A stack captured for memory history (a torch::CapturedTraceback, symbolized only when a snapshot is taken).
+using Context = std::shared_ptr<c10::GatheredContext>;
+
+// A segment of the emulated device's address space: a virtual range the allocator owns, not host memory. A
+// cached segment keeps its address, so a snapshot shows when the cache hands the same segment out again.
+struct Segment {
+  uint64_t addr = 0;
+  size_t size = 0;  // the size class
+  Context context;  // where it was first reserved, while history records stacks
+};
+
+// One action of the allocator, as CUDA's memory history records it.
+struct TraceEntry {
+  enum Action : uint8_t { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOom };
+  Action action;
+  uint64_t addr;  // the device's free bytes for kOom
+  size_t size;
+  int64_t time_us;
+  Context context;
+};
+
+// A segment as a snapshot reports it: holding one live block (requested bytes > 0 or active) or cached.
+struct SegmentState {
+  c10::DeviceIndex device = 0;
+  Segment segment;
+  bool small = true, active = false;
+  size_t requested = 0;
+  Context block_context;
+};
+
+struct MemorySnapshot {
+  std::vector<SegmentState> segments;  // by address
+  std::vector<std::vector<TraceEntry>> traces;  // per device, oldest first
+};
+
+struct Block {
+  c10::Storage host;  // the CPU storage that owns the bytes
+  void* ptr = nullptr;
+  size_t nbytes = 0;  // requested
+  Segment segment;  // the size class it reserved, at its emulated device address
+  Context context;  // where it was allocated, while history records stacks
+  bool small = true;
+  c10::DeviceIndex device = 0;
+  int64_t created_ns = 0;
+  int64_t serial = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> shape;
+  std::vector<std::string> site;
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;  // the device storage, once known
+};
+
+struct DeviceMemory {
+  int64_t capacity = 0;
+  c10::CachingDeviceAllocator::DeviceStats stats;
+  std::map<size_t, std::vector<Segment>> cached_small, cached_large;  // size class -> cached segments, newest last
+  int64_t cached_bytes = 0;
+  uint64_t next_addr = 0;  // the emulated address space: segments are carved from here and never move
+  std::unordered_set<Block*> live;
+  std::vector<TraceEntry> trace;  // a ring of the last max_entries actions while history records
+  size_t trace_next = 0;
+};
+
+class NeuronAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override;
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  void configure(const std::vector<int64_t>& capacities);
+  c10::DataPtr allocate_on(size_t n, c10::DeviceIndex device);
+  // Present a CPU kernel's result storage as device memory, without copying.
+  c10::DataPtr adopt(const c10::Storage& host, c10::DeviceIndex device);
+  void resize(const c10::Storage& storage, size_t n);  // in place: the StorageImpl stays, its bytes move
+  void release(Block* b);
+  void empty_cache(c10::DeviceIndex device);
+  int64_t capacity(c10::DeviceIndex device);
+  static Block* block_of(const c10::DataPtr& p);
+  static void describe(const at::Tensor& t);  // dtype and shape of a fresh allocation, for the live list
+  // The live device storage whose bytes start at `ptr`, if the core knows it.
+  c10::intrusive_ptr<c10::StorageImpl> storage_at(const void* ptr);
+
+  int64_t open_window();
+  int64_t close_window(int64_t window);
+  int64_t total_allocated();
+  std::vector<Block> live_blocks();  // copies, oldest first
+  bool record_sites = false;
+
+  // Memory history, as torch.cuda.memory._record_memory_history: `context` is 0 (no stacks), 1 (stacks of live
+  // blocks), 2 (and of allocations in the trace) or 3 (and of frees). Disabling, or `clear`, empties the trace.
+  void record_history(bool enabled, int context, size_t max_entries, bool clear);
+  MemorySnapshot snapshot();
+
+ private:
+  Segment reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx);
+  c10::DataPtr register_block(c10::Storage host, size_t n, Segment segment, bool small, c10::DeviceIndex device,
+                              Context ctx);
+  void cache(DeviceMemory& d, Segment segment, bool small);  // a freed segment stays reserved, reusable
+  void release_cached(DeviceMemory& d, c10::DeviceIndex device);
+  Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
+  void record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size, const Context& ctx);
+  std::atomic<bool> history_{false};  // the hot path's only cost while history is off: one relaxed load
+  std::atomic<int> context_{0};
+  size_t max_entries_ = 0;
+  std::mutex mu_;
+  std::vector<DeviceMemory> devices_;
+  std::unordered_map<const void*, Block*> by_ptr_;
+  std::map<int64_t, int64_t> windows_;  // open peak windows: id -> highest total allocated since
+  int64_t next_window_ = 0, next_serial_ = 0, total_ = 0;
+};
+
+NeuronAllocator& allocator();
+
+// The creating stack of an allocation while sites are recorded; from Python (module.cpp).
+std::vector<std::string> allocation_site();
+
+}  // namespace neuron_lab
