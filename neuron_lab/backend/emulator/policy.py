@@ -31,13 +31,16 @@ IMPLICIT_RNG = frozenset({"aten::native_dropout"})
 # touch data, so they run on the device tensor itself. TorchNeuron does not report them either.
 VIEW_OPS = ("as_strided", "view", "_reshape_alias", "unfold", "view_as_real", "view_as_complex", "alias",
             "_unsafe_view", "as_strided_", "_mkldnn_transpose")
-# Ops whose CPU kernel runs on the device tensor itself: the views, and binding a storage (``set_``).
-ON_DEVICE = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_"})
+# Ops the compiled core's fallback runs on the device tensor itself (their CPU kernel, unreported): the views
+# but the three it registers at::native kernels for, and binding a storage (``set_``). The pure-Python core
+# routes every view op and ``set_`` to such kernels itself (``native``).
+ON_DEVICE = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_"}) - {
+    "aten::as_strided", "aten::view", "aten::_reshape_alias"}
 # Device plumbing: allocation, copies into place, metadata views. Never reported as fallbacks
 # whatever the profile says; copies count as native ops and as transfer bytes.
-PLUMBING = frozenset({*ON_DEVICE, "aten::empty", "aten::empty_strided", "aten::_copy_from",
-                      "aten::_copy_from_and_resize", "aten::resize_", "aten::_local_scalar_dense", "aten::copy_",
-                      "aten::_to_copy"})
+PLUMBING = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_", "aten::empty", "aten::empty_strided",
+                      "aten::_copy_from", "aten::_copy_from_and_resize", "aten::resize_", "aten::_local_scalar_dense",
+                      "aten::copy_", "aten::_to_copy"})
 
 # 64-bit dtypes TorchNeuron computes in 32 bits; a call on any of them is also reported as a downcast.
 WIDE_DTYPES = ("float64", "int64")
