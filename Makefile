@@ -18,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py
 
 # The emulator's compiled core, built in place by the package's own setup.py (ninja, both cores of the machine).
 CORE := $(VENV)/.core
-$(CORE): $(STAMP) setup.py $(wildcard neuron_lab/backend/emulator/csrc/*)
+$(CORE): $(STAMP) setup.py $(wildcard neuron_lab/backend/emulator/csrc/*.cpp neuron_lab/backend/emulator/csrc/*/*)
 	MAX_JOBS=2 $(BIN)/python setup.py -q build_ext --inplace
 	touch $(CORE)
 

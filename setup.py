@@ -52,8 +52,9 @@ def _core():
 
     ext = CppExtension(
         "neuron_lab.backend.emulator._core",
-        sorted(str(p) for p in CSRC.glob("*.cpp")),
-        include_dirs=[os.path.join(include_paths()[0], "kineto")],  # the profiler hooks' Kineto headers
+        sorted(str(p) for p in CSRC.rglob("*.cpp")),  # module.cpp, runtime/, aten/, profiler/
+        # the core's own headers by component ("runtime/device.h"), and the profiler hooks' Kineto headers
+        include_dirs=[str(CSRC.resolve()), os.path.join(include_paths()[0], "kineto")],
         extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-Wno-unused-parameter"],
     )
     return [ext], {"build_ext": OptionalBuild}

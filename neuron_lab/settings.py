@@ -132,7 +132,7 @@ register_env("NEURON_LAB_PROFILE", "the deprecated name of NEURON_LAB_COVERAGE, 
              f"{B}.coverage")
 register_env("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (default: the instance's HBM per "
              "logical core)", f"{E}.topology")
-register_env("NEURON_LAB_CORE", "which emulator core runs (auto: compiled when it loads)", f"{E}.compiled",
+register_env("NEURON_LAB_CORE", "which emulator core runs (auto: compiled when it loads)", f"{E}.cpp_core",
              choices=("auto", "compiled", "python"), default="auto")
 register_env("NEURON_LAB_INSTANCE", "the emulated instance's devices (default trn2.3xlarge)", f"{E}.topology",
              choices=("trn2.3xlarge", "trn2.48xlarge", "trn1.2xlarge", "trn1.32xlarge"), default="trn2.3xlarge",
@@ -146,7 +146,7 @@ register_env("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the comp
 register_env("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does", E,
              default="0")
 register_env("NEURON_LAB_COMPILE_LOWERING", "how the emulator runs compiled graphs (default eager: op by op on the "
-             "device, fast compiles, per-op reports; inductor: host Inductor, compiled speed)", f"{E}.compile",
+             "device, fast compiles, per-op reports; inductor: host Inductor, compiled speed)", f"{E}.lowering",
              "neuron_lab.session.config", choices=("eager", "inductor"), default="eager", fold_case=False)
 register_env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload", "neuron_lab.cli",
              default="1")

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from torch._functorch import aot_autograd
 
 from neuron_lab.backend.emulator import runtime
-from neuron_lab.backend.emulator.compile import DYNAMIC_ERROR, LOWERING_ENV, set_lowering
+from neuron_lab.backend.emulator.lowering import DYNAMIC_ERROR, LOWERING_ENV, set_lowering
 
 NEURON = torch.device("neuron", 0)
 METRIC_KEYS = {"graph_id", "graph_name", "model_name", "has_collectives", "graph_node_count", "timestamp",

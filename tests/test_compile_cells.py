@@ -18,7 +18,7 @@ import torch._dynamo
 from shells import run
 from torch._dynamo.variables.tensor import TensorVariable
 
-from neuron_lab.backend.emulator.compile import LOWERING_ENV
+from neuron_lab.backend.emulator.lowering import LOWERING_ENV
 from neuron_lab.trace.tracker import Tracker
 
 MODEL = """\
@@ -167,9 +167,9 @@ def test_compile_lowering_setting_chooses_inductor_and_unload_restores_the_defau
     assert [m["lowering"] for m in torch.neuron.get_dynamo_metrics()] == ["inductor", "eager"]
     run(shell, '%config NeuronLab.compile_lowering = "inductor"')
     shell.run_line_magic("unload_ext", "neuron_lab")
-    from neuron_lab.backend.emulator import compile as emulator_compile
+    from neuron_lab.backend.emulator import lowering
 
-    assert emulator_compile.lowering() == "eager"  # no env var: the emulator's default again
+    assert lowering.lowering() == "eager"  # no env var: the emulator's default again
     shell.run_line_magic("load_ext", "neuron_lab")
 
 

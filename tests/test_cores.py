@@ -204,6 +204,27 @@ def test_core_is_named_by_the_backend() -> None:
     assert word in b.description
 
 
+def test_both_cores_give_every_seam_the_interface_reads() -> None:
+    """Each core's pieces satisfy the protocols of core_api, the running core's and the other's alike."""
+    from types import SimpleNamespace
+
+    from neuron_lab.backend.emulator import core_api, cpp_core, host, memory, python_core
+
+    rt = runtime.get()
+    for name, protocol in core_api.SEAMS.items():
+        assert isinstance(getattr(rt, name), protocol), name
+    stand_in = SimpleNamespace(**dict.fromkeys(("tracing", "profile_clock", "trace_collective", "to_host", "from_host"),
+                                               print))  # a compiled core's functions, for the pieces that bind them
+    allocator = memory.Allocator(1024)
+    pieces = {"compiled": (cpp_core.CoreMemory(stand_in), cpp_core.CoreDevices(stand_in), cpp_core.CoreBridge(stand_in),
+                           cpp_core.CoreTrace(stand_in)),
+              "python": (allocator, python_core.PythonDevices(torch.Generator(), "why", 4), host.HostBridge(allocator),
+                         runtime.NoDeviceTrace())}
+    for core_name, made in pieces.items():
+        for piece, protocol in zip(made, core_api.SEAMS.values()):
+            assert isinstance(piece, protocol), (core_name, protocol.__name__)
+
+
 def test_forcing_the_python_core_in_a_fresh_process() -> None:
     code = ("import torch, neuron_lab; from neuron_lab import backend; b = backend.active(); "
             "print(b.core, '|', b.core_reason, '|', torch.neuron.device_count())")

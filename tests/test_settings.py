@@ -12,8 +12,7 @@ import pytest
 
 from neuron_lab import settings
 from neuron_lab.backend import coverage, selection
-from neuron_lab.backend.emulator import compile as emulator_compile
-from neuron_lab.backend.emulator import compiled, topology
+from neuron_lab.backend.emulator import cpp_core, lowering, topology
 from neuron_lab.session.config import NeuronLab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +41,8 @@ def test_the_modules_choices_and_defaults_are_the_registrys():
     assert tuple(topology.INSTANCES) == settings.env("NEURON_LAB_INSTANCE").choices
     assert topology.DEFAULT_INSTANCE == settings.env("NEURON_LAB_INSTANCE").default
     assert selection.CHOICES == settings.env("NEURON_LAB_BACKEND").choices
-    assert compiled.CORE_CHOICES == settings.env("NEURON_LAB_CORE").choices
-    assert emulator_compile.LOWERINGS == settings.config("compile_lowering").choices
+    assert cpp_core.CORE_CHOICES == settings.env("NEURON_LAB_CORE").choices
+    assert lowering.LOWERINGS == settings.config("compile_lowering").choices
     assert coverage.DEFAULT_COVERAGE in coverage.bundled()
     assert set(NeuronLab.class_traits(config=True)) == set(settings.CONFIG)
     for name, trait in NeuronLab.class_traits(config=True).items():

@@ -89,8 +89,8 @@ def active() -> NeuronBackend:
         return _backend
     d = state()
     if d.kind == EMULATOR:
-        from neuron_lab.backend.emulated import EmulatorBackend
         from neuron_lab.backend.emulator import runtime
+        from neuron_lab.backend.emulator_backend import EmulatorBackend
 
         _backend = EmulatorBackend(runtime.get())
     elif d.kind == TORCHNEURON:

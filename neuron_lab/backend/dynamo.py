@@ -37,7 +37,7 @@ def neuron_backend(gm, example_inputs, **kwargs):
         fn(gm)
     d = backend.state()
     if d.kind == EMULATOR:
-        from neuron_lab.backend.emulator.compile import compile_graph
+        from neuron_lab.backend.emulator.lowering import compile_graph
 
         return compile_graph(gm, example_inputs, **kwargs)
     other = _other_neuron_backend()

@@ -37,31 +37,31 @@ def install(coverage=None) -> _rt.Runtime:
 
     # Validate the configuration before claiming PrivateUse1: a failed install must leave it free.
     from neuron_lab.backend import coverage as _coverage
-    from neuron_lab.backend.emulator import compiled, topology
+    from neuron_lab.backend.emulator import cpp_core, topology
 
     topo = topology.detect()
     coverage = coverage if coverage is not None else _coverage.load()
     problems = list(topo.problems)
-    want, problem = compiled.choice()
+    want, problem = cpp_core.choice()
     if problem:
         problems.append(problem)
     if want == "python":
-        core, why = None, f"{compiled.CORE_ENV}=python"
+        core, why = None, f"{cpp_core.CORE_ENV}=python"
     else:
-        core, why = compiled.load()  # importing it registers its guard, hooks, allocator and kernels
+        core, why = cpp_core.load()  # importing it registers its guard, hooks, allocator and kernels
         if core is None and want == "compiled":
-            raise RuntimeError(f"{compiled.CORE_ENV}=compiled, but {why}")
+            raise RuntimeError(f"{cpp_core.CORE_ENV}=compiled, but {why}")
     if owner != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
     emulate_downcast = _DOWNCAST.flag()
 
     if core is not None:
-        recorder = compiled.CoreRecorder(core)
-        pieces = dict(memory=compiled.CoreMemory(core), recorder=recorder, devices=compiled.CoreDevices(core),
-                      bridge=compiled.CoreBridge(core), on_coverage=lambda _c: core.forget_kinds(), libraries=[],
-                      trace=compiled.CoreTrace(core))
+        recorder = cpp_core.CoreRecorder(core)
+        pieces = dict(memory=cpp_core.CoreMemory(core), recorder=recorder, devices=cpp_core.CoreDevices(core),
+                      bridge=cpp_core.CoreBridge(core), on_coverage=lambda _c: core.forget_kinds(), libraries=[],
+                      trace=cpp_core.CoreTrace(core))
         rt = _rt.Runtime(_rt.COMPILED, why, topo, coverage=coverage, **pieces)
-        compiled.configure(core, topo.capacities, lambda name, dtypes: rt.classify(name, frozenset(dtypes)),
+        cpp_core.configure(core, topo.capacities, lambda name, dtypes: rt.classify(name, frozenset(dtypes)),
                            recorder, _allocation_site, emulate_downcast)
         core.register_direct(_rt.direct_ops())
     else:

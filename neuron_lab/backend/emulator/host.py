@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from neuron_lab.backend.emulator import policy
 from neuron_lab.backend.emulator.memory import Allocator
 
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -46,8 +47,7 @@ class HostBridge:
     def from_host(self, r: torch.Tensor, device: int | None = None) -> torch.Tensor:
         """A device tensor over a host result's bytes (no copy); there is one device, so ``device`` is 0."""
         if r.layout is not torch.strided:
-            raise NotImplementedError(f"neuron emulator: {r.layout} tensors are not supported on the neuron device "
-                                      "(device memory holds dense, strided tensors only)")
+            raise NotImplementedError(policy.UNSUPPORTED_LAYOUT.format(layout=r.layout))
         st = r.untyped_storage()
         alloc = self.allocator.lookup(st.data_ptr())
         device_storage = alloc.storage_ref() if alloc is not None else None

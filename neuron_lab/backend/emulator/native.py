@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from neuron_lab.backend.emulator import policy
 from neuron_lab.backend.emulator.ops import Executor, redispatch_to_cpu
 from neuron_lab.backend.emulator.runtime import direct_ops
 from neuron_lab.kinds import NATIVE
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
-
-# Metadata-only ops: their CPU kernels build a view TensorImpl over the same storage and never
-# touch data, so they run on the device tensor itself. TorchNeuron does not report them either.
-VIEW_OPS = ("as_strided", "view", "_reshape_alias", "unfold", "view_as_real", "view_as_complex", "alias",
-            "_unsafe_view", "as_strided_", "_mkldnn_transpose")
 
 
 def _contiguous_strides(size, memory_format) -> list[int]:
@@ -170,7 +166,7 @@ def _route_plumbing(ex: Executor, kernels: _DeviceKernels) -> None:
         "aten::set_": kernels.set_,
         "aten::resize_": kernels.resize_,
         "aten::_local_scalar_dense": kernels.local_scalar_dense,
-        **{f"aten::{name}": redispatch_to_cpu for name in VIEW_OPS},
+        **{f"aten::{name}": redispatch_to_cpu for name in policy.VIEW_OPS},
     })
 
 

@@ -1,7 +1,7 @@
 """How the emulated device runs ATen ops: natively, or as a reported CPU fallback.
 
 Every op on a `neuron` tensor ends here, through the boxed PrivateUse1 fallback or a direct
-kernel. Both paths compute on zero-copy host aliases; the coverage profile only decides how
+kernel. Both paths compute on zero-copy host aliases; the op coverage only decides how
 the call is *reported* (native, CPU fallback, host kernel), the way TorchNeuron reports it.
 A handful of ops are device plumbing (allocation, copies, metadata views) and are never reported.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from neuron_lab.backend.emulator import DOWNCAST_ENV
+from neuron_lab.backend.emulator import policy
 from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
 from neuron_lab.backend.emulator.memory import Allocator
 from neuron_lab.backend.events import OpRecorder
@@ -25,19 +25,7 @@ Tensor = torch.Tensor
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
-_WIDE = {torch.float64, torch.int64}
-# Ops that may take CPU index tensors beside device tensors, as on CUDA.
-# Schema names of in-place overloads keep their underscore (aten::index_put_), so both spellings are listed.
-_MIXED_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
-                       "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put",
-                       "aten::index_select", "aten::_unsafe_masked_index"})
-# Ops the CPU lacks for integer inputs that devices support: computed in float32, cast back.
-_INT_AS_FLOAT = frozenset({"aten::histc"})
-# Backward ops whose CPU kernel crashes when the input gradient is not wanted (torch 2.13's channels-last
-# group_norm backward writes through an undefined grad_input): the input gradient is computed and dropped.
-_ALWAYS_GRAD_INPUT = frozenset({"aten::native_group_norm_backward"})
-# Ops that draw from the default CPU generator without a `generator` argument.
-_IMPLICIT_RNG = frozenset({"aten::native_dropout"})
+_WIDE = frozenset(getattr(torch, name) for name in policy.WIDE_DTYPES)
 
 
 @dataclass
@@ -88,7 +76,8 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
     # which re-calling the op accepts only for the few ops on PyTorch's allow-list.
     numbers = () if torch._C._should_allow_numbers_as_tensors(name.removeprefix("aten::")) else tuple(
         where[a.name] for a in schema.arguments if str(a.type) in ("Tensor", "Tensor?"))
-    return _Plan(name, schema.overload_name, tuple(writes), gen, gen_name, name in _MIXED_OK, name in _IMPLICIT_RNG,
+    return _Plan(name, schema.overload_name, tuple(writes), gen, gen_name, name in policy.MIXED_OK,
+                 name in policy.IMPLICIT_RNG,
                  is_view, write_args, numbers)
 
 
@@ -104,14 +93,14 @@ class Executor:
         self.bridge = HostBridge(allocator)
         self.recorder = recorder
         self.generator = torch.Generator()
-        self.emulate_downcast = emulate_downcast  # compute float64 in float32, as TorchNeuron does (DOWNCAST_ENV)
+        self.emulate_downcast = emulate_downcast  # NEURON_LAB_EMULATE_DOWNCAST: float64 computed in float32
         self._plans: dict[Any, _Plan] = {}
         self._kinds: dict[tuple, tuple[str, str]] = {}
         self.native: dict[str, Callable[..., Any]] = {}
         self.classify = classify
 
     def forget_kinds(self) -> None:
-        """The profile changed: classify every op afresh."""
+        """The coverage changed: classify every op afresh."""
         self._kinds.clear()
 
     def plan(self, op) -> _Plan:
@@ -136,9 +125,7 @@ class Executor:
         if isinstance(a, Tensor):
             if a.is_cpu:
                 if a.dim() and not plan.mixed_ok:
-                    raise RuntimeError(
-                        "Expected all tensors to be on the same device, but found at least two devices, "
-                        f"neuron:0 and cpu! (when checking argument for {plan.name})")
+                    raise RuntimeError(policy.DEVICE_MISMATCH.format(first="neuron:0", second="cpu", op=plan.name))
                 return a
             dtypes.append(a.dtype)
             return self.bridge.to_host(a)
@@ -174,11 +161,11 @@ class Executor:
             kind = self._kinds[kind_key] = self.classify(plan.name, frozenset(_DTYPE_NAMES[d] for d in dtypes))
         wide = [d for d in dtypes if d in _WIDE]
 
-        drop_grad_input = plan.name in _ALWAYS_GRAD_INPUT and not hargs[-1][0]
+        drop_grad_input = plan.name in policy.ALWAYS_GRAD_INPUT and not hargs[-1][0]
         if drop_grad_input:
             hargs[-1] = [True, *hargs[-1][1:]]
         int_input = None
-        if plan.name in _INT_AS_FLOAT and isinstance(hargs[0], Tensor) and not hargs[0].is_floating_point():
+        if plan.name in policy.INT_AS_FLOAT and isinstance(hargs[0], Tensor) and not hargs[0].is_floating_point():
             int_input, hargs[0] = hargs[0].dtype, hargs[0].float()
         t0 = time.perf_counter_ns()
         if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view:
@@ -193,11 +180,8 @@ class Executor:
 
         self.recorder.record(plan.name, plan.overload, kind[0], kind[1], args, kwargs, host_ns)
         if wide:
-            names = sorted({_DTYPE_NAMES[d] for d in wide})
-            how = "computed in 32-bit" if self.emulate_downcast and "float64" in names else "reported only"
-            self.recorder.record(plan.name, plan.overload, DOWNCAST,
-                                 f"{'/'.join(names)} on TorchNeuron computes in 32-bit ({how} here; "
-                                 f"{DOWNCAST_ENV}=1 computes float64 in float32)", args, kwargs, 0)
+            reason = policy.downcast_reason({_DTYPE_NAMES[d] for d in wide}, self.emulate_downcast)
+            self.recorder.record(plan.name, plan.overload, DOWNCAST, reason, args, kwargs, 0)
         return self._results(out, plan, args, kwargs)
 
     def _call(self, op, plan: _Plan, hargs: list, hkwargs: dict, args: tuple, kwargs: dict):

@@ -1,7 +1,8 @@
 """The emulator's one per-process state, whichever core runs it.
 
-Both cores offer the same pieces: device memory (``memory``), op aggregates (``recorder``), device
-selection and generators (``devices``), zero-copy host views (``bridge``), and the op coverage.
+Both cores offer the same pieces, typed by the protocols of ``core_api``: device memory (``memory``), op
+aggregates (``recorder``), device selection and generators (``devices``), zero-copy host views (``bridge``),
+the profiler's device lanes (``trace``); the op coverage is the runtime's own.
 Everything above reads these and never asks which core it got, except to say so.
 """
 
@@ -15,19 +16,11 @@ from neuron_lab.kinds import NKI
 
 if TYPE_CHECKING:
     from neuron_lab.backend.coverage import Coverage
+    from neuron_lab.backend.emulator.core_api import DeviceMemory, DeviceSelection, DeviceTrace, HostViews
     from neuron_lab.backend.emulator.topology import Topology
     from neuron_lab.backend.events import OpRecorder
 
 COMPILED, PYTHON = "compiled", "python"
-
-# Device plumbing: allocation, copies into place, metadata views. Never reported as fallbacks
-# whatever the coverage says; copies count as native ops and as transfer bytes.
-PLUMBING = frozenset({"aten::empty", "aten::empty_strided", "aten::_copy_from", "aten::_copy_from_and_resize",
-                      "aten::set_", "aten::resize_", "aten::_local_scalar_dense", "aten::as_strided", "aten::view",
-                      "aten::_reshape_alias", "aten::unfold", "aten::view_as_real", "aten::view_as_complex",
-                      "aten::alias", "aten::_unsafe_view", "aten::as_strided_", "aten::_mkldnn_transpose",
-                      "aten::copy_", "aten::_to_copy"})
-
 
 # Hot functional overloads sent to the core's fallback directly, as a generated backend registers kernels:
 # one call instead of the structured wrapper's empty + `.out` pair. Composites whose result differs from the
@@ -73,10 +66,10 @@ class Runtime:
     core: str  # COMPILED | PYTHON
     core_reason: str  # why this core runs
     topology: Topology
-    memory: Any  # memory.Allocator | compiled.CoreMemory: the same methods
+    memory: DeviceMemory  # memory.Allocator | cpp_core.CoreMemory
     recorder: OpRecorder
-    devices: Any  # python_core.PythonDevices | compiled.CoreDevices
-    bridge: Any  # to_host(t), from_host(r)
+    devices: DeviceSelection  # python_core.PythonDevices | cpp_core.CoreDevices
+    bridge: HostViews  # host.HostBridge | cpp_core.CoreBridge
     coverage: Coverage
     on_coverage: Callable[[Coverage], None]
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
@@ -84,7 +77,7 @@ class Runtime:
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
     emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
-    trace: Any = field(default_factory=NoDeviceTrace)  # compiled.CoreTrace: work added to the profiler's device lanes
+    trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # cpp_core.CoreTrace: work added to the device lanes
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the coverage

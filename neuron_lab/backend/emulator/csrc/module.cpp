@@ -1,7 +1,13 @@
-// The Python face of the compiled core (`neuron_lab.backend.emulator._core`), and the few calls the core
+// The Python face of the compiled core (`neuron_lab.backend.emulator._core`) over its runtime/ (devices, memory,
+// guard, hooks, generators), aten/ (the fallback, kernels, policy) and profiler/, and the few calls the core
 // makes into Python. Those take the GIL, and a Python exception raised in them (a KeyboardInterrupt
 // delivered there included) travels back through the dispatcher and is re-raised unchanged.
-#include "core.h"
+#include "aten/dispatch.h"
+#include "aten/host_alias.h"
+#include "profiler/profiler.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -158,6 +164,43 @@ py::dict snapshot_dict(const MemorySnapshot& snap) {
   return out;
 }
 
+// The ScalarType PyTorch names `name` ("float64"), as c10::getDtypeNames spells it first.
+c10::ScalarType scalar_type_named(const std::string& name) {
+  for (int t = 0; t < static_cast<int>(c10::ScalarType::NumOptions); ++t) {
+    auto type = static_cast<c10::ScalarType>(t);
+    if (name == c10::getDtypeNames(type).first) return type;
+  }
+  TORCH_CHECK(false, "neuron emulator: the policy names an unknown dtype ", name);
+}
+
+uint64_t mask_of(const std::vector<std::string>& dtypes) {
+  uint64_t mask = 0;
+  for (const auto& name : dtypes) mask |= uint64_t(1) << static_cast<int>(scalar_type_named(name));
+  return mask;
+}
+
+Policy policy_from(const py::dict& d) {
+  auto names = [&](const char* key) {
+    auto list = d[key].cast<std::vector<std::string>>();
+    return std::unordered_set<std::string>(list.begin(), list.end());
+  };
+  Policy p;
+  p.mixed_ok = names("mixed_ok");
+  p.int_as_float = names("int_as_float");
+  p.always_grad_input = names("always_grad_input");
+  p.implicit_rng = names("implicit_rng");
+  p.on_device = names("on_device");
+  for (const auto& [dtypes, reason] :
+       d["downcast_reasons"].cast<std::vector<std::pair<std::vector<std::string>, std::string>>>()) {
+    uint64_t mask = mask_of(dtypes);
+    p.wide_mask |= mask;
+    p.downcast_reasons[mask] = reason;
+  }
+  p.device_mismatch = d["device_mismatch"].cast<std::string>();
+  p.unsupported_layout = d["unsupported_layout"].cast<std::string>();
+  return p;
+}
+
 }  // namespace
 
 std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes) {
@@ -253,6 +296,10 @@ PYBIND11_MODULE(_core, m) {
       },
       "Devices (one capacity each), the kinds of op call by index, and the Python callbacks: classify(name, "
       "dtypes), deliver(...), site().");
+
+  m.def("set_policy", [](const py::dict& rules) { set_policy(policy_from(rules)); },
+        "The rules both cores share (neuron_lab.backend.emulator.policy.for_core()): op quirk tables, the downcast "
+        "reasons by wide dtype set, and message templates; turned into C++ tables once, here.");
 
   // devices
   m.def("device_count", [] { return static_cast<int>(device_count()); });

@@ -14,7 +14,9 @@
 #define NEURON_LAB_KINETO 0
 #endif
 
-#include "core.h"
+#include "profiler/profiler.h"
+
+#include "runtime/device.h"
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>

@@ -1,43 +1,23 @@
-// The compiled core of the emulated `neuron` device: declarations shared by its translation units.
-//
-// Device memory is host memory presented as PrivateUse1 storages; the allocator models TorchNeuron's
-// caching allocator in its statistics (segments, pools, retries) while returning freed bytes to the
-// host at once. Ops run on zero-copy CPU aliases (dispatch.cpp); Python is called only for the ops a
-// subscriber or the coverage profile needs to hear about.
+// Device memory of the emulated `neuron` devices: host bytes presented as PrivateUse1 storages, with the
+// statistics, segments and memory history of TorchNeuron's caching allocator (allocator.cpp says how).
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/core/Generator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <string>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 namespace neuron_lab {
 
-constexpr int kMaxDevices = 127;  // PyTorch's DeviceIndex is an int8_t
-
-// -- devices (device.cpp) ------------------------------------------------------------------
-void configure_devices(const std::vector<int64_t>& capacities);
-c10::DeviceIndex device_count();
-c10::DeviceIndex current_device();
-void set_device(c10::DeviceIndex index);
-// -1 means the current device; anything else outside [0, count) is PyTorch's "invalid device" error.
-c10::DeviceIndex checked_index(int64_t index);
-
-const at::Generator& default_generator(c10::DeviceIndex index);
-at::Generator new_generator(c10::DeviceIndex index);
-// The CPU engine behind a `neuron` generator: CPU kernels draw from it, so a seed gives the CPU's stream.
-at::Generator cpu_engine(const at::Generator& gen);
-
-// -- memory (allocator.cpp) ----------------------------------------------------------------
 // A stack captured for memory history (a torch::CapturedTraceback, symbolized only when a snapshot is taken).
 using Context = std::shared_ptr<c10::GatheredContext>;
 
@@ -156,74 +136,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 };
 
 NeuronAllocator& allocator();
-c10::Allocator* pinned_allocator();
-bool is_pinned_ptr(const void* data);
 
-// -- ops (dispatch.cpp) --------------------------------------------------------------------
-// Kinds of op call are named by Python (neuron_lab.kinds) at configure time; the core itself makes only the
-// first two, and numbers the others in the order it was given.
-enum Kind : int { kNative = 0, kDowncast = 1, kMaxKinds = 8 };
-
-struct Signature {
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<std::string> dtypes;
-  bool operator==(const Signature& o) const { return shapes == o.shapes && dtypes == o.dtypes; }
-};
-
-struct OpStat {
-  int64_t count = 0;
-  int64_t host_ns = 0;
-  std::string reason;
-  std::vector<Signature> signatures;
-};
-
-struct OpRow {  // one (op, kind) aggregate, as Python reads it
-  std::string name, overload, reason;
-  int kind;
-  int64_t count, host_ns;
-  std::vector<Signature> signatures;
-};
-
-// Zero-copy bridges for code that computes on the host itself (compiled graphs).
-at::Tensor host_alias(const at::Tensor& t);
-at::Tensor from_host(const at::Tensor& r, c10::DeviceIndex device);
-
-// Route these overloads to the fallback directly: one call instead of a composite's empty + `.out` pair, or
-// instead of a composite that differs from the CPU kernel.
-void register_direct(const std::vector<std::string>& names);
-
-std::vector<OpRow> op_rows();
-void clear_op_rows();
-void forget_kinds();  // the coverage profile changed
-void set_wanted(int kinds_mask);
-void set_emulate_downcast(bool on);
-int64_t op_calls();
-std::vector<int64_t> transfers();  // h2d, d2h since the last clear; then the same since the start
-
-// -- torch.profiler (profiler.cpp) ------------------------------------------------------------
-// Set while a profiler wants device time: an op checks it once and times itself only then.
-extern std::atomic<bool> g_profiling;
-inline bool profiling() { return g_profiling.load(std::memory_order_relaxed); }
-int64_t profile_clock();  // Unix epoch ns, the clock of Kineto's CPU ops
-// One op call on `device` from start to end: a kernel on the device's lane, or host work for off-device kinds.
-void trace_kernel(const std::string& name, c10::DeviceIndex device, int kind, int64_t start_ns, int64_t end_ns);
-void trace_copy(bool to_device, bool from_device, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,
-                int64_t end_ns);
-bool tracing();  // a Kineto session records the device now (the legacy stubs' timing does not count)
-// A collective's call to completion on `device` (a rank's waiting for its peers included), a kernel on the device's
-// lane as NCCL's are on CUDA's; nothing unless a Kineto session records.
-void trace_collective(const std::string& name, c10::DeviceIndex device, int64_t bytes, int64_t start_ns,
-                      int64_t end_ns);
-// Kind names by index, and for kinds that run on the host the label their calls get ("CPU fallback"), else "".
-void set_trace_kinds(const std::vector<std::string>& names, const std::vector<std::string>& labels);
-bool profiler_registered();  // both of PyTorch's PrivateUse1 profiler hooks are ours
-
-// -- Python, called from C++ (module.cpp): each takes the GIL and turns a Python exception into a
-// C++ exception that PyTorch re-raises unchanged in Python (KeyboardInterrupt included).
-std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes);
-// `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key.
-void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
-             const std::string& reason, const Signature& sig, int64_t host_ns, const std::vector<c10::IValue>& args);
+// The creating stack of an allocation while sites are recorded; from Python (module.cpp).
 std::vector<std::string> allocation_site();
 
 }  // namespace neuron_lab

@@ -1,4 +1,4 @@
-// Device memory for the emulated `neuron` devices, and the pinned host allocator.
+// Device memory for the emulated `neuron` devices.
 //
 // Bytes are host memory. The statistics follow TorchNeuron 2.33's caching segment allocator: requests
 // below 16 MiB reserve a size class (256 B at least, four classes per power of two), larger ones a
@@ -11,7 +11,10 @@
 // segment keeps its address when it is reused, so a memory-history snapshot (torch.neuron.memory._snapshot) shows
 // the caching allocator's real state. These addresses are the emulated device's, never the host pointers that
 // data_ptr() returns. History costs one relaxed atomic load per allocation while it is off.
-#include "core.h"
+#include "runtime/allocator.h"
+
+#include "profiler/profiler.h"
+#include "runtime/device.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -458,51 +461,6 @@ std::vector<Block> NeuronAllocator::live_blocks() {
   }
   std::sort(out.begin(), out.end(), [](const Block& a, const Block& b) { return a.serial < b.serial; });
   return out;
-}
-
-// -- pinned host memory ------------------------------------------------------------------------
-namespace {
-
-std::mutex pinned_mu;
-std::unordered_set<const void*> pinned;
-
-struct Pinned {
-  c10::DataPtr inner;
-};
-
-void delete_pinned(void* ctx) {
-  auto* p = static_cast<Pinned*>(ctx);
-  {
-    std::lock_guard<std::mutex> g(pinned_mu);
-    pinned.erase(p->inner.get());
-  }
-  delete p;
-}
-
-class PinnedAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t n) override {
-    auto* p = new Pinned{c10::GetCPUAllocator()->allocate(std::max<size_t>(n, 1))};
-    void* data = p->inner.get();
-    {
-      std::lock_guard<std::mutex> g(pinned_mu);
-      pinned.insert(data);
-    }
-    return c10::DataPtr(data, p, &delete_pinned, c10::Device(c10::DeviceType::CPU));
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-};
-
-}  // namespace
-
-c10::Allocator* pinned_allocator() {
-  static auto* a = new PinnedAllocator();
-  return a;
-}
-
-bool is_pinned_ptr(const void* data) {
-  std::lock_guard<std::mutex> g(pinned_mu);
-  return pinned.count(data) > 0;
 }
 
 }  // namespace neuron_lab

@@ -36,7 +36,7 @@ from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_con
 from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab import settings
-from neuron_lab.backend.emulator import runtime
+from neuron_lab.backend.emulator import policy, runtime
 from neuron_lab.backend.emulator.graph_lines import located_forward
 from neuron_lab.kinds import NATIVE
 
@@ -167,7 +167,7 @@ def _fallback_nodes(gm: torch.fx.GraphModule, coverage) -> list[dict[str, str]]:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         name = n.target._schema.name
-        if name in runtime.PLUMBING:
+        if name in policy.PLUMBING:
             continue
         inputs = [a.meta.get("val") for a in n.all_input_nodes]
         dtypes = frozenset(str(v.dtype).removeprefix("torch.") for v in inputs if _on_device(v))

@@ -11,7 +11,7 @@ from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 
 class EmulatorBackend(NeuronBackend):
     kind = "emulator"
-    lowering_metric = "torch_neuronx_lower_us"  # emulator/compile.py records lowering as TorchNeuron spells it
+    lowering_metric = "torch_neuronx_lower_us"  # emulator/lowering.py records lowering as TorchNeuron spells it
 
     def __init__(self, rt: _rt.Runtime) -> None:
         super().__init__(rt.recorder)
@@ -84,14 +84,14 @@ class EmulatorBackend(NeuronBackend):
 
     @property
     def compile_lowerings(self) -> tuple[str, ...]:
-        from neuron_lab.backend.emulator import compile as _compile
+        from neuron_lab.backend.emulator import lowering
 
-        return _compile.LOWERINGS
+        return lowering.LOWERINGS
 
     def set_compile_lowering(self, name: str | None) -> None:
-        from neuron_lab.backend.emulator import compile as _compile
+        from neuron_lab.backend.emulator import lowering
 
-        _compile.set_lowering(name)
+        lowering.set_lowering(name)
 
     def dynamo_metrics(self) -> list[dict]:
         return [dict(m) for m in self._rt.dynamo_metrics]

@@ -1,0 +1,566 @@
+// How the emulated device runs ATen ops: one boxed PrivateUse1 fallback over zero-copy CPU aliases.
+//
+// The coverage profile decides only how a call is reported (native, CPU fallback, host kernel); counts
+// are aggregated here, and Python hears of a call only when its kind is one somebody subscribed to.
+#include "aten/dispatch.h"
+
+#include "aten/host_alias.h"
+#include "profiler/profiler.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/ScalarType.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace neuron_lab {
+namespace {
+
+constexpr int64_t kSignatureProbes = 256;  // calls per op inspected for a new signature
+constexpr size_t kMaxSignatures = 4;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::mutex plans_mu;
+std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Plan>> plans;
+std::atomic<int> wanted{0};
+std::atomic<bool> emulate_downcast{false};
+Policy rules;  // set once at configure, before any op runs; read without a lock
+std::atomic<int64_t> calls{0}, h2d{0}, d2h{0}, h2d_total{0}, d2h_total{0};
+
+// The policy's quirks for one op, looked up once per plan (and again if the policy is set anew).
+void apply_rules(Plan& p) {
+  p.mixed_ok = rules.mixed_ok.count(p.name) > 0;
+  p.implicit_rng = rules.implicit_rng.count(p.name) > 0;
+  p.int_as_float = rules.int_as_float.count(p.name) > 0;
+  p.always_grad_input = rules.always_grad_input.count(p.name) > 0;
+  // set_() has a kernel of its own (set_empty); its other overloads bind a storage on the device tensor itself.
+  p.on_device = rules.on_device.count(p.name) > 0 && !(p.name == "aten::set_" && p.overload.empty());
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  return std::string(c10::getDtypeNames(t).first);
+}
+
+// Calls f on each tensor an argument holds: itself, or the members of a (optional-)tensor list.
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isOptionalTensorList()) {
+    for (const auto& t : v.toOptionalTensorList()) {
+      std::optional<at::Tensor> ot = t;
+      if (ot) f(*ot);
+    }
+  }
+}
+
+Signature signature_of(const Stack& args) {
+  Signature s;
+  for (const auto& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      s.shapes.push_back(t.sizes().vec());
+      s.dtypes.push_back(dtype_name(t.scalar_type()));
+    });
+  }
+  return s;
+}
+
+std::pair<int, std::string> kind_of(Plan& p, uint64_t mask) {
+  {
+    std::lock_guard<std::mutex> g(plans_mu);
+    auto it = p.kinds.find(mask);
+    if (it != p.kinds.end()) return it->second;
+  }
+  std::vector<std::string> names;
+  for (int t = 0; t < 64; ++t) {
+    if ((mask >> t) & 1) names.push_back(dtype_name(static_cast<c10::ScalarType>(t)));
+  }
+  auto k = classify(p.name, names);
+  std::lock_guard<std::mutex> g(plans_mu);
+  p.kinds[mask] = k;
+  return k;
+}
+
+std::string where(c10::DeviceIndex d) {
+  return "neuron:" + std::to_string(static_cast<int>(d));
+}
+
+// One fallback call: its device, the aliases it made, the dtypes it saw.
+struct Call {
+  const Plan& plan;
+  c10::DeviceIndex device = -1;
+  uint64_t mask = 0;
+  std::vector<std::pair<c10::Storage, c10::Storage>> aliases;  // CPU alias -> device storage
+  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> adopted;  // CPU result -> device storage
+  std::vector<std::pair<c10::Storage, c10::Storage>> growable;  // out= aliases that may move to bigger memory
+  std::vector<const c10::StorageImpl*> cpu_inputs;
+
+  explicit Call(const Plan& p) : plan(p) {}
+
+  void find_device(const c10::IValue& v) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (device < 0 && t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) device = t.device().index();
+    });
+  }
+
+  at::Tensor to_host(const at::Tensor& t, bool written = false) {
+    if (!t.defined()) return t;
+    if (t.device().type() == c10::DeviceType::PrivateUse1) {
+      TORCH_CHECK(t.device().index() == device,
+                  fill(rules.device_mismatch, {{"first", where(device)}, {"second", where(t.device().index())},
+                                               {"op", plan.name}}));
+      mask |= uint64_t(1) << static_cast<int>(t.scalar_type());
+      if (written) {
+        auto alias = cpu_alias_storage(t.storage(), true);
+        growable.emplace_back(alias, t.storage());
+        aliases.emplace_back(alias, t.storage());
+        return over(std::move(alias), kCPU, t);
+      }
+      const auto* impl = t.storage().unsafeGetStorageImpl();
+      for (const auto& [cpu, dev] : aliases) {
+        if (dev.unsafeGetStorageImpl() == impl) return over(cpu, kCPU, t);
+      }
+      auto alias = cpu_alias_storage(t.storage());
+      aliases.emplace_back(alias, t.storage());
+      return over(std::move(alias), kCPU, t);
+    }
+    if (t.is_cpu()) {
+      TORCH_CHECK(t.dim() == 0 || plan.mixed_ok,
+                  fill(rules.device_mismatch, {{"first", where(device)}, {"second", "cpu"}, {"op", plan.name}}));
+      cpu_inputs.push_back(t.storage().unsafeGetStorageImpl());
+    }
+    return t;
+  }
+
+  c10::IValue convert(const c10::IValue& v, bool written = false) {
+    if (v.isTensor()) return to_host(v.toTensor(), written);
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      auto in = v.toTensorList();
+      out.reserve(in.size());
+      for (const auto& t : in) out.push_back(to_host(t, written));
+      return out;
+    }
+    if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const auto& t : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> ot = t;
+        out.push_back(ot ? std::optional<at::Tensor>(to_host(*ot)) : std::nullopt);
+      }
+      return out;
+    }
+    if (v.isGenerator()) {
+      const auto& gen = v.toGenerator();
+      if (gen.device().type() == c10::DeviceType::PrivateUse1) return cpu_engine(gen);
+      return v;
+    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      if (device < 0) device = v.toDevice().has_index() ? checked_index(v.toDevice().index()) : current_device();
+      return c10::Device(c10::DeviceType::CPU);
+    }
+    return v;
+  }
+
+  // A CPU result presented as a device tensor: a view of an input's bytes keeps that input's storage.
+  at::Tensor back(const at::Tensor& r) {
+    if (!r.defined() || r.device().type() == c10::DeviceType::PrivateUse1) return r;
+    TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::kStrided, fill(rules.unsupported_layout, {{"layout", c10::str(r.layout())}}));
+    const auto* impl = r.storage().unsafeGetStorageImpl();
+    for (const auto& [cpu, dev] : aliases) {
+      if (cpu.unsafeGetStorageImpl() == impl) return on_device(dev, r);
+    }
+    for (const auto& [cpu, dev] : adopted) {
+      if (cpu == impl) return on_device(dev, r);
+    }
+    at::Tensor own = r;
+    if (std::find(cpu_inputs.begin(), cpu_inputs.end(), impl) != cpu_inputs.end()) own = r.clone();
+    auto storage = adopt(own, device < 0 ? current_device() : device);
+    adopted.emplace_back(own.storage().unsafeGetStorageImpl(), storage);
+    return on_device(storage, own);
+  }
+
+  // Device storages whose out= alias a kernel grew: grow them in place and take the bytes.
+  void settle_growth() {
+    for (auto& [cpu, dev] : growable) {
+      if (cpu.data() == dev.data()) continue;
+      allocator().resize(dev, cpu.nbytes());
+      if (cpu.nbytes()) std::memcpy(dev.mutable_data(), cpu.data(), cpu.nbytes());
+    }
+  }
+
+  c10::IValue back(const c10::IValue& v) {
+    if (v.isTensor()) return back(v.toTensor());
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const auto& t : v.toTensorList()) out.push_back(back(t));
+      return out;
+    }
+    return v;
+  }
+};
+
+// Give written device tensors the layout a CPU kernel gave their aliases (an out= resized in place).
+void sync_layout(const at::Tensor& dev, const at::Tensor& h) {
+  if (!dev.defined() || !h.defined() || dev.device().type() != c10::DeviceType::PrivateUse1) return;
+  if (dev.sizes() != h.sizes() || dev.strides() != h.strides() || dev.storage_offset() != h.storage_offset()) {
+    dev.unsafeGetTensorImpl()->set_sizes_and_strides(h.sizes(), h.strides(), h.storage_offset());
+  }
+}
+
+void sync_layouts(const Plan& p, const Stack& orig, const Stack& hargs) {
+  for (int i : p.write_args) {
+    if (orig[i].isTensor()) {
+      sync_layout(orig[i].toTensor(), hargs[i].toTensor());
+    } else if (orig[i].isTensorList()) {
+      auto d = orig[i].toTensorList();
+      auto h = hargs[i].toTensorList();
+      for (size_t j = 0; j < d.size(); ++j) sync_layout(d[j], h[j]);
+    }
+  }
+}
+
+// An out= that must grow: compute into host temporaries, resize the device outputs, copy.
+void run_resizing(const c10::OperatorHandle& op, const Plan& p, const Stack& orig, Stack hargs, Stack* stack) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> temps;
+  for (int i : p.write_args) {
+    if (orig[i].isTensor() && orig[i].toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+      auto tmp = at::empty({0}, orig[i].toTensor().options().device(c10::kCPU));
+      temps.emplace_back(orig[i].toTensor(), tmp);
+      hargs[i] = tmp;
+    } else if (orig[i].isTensorList()) {
+      c10::List<at::Tensor> tl;
+      for (const at::Tensor& d : orig[i].toTensorList()) {
+        auto tmp = at::empty({0}, d.options().device(c10::kCPU));
+        temps.emplace_back(d, tmp);
+        tl.push_back(tmp);
+      }
+      hargs[i] = tl;
+    }
+  }
+  for (auto& v : hargs) stack->push_back(std::move(v));
+  op.redispatchBoxed(kCPU, stack);
+  for (auto& [dev, tmp] : temps) {
+    dev.resize_(tmp.sizes());
+    host(dev).copy_(tmp);
+  }
+}
+
+// float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible.
+bool downcast(const Plan& p, Stack& hargs, std::vector<std::pair<at::Tensor, at::Tensor>>& written) {
+  if (!emulate_downcast.load() || p.is_view) return false;
+  auto low = [](const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t; };
+  for (size_t i = 0; i < hargs.size(); ++i) {
+    bool writes = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end();
+    auto& v = hargs[i];
+    if (v.isTensor()) {
+      auto t = v.toTensor();
+      auto l = low(t);
+      if (writes && !l.is_same(t)) written.emplace_back(t, l);
+      v = l;
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const auto& t : v.toTensorList()) {
+        auto l = low(t);
+        if (writes && !l.is_same(t)) written.emplace_back(t, l);
+        out.push_back(l);
+      }
+      v = out;
+    }
+  }
+  if (p.dtype_arg >= 0 && hargs[p.dtype_arg].isInt() &&
+      hargs[p.dtype_arg].toInt() == static_cast<int64_t>(at::kDouble)) {
+    hargs[p.dtype_arg] = static_cast<int64_t>(at::kFloat);
+  }
+  return true;
+}
+
+// native_dropout as the CPU kernel computes it, drawing from the device generator's engine instead of the
+// default CPU generator: the same stream a CPU generator seeded alike gives, without touching the CPU's.
+void dropout_on_device(c10::DeviceIndex device, const Stack& hargs, Stack* stack) {
+  at::Tensor in = hargs[0].toTensor();
+  double p = hargs[1].toDouble();
+  bool train = hargs[2].isNone() || hargs[2].toBool();
+  at::Tensor out, mask;
+  if (in.numel() == 0) {
+    out = in;
+    mask = at::empty_like(in, in.options());
+  } else if (train) {
+    double p1m = 1. - p;
+    double scale = p1m == 0 ? 0. : 1. / p1m;
+    mask = at::empty_like(in, in.options().dtype(at::kBool));
+    mask.bernoulli_(p1m, cpu_engine(default_generator(device)));
+    out = in.mul(mask).mul_(scale);
+  } else {
+    mask = at::ones_like(in, in.options().dtype(at::kBool));
+    out = in.clone();
+  }
+  stack->push_back(out);
+  stack->push_back(mask);
+}
+
+const std::string& downcast_reason(uint64_t mask) {
+  return rules.downcast_reasons.at(mask & rules.wide_mask);
+}
+
+}  // namespace
+
+Plan& plan_of(const c10::OperatorHandle& op) {
+  const auto* key = &op.schema();
+  std::lock_guard<std::mutex> g(plans_mu);
+  auto it = plans.find(key);
+  if (it != plans.end()) return *it->second;
+  auto p = std::make_unique<Plan>();
+  const auto& schema = op.schema();
+  p->name = schema.name();
+  p->overload = schema.overload_name();
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* a = args[i].alias_info();
+    if (a && a->isWrite()) p->write_args.push_back(static_cast<int>(i));
+    auto type = args[i].type();
+    if (type->kind() == c10::TypeKind::OptionalType &&
+        type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+      p->generator_arg = static_cast<int>(i);
+    }
+    if (args[i].name() == "dtype") p->dtype_arg = static_cast<int>(i);
+  }
+  for (const auto& r : schema.returns()) {
+    int target = -1;
+    if (const auto* a = r.alias_info()) {
+      if (a->isWrite()) {
+        for (size_t i = 0; i < args.size(); ++i) {
+          const auto* ai = args[i].alias_info();
+          if (!ai || !ai->isWrite()) continue;
+          for (const auto& s : a->beforeSets()) {
+            if (ai->beforeSets().count(s)) target = static_cast<int>(i);
+          }
+          if (target >= 0) break;
+        }
+      } else {
+        p->is_view = true;
+      }
+    }
+    p->write_returns.push_back(target);
+  }
+  apply_rules(*p);
+  return *plans.emplace(key, std::move(p)).first->second;
+}
+
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args) {
+  bool probe;
+  OpStat& st = p.stats[kind];
+  {
+    std::lock_guard<std::mutex> g(plans_mu);
+    if (st.count == 0) st.reason = reason;
+    st.count += 1;
+    st.host_ns += host_ns;
+    probe = st.count <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
+  }
+  if (kind != kDowncast) calls += 1;
+  bool deliver_it = (wanted.load() >> kind) & 1;
+  if (!probe && !deliver_it) return;
+  Signature sig = signature_of(args);
+  if (probe) {
+    std::lock_guard<std::mutex> g(plans_mu);
+    if (st.signatures.size() < kMaxSignatures &&
+        std::find(st.signatures.begin(), st.signatures.end(), sig) == st.signatures.end()) {
+      st.signatures.push_back(sig);
+    }
+  }
+  if (deliver_it) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
+}
+
+void run(const c10::OperatorHandle& op, Stack* stack) {
+  Plan& p = plan_of(op);
+  if (p.on_device) {
+    op.redispatchBoxed(kCPU, stack);
+    return;
+  }
+  const size_t n = op.schema().arguments().size();
+  Stack orig(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - n, stack->end());
+
+  Call c(p);
+  for (const auto& v : orig) c.find_device(v);
+  Stack hargs;
+  hargs.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    bool written = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end();
+    hargs.push_back(c.convert(orig[i], written));
+  }
+  if (c.device < 0) c.device = current_device();
+  if (p.generator_arg >= 0 && hargs[p.generator_arg].isNone()) {
+    hargs[p.generator_arg] = cpu_engine(default_generator(c.device));
+  }
+  auto kind = kind_of(p, c.mask);
+  const bool wide = c.mask & rules.wide_mask;
+
+  c10::ScalarType int_input = c10::ScalarType::Undefined;
+  if (p.int_as_float && hargs[0].isTensor() && c10::isIntegralType(hargs[0].toTensor().scalar_type(), true)) {
+    int_input = hargs[0].toTensor().scalar_type();
+    hargs[0] = hargs[0].toTensor().to(at::kFloat);
+  }
+  bool drop_grad_input = false;
+  if (p.always_grad_input && hargs.back().isBoolList()) {
+    auto mask = hargs.back().toBoolList();
+    if (!mask.empty() && !mask.get(0)) {
+      c10::List<bool> wanted;
+      for (size_t i = 0; i < mask.size(); ++i) wanted.push_back(i == 0 ? true : mask.get(i));
+      hargs.back() = wanted;
+      drop_grad_input = true;
+    }
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && downcast(p, hargs, written);
+
+  const bool traced = profiling();
+  const int64_t w0 = traced ? profile_clock() : 0;
+  int64_t t0 = now_ns();
+  const size_t base = stack->size();
+  auto call = [&] {
+    for (const auto& v : hargs) stack->push_back(v);
+    try {
+      op.redispatchBoxed(kCPU, stack);
+    } catch (const c10::Error& e) {
+      if (p.write_args.empty() || std::string(e.what()).find("not resizable") == std::string::npos) throw;
+      stack->resize(base);
+      run_resizing(op, p, orig, hargs, stack);
+      return;
+    }
+    if (!p.write_args.empty()) {
+      c.settle_growth();
+      sync_layouts(p, orig, hargs);
+    }
+  };
+  {
+    QuietHost quiet;  // profilers see the device op alone, as on TorchNeuron
+    if (p.implicit_rng) {
+      dropout_on_device(c.device, hargs, stack);
+    } else {
+      call();
+    }
+  }
+  int64_t host_ns = now_ns() - t0;
+  if (traced) trace_kernel(p.name, c.device, kind.first, w0, profile_clock());
+  for (auto& [t, l] : written) t.copy_(l);
+
+  // Results: written arguments are returned as the caller's tensors; new results become device memory.
+  const size_t m = p.write_returns.size();
+  for (size_t i = 0; i < m; ++i) {
+    auto& v = (*stack)[stack->size() - m + i];
+    int slot = p.write_returns[i];
+    if (slot >= 0) {
+      v = orig[slot];
+      continue;
+    }
+    if (int_input != c10::ScalarType::Undefined && v.isTensor()) v = v.toTensor().to(int_input);
+    if (drop_grad_input && i == 0) v = at::Tensor();
+    if (lowered && written.empty() && v.isTensor() && v.toTensor().defined() &&
+        v.toTensor().scalar_type() == at::kFloat) {
+      v = v.toTensor().to(at::kDouble);
+    }
+    v = c.back(v);
+  }
+
+  record(p, kind.first, kind.second, host_ns, orig);
+  if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
+}
+
+Plan& named(const char* name, const char* overload) {
+  return plan_of(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload));
+}
+
+void count_transfer(int64_t to_device, int64_t to_host) {
+  h2d += to_device;
+  d2h += to_host;
+  h2d_total += to_device;
+  d2h_total += to_host;
+}
+
+namespace {
+
+void fallback(const c10::OperatorHandle& op, Stack* stack) {
+  run(op, stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+void register_direct(const std::vector<std::string>& names) {
+  // Kept for the life of the process, like TORCH_LIBRARY_IMPL's static registrations.
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                        __LINE__);
+  for (const auto& name : names) lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+// -- reading the aggregates --------------------------------------------------------------------------
+std::vector<OpRow> op_rows() {
+  std::vector<OpRow> rows;
+  std::lock_guard<std::mutex> g(plans_mu);
+  for (const auto& [_, p] : plans) {
+    for (int k = 0; k < kMaxKinds; ++k) {
+      const auto& st = p->stats[k];
+      if (st.count) rows.push_back({p->name, p->overload, st.reason, k, st.count, st.host_ns, st.signatures});
+    }
+  }
+  return rows;
+}
+
+void clear_op_rows() {
+  {
+    std::lock_guard<std::mutex> g(plans_mu);
+    for (auto& [_, p] : plans) {
+      for (auto& st : p->stats) st = OpStat();
+    }
+  }
+  h2d = 0;
+  d2h = 0;
+}
+
+void forget_kinds() {
+  std::lock_guard<std::mutex> g(plans_mu);
+  for (auto& [_, p] : plans) p->kinds.clear();
+}
+
+void set_wanted(int kinds_mask) {
+  wanted = kinds_mask;
+}
+
+void set_policy(Policy policy) {
+  std::lock_guard<std::mutex> g(plans_mu);
+  rules = std::move(policy);
+  for (auto& [_, p] : plans) apply_rules(*p);
+}
+
+void set_emulate_downcast(bool on) {
+  emulate_downcast = on;
+}
+
+int64_t op_calls() {
+  return calls.load();
+}
+
+std::vector<int64_t> transfers() {
+  return {h2d.load(), d2h.load(), h2d_total.load(), d2h_total.load()};
+}
+
+}  // namespace neuron_lab

@@ -1,0 +1,98 @@
+// The boxed PrivateUse1 fallback of the emulated device and its per-op aggregates (dispatch.cpp says how),
+// with what the backend's own kernels (kernels.cpp) share with it.
+#pragma once
+
+#include "aten/policy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace neuron_lab {
+
+using Stack = std::vector<c10::IValue>;
+
+// Kinds of op call are named by Python (neuron_lab.kinds) at configure time; the core itself makes only the
+// first two, and numbers the others in the order it was given.
+enum Kind : int { kNative = 0, kDowncast = 1, kMaxKinds = 8 };
+
+struct Signature {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::string> dtypes;
+  bool operator==(const Signature& o) const { return shapes == o.shapes && dtypes == o.dtypes; }
+};
+
+struct OpStat {
+  int64_t count = 0;
+  int64_t host_ns = 0;
+  std::string reason;
+  std::vector<Signature> signatures;
+};
+
+struct OpRow {  // one (op, kind) aggregate, as Python reads it
+  std::string name, overload, reason;
+  int kind;
+  int64_t count, host_ns;
+  std::vector<Signature> signatures;
+};
+
+// Route these overloads to the fallback directly: one call instead of a composite's empty + `.out` pair, or
+// instead of a composite that differs from the CPU kernel.
+void register_direct(const std::vector<std::string>& names);
+
+std::vector<OpRow> op_rows();
+void clear_op_rows();
+void forget_kinds();  // the coverage profile changed
+void set_wanted(int kinds_mask);
+void set_emulate_downcast(bool on);
+int64_t op_calls();
+std::vector<int64_t> transfers();  // h2d, d2h since the last clear; then the same since the start
+
+// What the schema says about one overload, and its aggregates per kind; made once per operator.
+struct Plan {
+  std::string name, overload;
+  std::vector<int> write_returns;  // per return: the argument it aliases when written, or -1
+  std::vector<int> write_args;
+  int generator_arg = -1;
+  int dtype_arg = -1;
+  bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
+  bool always_grad_input = false;
+  std::unordered_map<uint64_t, std::pair<int, std::string>> kinds;  // device dtype set -> kind, reason
+  OpStat stats[kMaxKinds];
+};
+
+Plan& plan_of(const c10::OperatorHandle& op);
+Plan& named(const char* name, const char* overload);
+// One call of kind `kind`: counted, its signature probed, delivered to Python if somebody wants that kind.
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args);
+// The fallback itself: run `op` on host aliases of its device arguments, report it, present its results.
+void run(const c10::OperatorHandle& op, Stack* stack);
+void count_transfer(int64_t to_device, int64_t to_host);
+// The rules both cores share, from Python at configure; plans made before take them too.
+void set_policy(Policy policy);
+
+// Hides a host kernel's own ATen calls from RecordFunction observers (profilers): they are how the emulator
+// computes, not ops of the device. Only while one listens: switching RecordFunction off rebuilds its thread-local
+// callback list, which an unobserved op should not pay for.
+struct QuietHost {
+  std::optional<at::DisableRecordFunctionGuard> guard;
+  QuietHost() {
+    if (at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION)) guard.emplace();
+  }
+};
+
+// -- Python, called from C++ (module.cpp): each takes the GIL and turns a Python exception into a
+// C++ exception that PyTorch re-raises unchanged in Python (KeyboardInterrupt included).
+std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes);
+// `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key.
+void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
+             const std::string& reason, const Signature& sig, int64_t host_ns, const std::vector<c10::IValue>& args);
+
+}  // namespace neuron_lab

@@ -1,0 +1,70 @@
+// Zero-copy views between device and host storages.
+#include "aten/host_alias.h"
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
+
+namespace neuron_lab {
+namespace {
+
+at::Tensor with_math_bits(at::Tensor t, const at::Tensor& like) {
+  if (like.is_conj()) t._set_conj(true);
+  if (like.is_neg()) t._set_neg(true);
+  return t;
+}
+
+}  // namespace
+
+at::Tensor over(c10::Storage storage, c10::DispatchKeySet keys, const at::Tensor& like) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, like.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return with_math_bits(std::move(t), like);
+}
+
+// A CPU storage over a device storage's bytes. A growable one is what an out= argument gets: a kernel that
+// resizes it moves it to fresh host memory, and the device storage then grows in place to match.
+c10::Storage cpu_alias_storage(const c10::Storage& device, bool growable) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), device.nbytes(),
+      c10::DataPtr(const_cast<void*>(device.data()), c10::Device(c10::DeviceType::CPU)),
+      growable ? c10::GetCPUAllocator() : nullptr, growable));
+}
+
+// The non-resizable CPU alias a kernel computes on: same bytes, same layout.
+at::Tensor host(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+  return over(cpu_alias_storage(t.storage()), kCPU, t);
+}
+
+at::Tensor on_device(c10::Storage storage, const at::Tensor& like) {
+  return over(std::move(storage), kDevice, like);
+}
+
+// A device storage over a CPU kernel's result bytes (no copy).
+c10::Storage adopt(const at::Tensor& r, c10::DeviceIndex device) {
+  auto ptr = allocator().adopt(r.storage(), device);
+  Block* b = NeuronAllocator::block_of(ptr);
+  c10::Storage st(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), r.storage().nbytes(),
+                                                        std::move(ptr), &allocator(), true));
+  if (b) {
+    b->dtype = r.scalar_type();
+    b->shape = r.sizes().vec();
+    b->storage = c10::weak_intrusive_ptr<c10::StorageImpl>(st.getWeakStorageImpl());
+  }
+  return st;
+}
+
+at::Tensor host_alias(const at::Tensor& t) {
+  return host(t);
+}
+
+at::Tensor from_host(const at::Tensor& r, c10::DeviceIndex device) {
+  if (!r.defined() || r.device().type() == c10::DeviceType::PrivateUse1) return r;
+  if (auto st = allocator().storage_at(r.storage().data())) return on_device(c10::Storage(std::move(st)), r);
+  return on_device(adopt(r, checked_index(device)), r);
+}
+
+}  // namespace neuron_lab

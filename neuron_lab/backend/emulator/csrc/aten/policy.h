@@ -1,0 +1,26 @@
+// The rules both emulator cores share (neuron_lab/backend/emulator/policy.py): op quirk tables, the 64-bit
+// downcast, message templates. Python hands them over once, at configure (set_policy in dispatch.h).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace neuron_lab {
+
+struct Policy {
+  // Op names (aten::...) that take a quirk: CPU index tensors allowed, integer inputs computed in float32, the
+  // input gradient always computed, drawing from the default CPU generator, the CPU kernel run on the device tensor.
+  std::unordered_set<std::string> mixed_ok, int_as_float, always_grad_input, implicit_rng, on_device;
+  uint64_t wide_mask = 0;  // dtypes (one bit per ScalarType) TorchNeuron computes in 32 bits
+  std::unordered_map<uint64_t, std::string> downcast_reasons;  // the wide dtypes of a call -> its downcast reason
+  std::string device_mismatch;  // with {first}, {second}, {op}
+  std::string unsupported_layout;  // with {layout}
+};
+// A message template with its {name} placeholders filled in.
+std::string fill(std::string text, std::initializer_list<std::pair<const char*, std::string>> values);
+
+}  // namespace neuron_lab

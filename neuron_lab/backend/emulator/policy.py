@@ -1,0 +1,72 @@
+"""The emulator's rules, written once for both cores.
+
+Which ops need a quirk to run on the CPU, which are device plumbing, which dtypes TorchNeuron computes in
+32 bits, and the messages a core raises: the pure-Python core (``ops``, ``native``) reads them here, and the
+compiled core receives them from :func:`for_core` when it is configured (``cpp_core.configure``), turning
+them into C++ tables once. A rule changed here changes both cores alike.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+from neuron_lab.backend.emulator import DOWNCAST_ENV
+
+# Ops that may take CPU index tensors beside device tensors, as on CUDA.
+# Schema names of in-place overloads keep their underscore (aten::index_put_), so both spellings are listed.
+MIXED_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
+                      "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put",
+                      "aten::index_select", "aten::_unsafe_masked_index"})
+# Ops the CPU lacks for integer inputs that devices support: computed in float32, cast back.
+INT_AS_FLOAT = frozenset({"aten::histc"})
+# Backward ops whose CPU kernel crashes when the input gradient is not wanted (torch 2.13's channels-last
+# group_norm backward writes through an undefined grad_input): the input gradient is computed and dropped.
+ALWAYS_GRAD_INPUT = frozenset({"aten::native_group_norm_backward"})
+# Ops whose CPU kernel draws from the default CPU generator (no `generator` argument): they run on the
+# device generator's stream instead.
+IMPLICIT_RNG = frozenset({"aten::native_dropout"})
+
+# Metadata-only ops: their CPU kernels build a view TensorImpl over the same storage and never
+# touch data, so they run on the device tensor itself. TorchNeuron does not report them either.
+VIEW_OPS = ("as_strided", "view", "_reshape_alias", "unfold", "view_as_real", "view_as_complex", "alias",
+            "_unsafe_view", "as_strided_", "_mkldnn_transpose")
+# Ops the compiled core's fallback runs on the device tensor itself (their CPU kernel, unreported): the views
+# but the three it registers at::native kernels for, and binding a storage (``set_``). The pure-Python core
+# routes every view op and ``set_`` to such kernels itself (``native``).
+ON_DEVICE = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_"}) - {
+    "aten::as_strided", "aten::view", "aten::_reshape_alias"}
+# Device plumbing: allocation, copies into place, metadata views. Never reported as fallbacks
+# whatever the coverage says; copies count as native ops and as transfer bytes.
+PLUMBING = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_", "aten::empty", "aten::empty_strided",
+                      "aten::_copy_from", "aten::_copy_from_and_resize", "aten::resize_", "aten::_local_scalar_dense",
+                      "aten::copy_", "aten::_to_copy"})
+
+# 64-bit dtypes TorchNeuron computes in 32 bits; a call on any of them is also reported as a downcast.
+WIDE_DTYPES = ("float64", "int64")
+DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}=1 computes float64 in float32)"
+
+# A device tensor beside one of another device (or a CPU tensor with dimensions, outside MIXED_OK).
+DEVICE_MISMATCH = ("Expected all tensors to be on the same device, but found at least two devices, {first} and "
+                   "{second}! (when checking argument for {op})")
+# A CPU result of a layout device memory cannot hold (sparse, mkldnn).
+UNSUPPORTED_LAYOUT = ("neuron emulator: {layout} tensors are not supported on the neuron device (device memory "
+                      "holds dense, strided tensors only)")
+
+
+def downcast_reason(wide: frozenset[str] | set[str], emulate_downcast: bool) -> str:
+    """Why a call on the 64-bit dtypes ``wide`` is reported as a downcast, under NEURON_LAB_EMULATE_DOWNCAST."""
+    names = sorted(wide)
+    how = "computed in 32-bit" if emulate_downcast and "float64" in names else "reported only"
+    return DOWNCAST_REASON.format(names="/".join(names), how=how, env=DOWNCAST_ENV)
+
+
+def for_core(emulate_downcast: bool) -> dict[str, Any]:
+    """The rules as the compiled core's ``set_policy`` takes them: name lists, and every downcast reason made
+    ahead (one per set of wide dtypes), so an op call looks its text up instead of building it."""
+    subsets = [frozenset(c) for n in range(1, len(WIDE_DTYPES) + 1) for c in combinations(WIDE_DTYPES, n)]
+    return dict(mixed_ok=sorted(MIXED_OK), int_as_float=sorted(INT_AS_FLOAT),
+                always_grad_input=sorted(ALWAYS_GRAD_INPUT), implicit_rng=sorted(IMPLICIT_RNG),
+                on_device=sorted(ON_DEVICE),
+                downcast_reasons=[(sorted(s), downcast_reason(s, emulate_downcast)) for s in subsets],
+                device_mismatch=DEVICE_MISMATCH, unsupported_layout=UNSUPPORTED_LAYOUT)
