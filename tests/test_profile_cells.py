@@ -162,7 +162,7 @@ def test_bad_options_are_refused_before_the_cell_runs(shell, tmp_path: Path) -> 
     assert "ran" not in shell.user_ns
     msg = refused(shell, f"%neuron profile --export {tmp_path / 't.json'}")
     assert msg.splitlines()[0].startswith("%neuron profile: --export and --row-limit go with the cell form")
-    assert msg.splitlines()[1].startswith("usage: %neuron coverage")
+    assert msg.splitlines()[1].startswith("usage: %neuron profile")
 
 
 def test_profile_in_a_script_reports_file_and_line(tmp_path: Path) -> None:
