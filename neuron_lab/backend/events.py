@@ -20,6 +20,35 @@ MAX_SIGNATURES = 4  # distinct (shapes, dtypes) kept per op
 SIGNATURE_PROBES = 256  # calls per op that are inspected for a new signature
 
 
+def op_key(name: str) -> str:
+    """The op a name stands for, whatever overload or spelling: how names from TorchNeuron's op-tracking sets
+    (``"aten::atan2.out"``, ``"aten::add.Tensor"``, a bare ``"add"``) meet the observer's (``"aten::atan2"``): the
+    sets name one overload per op (a structured op's functional and in-place calls run as its ``.out``), so rows and
+    set entries are matched by op, never by overload."""
+    base = name.removeprefix("aten::").partition(".")[0]
+    return base[:-1] if base.endswith("_") and not base.endswith("__") else base
+
+
+class DeviceOp(NamedTuple):
+    """An op the device itself reported for a window (TorchNeuron's ``get_fallback_ops()``), as it names it."""
+
+    name: str  # TorchNeuron's name, overload included: "aten::add.Tensor"
+    kind: str  # a name of neuron_lab.kinds.KINDS
+    reason: str
+
+
+@dataclass
+class WindowAccount:
+    """What a backend itself says about a tracked window, read once after the window's closing synchronize
+    (:meth:`~neuron_lab.backend.interface.NeuronBackend.end_window`); empty where the observer is the whole account
+    (the emulator)."""
+
+    ops: list[DeviceOp] = field(default_factory=list)  # ops it reports as run off the device
+    neff_compile_us: int = 0  # the device compiler's time (TorchNeuron: neuronx-cc, torch_neuronx_compile_us)
+    neff_cache: tuple[int, int] | None = None  # (hits, misses) of the compiled-graph cache; None: not counted
+    eager_graphs: list[str] = field(default_factory=list)  # compiled graphs that failed and ran eagerly, its words
+
+
 class OpEvent(NamedTuple):
     """One op call as a subscriber sees it (a tuple: made once per reported call, so it must be cheap)."""
 

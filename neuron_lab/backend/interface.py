@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_lab.backend.coverage import Coverage
-from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats
+from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats, WindowAccount
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import FALLBACK, NATIVE
 
@@ -144,6 +144,17 @@ class NeuronBackend(ABC):
 
     def clear_op_tracking(self) -> None:
         self.recorder.clear()
+
+    def begin_window(self) -> frozenset[str]:
+        """A tracked window (a cell) starts; the op kinds, beyond the reported ones, its tracker should collect rows
+        of, for :meth:`end_window`'s account to be placed on (TorchNeuron: native calls, which its own account may
+        say ran on the CPU). The emulator's observer is its whole account: nothing to start, nothing more to watch."""
+        return frozenset()
+
+    def end_window(self) -> WindowAccount:
+        """What the backend itself says about the window since :meth:`begin_window`, read after the window's
+        closing synchronize (TorchNeuron: its op-tracking sets, neuronx-cc time, NEFF cache counters)."""
+        return WindowAccount()
 
     def op_stats(self, kind: str | None = None) -> list[OpStats]:
         return self.recorder.stats(kind)

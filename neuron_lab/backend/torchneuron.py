@@ -15,6 +15,7 @@ implements the documented surface; there is no Trainium in CI.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,9 +26,9 @@ import torch
 from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from neuron_lab.backend.events import OpEvent, OpRecorder
+from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, WindowAccount
 from neuron_lab.backend.interface import NeuronBackend
-from neuron_lab.kinds import DOWNCAST, FALLBACK, NATIVE
+from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, SOURCE
 
 _WIDE = {torch.float64: "float64", torch.int64: "int64"}
 _CEA = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -37,6 +38,32 @@ COMPOSITE, SILENT = "composite", "silent"  # observer routes besides NATIVE and 
 _PLUMBING = frozenset({"aten::empty", "aten::empty_strided", "aten::set_", "aten::resize_", "aten::_copy_from",
                        "aten::_copy_from_and_resize", "aten::_local_scalar_dense"})
 _FALLBACK_REASON = "no PrivateUse1 kernel: TorchNeuron's boxed CPU fallback runs it"
+# TorchNeuron's explicit host kernels: registered at PrivateUse1, they copy to the CPU, run there and copy back, and
+# enter neither of its op-tracking sets, so only this table tells them from device kernels.
+_LINALG = "tnx:torch_neuronx/python_ops/cpu_fallback_registrations.py:54-73"
+_CPP = "tnx:torch_neuronx/csrc/core/NeuronBindings.cpp:432-433"
+HOST_KERNELS: dict[str, str] = {
+    **{f"aten::{op}": _LINALG for op in (
+        "linalg_qr", "_linalg_svd", "_linalg_eigh", "linalg_cholesky_ex", "linalg_inv_ex", "linalg_lu_factor_ex",
+        "linalg_ldl_factor_ex", "_linalg_slogdet", "_linalg_det", "cholesky_inverse", "triangular_solve")},
+    "aten::select_backward": _CPP,
+    "aten::argsort.stable": _CPP,
+}
+_HOST_REASON = ("TorchNeuron runs it on the CPU with a host kernel of its own (copies in, computes there, copies "
+                "back) and reports it in neither op-tracking set" + SOURCE)
+# TorchNeuron's NEFF cache counters (torch_neuronx.metrics, kept while TORCH_NEURONX_METRICS_ENABLED is on):
+# tnx:torch_neuronx/csrc/core/compilation/CompilationCache.cpp:149-215,566 (a compile is a miss of both caches)
+_CACHE_HITS = ("CompilationCache.InMemoryHits", "CompilationCache.PersistentHits")
+_CACHE_MISSES = ("CompilationCache.TotalCompilations",)
+# tnx:torch_neuronx/neuron_dynamo_backend/backend.py:236-242: a compiled graph that fails runs gm.forward eagerly
+_DYNAMO_LOGGER = "torch_neuronx.neuron_dynamo_backend"
+_EAGER_MESSAGE = "Falling back to original GraphModule execution"
+_FAILED_PREFIX = "Execution failed: "
+
+
+def _qualified(func: torch._ops.OpOverload) -> str:
+    overload = func._schema.overload_name
+    return f"{func._schema.name}.{overload}" if overload else func._schema.name
 
 
 def _out_variant(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
@@ -61,6 +88,8 @@ def route(func: torch._ops.OpOverload) -> str:
     if func._schema.name in _PLUMBING or any(r.alias_info is not None and not r.alias_info.is_write
                                               for r in func._schema.returns):
         return SILENT  # allocation and metadata views: TorchNeuron's tracker skips them too
+    if _qualified(func) in HOST_KERNELS:
+        return HOST
     if _has_kernel(name, "PrivateUse1"):
         return NATIVE
     if _has_kernel(name, "CompositeExplicitAutogradNonFunctional"):  # structured wrapper: empty + out=
@@ -127,10 +156,11 @@ class _Observer(TorchDispatchMode):
             return out
         if not (on_device or _neuron(out)):
             return out
-        native = how != FALLBACK
+        kind = how if how in (FALLBACK, HOST) else NATIVE
         overload = func._schema.overload_name
-        self.recorder.record(name, overload, NATIVE if native else FALLBACK, "" if native else _FALLBACK_REASON,
-                             args, kwargs, 0 if native else host_ns)
+        reason = "" if kind == NATIVE else _FALLBACK_REASON if kind == FALLBACK else \
+            _HOST_REASON + HOST_KERNELS[_qualified(func)]
+        self.recorder.record(name, overload, kind, reason, args, kwargs, 0 if kind == NATIVE else host_ns)
         self._transfers(name, args, out)
         wide = sorted({_WIDE[t.dtype] for t in _tensors((args, kwargs)) if t.dtype in _WIDE
                        and t.device.type == "neuron"})
@@ -182,6 +212,8 @@ class TorchNeuronBackend(NeuronBackend):
         self._observer: _Observer | None = None
         self._subscribers = 0
         self._lock = threading.Lock()
+        self._windows: list[_Window] = []  # tracked windows open now, innermost last
+        self._compiled: set[Any] = set()  # NEFF cache keys of the graphs whose compile time a window counted
 
     @property
     def version(self) -> str:
@@ -267,3 +299,81 @@ class TorchNeuronBackend(NeuronBackend):
     def dynamo_metrics(self) -> list[dict]:
         self.synchronize()
         return [_as_dict(m) for m in self._tnx.get_dynamo_metrics()]
+
+    def lowering_us(self) -> int:
+        """torch-mlir lowering so far, from dynamo's own timings (``dynamo_timed("torch_neuronx_lower")``, which
+        ``torch_neuronx_lower_us`` copies): a plain read, so Dynamo's compile callbacks do not force a device sync
+        mid-cell as ``get_dynamo_metrics()`` would (tnx:neuron_dynamo_backend/metrics.py:194-195,217-222)."""
+        from torch._dynamo.utils import compilation_time_metrics
+
+        return round(sum(compilation_time_metrics.get("torch_neuronx_lower", ())) * 1e6)
+
+    # -- a tracked window: TorchNeuron's own account of it ----------------------------------------
+    def begin_window(self) -> frozenset[str]:
+        """Clears TorchNeuron's op tracking (its sets have no window of their own: the user's own tracking restarts
+        too) and starts counting. A window inside another (``neuron_lab.track()`` in a cell) clears nothing: its
+        account is the outer one's so far."""
+        if not self._windows:
+            self._tnx.clear_op_tracking()
+        self._windows.append(_Window(self._cache_counts(), self._metric_count()))
+        return frozenset({NATIVE})
+
+    def end_window(self) -> WindowAccount:
+        """Read after the window's closing synchronize: nothing here synchronizes again."""
+        if not self._windows:
+            return WindowAccount()
+        window = self._windows.pop()
+        window.close()
+        ops = [DeviceOp(n, FALLBACK, "") for n in sorted(self._tnx.get_fallback_ops())]
+        records = [_as_dict(m) for m in self._tnx.get_dynamo_metrics()][window.metrics:]
+        # a record's compile time is its NEFF cache entry's (tnx:neuron_dynamo_backend/metrics.py:134-150,213-214):
+        # a graph whose key (graph_id) was compiled before found its NEFF in the cache and compiled nothing now
+        fresh = [m for m in records if m.get("graph_id") not in self._compiled]
+        self._compiled.update(m.get("graph_id") for m in records)
+        once = {m.get("graph_id"): m for m in fresh}.values()
+        neff_us = sum(int(m.get("torch_neuronx_compile_us") or 0) for m in once)
+        before, after = window.cache, self._cache_counts()
+        cache = None if before is None or after is None else (after[0] - before[0], after[1] - before[1])
+        return WindowAccount(ops, neff_us, cache, window.eager)
+
+    def _metric_count(self) -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["neuron"]["compiled_graphs"])  # tnx:neuron_dynamo_backend/metrics.py:199 (no sync)
+
+    def _cache_counts(self) -> tuple[int, int] | None:
+        """(hits, misses) of the NEFF cache so far; None where TorchNeuron keeps no metrics (not enabled)."""
+        try:
+            from torch_neuronx import metrics
+        except ImportError:
+            return None
+        if not metrics.is_enabled():
+            return None
+        value = metrics.get_counter_value
+        return (sum(int(value(n) or 0) for n in _CACHE_HITS), sum(int(value(n) or 0) for n in _CACHE_MISSES))
+
+
+class _Window(logging.Handler):
+    """One tracked window's baselines, and the compiled graphs TorchNeuron's dynamo backend ran eagerly in it (what
+    its logger says, the only trace such a run leaves)."""
+
+    def __init__(self, cache: tuple[int, int] | None, metrics: int) -> None:
+        super().__init__(logging.WARNING)
+        self.cache, self.metrics = cache, metrics
+        self.eager: list[str] = []
+        self._failed = ""
+        logging.getLogger(_DYNAMO_LOGGER).addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith(_FAILED_PREFIX):
+            self._failed = text.removeprefix(_FAILED_PREFIX).strip().split("\n")[0][:200]
+        elif text.startswith(_EAGER_MESSAGE):
+            why = f": {self._failed}" if self._failed else ""
+            self.eager.append(f"a compiled graph failed on the device and ran eagerly (TorchNeuron: execution "
+                              f"failed{why}; TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1 raises instead)")
+            self._failed = ""
+
+    def close(self) -> None:
+        logging.getLogger(_DYNAMO_LOGGER).removeHandler(self)
+        super().close()

@@ -138,9 +138,14 @@ class Compiles:
     breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[Recompile] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    # the device compiler's own time (TorchNeuron's neuronx-cc: NEFF compile, queued asynchronously, so outside
+    # dynamo's window), apart from compile_s (tracing, passes, lowering)
+    neff_compile_s: float = 0.0
+    neff_cache: tuple[int, int] | None = None  # (hits, misses) of the NEFF cache in the window; None: not counted
 
     def __bool__(self) -> bool:
-        return bool(self.frames or self.graphs or self.breaks or self.recompiles or self.failures)
+        return bool(self.frames or self.graphs or self.breaks or self.recompiles or self.failures
+                    or self.neff_compile_s or self.neff_cache)
 
 
 @dataclass
@@ -346,7 +351,7 @@ class Report(ShownAsText):
     @property
     def run_s(self) -> float:
         """Wall time not spent compiling."""
-        return max(self.wall_s - self.compiles.compile_s, 0.0)
+        return max(self.wall_s - self.compiles.compile_s - self.compiles.neff_compile_s, 0.0)
 
     @property
     def touched_device(self) -> bool:
@@ -388,7 +393,8 @@ class Report(ShownAsText):
                             [GraphBreak(b["reason"], _site(b["site"]), b.get("note", ""), b.get("hint", ""))
                              for b in c["breaks"]],
                             [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
-                            list(c["failures"]))
+                            list(c["failures"]), c.get("neff_compile_s", 0.0),
+                            tuple(c["neff_cache"]) if c.get("neff_cache") else None)
         oom = d.get("oom")
         if oom is not None:
             oom = OutOfMemory(oom["allocated"], [HeldTensor(tuple(t["names"]), None if t["shape"] is None

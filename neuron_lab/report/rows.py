@@ -27,8 +27,9 @@ class Table:
 def summary_line(r: Report) -> str:
     """The report in one line: what every view shows first, and all that ``summary`` detail shows."""
     parts = [r.title, r.device, r.mode, format_seconds(r.wall_s)]
-    if r.compiles.compile_s:
-        parts[-1] += f" (compile {format_seconds(r.compiles.compile_s)}, run {format_seconds(r.run_s)})"
+    if r.compiles.compile_s or r.compiles.neff_compile_s:
+        neff = f", NEFF {format_seconds(r.compiles.neff_compile_s)}" if r.compiles.neff_compile_s else ""
+        parts[-1] += f" (compile {format_seconds(r.compiles.compile_s)}{neff}, run {format_seconds(r.run_s)})"
     parts.append(count(r.ops, "op"))
     fb = r.fallbacks
     parts.append(f"{count(r.fallback_calls, kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
@@ -111,7 +112,12 @@ def compile_counts(c: Compiles) -> str:
 
 
 def compile_timing(r: Report) -> str:
-    return f"{format_seconds(r.compiles.compile_s)} compiling, {format_seconds(r.run_s)} running"
+    """Compile and run time; the device compiler's (NEFF compile) apart, and its cache, where the backend gives them."""
+    c = r.compiles
+    neff = f", {format_seconds(c.neff_compile_s)} NEFF compile" if c.neff_compile_s else ""
+    hits, misses = c.neff_cache or (0, 0)
+    cache = f" (NEFF cache: {count(hits, 'hit')}, {misses:,} miss{'' if misses == 1 else 'es'})" if c.neff_cache else ""
+    return f"{format_seconds(c.compile_s)} compiling{neff}{cache}, {format_seconds(r.run_s)} running"
 
 
 def oom_head(o: OutOfMemory) -> str:

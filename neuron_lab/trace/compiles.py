@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from neuron_lab.backend.events import WindowAccount
 from neuron_lab.report.model import Compiles, GraphBreak, Recompile, Site
 from neuron_lab.trace.sites import Locator
 
@@ -197,6 +198,15 @@ def observed(backend: str | Callable) -> Callable:
         wrapper.__name__ = getattr(inner, "__name__", "backend")  # dynamo's errors name it: say the user's backend
         _observed[key] = wrapper
     return wrapper
+
+
+def with_account(c: Compiles, account: WindowAccount) -> Compiles:
+    """``c`` with what the backend itself said about the window's compiles: the device compiler's time, its NEFF
+    cache's hits and misses, and graphs that failed on the device and ran eagerly (said, never hidden)."""
+    c.neff_compile_s += account.neff_compile_us / 1e6
+    c.neff_cache = account.neff_cache if account.neff_cache and any(account.neff_cache) else c.neff_cache
+    c.failures += account.eager_graphs
+    return c
 
 
 class CompileTrace:

@@ -22,8 +22,9 @@ import psutil
 from neuron_lab import backend as _backend
 from neuron_lab.kinds import REPORTED
 from neuron_lab.report.model import Memory, OpRow, OutOfMemory, Profiled, Report, Site
-from neuron_lab.trace.compiles import CompileTrace
+from neuron_lab.trace.compiles import CompileTrace, with_account
 from neuron_lab.trace.ops import OpTrace
+from neuron_lab.trace.reconcile import reconcile
 from neuron_lab.trace.sites import FileLocator, Locator
 
 _process = psutil.Process()
@@ -86,7 +87,7 @@ class Tracker:
 
     def rows_so_far(self) -> list[OpRow]:
         """The window's op rows so far (fallbacks, host ops, downcasts), as copies: safe from any thread."""
-        return self._ops.rows(copies=True)
+        return [r for r in self._ops.rows(copies=True) if r.kind in REPORTED]
 
     def compiling(self) -> dict[str, Any] | None:
         """The compile in progress, for live views (the live strip, the Compiles tab); None when none runs.
@@ -129,7 +130,8 @@ class Tracker:
         self._rss_before = _process.memory_info().rss
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_totals()
-        self._unsubscribe = b.subscribe(self._ops, REPORTED)
+        watched = b.begin_window()  # the device's own account of the window starts here (TorchNeuron: cleared)
+        self._unsubscribe = b.subscribe(self._ops, REPORTED | watched)
         self._compiles.start()
         self._running = True
         self._t0 = time.perf_counter()
@@ -158,7 +160,9 @@ class Tracker:
         h2d, d2h = b.transfer_totals()
         r.h2d_bytes = max(h2d - self._transfers_before[0] - self._excluded_transfers[0], 0)
         r.d2h_bytes = max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0)
-        r.ops_not_native = self._ops.rows()
+        account = b.end_window()  # after the synchronize: what the device itself says about the window
+        r.ops_not_native = reconcile(self._ops.rows(), account)
+        r.compiles = with_account(r.compiles, account)
         if error is not None:  # formatted last: str() of an exception may format tensors (device work)
             text = str(error).strip().split("\n")[0]
             text = text if len(text) <= 200 else text[:199] + "…"

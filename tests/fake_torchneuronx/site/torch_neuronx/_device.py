@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx import _tracking
+from torch_neuronx import _host_kernels, _tracking
 
 CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
 
@@ -54,14 +54,7 @@ class _TrackedLibrary:
         self.lib = lib
 
     def impl(self, name: str, fn, key: str) -> None:
-        op_name = "aten::" + name.split(".")[0]
-
-        @functools.wraps(fn)
-        def kernel(*args, **kwargs):
-            _tracking.note_executed(op_name)
-            return fn(*args, **kwargs)
-
-        self.lib.impl(name, kernel, key)
+        self.lib.impl(name, functools.wraps(fn)(_tracking.registered_kernel(name, fn)), key)
 
 
 def _register_plumbing(executor, lib: torch.library.Library) -> None:
@@ -93,7 +86,7 @@ def register() -> None:
     class TrackingExecutor(Executor):
         def fallback(self, op, *args, **kwargs):  # the boxed PrivateUse1 CPU fallback
             if op._schema.name not in self.native:
-                _tracking.note_fallback(op._schema.name)
+                _tracking.note_fallback(_tracking.qualified(op._schema.name, op._schema.overload_name))
             return super().fallback(op, *args, **kwargs)
 
     allocator = Allocator(capacity=CAPACITY)
@@ -112,5 +105,6 @@ def register() -> None:
     native.install_native(executor, _TrackedLibrary(aten_lib))
     _register_plumbing(executor, aten_lib)
     autocast.install(aten_lib, fallback_lib)
+    _host_kernels.register(aten_lib)
     STATE.libraries += [fallback_lib, aten_lib]
     STATE.published_stats = dict(allocator.stats())

@@ -172,8 +172,17 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 def get_dynamo_metrics() -> list[Any]:
     """One record per compiled graph; synchronizes first, as the real call does."""
     synchronize()
-    return list(_device.state().dynamo_metrics)
+    from torch_neuronx.neuron_dynamo_backend import compile_time_ms
+
+    records = _device.state().dynamo_metrics
+    for m in records:  # tnx:neuron_dynamo_backend/metrics.py:222-227: neuronx-cc time, known once synchronized
+        if m.torch_neuronx_compile_us == 0:
+            m.torch_neuronx_compile_us = compile_time_ms(m.graph_id) * 1000
+    return list(records)
 
 
 def reset_dynamo_metrics() -> None:
+    from torch._dynamo.utils import counters
+
     _device.state().dynamo_metrics.clear()
+    counters["neuron"].clear()
