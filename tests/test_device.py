@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import neuron_lab.backend as nb
+from neuron_lab.backend.emulator import runtime
 
 N = torch.neuron.device_count()  # 4 on the compiled core (a trn2.3xlarge), 1 on the pure-Python core
 # The first index past the last device: the compiled core says PyTorch's words, the Python core names its limit.
@@ -101,15 +102,18 @@ def test_torch_neuron_seed_functions() -> None:
     assert n.initial_seed() != 123
 
 
-def test_memory_stats_have_cuda_flat_keys() -> None:
-    stats = torch.neuron.memory_stats()
+def test_memory_stats_have_torchneuron_nested_keys() -> None:
+    stats = torch.neuron.memory_stats()  # torch_neuronx/memory.py:28-54, csrc/core/NeuronBindings.cpp:1239-1260
+    assert set(stats) == {"allocated_bytes", "reserved_bytes", "active_bytes", "num_alloc_retries", "num_ooms",
+                          "num_tensor_frees", "allocation_requests"}
     for group in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        assert set(stats[group]) == {"current", "peak", "allocated", "freed"}
         for metric in ("current", "peak", "allocated", "freed"):
-            assert isinstance(stats[f"{group}.all.{metric}"], int)
+            assert isinstance(stats[group][metric], int)
     assert stats["num_alloc_retries"] == 0
     assert isinstance(stats["num_ooms"], int)
-    assert stats["allocated_bytes.all.current"] == torch.neuron.memory_allocated()
-    assert stats["reserved_bytes.all.current"] == torch.neuron.memory_reserved()
+    assert stats["allocated_bytes"]["current"] == torch.neuron.memory_allocated()
+    assert stats["reserved_bytes"]["current"] == torch.neuron.memory_reserved()
 
 
 def test_memory_functions_agree_and_reset_peak() -> None:
@@ -157,7 +161,11 @@ def test_torch_accelerator_memory_agrees_with_torch_neuron() -> None:
     x = torch.empty(300, device="neuron")
     assert acc.memory_allocated() == n.memory_allocated()
     assert acc.memory_reserved() == n.memory_reserved()
-    assert dict(acc.memory_stats()) == dict(n.memory_stats())
+    flat = dict(acc.memory_stats())  # CUDA's flat keys: torch.accelerator's own convention
+    assert flat == dict(runtime.get().memory.stats(0))
+    nested = n.memory_stats()  # TorchNeuron's shape, of the same counters
+    assert flat["allocated_bytes.all.current"] == nested["allocated_bytes"]["current"]
+    assert flat["reserved_bytes.all.peak"] == nested["reserved_bytes"]["peak"]
     acc.reset_peak_memory_stats()
     assert acc.max_memory_allocated() == n.max_memory_allocated() == n.memory_allocated()
     before = n.memory_allocated()

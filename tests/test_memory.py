@@ -121,7 +121,7 @@ def test_peak_is_tracked_exactly() -> None:
     del a
     c = torch.empty(200, device="neuron")
     assert torch.neuron.max_memory_allocated() - base == 6000
-    assert torch.neuron.memory_stats()["allocated_bytes.all.peak"] - base == 6000
+    assert torch.neuron.memory_stats()["allocated_bytes"]["peak"] - base == 6000
     del b, c
     torch.neuron.reset_peak_memory_stats()
     assert torch.neuron.max_memory_allocated() == base
@@ -134,17 +134,25 @@ def test_memory_stats_count_allocations_and_frees() -> None:
     u = torch.empty(30, dtype=torch.float16, device="neuron")
     del t, u
     s1 = torch.neuron.memory_stats()
-    for key, delta in (("allocated_bytes.all.allocated", 460), ("allocated_bytes.all.freed", 460),
-                       ("active_bytes.all.allocated", 460), ("allocation.all.allocated", 2),
-                       ("allocation.all.freed", 2), ("allocated_bytes.all.current", 0)):
-        assert s1[key] - s0[key] == delta, key
+    for key, delta in ((("allocated_bytes", "allocated"), 460), (("allocated_bytes", "freed"), 460),
+                       (("active_bytes", "allocated"), 460), (("allocation_requests",), 2),
+                       (("num_tensor_frees",), 2), (("allocated_bytes", "current"), 0)):
+        assert _at(s1, key) - _at(s0, key) == delta, key
+    r0, r1 = s0["reserved_bytes"], s1["reserved_bytes"]
     if core() == "python":  # reserved in 512 B blocks, returned at once
-        assert s1["reserved_bytes.all.allocated"] - s0["reserved_bytes.all.allocated"] == 1024
-        assert s1["reserved_bytes.all.freed"] - s0["reserved_bytes.all.freed"] == 1024
+        assert r1["allocated"] - r0["allocated"] == 1024
+        assert r1["freed"] - r0["freed"] == 1024
     else:  # size classes 448 B and 256 B (or cached segments reused); freed blocks stay reserved, cached
-        assert 0 <= s1["reserved_bytes.all.allocated"] - s0["reserved_bytes.all.allocated"] <= 448 + 256
-        assert s1["reserved_bytes.all.freed"] == s0["reserved_bytes.all.freed"]
-        assert s1["reserved_bytes.all.current"] >= s1["allocated_bytes.all.current"]
+        assert 0 <= r1["allocated"] - r0["allocated"] <= 448 + 256
+        assert r1["freed"] == r0["freed"]
+        assert r1["current"] >= s1["allocated_bytes"]["current"]
+
+
+def _at(stats: dict, key: tuple[str, ...]) -> int:
+    """A value of TorchNeuron's nested memory_stats() by its path."""
+    for k in key:
+        stats = stats[k]
+    return stats
 
 
 # -- the live-allocation registry ------------------------------------------------------------------------

@@ -85,7 +85,7 @@ x = torch.empty(1024, device="neuron")  # 4096 bytes
 report["memory"] = {
     "stale_without_sync": torch.neuron.memory_allocated() - base,
     "adapter": b.memory_allocated() - base,
-    "stats_current": b.memory_stats()["allocated_bytes.all.current"] - base,
+    "stats_current": b.memory_stats()["allocated_bytes"]["current"] - base,
     "synchronized": state.synchronize_calls - syncs,
 }
 del x

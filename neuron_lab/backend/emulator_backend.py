@@ -6,7 +6,7 @@ import time
 
 from neuron_lab.backend import coverage
 from neuron_lab.backend.emulator import runtime as _rt
-from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
+from neuron_lab.backend.interface import DeviceSpec, LiveAllocation, NeuronBackend, device_index
 
 
 class EmulatorBackend(NeuronBackend):
@@ -52,11 +52,11 @@ class EmulatorBackend(NeuronBackend):
     def capacity(self) -> int:
         return self._rt.memory.capacity_of(self._rt.devices.current_device())
 
-    def memory_sample(self) -> tuple[int, int]:
-        return self._rt.memory.sample(self._rt.devices.current_device())
+    peak_note = None  # the emulator's peak windows leave the user's counter alone
 
-    def open_peak_window(self) -> object:
-        return self._rt.memory.open_window()
+    def open_peak_window(self, device: DeviceSpec = None) -> object:
+        index = device_index(device)
+        return self._rt.memory.open_window(self._rt.devices.current_device() if index is None else index)
 
     def close_peak_window(self, window: object) -> int:
         return self._rt.memory.close_window(window)

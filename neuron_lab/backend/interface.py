@@ -14,8 +14,22 @@ from typing import Any
 
 from neuron_lab.backend.coverage import Coverage
 from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats, WindowAccount
+from neuron_lab.backend.memory_reading import MemoryReading
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import FALLBACK, NATIVE
+
+DeviceSpec = Any  # int | str | torch.device | None: which device a memory read is about
+
+
+def device_index(device: DeviceSpec) -> int | None:
+    """The `neuron` device index ``device`` names; None (the current device) for None, an index-less ``neuron``,
+    or a device of another type (a notebook on the CPU still has a current `neuron` device)."""
+    if device is None or isinstance(device, int):
+        return device
+    import torch
+
+    d = torch.device(device)
+    return d.index if d.type == torch._C._get_privateuse1_backend_name() else None
 
 
 @dataclass(frozen=True)
@@ -64,50 +78,68 @@ class NeuronBackend(ABC):
     def capacity(self) -> int:
         """Bytes of device memory on device 0."""
 
-    def synchronize(self) -> None:
+    def synchronize(self, device: DeviceSpec = None) -> None:
         import torch
 
-        torch.neuron.synchronize()
+        torch.neuron.synchronize(device_index(device))
 
-    def memory_stats(self, synchronize: bool = True) -> dict[str, int]:
-        """``torch.cuda.memory_stats``-style flat keys, read after a synchronize unless told not to."""
+    def memory_stats(self, synchronize: bool = True, device: DeviceSpec = None) -> dict[str, Any]:
+        """``torch.neuron.memory_stats(device)`` in TorchNeuron's nested shape, read after a synchronize unless told
+        not to (TorchNeuron's allocator is asynchronous). ``device``: an index, ``"neuron:1"``, a ``torch.device``;
+        None, or a device of another type, is the current one."""
         import torch
 
+        index = device_index(device)
         if synchronize:
-            self.synchronize()
-        return dict(torch.neuron.memory_stats())
+            self.synchronize(index)
+        return dict(torch.neuron.memory_stats(index))
 
-    def memory_allocated(self) -> int:
-        return self.memory_stats().get("allocated_bytes.all.current", 0)
+    def memory_reading(self, device: DeviceSpec = None, synchronize: bool = True) -> MemoryReading:
+        """The one way the workbench reads device memory: ``device``'s counters (see :meth:`memory_stats`)."""
+        return MemoryReading.parse(self.memory_stats(synchronize, device))
 
-    def max_memory_allocated(self) -> int:
-        return self.memory_stats().get("allocated_bytes.all.peak", 0)
+    def memory_allocated(self, device: DeviceSpec = None) -> int:
+        return self.memory_reading(device).allocated
 
-    def memory_sample(self) -> tuple[int, int]:
+    def max_memory_allocated(self, device: DeviceSpec = None) -> int:
+        return self.memory_reading(device).peak
+
+    def allocated_everywhere(self) -> int:
+        """Bytes allocated on all devices together, after one synchronize: what a scan of every device tensor
+        (``%neuron tensors``, ``%neuron free``, the OOM report) adds up to."""
+        self.synchronize()
+        return sum(self.memory_reading(i, synchronize=False).allocated for i in range(self.device_count()))
+
+    def memory_sample(self, device: DeviceSpec = None) -> tuple[int, int]:
         """(allocated, peak) bytes as the allocator knows them now: no synchronize, safe from any thread.
 
         Live views call it several times a second while a cell runs, from their refresh thread.
         """
-        st = self.memory_stats(synchronize=False)
-        return st.get("allocated_bytes.all.current", 0), st.get("allocated_bytes.all.peak", 0)
+        r = self.memory_reading(device, synchronize=False)
+        return r.allocated, r.peak
 
-    def reset_peak_memory_stats(self) -> None:
+    def reset_peak_memory_stats(self, device: DeviceSpec = None) -> None:
         import torch
 
-        torch.neuron.reset_peak_memory_stats()
+        torch.neuron.reset_peak_memory_stats(device_index(device))
 
-    def open_peak_window(self) -> object:
-        """Start measuring a window's peak allocated bytes (a cell's), for :meth:`close_peak_window`.
+    # TorchNeuron's allocator keeps one peak counter per device and offers no window of its own, so a cell's peak
+    # is measured by resetting it; None where the backend keeps windows of its own (the emulator).
+    peak_note: str | None = ("each cell resets the device's peak counter (TorchNeuron's allocator keeps only one), "
+                             "so torch.neuron.max_memory_allocated() counts from the start of the current cell")
 
-        TorchNeuron's allocator keeps one peak counter, so here it is reset: on the real device
-        ``torch.neuron.max_memory_allocated()`` counts from the start of the current cell. The emulator
-        keeps windows of its own and leaves the user's peak alone.
+    def open_peak_window(self, device: DeviceSpec = None) -> object:
+        """Start measuring ``device``'s peak allocated bytes over a window (a cell's), for :meth:`close_peak_window`.
+
+        Here the device's peak counter is reset (:attr:`peak_note` says so to the user); the emulator keeps windows
+        of its own and leaves the user's peak alone.
         """
-        self.reset_peak_memory_stats()
-        return None
+        index = device_index(device)
+        self.reset_peak_memory_stats(index)
+        return index
 
     def close_peak_window(self, window: object) -> int:
-        return self.memory_stats(synchronize=False).get("allocated_bytes.all.peak", 0)
+        return self.memory_reading(window, synchronize=False).peak  # type: ignore[arg-type]
 
     def live_allocations(self) -> list[LiveAllocation]:
         return []

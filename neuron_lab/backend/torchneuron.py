@@ -190,16 +190,6 @@ def _as_dict(m: Any) -> dict[str, Any]:
     return dict(vars(m))
 
 
-def _flatten(stats: dict, prefix: str = "") -> dict[str, int]:
-    flat: dict[str, int] = {}
-    for k, v in stats.items():
-        if isinstance(v, dict):
-            flat.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            flat[f"{prefix}{k}"] = v
-    return flat
-
-
 class TorchNeuronBackend(NeuronBackend):
     kind = "torchneuron"
     lowering_metric = "torch_neuronx_lower_us"  # NeuronCompilationMetrics' lowering time
@@ -233,23 +223,7 @@ class TorchNeuronBackend(NeuronBackend):
     def capacity(self) -> int:
         return int(torch.neuron.get_device_properties(0).total_memory)
 
-    # -- memory: the allocator is asynchronous, so every read synchronizes first ---------------
-    def memory_stats(self, synchronize: bool = True) -> dict[str, int]:
-        if synchronize:
-            self.synchronize()
-        return _flatten(dict(torch.neuron.memory_stats()))
-
-    def memory_allocated(self) -> int:
-        self.synchronize()
-        return int(torch.neuron.memory_allocated())
-
-    def max_memory_allocated(self) -> int:
-        self.synchronize()
-        return int(torch.neuron.max_memory_allocated())
-
-    def memory_sample(self) -> tuple[int, int]:
-        # what the caching allocator has counted so far; queued work may still allocate
-        return int(torch.neuron.memory_allocated()), int(torch.neuron.max_memory_allocated())
+    # memory: the interface's reads (nested memory_stats, a synchronize before each) are TorchNeuron's already
 
     # -- ops: TorchNeuron's sets are the truth; the observer adds counts while subscribed ------
     def get_fallback_ops(self) -> set[str]:

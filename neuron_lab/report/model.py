@@ -356,7 +356,8 @@ class Report(ShownAsText):
     @property
     def touched_device(self) -> bool:
         return bool(self.ops or self.ops_not_native or self.compiles or self.h2d_bytes or self.d2h_bytes
-                    or self.memory.delta or self.memory.peak > self.memory.before or self.profiled is not None)
+                    or self.memory.delta or self.memory.peak > self.memory.before or self.profiled is not None
+                    or self.oom is not None)  # an allocation the device refused (TorchNeuron reports no op for it)
 
     def map_sites(self, site: Callable[[Site], Site], frame: Callable[[str], str] | None = None) -> None:
         """Rewrite every user line the report names (op call sites, graph breaks, recompiles) with ``site``,

@@ -87,7 +87,7 @@ def release(shell: Any) -> FreeReport:
     """Drop IPython's own references to device tensors, collect, and say how much device memory that freed."""
     b = _backend.active()
     device_type = b.device_type
-    before = b.memory_allocated()
+    before = b.allocated_everywhere()
     report = FreeReport()
     _drop_output_cache(shell, device_type, report)
     _drop_last_values(shell, device_type, report)
@@ -97,7 +97,7 @@ def release(shell: Any) -> FreeReport:
     empty = getattr(getattr(torch, device_type, None), "empty_cache", None)
     if empty is not None:
         empty()
-    report.allocated = b.memory_allocated()
+    report.allocated = b.allocated_everywhere()
     report.freed = max(before - report.allocated, 0)
     return report
 

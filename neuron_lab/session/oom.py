@@ -26,6 +26,16 @@ TOP = 5  # holders listed; the rest is one line
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the neuron_lab package
 _LIBRARY = (_OURS, os.path.dirname(torch.__file__) + os.sep)
 _INDEX = re.compile(r"\[\d+\]")
+# TorchNeuron's allocator throws std::runtime_error, a RuntimeError in Python
+# (csrc/core/allocator/NeuronCachingAllocator.cpp:82-88)
+_NRT_OOM = re.compile(r"NRT allocation failed for size \d+ \(OOM\)")
+
+
+def is_oom(error: BaseException | None) -> bool:
+    """Whether ``error`` says the device ran out of memory: the emulator's ``torch.OutOfMemoryError``, or TorchNeuron's
+    ``RuntimeError("NRT allocation failed for size N (OOM)")`` (raised at the allocation, or at a later sync point)."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError)
+                                                         and _NRT_OOM.search(str(error)) is not None)
 
 
 def end_in_user_code(tb: Any) -> None:
@@ -80,8 +90,7 @@ class OomHandler:
             b = _backend.active()
             free.clear_traceback_frames(self.shell, b.device_type, free.FreeReport())
             gc.collect()
-            b.synchronize()
-            report.freed = max(table.allocated - b.memory_allocated(), 0)
+            report.freed = max(table.allocated - b.allocated_everywhere(), 0)
         return report
 
 

@@ -23,7 +23,7 @@ from neuron_lab import backend as _backend
 from neuron_lab import interrupts, modes
 from neuron_lab.compat import ipython
 from neuron_lab.report.model import Report
-from neuron_lab.session import devices, free
+from neuron_lab.session import devices, free, oom
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.session.oom import OomHandler
@@ -248,7 +248,7 @@ class Session:
         self._notify(self.finishing, tracker)
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
-        if isinstance(error, torch.OutOfMemoryError) and _backend.is_active():
+        if oom.is_oom(error) and _backend.is_active():
             with tracker.excluded():  # before the report reads memory: it counts what the OOM gave back
                 tracker.note_oom(self._oom.after())
         report = tracker.stop(error, cell=n, site_maps=self.site_maps)
@@ -256,7 +256,7 @@ class Session:
         self.timeline.sample(report.memory.after, end_s)
         if report.touched_device:  # the timeline marks the cells that used the device
             self.timeline.mark_cell(n, self._cell_start_s, end_s)
-        if isinstance(error, torch.OutOfMemoryError):  # the memory timeline marks where the device ran out
+        if oom.is_oom(error):  # the memory timeline marks where the device ran out
             self.timeline.mark("oom", end_s, f"out of memory in In[{n}]")
         self._keep(report)
         self._notify(self.listeners, report)
@@ -385,7 +385,7 @@ class Session:
         self.history.clear()
         self.totals = Totals()
         self.timeline.clear()
-        _backend.active().reset_peak_memory_stats()
+        _backend.active().reset_peak_memory_stats(self.device)
 
     def free(self) -> free.FreeReport:
         return free.release(self.shell)
@@ -415,11 +415,14 @@ class Status(ShownAsText):
         d = _backend.state()
         if _backend.is_active():
             b = _backend.active()
-            st = b.memory_stats()
+            m = b.memory_reading(s.device)
             self.lines.append(f"backend: {b.description}")
-            self.lines.append(f"memory:  {format_size(st.get('allocated_bytes.all.current', 0))} allocated, "
-                              f"peak {format_size(st.get('allocated_bytes.all.peak', 0))}, "
-                              f"capacity {format_size(b.capacity())}")
+            self.lines.append(f"memory:  {format_size(m.allocated)} allocated on {s.device}, "
+                              f"peak {format_size(m.peak)}, capacity {format_size(b.capacity())}")
+            self.lines.append(f"         {format_size(m.reserved)} reserved, {format_size(m.active)} active, "
+                              f"allocation retries {m.alloc_retries}, OOMs {m.ooms}")
+            if b.peak_note:
+                self.lines.append(f"         {b.peak_note}")
         else:
             self.lines.append(f"backend: none ({d.reason})")
         opts = s.compile_options

@@ -2,7 +2,7 @@
 
 The data behind the Tensors view. A scan reads metadata only (no device op, no copy, nothing moved),
 holds tensors only while it runs, and accounts for every allocated byte: what it cannot name
-becomes an "unknown" row, so the table's total is the backend's ``memory_allocated()``.
+becomes an "unknown" row, so the table's total is what the backend counts on all its devices together.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class TensorRow:
 @dataclass
 class TensorTable(ShownAsText):
     device_type: str
-    allocated: int  # the backend's memory_allocated() at the scan
+    allocated: int  # what the backend counts on all its devices at the scan
     rows: list[TensorRow] = field(default_factory=list)
 
     @property
@@ -294,7 +294,7 @@ def device_tensors(shell: Any) -> TensorTable:
 
     rows = [TensorRow(tuple(s.names or s.graph_names), s.shape, s.dtype, s.nbytes, s.requires_grad,
                       HELD_BY[s.rank], ptr) for ptr, s in scan.storages.items()]
-    allocated = b.memory_allocated()
+    allocated = b.allocated_everywhere()  # the rows are every device's
     rows += [TensorRow((), a.shape, a.dtype, a.nbytes, None, UNKNOWN, a.ptr)
              for a in b.live_allocations() if a.ptr not in scan.storages]
     rest = allocated - sum(r.bytes for r in rows)

@@ -249,9 +249,8 @@ def _contained(ops: list[_Event]) -> dict[int, list[_Event]]:
 
 def _allocated() -> dict[str, int]:
     """Bytes allocated on each device now, by lane name ("neuron:0"): where the memory curves start."""
-    name = torch._C._get_privateuse1_backend_name()
-    mod = getattr(torch, name)
-    return {f"{name}:{i}": mod.memory_allocated(i) for i in range(mod.device_count())}
+    b = _backend.active()
+    return {f"{b.device_type}:{i}": b.memory_reading(i, synchronize=False).allocated for i in range(b.device_count())}
 
 
 def _timeline(results: Any, events: list[_Event], host_work: dict[int, str],

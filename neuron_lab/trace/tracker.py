@@ -99,7 +99,13 @@ class Tracker:
         return self._compiles.compiling() if self._running else None
 
     def ran_on(self, device: str | None = None, mode: str | None = None) -> None:
-        """The window's code runs on ``device`` and/or in ``mode`` (a ``%%neuron`` cell chooses them)."""
+        """The window's code runs on ``device`` and/or in ``mode`` (a ``%%neuron`` cell chooses them).
+
+        A window already open on another device measures memory on the new one from here on: the cell's code has not
+        run yet when a ``%%neuron`` cell or ``%neuron device`` moves it."""
+        if device is not None and device != self.report.device and self._running:
+            self.backend.close_peak_window(self._peak_window)
+            self._open_memory(device)
         if device is not None:
             self.report.device = device
         if mode is not None:
@@ -122,11 +128,14 @@ class Tracker:
     def memory_before(self) -> int:
         return self._mem_before
 
+    def _open_memory(self, device: str) -> None:
+        """Baseline and peak window on the window's device (the notebook's, not the current one)."""
+        self._mem_before = self.backend.memory_reading(device, synchronize=False).allocated  # the last window synced
+        self._peak_window = self.backend.open_peak_window(device)  # the emulator leaves the user's peak alone
+
     def start(self) -> Tracker:
         b = self.backend
-        stats = b.memory_stats(synchronize=False)  # the previous window ended synchronized
-        self._mem_before = stats.get("allocated_bytes.all.current", 0)
-        self._peak_window = b.open_peak_window()  # the user's own peak counter stays as it was (emulator)
+        self._open_memory(self.report.device)
         self._rss_before = _process.memory_info().rss
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_totals()
@@ -150,8 +159,7 @@ class Tracker:
         self._unsubscribe()
         r = self.report
         r.compiles = self._compiles.stop()
-        stats = b.memory_stats()  # the one synchronize
-        after = stats.get("allocated_bytes.all.current", 0)
+        after = b.memory_reading(r.device).allocated  # the one synchronize
         peak = b.close_peak_window(self._peak_window)
         r.memory = Memory(self._mem_before, after, max(peak, after, self._mem_before),
                           b.capacity(), _process.memory_info().rss - self._rss_before)

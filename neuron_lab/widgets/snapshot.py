@@ -51,7 +51,7 @@ def live(session: Any) -> dict[str, Any]:
     if not _backend.is_active():
         return {"busy": session.running is not None, "allocated": 0, "peak": 0, "capacity": 0}
     b = _backend.active()
-    allocated, peak = b.memory_sample()
+    allocated, peak = b.memory_sample(session.device)
     d: dict[str, Any] = {"busy": False, "allocated": allocated, "peak": peak, "capacity": b.capacity(),
                          "t": round(session.timeline.now(), 3), "mode": session.mode, "device": str(session.device)}
     tracker = session.running

@@ -62,7 +62,7 @@ class Result:
 def child_env(env: dict[str, str] | None = None, site: Path | None = None) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
     base["PYTHONDONTWRITEBYTECODE"] = "1"
-    base["PYTHONPATH"] = os.pathsep.join([str(site)] * (site is not None) + [str(Path(__file__).parents[2])])
+    base["PYTHONPATH"] = os.pathsep.join(str(p) for p in (site, Path(__file__).parents[2]) if p is not None)
     return {**base, **(env or {})}
 
 

@@ -74,9 +74,6 @@ class CoreMemory:
     def allocated_of(self, device: int = 0) -> int:
         return self._core.memory_allocated(device)
 
-    def sample(self, device: int = 0) -> tuple[int, int]:
-        return self._core.memory_sample(device)
-
     def stats(self, device: int = 0) -> OrderedDict[str, int]:
         return OrderedDict(sorted(self._core.memory_stats(device).items()))
 
@@ -92,8 +89,8 @@ class CoreMemory:
     def mem_get_info(self, device: int = 0) -> tuple[int, int]:
         return self._core.mem_get_info(device)
 
-    def open_window(self) -> int:
-        return self._core.open_window()
+    def open_window(self, device: int = 0) -> int:
+        return self._core.open_window(device)
 
     def close_window(self, window: int) -> int:
         return self._core.close_window(window)

@@ -16,6 +16,7 @@ import torch
 
 from neuron_lab.backend.emulator import memory_history as memory  # torch.neuron.memory, as torch.cuda.memory
 from neuron_lab.backend.emulator import runtime as _rt
+from neuron_lab.backend.emulator.memory import torchneuron_stats
 from neuron_lab.units import format_size
 
 sys.modules.setdefault("torch.neuron.memory", memory)  # `from torch.neuron.memory import _snapshot` works too
@@ -160,8 +161,11 @@ def _mem():
     return _rt.get().memory
 
 
-def memory_stats(device: Any = None) -> dict[str, int]:
-    return _mem().stats(_index(device))
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """The allocator's statistics in TorchNeuron's nested shape (``torch_neuronx/memory.py:28-54``):
+    ``allocated_bytes``/``reserved_bytes``/``active_bytes`` → ``current``/``peak``/``allocated``/``freed``, and
+    ``num_alloc_retries``, ``num_ooms``, ``num_tensor_frees``, ``allocation_requests``."""
+    return torchneuron_stats(_mem().stats(_index(device)))
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -169,15 +173,15 @@ def memory_allocated(device: Any = None) -> int:
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return memory_stats(device)["allocated_bytes.all.peak"]
+    return memory_stats(device)["allocated_bytes"]["peak"]
 
 
 def memory_reserved(device: Any = None) -> int:
-    return memory_stats(device)["reserved_bytes.all.current"]
+    return memory_stats(device)["reserved_bytes"]["current"]
 
 
 def max_memory_reserved(device: Any = None) -> int:
-    return memory_stats(device)["reserved_bytes.all.peak"]
+    return memory_stats(device)["reserved_bytes"]["peak"]
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
@@ -195,12 +199,14 @@ def empty_cache() -> None:
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes, as ``torch.cuda.mem_get_info``. Emulator only: TorchNeuron has no ``mem_get_info``;
+    ``torch.accelerator.get_memory_info`` reads it here."""
     return _mem().mem_get_info(_index(device))
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     idx = _index(device)
-    s = memory_stats(idx)
+    s = _mem().stats(idx)  # the core's flat counters: the allocation counts too
     rows = [("Allocated memory", "allocated_bytes"), ("Active memory", "active_bytes"),
             ("Reserved memory", "reserved_bytes")]
     if not abbreviated:
@@ -217,6 +223,12 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
               f"| OOMs: {s['num_ooms']:<8} capacity: {format_size(_mem().capacity_of(idx)):<53}|",
               "|" + "=" * 79 + "|"]
     return "\n".join(lines)
+
+
+# torch.neuron.memory holds the memory functions too, as TorchNeuron's does (torch_neuronx/neuron.py:5, memory.py)
+for _f in (memory_stats, memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
+           reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary):
+    setattr(memory, _f.__name__, _f)
 
 
 # -- streams and events: one in-order queue --------------------------------------------------

@@ -18,6 +18,7 @@ import traceback
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -186,10 +187,6 @@ class Allocator:
         self.settle()
         return self.allocated
 
-    def sample(self, device: int = 0) -> tuple[int, int]:
-        self.settle()
-        return self.allocated, self.peak
-
     def empty_cache(self, device: int = 0) -> None:
         """Freed blocks are returned at once; there is no cache to empty."""
 
@@ -226,7 +223,7 @@ class Allocator:
                                   "frames": list(frames) if frames and self._context >= 2 else []})
 
     # -- statistics ------------------------------------------------------------------------
-    def open_window(self) -> int:
+    def open_window(self, device: int = 0) -> int:
         """Start a peak of its own, leaving ``peak`` (what ``max_memory_allocated`` says) alone."""
         with self._lock:
             self._drain()
@@ -276,6 +273,21 @@ class Allocator:
             flat["num_device_alloc"] = self.n_alloc
             flat["num_device_free"] = self.n_free
         return OrderedDict(sorted(flat.items()))
+
+
+def torchneuron_stats(flat: dict[str, int]) -> dict[str, Any]:
+    """A core's flat CUDA-style counters in the shape TorchNeuron's ``memory_stats()`` returns
+    (``torch_neuronx/memory.py:28-54``, ``csrc/core/NeuronBindings.cpp:1239-1260``): both cores count the same
+    numbers, so both give the same dict. ``num_tensor_frees`` counts freed storages and ``allocation_requests``
+    allocations, as TorchNeuron's allocator counts them."""
+
+    def group(key: str) -> dict[str, int]:
+        return {m: flat[f"{key}.all.{m}"] for m in ("current", "peak", "allocated", "freed")}
+
+    return {"allocated_bytes": group("allocated_bytes"), "reserved_bytes": group("reserved_bytes"),
+            "active_bytes": group("active_bytes"), "num_alloc_retries": flat["num_alloc_retries"],
+            "num_ooms": flat["num_ooms"], "num_tensor_frees": flat["allocation.all.freed"],
+            "allocation_requests": flat["allocation.all.allocated"]}
 
 
 def _stack() -> list[dict]:

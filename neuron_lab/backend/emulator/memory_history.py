@@ -1,5 +1,7 @@
 """``torch.neuron.memory``: memory history and snapshots, as ``torch.cuda.memory`` records and exports them.
 
+It also holds the memory functions (``memory_stats`` ...), as TorchNeuron's does; ``device_module`` puts them here.
+
 A snapshot has the keys and values of ``torch.cuda.memory._snapshot()``, so PyTorch's own viewers read it:
 ``python -m torch.cuda._memory_viz trace_plot snap.pickle -o snap.html``, or drag the pickle onto
 pytorch.org/memory_viz. On the compiled core the segments are those of the emulated caching allocator (one per

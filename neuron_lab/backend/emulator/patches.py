@@ -98,8 +98,10 @@ def _is_pinned(orig):
 
 # -- torch.accelerator: the C++ DeviceAllocator and synchronizeDevice a Python guard lacks ----
 def _nested_stats() -> dict[str, Any]:
+    """CUDA's nested ``getDeviceStats`` shape, which ``torch.accelerator.memory_stats`` flattens into CUDA's keys
+    (``torch.neuron.memory_stats`` has TorchNeuron's shape instead)."""
     nested: dict[str, Any] = {}
-    for key, value in nmod.memory_stats().items():
+    for key, value in nmod._mem().stats(nmod.current_device()).items():
         node = nested
         parts = key.split(".")
         for p in parts[:-1]:

@@ -321,7 +321,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("reset_accumulated", [](int64_t i) { allocator().resetAccumulatedStats(checked_index(i)); });
   m.def("empty_cache", [](int64_t i) { allocator().empty_cache(checked_index(i)); });
   m.def("mem_get_info", [](int64_t i) { return allocator().getMemoryInfo(checked_index(i)); });
-  m.def("open_window", [] { return allocator().open_window(); });
+  m.def("open_window", [](int64_t i) { return allocator().open_window(checked_index(i)); });
   m.def("close_window", [](int64_t w) { return allocator().close_window(w); });
   m.def("total_allocated", [] { return allocator().total_allocated(); });
   m.def("set_record_sites", [](bool on) { allocator().record_sites = on; });

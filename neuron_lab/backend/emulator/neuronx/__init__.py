@@ -16,7 +16,7 @@ from neuron_lab.backend.emulator import device_module as _dm
 from neuron_lab.backend.emulator.nki import nki_op, wrap_nki
 from neuron_lab.backend.emulator.not_emulated import NotEmulatedError
 
-from . import distributed, neuron, profiling  # noqa: F401  (submodules users import from the package)
+from . import distributed, memory, neuron, profiling  # noqa: F401  (submodules users import from the package)
 
 __version__ = "2.13.3.0+neuronlab.emulator"  # the torch-neuronx release the bundled profile describes
 EMULATED = True  # the real package has no such attribute: `getattr(torch_neuronx, "EMULATED", False)` tells them apart
@@ -60,7 +60,7 @@ memory_stats = _dm.memory_stats
 memory_summary = _dm.memory_summary
 reset_peak_memory_stats = _dm.reset_peak_memory_stats
 reset_accumulated_memory_stats = _dm.reset_accumulated_memory_stats
-mem_get_info = _dm.mem_get_info
+mem_get_info = _dm.mem_get_info  # emulator only: TorchNeuron has none
 
 
 # -- op tracking: unique names, as TorchNeuron reports them ------------------------------------

@@ -32,7 +32,7 @@ class State:
     executor: Any
     libraries: list[Any] = field(default_factory=list)
     hooks: list[Any] = field(default_factory=list)
-    published_stats: dict[str, int] = field(default_factory=dict)  # memory stats as of the last synchronize
+    published_stats: dict[str, Any] = field(default_factory=dict)  # memory stats as of the last synchronize
     synchronize_calls: int = 0
     dynamo_metrics: list[Any] = field(default_factory=list)
 
@@ -89,7 +89,28 @@ def register() -> None:
                 _tracking.note_fallback(_tracking.qualified(op._schema.name, op._schema.overload_name))
             return super().fallback(op, *args, **kwargs)
 
-    allocator = Allocator(capacity=CAPACITY)
+    class NrtAllocator(Allocator):
+        """The real allocator's counters and OOM (csrc/core/allocator/NeuronCachingAllocator.cpp:39-88, the OOM at
+        :82-88; csrc/core/metrics/NeuronMetrics.cpp RecordNewAllocation/RecordDeallocation): a tensor's bytes count as
+        allocated and active, nothing as reserved (April's reserved_bytes is "currently unused"); past ``capacity``
+        (set it in a test: ``_device.state().allocator.capacity = n``) it raises the real RuntimeError."""
+
+        def _check_capacity(self, nbytes: int) -> None:
+            self.settle()
+            if self.allocated + nbytes > self.capacity:
+                self.num_ooms += 1
+                raise RuntimeError(f"NRT allocation failed for size {nbytes} (OOM)")
+
+        def nested_stats(self) -> dict[str, Any]:
+            """The dict _C._get_memory_stats returns (NeuronBindings.cpp:1239-1260)."""
+            self.settle()
+            tensor_bytes = {"current": self.allocated, "peak": self.peak, "allocated": self.total_allocated,
+                            "freed": self.total_freed}
+            return {"allocated_bytes": dict(tensor_bytes), "reserved_bytes": dict.fromkeys(tensor_bytes, 0),
+                    "active_bytes": dict(tensor_bytes), "num_alloc_retries": 0, "num_ooms": self.num_ooms,
+                    "num_tensor_frees": self.n_free, "allocation_requests": self.n_alloc}
+
+    allocator = NrtAllocator(capacity=CAPACITY)
     # The executor's own recorder and classification are private to the fake; nothing reads them.
     executor = TrackingExecutor(allocator, OpRecorder(), lambda name, dtypes: ("native", ""))
     STATE = State(allocator, executor, hooks=[Hooks(), Guard()])
@@ -107,4 +128,4 @@ def register() -> None:
     autocast.install(aten_lib, fallback_lib)
     _host_kernels.register(aten_lib)
     STATE.libraries += [fallback_lib, aten_lib]
-    STATE.published_stats = dict(allocator.stats())
+    STATE.published_stats = allocator.nested_stats()

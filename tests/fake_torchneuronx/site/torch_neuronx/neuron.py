@@ -7,6 +7,7 @@ published by the last ``synchronize()``, so a reader that skips the synchronize 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,7 @@ def synchronize(device: Any = None) -> None:
     _index(device)
     st = _device.state()
     st.synchronize_calls += 1
-    st.published_stats = dict(st.allocator.stats())
+    st.published_stats = st.allocator.nested_stats()
 
 
 def is_bf16_supported() -> bool:
@@ -126,26 +127,27 @@ def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
     _gen().set_state(new_state)
 
 
-# -- memory: as of the last synchronize -----------------------------------------------------
-def memory_stats(device: Any = None) -> dict[str, int]:
+# -- memory: as of the last synchronize, nested as the real _C._get_memory_stats builds it -------------
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """TorchNeuron's shape (torch_neuronx/memory.py:28-54, csrc/core/NeuronBindings.cpp:1239-1260)."""
     _index(device)
-    return dict(_device.state().published_stats)
+    return copy.deepcopy(_device.state().published_stats)
 
 
 def memory_allocated(device: Any = None) -> int:
-    return memory_stats(device)["allocated_bytes.all.current"]
+    return memory_stats(device)["allocated_bytes"]["current"]  # memory.py:57-71
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return memory_stats(device)["allocated_bytes.all.peak"]
+    return memory_stats(device)["allocated_bytes"]["peak"]  # memory.py:74-85
 
 
 def memory_reserved(device: Any = None) -> int:
-    return memory_stats(device)["reserved_bytes.all.current"]
+    return memory_stats(device)["reserved_bytes"]["current"]  # memory.py:88-101
 
 
 def max_memory_reserved(device: Any = None) -> int:
-    return memory_stats(device)["reserved_bytes.all.peak"]
+    return memory_stats(device)["reserved_bytes"]["peak"]  # memory.py:104-117
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
@@ -164,8 +166,9 @@ def empty_cache() -> None:
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     s = memory_stats(device)
-    return (f"neuron:{_index(device)} (torch-neuronx fake): allocated {s['allocated_bytes.all.current']} B, "
-            f"peak {s['allocated_bytes.all.peak']} B, reserved {s['reserved_bytes.all.current']} B")
+    return (f"neuron:{_index(device)} (torch-neuronx fake): allocated {s['allocated_bytes']['current']} B, "
+            f"peak {s['allocated_bytes']['peak']} B, reserved {s['reserved_bytes']['current']} B, "
+            f"OOMs {s['num_ooms']}")
 
 
 # -- torch.compile metrics -------------------------------------------------------------------

@@ -181,7 +181,9 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, Segmen
     d.live.insert(b);
     by_ptr_[b->ptr] = b;
     total_ += static_cast<int64_t>(n);
-    for (auto& w : windows_) w.second = std::max(w.second, total_);
+    for (auto& [id, w] : windows_) {
+      if (w.first == device) w.second = std::max(w.second, d.stats.allocated_bytes[0].current);
+    }
     report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
     record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
   }
@@ -421,18 +423,19 @@ std::pair<size_t, size_t> NeuronAllocator::getMemoryInfo(c10::DeviceIndex device
   return {static_cast<size_t>(std::max<int64_t>(d.capacity - used, 0)), static_cast<size_t>(d.capacity)};
 }
 
-int64_t NeuronAllocator::open_window() {
+int64_t NeuronAllocator::open_window(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> g(mu_);
-  windows_[++next_window_] = total_;
+  windows_[++next_window_] = {device, devices_.at(device).stats.allocated_bytes[0].current};
   return next_window_;
 }
 
 int64_t NeuronAllocator::close_window(int64_t window) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = windows_.find(window);
-  int64_t peak = it == windows_.end() ? 0 : it->second;
-  if (it != windows_.end()) windows_.erase(it);
-  return std::max(peak, total_);
+  if (it == windows_.end()) return 0;
+  auto [device, peak] = it->second;
+  windows_.erase(it);
+  return std::max(peak, devices_.at(device).stats.allocated_bytes[0].current);
 }
 
 int64_t NeuronAllocator::total_allocated() {

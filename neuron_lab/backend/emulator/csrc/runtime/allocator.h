@@ -106,7 +106,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // The live device storage whose bytes start at `ptr`, if the core knows it.
   c10::intrusive_ptr<c10::StorageImpl> storage_at(const void* ptr);
 
-  int64_t open_window();
+  int64_t open_window(c10::DeviceIndex device);  // one device's peak allocated bytes from now on
   int64_t close_window(int64_t window);
   int64_t total_allocated();
   std::vector<Block> live_blocks();  // copies, oldest first
@@ -131,7 +131,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   std::mutex mu_;
   std::vector<DeviceMemory> devices_;
   std::unordered_map<const void*, Block*> by_ptr_;
-  std::map<int64_t, int64_t> windows_;  // open peak windows: id -> highest total allocated since
+  std::map<int64_t, std::pair<c10::DeviceIndex, int64_t>> windows_;  // open peak windows: id -> (device, highest
+                                                                     // allocated on it since)
   int64_t next_window_ = 0, next_serial_ = 0, total_ = 0;
 };
 
