@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx import _tracking
+from torch_neuronx import _runtime, _tracking
 
 CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
 
@@ -96,7 +96,12 @@ def register() -> None:
                 _tracking.note_fallback(op._schema.name)
             return super().fallback(op, *args, **kwargs)
 
-    allocator = Allocator(capacity=CAPACITY)
+    class RuntimeStartingAllocator(Allocator):
+        def _register(self, *args, **kwargs):  # a device allocation starts the runtime (tnx
+            _runtime.lazy_init()  # csrc/aten/NeuronNativeFunctions.cpp:252, maybe_lazy_init)
+            return super()._register(*args, **kwargs)
+
+    allocator = RuntimeStartingAllocator(capacity=CAPACITY)
     # The executor's own recorder and classification are private to the fake; nothing reads them.
     executor = TrackingExecutor(allocator, OpRecorder(), lambda name, dtypes: ("native", ""))
     STATE = State(allocator, executor, hooks=[Hooks(), Guard()])
