@@ -1,4 +1,4 @@
-"""The backend interface over the real TorchNeuron (``torch-neuronx`` >= 2.13.3).
+"""The backend interface over the real TorchNeuron (a ``torch-neuronx`` with its ``torch.backends`` entry point).
 
 TorchNeuron's own tracking gives sets of unique op names; those sets are what
 ``get_fallback_ops``/``get_executed_ops`` return, read after a ``synchronize``. While somebody
