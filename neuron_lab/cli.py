@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
 
 from neuron_lab import settings
@@ -42,12 +43,54 @@ def _autoload_line() -> str:
     return f"entry point {eps[0].name} = {eps[0].value}: " + ("ran" if autoload.ran else "did not run")
 
 
+_HELD = "Failed to initialize Neuron Runtime"  # nrt_init's error (tnx csrc/core/NeuronBindings.cpp:271)
+
+
+def _device_query(what: str, query: Callable[[], str]) -> str:
+    """``query()``, or the line that says why it failed: doctor goes on whatever the device does."""
+    try:
+        return query()
+    except Exception as e:
+        if _HELD in str(e):
+            return (f"unknown: the Neuron runtime did not start ({e}); another process holds the NeuronCores "
+                    "(a notebook kernel or a training job): stop it, or give each process its own cores with "
+                    "NEURON_RT_VISIBLE_CORES")
+        return f"unknown: reading the {what} failed ({type(e).__name__}: {e})"
+
+
+def _devices_line(b) -> str:
+    from neuron_lab.units import format_capacity
+
+    n = b.device_count()
+    cap = b.capacity()
+    return (f"{n} (neuron:0{'' if n == 1 else f'..neuron:{n - 1}'}); capacity {format_capacity(cap)}"
+            + ("" if cap is None else " per device"))
+
+
+def _neuron_ls() -> list[str]:
+    """``neuron-ls`` output where it is on PATH: the Neuron tools' own view of the devices and who holds them."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("neuron-ls")
+    if exe is None:
+        return ["not on PATH (the Neuron tools come with the Neuron SDK on Trn instances)"]
+    try:
+        out = subprocess.run([exe], capture_output=True, text=True, timeout=_NEURON_LS_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as e:
+        return [f"{exe} failed: {type(e).__name__}: {e}"]
+    lines = (out.stdout + out.stderr).rstrip().splitlines()
+    return [f"{exe} (exit {out.returncode})", *lines]
+
+
+_NEURON_LS_TIMEOUT_S = 10
+
+
 def doctor(_args: argparse.Namespace) -> int:
     import torch
 
     import neuron_lab
     from neuron_lab import backend, kinds
-    from neuron_lab.units import format_size
 
     d = backend.state()
     print(f"neuron_lab {neuron_lab.__version__} doctor")
@@ -60,12 +103,11 @@ def doctor(_args: argparse.Namespace) -> int:
         print(f"  devices      none ({e})")
         b, status = None, 1
     if b is not None:
-        print(f"  active       {b.description}")
+        print(f"  active       {_device_query('backend', lambda: b.description)}")
         if getattr(b, "core", None):
             print(f"  core         {b.core}: {b.core_reason}")
-        n = b.device_count()
-        print(f"  devices      {n} (neuron:0{'' if n == 1 else f'..neuron:{n - 1}'})"
-              f"; capacity {format_size(b.capacity())} per device")
+        print(f"  devices      {_device_query('devices', lambda: _devices_line(b))}")
+        print(f"  build        {_device_query('build', lambda: b.build)}")
         p = b.coverage
         if p is not None:
             n_fb = sum(1 for r in p.ops.values() if r.kind == kinds.FALLBACK)
@@ -76,15 +118,29 @@ def doctor(_args: argparse.Namespace) -> int:
             print("  coverage     none: the real device reports its own fallbacks")
     print(f"  autoload     {_autoload_line()}")
     print(f"  torch_neuronx {_torch_neuronx_line()}")
+    neuron_ls = _neuron_ls()
+    print(f"  neuron-ls    {neuron_ls[0]}")
+    for line in neuron_ls[1:]:
+        print(f"    {line}")
     print("  environment")
     for var in settings.listed():
-        value = var.raw()
-        print(f"    {var.name:<50} {'(unset)' if value is None else repr(value):<12} {var.summary}")
+        if not var.torchneuron:
+            _env_line(var)
+    about = "" if b is None else f" ({_device_query('settings', lambda: b.torchneuron_settings)})"
+    print(f"  TorchNeuron settings{about}")
+    for var in settings.torchneuron():
+        _env_line(var, "" if b is None else _device_query("settings", lambda v=var: b.torchneuron_setting(v.name)))
     problems = d.problems
     print("  problems     " + ("none" if not problems else ""))
     for p in problems:
         print(f"    - {p}")
     return status
+
+
+def _env_line(var: settings.EnvVar, note: str = "") -> None:
+    value = var.raw()
+    shown = "(unset)" if value is None else repr(value)
+    print(f"    {var.name:<50} {shown:<12} {f'[{note}] ' if note else ''}{var.summary}")
 
 
 def coverage_export(args: argparse.Namespace) -> int:

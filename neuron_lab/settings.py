@@ -26,6 +26,7 @@ class EnvVar:
     default: str | None = None
     fold_case: bool = True  # a choice is read case-insensitively ("AUTO" is auto)
     listed: bool = True  # shown by doctor and the README; a launcher's own variables (LOCAL_RANK) are not
+    torchneuron: bool = False  # TorchNeuron's own setting: doctor shows it, neuron_lab and the emulator never read it
 
     @property
     def summary(self) -> str:
@@ -122,6 +123,11 @@ def listed() -> list[EnvVar]:
     return [v for v in ENV.values() if v.listed]
 
 
+def torchneuron() -> list[EnvVar]:
+    """TorchNeuron's own settings (listed ones), which doctor shows apart from neuron_lab's."""
+    return [v for v in listed() if v.torchneuron]
+
+
 # -- environment variables: neuron_lab's own first, then those of TorchNeuron, the Neuron runtime, PyTorch ----------
 B, E = "neuron_lab.backend", "neuron_lab.backend.emulator"
 register_env("NEURON_LAB_BACKEND", "which backend serves `neuron`", f"{B}.selection", "neuron_lab.runner.main",
@@ -150,7 +156,39 @@ register_env("NEURON_LAB_COMPILE_LOWERING", "how the emulator runs compiled grap
              "neuron_lab.session.config", choices=("eager", "inductor"), default="eager", fold_case=False)
 register_env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload", "neuron_lab.cli",
              default="1")
-register_env("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "TorchNeuron: raise instead of falling back")
+# TorchNeuron's own, as users tune them (tnx docs/environment_variables.md and the code that reads each); the ones
+# torch_neuronx sets at import when unset (tnx torch_neuronx/__init__.py:44-65) say so: doctor shows who set them.
+_tnx = dict(torchneuron=True)
+register_env("NEURON_LAUNCH_BLOCKING", "1: TorchNeuron runs device work and NEFF compiles synchronously, so a "
+             "compile's time lands where it happens (torch_neuronx sets it at import: RELEASE builds 1, DEV 0)", **_tnx)
+register_env("TORCH_NEURONX_ENABLE_ASYNC_NRT", "1: TorchNeuron submits work to the Neuron runtime asynchronously "
+             "(torch_neuronx sets 1 at import)", **_tnx)
+register_env("TORCH_NEURONX_LOG_LEVEL", "TorchNeuron's log level, 0 to 3 (3: debug logs)", **_tnx)
+register_env("TORCH_NEURONX_LOG_FILE", "a file TorchNeuron writes its log to", **_tnx)
+register_env("TORCH_NEURONX_ENABLE_STACK_TRACE", "1: TorchNeuron captures a Python stack per op (overhead; "
+             "torch_neuronx sets 0 at import)", **_tnx)
+register_env("TORCH_NEURONX_NEFF_CACHE_DIR", "where TorchNeuron caches compiled NEFFs (default /tmp/neff_cache)",
+             **_tnx)
+register_env("TORCH_NEURONX_DISABLE_NEFF_CACHE", "1: no NEFF cache, every graph is compiled again", **_tnx)
+register_env("TORCH_NEURONX_DEBUG_DIR", "where torch.compile(backend='neuron') writes FX graphs, StableHLO and NEFFs "
+             "(default /tmp/neuron_backend_<uuid>)", **_tnx)
+register_env("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1: keep those compile artefacts after execution",
+             **_tnx)
+register_env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1: a compiled graph that fails on the device raises "
+             "instead of running eagerly", **_tnx)
+register_env("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1: an op TorchNeuron implements raises when its "
+             "implementations fail or cannot take the arguments, instead of running on the CPU; ops it has no kernel "
+             "for still fall back (torch_neuronx sets it at import: DEV builds 1, RELEASE 0)", **_tnx)
+register_env("NEURON_RT_ENABLE_HOST_CC", "1: the runtime's host collectives, without which TorchNeuron gives every "
+             "new stream the default one", **_tnx)
+register_env("TORCH_NEURONX_ENABLE_HOST_CC", "the name beta users give NEURON_RT_ENABLE_HOST_CC (the April 2026 "
+             "source reads only that one)", **_tnx)
+register_env("TORCH_NEURONX_METRICS_ENABLED", "1: TorchNeuron collects its metrics (torch_neuronx.metrics) from "
+             "start-up", **_tnx)
+register_env("TORCH_NEURONX_ENABLED_METRIC_TABLES", "comma-separated TorchNeuron metric tables to export as CSV",
+             **_tnx)
+register_env("TORCH_NEURONX_METRICS_DIR", "where TorchNeuron writes metric CSVs (default /tmp)", **_tnx)
+del _tnx
 register_env("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)",
              f"{E}.topology", f"{E}.distributed")
 register_env("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)",

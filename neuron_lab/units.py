@@ -18,6 +18,16 @@ def format_size(n: int) -> str:
     return f"{n} B"
 
 
+# What every view says for a capacity not known yet: TorchNeuron reads it from the Neuron runtime, which
+# neuron_lab never starts itself (the user's first device use does), so the cores stay free for ranks.
+CAPACITY_UNKNOWN = "after first device use"
+
+
+def format_capacity(n: int | None) -> str:
+    """A device's memory size, or :data:`CAPACITY_UNKNOWN` where it is not known without starting the runtime."""
+    return CAPACITY_UNKNOWN if n is None else format_size(n)
+
+
 def format_delta(n: int) -> str:
     return ("+" if n >= 0 else "-") + format_size(abs(n))
 

@@ -2,8 +2,9 @@
 
 PrivateUse1 is claimed once per process, so every case runs in a child. A "torch-neuronx
 installed" case puts the fake distribution of ``tests/fake_torchneuronx`` on the path: what these
-tests show about the real TorchNeuron holds only as far as that fake follows its documented
-behaviour (registration at import, backing off when PrivateUse1 is taken, version numbering).
+tests show about the real TorchNeuron holds only as far as that fake follows its source
+(registration at import whoever owns PrivateUse1, the torch.backends entry point that makes it
+native whatever its version, the runtime started only by the first device use).
 Where the fake sits on the path decides which package's entry points PyTorch runs first; both
 orders happen in real environments, and the tests cover both.
 """
@@ -37,7 +38,7 @@ print(_json.dumps({
     "owner": _torch._C._get_privateuse1_backend_name(),
     "module": getattr(getattr(_torch, "neuron", None), "__name__", None),
     "emulator_installed": _runtime.installed(),
-    "tnx_registered": getattr(_tnx, "registered", None), "tnx_backed_off_for": getattr(_tnx, "backed_off_for", None),
+    "tnx_registered": getattr(_tnx, "registered", None),
 }))
 """
 EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
@@ -118,9 +119,30 @@ def test_native_torchneuronx_is_deferred_to(order):
     d = doctor_lines(s["doctor"])
     assert d["backend"] == "torchneuron: torch-neuronx 2.14.3.0 is installed (native TorchNeuron backend)"
     assert d["active"] == "TorchNeuron (torch-neuronx 2.14.3.0)"
-    assert d["devices"] == "1 (neuron:0); capacity 24.00 GiB per device"  # the fake's one device
+    # doctor never starts the Neuron runtime (it would take every NeuronCore): the capacity waits for device use
+    assert d["devices"] == "1 (neuron:0); capacity after first device use"
+    assert d["build"] == "RELEASE (torch_neuronx._build_config.BUILD_TYPE)"
     assert d["coverage"] == "none: the real device reports its own fallbacks"
     assert d["problems"] == "none"
+    # what torch_neuronx's import set itself: known for sure when neuron_lab imported it, else by its default
+    who = "set by torch_neuronx at import" if order == "neuron_lab first" else "torch_neuronx's import default"
+    for name, value in (("NEURON_LAUNCH_BLOCKING", "'1'"),
+                        ("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "'0'")):
+        assert d[name].startswith(value) and f"[{who}]" in d[name], d[name]  # a RELEASE build's defaults
+    assert d["TORCH_NEURONX_LOG_LEVEL"].startswith("(unset)") and "[" not in d["TORCH_NEURONX_LOG_LEVEL"]
+    assert d["TorchNeuron"] == "settings (read by TorchNeuron; those it set at import when unset are marked)"
+
+
+def test_a_dev_build_versioned_0_1_0_is_native_torchneuron(tmp_path):
+    """A DEV or source build is version 0.1.0 (tnx pyproject.toml:3): its torch.backends entry point makes it native."""
+    site = make_site(tmp_path, "0.1.0", build="DEV")
+    s = run(probe_after("import torch", DOCTOR_IN_PROCESS, doctor="doctor"), site=site).json()
+    assert s["kind"] == "torchneuron" and s["module"] == FAKE_MODULE and s["device"] == "neuron:0"
+    assert s["reason"] == "torch-neuronx 0.1.0 is installed (native TorchNeuron backend)"
+    assert s["emulator_installed"] is False and s["problems"] == []
+    d = doctor_lines(s["doctor"])
+    assert d["build"] == "DEV (torch_neuronx._build_config.BUILD_TYPE)"
+    assert d["TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"].startswith("'1'")  # the DEV default
 
 
 def test_legacy_torchneuronx_gets_the_emulator(tmp_path):
@@ -132,31 +154,45 @@ def test_legacy_torchneuronx_gets_the_emulator(tmp_path):
     assert s["tnx_registered"] is False  # the legacy library never touches PrivateUse1
 
 
-def test_emulator_override_takes_over_when_neuron_lab_loads_first():
-    s = run("import torch\nimport torch_neuronx\n" + PROBE, site=SITE, site_last=True,
-            env={"NEURON_LAB_BACKEND": "emulator"}).json()
-    assert s["kind"] == "emulator" and s["module"] == EMULATOR_MODULE and s["device"] == "neuron:0"
-    assert s["reason"] == "NEURON_LAB_BACKEND=emulator (overrides the installed torch-neuronx 2.14.3.0)"
-    assert s["tnx_registered"] is False and s["tnx_backed_off_for"] == "neuron"
-    assert s["problems"] == []
+REFUSED = ("NEURON_LAB_BACKEND=emulator refused: the native torch-neuronx 2.14.3.0 is installed and takes the "
+           "'neuron' device whenever it is imported, so the emulator cannot sit beside it; use an environment "
+           "without torch-neuronx for the emulator")
 
 
-def test_emulator_override_with_autoload_off_and_explicit_imports():
-    """The documented way to force the emulator whatever the entry point order: autoload off, neuron_lab first."""
-    s = run("import torch\nimport neuron_lab\nimport torch_neuronx\n" + PROBE, site=SITE,
-            env={"NEURON_LAB_BACKEND": "emulator", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}).json()
-    assert s["kind"] == "emulator" and s["module"] == EMULATOR_MODULE
-    assert s["tnx_registered"] is False and s["tnx_backed_off_for"] == "neuron"
-
-
-def test_emulator_override_too_late_keeps_torchneuron_and_says_how_to_fix():
-    r = run("import torch\n" + PROBE, site=SITE, env={"NEURON_LAB_BACKEND": "emulator"})
+@pytest.mark.parametrize(("order", "code", "env"), [
+    ("torch-neuronx first", "import torch\n", {}),
+    ("neuron_lab first", "import torch\nimport torch_neuronx\n", {}),
+    ("autoload off, neuron_lab imported first", "import torch\nimport neuron_lab\nimport torch_neuronx\n",
+     {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+])
+def test_the_emulator_is_refused_beside_native_torchneuronx(order, code, env):
+    """TorchNeuron registers `neuron` at every import and never gives way (tnx torch_neuronx/__init__.py:67-72,
+    119-128), so an emulator installed first would break `import torch` or `import torch_neuronx`: whatever the
+    order, the emulator is not installed, TorchNeuron serves `neuron`, and the refusal is a warning and a problem."""
+    r = run(code + PROBE, site=SITE, site_last=order == "neuron_lab first",
+            env={"NEURON_LAB_BACKEND": "emulator", **env})
     s = r.json()
     assert s["kind"] == "torchneuron" and s["module"] == FAKE_MODULE and s["device"] == "neuron:0"
-    assert s["problems"] == ["NEURON_LAB_BACKEND=emulator was not honoured: torch-neuronx 2.14.3.0 registered "
-                             "'neuron' before neuron_lab loaded; set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and "
-                             "`import neuron_lab` before anything imports torch_neuronx"]
-    assert "RuntimeWarning: neuron_lab: NEURON_LAB_BACKEND=emulator was not honoured" in r.err
+    assert s["reason"] == ("torch-neuronx 2.14.3.0 is installed (native TorchNeuron backend; "
+                           "NEURON_LAB_BACKEND=emulator refused)")
+    assert s["emulator_installed"] is False and s["tnx_registered"] is True
+    assert s["problems"] == [REFUSED]
+    assert f"RuntimeWarning: neuron_lab: {REFUSED}" in r.err
+
+
+def test_the_stand_in_never_backs_off_like_the_real_package():
+    """With the emulator forced in first, importing torch_neuronx fails, as the real one does."""
+    r = run("""
+        import torch, neuron_lab
+        from neuron_lab.backend import emulator
+        emulator.install()
+        try:
+            import torch_neuronx
+            print("imported")
+        except RuntimeError as e:
+            print("refused:", type(e).__name__)
+    """, site=SITE, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NEURON_LAB_BACKEND": "off"})
+    assert r.out.strip().splitlines()[-1] == "refused: RuntimeError", (r.out, r.err[-2000:])
 
 
 def test_backend_off_leaves_no_device_and_doctor_fails():
@@ -248,13 +284,15 @@ def test_privateuse1_taken_by_another_backend_keeps_neuron_lab_off():
 
 
 # -- broken torch-neuronx installs: `import torch` still works, and doctor says why there is no backend -------------
-# The fake is installed without its own torch.backends entry point: with one, PyTorch imports the package itself
-# and reports (or dies of) its failure before or after neuron_lab's hook, which no code of neuron_lab can change.
-# Without it, every import of torch_neuronx in the process is neuron_lab's (as with autoload off and
-# `import neuron_lab`), and that one must never end `import torch`.
+# With autoload on, PyTorch imports the package itself through its torch.backends entry point and reports (or
+# dies of) its failure, which no code of neuron_lab can change. With autoload off and `import neuron_lab`, every
+# import of torch_neuronx in the process is neuron_lab's, and that one must never raise.
+AUTOLOAD_OFF = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+
+
 def broken_site(tmp_path, prelude: str | None = None, metadata_bytes: bytes | None = None):
     """The fake site whose torch_neuronx runs ``prelude`` first thing at import, or whose METADATA is replaced."""
-    site = make_site(tmp_path, entry_points=False)
+    site = make_site(tmp_path)
     if prelude is not None:
         init = site / "torch_neuronx" / "__init__.py"
         future = "from __future__ import annotations\n"
@@ -281,13 +319,13 @@ UNREADABLE = ("torch-neuronx is installed but its metadata cannot be read (Unico
 ], ids=["sys.exit(3)", "sys.exit()", "KeyboardInterrupt", "ImportError", "METADATA not UTF-8"])
 def test_a_broken_torchneuronx_never_breaks_import_torch(tmp_path, prelude, metadata_bytes, problem):
     site = broken_site(tmp_path, prelude, metadata_bytes)
-    r = run("import torch\nprint('ok', torch.ones(2).sum().item())", site=site)
+    r = run("import torch\nimport neuron_lab\nprint('ok', torch.ones(2).sum().item())", site=site, env=AUTOLOAD_OFF)
     assert (r.rc, r.out) == (0, "ok 2.0\n"), r.err
     assert "Traceback" not in r.err and "Failed to load the backend extension" not in r.err
     if metadata_bytes is not None:
         problem = problem.format(pos=next(site.glob("*.dist-info/METADATA")).read_bytes().index(b"\xff"))
     assert f"RuntimeWarning: neuron_lab: {problem} (run `neuron-lab doctor` for details)" in r.err
-    doctor = run(argv=[str(BIN / "neuron-lab"), "doctor"], site=site)
+    doctor = run(argv=[str(BIN / "neuron-lab"), "doctor"], site=site, env=AUTOLOAD_OFF)
     assert doctor.rc == 1 and "Traceback" not in doctor.err  # no neuron device, and doctor says why
     d = doctor_lines(doctor.out)
     assert d["torch"].startswith("2.")
@@ -298,7 +336,8 @@ def test_a_broken_torchneuronx_never_breaks_import_torch(tmp_path, prelude, meta
 
 def test_an_unreadable_torchneuronx_install_still_allows_the_emulator_when_asked(tmp_path):
     site = broken_site(tmp_path, metadata_bytes=b"\xff ")
-    s = run("import torch\n" + PROBE, site=site, env={"NEURON_LAB_BACKEND": "emulator"}).json()
+    s = run("import torch\nimport neuron_lab\n" + PROBE, site=site,
+            env={"NEURON_LAB_BACKEND": "emulator", **AUTOLOAD_OFF}).json()
     assert s["kind"] == "emulator" and s["device"] == "neuron:0"
     assert len([p for p in s["problems"] if "torch-neuronx is installed but its metadata cannot be read" in p]) == 1
 
@@ -311,12 +350,13 @@ def test_a_ctrl_c_pressed_while_torchneuronx_imports_still_interrupts(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(30)
     """)
-    r = run("import torch\nprint('ok')", site=site, timeout=60)
+    r = run("import torch\nimport neuron_lab\nprint('ok')", site=site, env=AUTOLOAD_OFF, timeout=60)
     assert r.rc != 0 and r.out == "" and "KeyboardInterrupt" in r.err
     assert "no Ctrl-C was pressed" not in r.err
 
 
 def test_warnings_as_errors_do_not_break_import_torch(tmp_path):
     site = broken_site(tmp_path, "import sys\nsys.exit(3)\n")
-    r = run(argv=[str(BIN / "python"), "-W", "error", "-c", "import torch\nprint('ok')"], site=site)
+    r = run(argv=[str(BIN / "python"), "-W", "error", "-c", "import torch\nimport neuron_lab\nprint('ok')"], site=site,
+            env=AUTOLOAD_OFF)
     assert (r.rc, r.out) == (0, "ok\n"), r.err

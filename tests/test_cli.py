@@ -25,6 +25,25 @@ def test_doctor_reports_backend_devices_coverage_and_env():
     assert "problems     none" in out
 
 
+def test_doctor_on_the_emulator_says_what_the_torchneuron_lines_are(tmp_path):
+    """TorchNeuron's settings are listed apart and said to be unread here; the build line and neuron-ls say what
+    they are; a neuron-ls on PATH is run (with a timeout) and its output shown."""
+    import os
+
+    out = run("doctor", env={**os.environ, "PATH": str(tmp_path)}).stdout  # no neuron-ls anywhere on PATH
+    assert "  build        emulator (no TorchNeuron build)" in out
+    assert "  neuron-ls    not on PATH (the Neuron tools come with the Neuron SDK on Trn instances)" in out
+    section = out.split("  TorchNeuron settings (not read by the emulator)\n", 1)[1].split("  problems", 1)[0]
+    names = [line.split()[0] for line in section.splitlines()]
+    assert "NEURON_LAUNCH_BLOCKING" in names and "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS" in names
+    assert "NEURON_LAUNCH_BLOCKING" not in out.split("  TorchNeuron settings", 1)[0]  # not among neuron_lab's own
+    tool = tmp_path / "neuron-ls"
+    tool.write_text("#!/bin/sh\necho 'NEURON DEVICE 0: held by pid 4242'\n")
+    tool.chmod(0o755)
+    out = run("doctor", env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}).stdout
+    assert f"  neuron-ls    {tool} (exit 0)\n    NEURON DEVICE 0: held by pid 4242\n" in out
+
+
 def test_coverage_show_lists_fallbacks_and_rejects_unknown():
     r = run("coverage", "show")
     assert r.returncode == 0

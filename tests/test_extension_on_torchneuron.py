@@ -7,7 +7,14 @@ Verified only against the fake in ``tests/fake_torchneuronx``, not on Trainium.
 
 from __future__ import annotations
 
-from fake_torchneuronx import SITE, run
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from fake_torchneuronx import SITE, child_env, run
 
 PROGRAM = """
 import json
@@ -34,6 +41,146 @@ def test_the_cell_report_is_the_same_over_the_torchneuron_adapter():
     assert out["rows"] == [["aten::atan2", "fallback", 2, [[n, 3, "z = torch.atan2(x, y)", 2]]]]
     assert out["ops"] >= 3  # add and two atan2, observed through the adapter's dispatch mode
     assert f"at In[{n}] line 3: z = torch.atan2(x, y)  (2×)" in out["out"]
+
+
+# -- the runtime is the user's: nothing in neuron_lab starts it (tnx torch_neuronx/__init__.py:209-238) ------------
+RUNTIME = """
+import contextlib, io, json
+import torch, torch_neuronx
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from neuron_lab import cli
+from neuron_lab.extension import session_of
+from neuron_lab.session.session import Status, banner
+
+def doctor():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(["doctor"])
+    return rc, next(line.strip() for line in out.getvalue().splitlines() if line.strip().startswith("devices"))
+
+def seen():
+    s = session_of(sh)
+    return {"runtime": torch_neuronx.is_neuron_runtime_initialized(), "banner": banner(s),
+            "status": next(line for line in Status(s).lines if line.startswith("memory:")), "doctor": doctor()}
+
+sh = InteractiveShell()
+with capture_output() as load:
+    sh.run_line_magic("load_ext", "neuron_lab")
+sh.run_cell("y = 1 + 1", store_history=True)  # a cell that never touches the device
+out = {"loaded": load.stdout, "before": seen()}
+with capture_output():
+    sh.run_cell("import torch\\nx = torch.ones(8, device='neuron')", store_history=True)
+out["after"] = seen()
+print(json.dumps(out))
+"""
+
+
+def test_loading_the_extension_leaves_the_neuron_runtime_to_the_user():
+    out = run(RUNTIME, site=SITE, timeout=180).json()
+    before, after = out["before"], out["after"]
+    assert before["runtime"] is False  # load, banner, a cell report, %neuron status and doctor started nothing
+    assert " · capacity after first device use · mode default" in out["loaded"]
+    assert before["banner"] == out["loaded"].strip()
+    assert before["status"].endswith("capacity after first device use")
+    assert before["doctor"] == [0, "devices      1 (neuron:0); capacity after first device use"]
+    assert after["runtime"] is True  # the user's device tensor started it; now the device's own numbers show
+    assert " · 24.00 GiB · mode default" in after["banner"]
+    assert after["status"].endswith("capacity 24.00 GiB")
+    assert after["doctor"] == [0, "devices      1 (neuron:0); capacity 24.00 GiB per device"]
+
+
+HELD = """
+import contextlib, io, json
+import torch, torch_neuronx
+from neuron_lab import cli
+from neuron_lab.backend.torchneuron import TorchNeuronBackend
+try:
+    torch.ones(1, device="neuron")  # the user's first device use: the runtime cannot start
+    first_use = "ok"
+except RuntimeError as e:
+    first_use = str(e)
+out = {"first_use": first_use}
+for name in ("lazy", "eager"):
+    if name == "eager":  # fault injection: a capacity read that starts the runtime, as before this change
+        TorchNeuronBackend.capacity = lambda self: int(torch.neuron.get_device_properties(0).total_memory)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli.main(["doctor"])
+    out[name] = [rc, buf.getvalue()]
+print(json.dumps(out))
+"""
+
+
+def test_doctor_with_a_neuron_runtime_held_elsewhere_says_so_and_finishes():
+    out = run(HELD, site=SITE, env={"FAKE_NRT_HELD": "1"}).json()
+    assert out["first_use"] == "Failed to initialize Neuron Runtime: status code 1"
+    rc, text = out["lazy"]
+    assert rc == 0 and "devices      1 (neuron:0); capacity after first device use" in text
+    rc, text = out["eager"]
+    assert rc == 0 and "Traceback" not in text
+    assert ("devices      unknown: the Neuron runtime did not start (Failed to initialize Neuron Runtime: status code "
+            "1); another process holds the NeuronCores (a notebook kernel or a training job): stop it, or give each "
+            "process its own cores with NEURON_RT_VISIBLE_CORES") in text
+    assert "  TorchNeuron settings" in text and "  problems     none" in text  # the rest of doctor still prints
+
+
+# -- ranks load the extension before init_process_group, and pass TorchNeuron's check (backend.py:292-295) ---------
+RANK = """
+import json, sys
+from datetime import timedelta
+from IPython.core.interactiveshell import InteractiveShell
+import torch.distributed as dist
+import torch_neuronx
+sh = InteractiveShell()
+if sys.argv[1] == "ranks":  # a %neuron ranks engine
+    from neuron_lab import agent
+    joined = agent.join_ranks(sh, 60)
+else:  # a `neuron-lab run --nproc` rank: the runner installs the extension, then the notebook's code joins
+    from neuron_lab.runner import kernel
+    kernel.install(sh)
+    if sys.argv[1] == "device first":  # the stand-in's check is live: a device use before joining fails it
+        import torch
+        torch.ones(1, device="neuron")
+    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=60))
+print(json.dumps({"rank": dist.get_rank(), "runtime": torch_neuronx.is_neuron_runtime_initialized()}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("launcher", ["ranks", "runner"])
+def test_two_ranks_load_the_extension_then_init_process_group(launcher):
+    procs = _ranks(launcher)
+    results = [p.communicate(timeout=180) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-3000:]
+        assert "Neuron runtime should not be initialized" not in err
+    seen = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
+    assert sorted(s["rank"] for s in seen) == [0, 1]
+    assert all(s["runtime"] for s in seen)  # init_process_group started it, as TorchNeuron's does
+
+
+def test_a_device_use_before_init_process_group_fails_torchneurons_check():
+    procs = _ranks("device first")
+    errs = [p.communicate(timeout=180)[1] for p in procs]
+    assert all(p.returncode != 0 for p in procs)
+    assert any("AssertionError: Neuron runtime should not be initialized before the init_process_group." in e
+               for e in errs), errs[0][-3000:]
+
+
+def _ranks(launcher: str) -> list[subprocess.Popen]:
+    """Two ranks on one host, each running RANK with ``launcher``, as torchrun would start them."""
+    port = _free_port()
+    envs = [child_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, SITE) for r in range(2)]
+    return [subprocess.Popen([sys.executable, "-c", RANK, launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=tempfile.gettempdir(), env=env) for env in envs]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 ACCOUNT = """

@@ -27,6 +27,7 @@ from neuron_lab.backend.torchneuron import TorchNeuronBackend
 
 b = backend.active()
 report = {"type": type(b).__name__, "kind": b.kind, "description": b.description, "summary": b.summary()}
+report["runtime"] = [torch_neuronx.is_neuron_runtime_initialized()]  # after the adapter's summary: still not up
 
 # -- a known program, observed while subscribed -----------------------------------------------
 events = []
@@ -39,6 +40,8 @@ def on_event(event, args, kwargs):
 b.clear_op_tracking()
 unsubscribe = b.subscribe(on_event)
 a = torch.randn(3, 4, device="neuron")
+report["runtime"].append(torch_neuronx.is_neuron_runtime_initialized())  # the first device tensor started it
+report["capacity_after_first_use"] = b.capacity()
 w = torch.randn(3, 4, device="neuron", requires_grad=True)
 for _ in range(3):
     c = torch.atan2(a, w)  # LINE:atan2
@@ -135,7 +138,14 @@ def test_the_adapter_is_active_for_torch_neuronx(report):
     assert report["type"] == "TorchNeuronBackend" and report["kind"] == "torchneuron"
     assert report["description"] == "TorchNeuron (torch-neuronx 2.14.3.0)"
     assert report["summary"] == {"kind": "torchneuron", "version": "2.14.3.0", "devices": 1,
-                                 "capacity": 24 * 1024**3, "coverage": None}
+                                 "capacity": None, "coverage": None}  # None: read only once the runtime is up
+
+
+def test_the_adapter_never_starts_the_neuron_runtime(report):
+    """get_device_properties starts the runtime (tnx torch_neuronx/__init__.py:235-236): the capacity waits for the
+    user's first device use, then is the device's."""
+    assert report["runtime"] == [False, True]
+    assert report["capacity_after_first_use"] == 24 * 1024**3
 
 
 def test_fallback_and_executed_sets_are_torchneuronx_own(report):

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from neuron_lab.backend import foreign
+from neuron_lab.backend import foreign, torchneuron_env
 from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 from neuron_lab.backend.selection import EMULATOR, NONE, TORCHNEURON, Decision, decide
 
@@ -49,6 +49,7 @@ def activate() -> Decision:
 
                 d.problems.extend(emulator.install().problems)
             elif d.kind == TORCHNEURON:
+                torchneuron_env.record_before_import()  # doctor then knows which settings torch_neuronx set
                 foreign.import_module("torch_neuronx")  # its sys.exit() or own KeyboardInterrupt: an error
                 if torch._C._get_privateuse1_backend_name() != "neuron":
                     raise RuntimeError("it imported but did not register the 'neuron' device")

@@ -70,13 +70,28 @@ class NeuronBackend(ABC):
         """What else a status line should say about this backend (the emulator: which core runs)."""
         return ""
 
+    @property
+    def build(self) -> str:
+        """Doctor's line on what build of the device's software runs (TorchNeuron: its BUILD_TYPE)."""
+        return f"{self.kind} (no TorchNeuron build)"
+
+    @property
+    def torchneuron_settings(self) -> str:
+        """What TorchNeuron's own variables (``settings.torchneuron()``) are to this backend, for doctor."""
+        return f"not read by the {self.kind}"
+
+    def torchneuron_setting(self, name: str) -> str:
+        """What doctor says beside TorchNeuron's variable ``name`` (who set it), "" when nothing."""
+        return ""
+
     # -- device and memory ---------------------------------------------------------------------
     @abstractmethod
     def device_count(self) -> int: ...
 
     @abstractmethod
-    def capacity(self) -> int:
-        """Bytes of device memory on device 0."""
+    def capacity(self) -> int | None:
+        """Bytes of device memory on device 0; None when it cannot be known without starting the device's runtime
+        (TorchNeuron before the user's first device use: reading it would take every NeuronCore)."""
 
     def synchronize(self, device: DeviceSpec = None) -> None:
         import torch

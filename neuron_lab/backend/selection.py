@@ -2,7 +2,11 @@
 
 Importing ``torch_neuronx`` to probe would re-raise without the Neuron runtime, and PrivateUse1
 can be claimed only once per process, so the decision reads distribution metadata and the
-PrivateUse1 owner only.
+PrivateUse1 owner only. Native TorchNeuron is known by its ``torch.backends`` entry point
+(tnx pyproject.toml:14-15), which the legacy XLA library lacks: a DEV or source build is version
+0.1.0, so no version number tells them apart. TorchNeuron registers `neuron` whenever it is
+imported and never gives way (tnx torch_neuronx/__init__.py:67-72,119-128), so the emulator is
+never installed beside it: asking for it there is refused.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from neuron_lab import settings
 
 _BACKEND = settings.env("NEURON_LAB_BACKEND")
 BACKEND_ENV, CHOICES = _BACKEND.name, _BACKEND.choices
-NATIVE_MIN_VERSION = (2, 13, 3)  # torch-neuronx below this is the legacy XLA library
+NATIVE_ENTRY_POINT = "torch_neuronx:_autoload"  # native TorchNeuron's torch.backends entry point
 EMULATOR, TORCHNEURON, NONE = "emulator", "torchneuron", "none"
 
 
@@ -24,16 +28,6 @@ class Decision:
     reason: str
     torchneuron_version: str | None = None
     problems: list[str] = field(default_factory=list)  # autoload or configuration trouble, for `doctor`
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    out = []
-    for part in v.split("."):
-        digits = "".join(ch for ch in part if ch in "0123456789")
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
 
 
 class UnreadableInstall(RuntimeError):
@@ -54,6 +48,15 @@ def installed_torchneuron() -> str | None:
                                 f"({type(e).__name__}: {e}); reinstall it") from e
 
 
+def declares_native_entry_point() -> bool:
+    """Whether the installed ``torch-neuronx`` declares native TorchNeuron's ``torch.backends`` entry point."""
+    try:
+        eps = metadata.distribution("torch-neuronx").entry_points
+    except Exception:  # not installed, or unreadable (installed_torchneuron says which)
+        return False
+    return any(ep.group == "torch.backends" and ep.value.replace(" ", "") == NATIVE_ENTRY_POINT for ep in eps)
+
+
 def _privateuse1_owner() -> str:
     import torch
 
@@ -71,7 +74,8 @@ def decide(env: dict[str, str] | None = None) -> Decision:
                             None, [*problems, str(e)])
         problems.append(str(e))
         version = None
-    if version == "":
+    native = version is not None and declares_native_entry_point()
+    if version == "" and not native:
         problems.append("torch-neuronx is installed but its metadata has no Version (a broken install?); "
                         "treating it as the legacy XLA library")
     owner = _privateuse1_owner()
@@ -81,24 +85,19 @@ def decide(env: dict[str, str] | None = None) -> Decision:
     if owner not in ("privateuseone", "neuron"):
         return Decision(NONE, f"PrivateUse1 already belongs to the {owner!r} backend; neuron_lab stays off",
                         version, problems)
-    native = version is not None and _version_tuple(version) >= NATIVE_MIN_VERSION
+    if choice == "emulator" and native:
+        # Installed first, the emulator would make torch-neuronx's own import (its autoload, or any later
+        # `import torch_neuronx`) fail, and with it `import torch`.
+        problems.append(f"{BACKEND_ENV}=emulator refused: the native torch-neuronx {version} is installed and takes "
+                        "the 'neuron' device whenever it is imported, so the emulator cannot sit beside it; use an "
+                        "environment without torch-neuronx for the emulator")
+        return Decision(TORCHNEURON, f"torch-neuronx {version} is installed (native TorchNeuron backend; "
+                                     f"{BACKEND_ENV}=emulator refused)", version, problems)
     if choice == "emulator":
         if owner == "neuron" and not _emulator_owns_neuron():
-            # PyTorch ran torch-neuronx's autoload before ours (entry point order is unspecified),
-            # and PrivateUse1 is claimed once per process: the emulator cannot take over any more.
-            how = ("set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and `import neuron_lab` before anything imports "
-                   "torch_neuronx")
-            if native:
-                problems.append(f"{BACKEND_ENV}=emulator was not honoured: torch-neuronx {version} registered "
-                                f"'neuron' before neuron_lab loaded; {how}")
-                return Decision(TORCHNEURON, f"torch-neuronx {version} registered 'neuron' first in this process "
-                                             f"({BACKEND_ENV}=emulator could not take over)", version, problems)
             return Decision(NONE, f"{BACKEND_ENV}=emulator, but another backend registered 'neuron' first "
-                                  f"in this process ({how})", version, problems)
-        why = f"{BACKEND_ENV}=emulator"
-        if native:
-            why += f" (overrides the installed torch-neuronx {version})"
-        return Decision(EMULATOR, why, version, problems)
+                                  "in this process", version, problems)
+        return Decision(EMULATOR, f"{BACKEND_ENV}=emulator", version, problems)
     if native:
         return Decision(TORCHNEURON, f"torch-neuronx {version} is installed (native TorchNeuron backend)",
                         version, problems)

@@ -1,4 +1,4 @@
-"""The backend interface over the real TorchNeuron (``torch-neuronx`` >= 2.13.3).
+"""The backend interface over the real TorchNeuron (a ``torch-neuronx`` with its ``torch.backends`` entry point).
 
 TorchNeuron's own tracking gives sets of unique op names; those sets are what
 ``get_fallback_ops``/``get_executed_ops`` return, read after a ``synchronize``. While somebody
@@ -26,6 +26,7 @@ import torch
 from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from neuron_lab.backend import torchneuron_env
 from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, WindowAccount
 from neuron_lab.backend.interface import NeuronBackend
 from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, SOURCE
@@ -204,6 +205,7 @@ class TorchNeuronBackend(NeuronBackend):
         self._lock = threading.Lock()
         self._windows: list[_Window] = []  # tracked windows open now, innermost last
         self._compiled: set[Any] = set()  # NEFF cache keys of the graphs whose compile time a window counted
+        self._capacity: int | None = None
 
     @property
     def version(self) -> str:
@@ -217,11 +219,29 @@ class TorchNeuronBackend(NeuronBackend):
     def name(self) -> str:
         return f"TorchNeuron {self.version}"
 
+    @property
+    def build(self) -> str:
+        bt = torchneuron_env.build_type()
+        return (f"{bt} (torch_neuronx._build_config.BUILD_TYPE)" if bt else
+                "unknown: torch_neuronx has no _build_config (an editable install, which takes the DEV defaults)")
+
+    @property
+    def torchneuron_settings(self) -> str:
+        return "read by TorchNeuron; those it set at import when unset are marked"
+
+    def torchneuron_setting(self, name: str) -> str:
+        return torchneuron_env.who_set(name)
+
     def device_count(self) -> int:
         return torch.neuron.device_count()
 
-    def capacity(self) -> int:
-        return int(torch.neuron.get_device_properties(0).total_memory)
+    def capacity(self) -> int | None:
+        """None until the user's code has started the Neuron runtime: ``get_device_properties`` runs
+        ``_lazy_init`` (nrt_init, which takes every NeuronCore), and a rank that finds the runtime started fails
+        ``init_process_group`` (tnx torch_neuronx/__init__.py:209-238, distributed/backend.py:292-295)."""
+        if self._capacity is None and self._tnx.is_neuron_runtime_initialized():
+            self._capacity = int(torch.neuron.get_device_properties(0).total_memory)
+        return self._capacity
 
     # memory: the interface's reads (nested memory_stats, a synchronize before each) are TorchNeuron's already
 

@@ -47,8 +47,9 @@ def merge_reports(rs: list[Report]) -> Report:
                    coverage=coverages.pop() if len(coverages) == 1 else ", ".join(sorted(c for c in coverages if c)))
     if not rs:
         return total
+    known = [r.memory.capacity for r in rs if r.memory.capacity is not None]  # None: before the runtime was up
     total.memory = Memory(rs[0].memory.before, rs[-1].memory.after, max(r.memory.peak for r in rs),
-                          max(r.memory.capacity for r in rs), sum(r.memory.host_rss_delta for r in rs))
+                          max(known, default=None), sum(r.memory.host_rss_delta for r in rs))
     c = total.compiles = Compiles()
     for r in rs:
         total.wall_s += r.wall_s

@@ -82,7 +82,7 @@ class Memory:
     before: int = 0
     after: int = 0
     peak: int = 0
-    capacity: int = 0
+    capacity: int | None = 0  # None: not known without starting the device's runtime (units.CAPACITY_UNKNOWN)
     host_rss_delta: int = 0
 
     @property

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
 from neuron_lab.report.model import Compiles, OpRow, OutOfMemory, Report
-from neuron_lab.units import count, format_delta, format_seconds, format_size
+from neuron_lab.units import count, format_capacity, format_delta, format_seconds, format_size
 
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
 
@@ -54,7 +54,7 @@ def memory_table(r: Report) -> Table:
     m = r.memory
     return Table(["memory before", "after", "Δ", "peak", "capacity", "host RSS Δ", "host→device", "device→host"],
                  [[format_size(m.before), format_size(m.after), format_delta(m.delta), format_size(m.peak),
-                   format_size(m.capacity), format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
+                   format_capacity(m.capacity), format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
                    format_size(r.d2h_bytes)]])
 
 

@@ -12,7 +12,7 @@ from html import escape
 
 from neuron_lab.runner.gates import GateResult
 from neuron_lab.runner.summary import Summary, op_line
-from neuron_lab.units import count, format_seconds, format_size
+from neuron_lab.units import count, format_capacity, format_seconds, format_size
 
 CSS = """<style>
 .neuron-lab-run {font-family: system-ui, sans-serif; font-size: 13px; margin: 0 0 1.5em 0; padding: 0.8em 1em;
@@ -51,7 +51,7 @@ def facts(s: Summary) -> list[tuple[str, str]]:
                      + "; ".join(op_line(r) for r in t.fallbacks))
     peak = "no cell reported"
     if s.peak_at is not None:
-        peak = f"{format_size(t.memory.peak)} of {format_size(t.memory.capacity)}, in {s.peak_at}"
+        peak = f"{format_size(t.memory.peak)} of {format_capacity(t.memory.capacity)}, in {s.peak_at}"
     return [("cells run", f"{s.ran} of {s.cells}"), ("failures", failures), ("CPU fallbacks", fallbacks),
             ("peak device memory", peak), ("time", f"{format_seconds(s.seconds)} (kernel start included)")]
 

@@ -17,7 +17,7 @@ from neuron_lab.report.aggregate import merge_reports
 from neuron_lab.report.model import OpRow, Report, Site
 from neuron_lab.report.text import render_text
 from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, CellRecord
-from neuron_lab.units import count, format_seconds, format_size
+from neuron_lab.units import count, format_capacity, format_seconds, format_size
 
 SITES_SHOWN = 3  # call sites an op_line lists; the JSON has all
 
@@ -82,7 +82,7 @@ def render(s: Summary) -> list[str]:
     share = ""
     if m.capacity:
         share = f" ({m.peak / m.capacity:.1%})" if m.peak >= m.capacity / 1000 else " (<0.1%)"
-    lines.append(f"  peak device memory: {format_size(m.peak)} of {format_size(m.capacity)}{share}, in {s.peak_at}")
+    lines.append(f"  peak device memory: {format_size(m.peak)} of {format_capacity(m.capacity)}{share}, in {s.peak_at}")
     return lines + _errors(s)
 
 

@@ -29,7 +29,7 @@ from neuron_lab.session.config import NeuronLab
 from neuron_lab.session.oom import OomHandler
 from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import Renaming, SiteMap, Tracker
-from neuron_lab.units import ShownAsText, count, format_size
+from neuron_lab.units import ShownAsText, count, format_capacity, format_size
 
 
 @dataclass
@@ -404,7 +404,11 @@ def banner(session: Session) -> str:
     coverage = f", coverage {b.coverage.name}" if b.coverage else ""
     detail = f" · {b.detail}" if b.detail else ""
     return (f"neuron_lab {__version__}: {b.name} backend{coverage} · device {session.device} · "
-            f"{format_size(b.capacity())} · mode {session.mode}{detail}")
+            f"{_banner_capacity(b.capacity())} · mode {session.mode}{detail}")
+
+
+def _banner_capacity(n: int | None) -> str:
+    return format_capacity(n) if n is not None else f"capacity {format_capacity(n)}"
 
 
 class Status(ShownAsText):
@@ -418,7 +422,7 @@ class Status(ShownAsText):
             m = b.memory_reading(s.device)
             self.lines.append(f"backend: {b.description}")
             self.lines.append(f"memory:  {format_size(m.allocated)} allocated on {s.device}, "
-                              f"peak {format_size(m.peak)}, capacity {format_size(b.capacity())}")
+                              f"peak {format_size(m.peak)}, capacity {format_capacity(b.capacity())}")
             self.lines.append(f"         {format_size(m.reserved)} reserved, {format_size(m.active)} active, "
                               f"allocation retries {m.alloc_retries}, OOMs {m.ooms}")
             if b.peak_note:

@@ -250,7 +250,7 @@ function memoryView(ctx) {
     h("div", { class: "nl-numbers" },
       h("span", {}, "allocated ", h("b", { "data-testid": "nl-mem-allocated" }, fmtBytes(live.allocated || 0))),
       h("span", {}, "peak ", h("b", { "data-testid": "nl-mem-peak" }, fmtBytes(live.peak || 0))),
-      h("span", {}, "capacity ", h("b", {}, fmtBytes(live.capacity || 0)))),
+      h("span", {}, "capacity ", h("b", {}, live.capacity_text || fmtBytes(live.capacity || 0)))),
     memoryBar(live, "nl-mem-bar"),
     timeline(ctx, m, live),
     h("div", { class: "nl-actions" }, button, note, m.freed ? h("pre", { class: "nl-pre" }, m.freed) : null),
@@ -399,7 +399,7 @@ function stripView(ctx) {
   const { data, live } = ctx;
   return h("div", { class: "nl-strip" },
     h("span", {}, `${live.device || ""} · ${live.mode || ""}`), memoryBar(live, "nl-strip-bar"),
-    h("span", {}, fmtBytes(live.allocated || 0) + " / " + fmtBytes(live.capacity || 0)),
+    h("span", {}, fmtBytes(live.allocated || 0) + " / " + (live.capacity_text || fmtBytes(live.capacity || 0))),
     h("span", {}, h("b", {}, fmtInt(live.fallback_calls)), " " + offDeviceCall(data, live.fallback_calls)),
     h("span", { class: "nl-muted" }, live.busy ? `running ${fmtSec(live.elapsed_s || 0)}` : `done in ${fmtSec(live.elapsed_s || 0)}`),
     compiling(live));

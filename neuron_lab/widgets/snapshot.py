@@ -20,6 +20,7 @@ from neuron_lab import kinds
 from neuron_lab.backend import coverage
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import SOURCE, Report, as_data
+from neuron_lab.units import format_capacity
 
 TITLES = {"memory": "Memory", "tensors": "Tensors", "fallbacks": kinds.title(kinds.FALLBACK), "compiles": "Compiles"}
 VIEWS = tuple(TITLES)  # the views, in tab order: the one list (``%neuron dashboard``, ``neuron_lab.show``)
@@ -52,7 +53,9 @@ def live(session: Any) -> dict[str, Any]:
         return {"busy": session.running is not None, "allocated": 0, "peak": 0, "capacity": 0}
     b = _backend.active()
     allocated, peak = b.memory_sample(session.device)
-    d: dict[str, Any] = {"busy": False, "allocated": allocated, "peak": peak, "capacity": b.capacity(),
+    capacity = b.capacity()  # None until the runtime is up (TorchNeuron): the views say so, in the one phrase
+    d: dict[str, Any] = {"busy": False, "allocated": allocated, "peak": peak, "capacity": capacity,
+                         "capacity_text": format_capacity(capacity),
                          "t": round(session.timeline.now(), 3), "mode": session.mode, "device": str(session.device)}
     tracker = session.running
     if tracker is not None:  # the running cell's: its counters, its op rows so far, a compile in progress

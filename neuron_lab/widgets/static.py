@@ -41,7 +41,8 @@ def _strip_line(data: dict, live: dict) -> str:
     else:
         state = "idle"
     return (f"neuron_lab · {live.get('device', h.get('device'))} · mode {live.get('mode', h.get('mode'))} · "
-            f"{format_size(live.get('allocated', 0))} of {format_size(cap)}{pct} · {state}")
+            f"{format_size(live.get('allocated', 0))} of {live.get('capacity_text') or format_size(cap)}{pct} · "
+            f"{state}")
 
 
 def compiling_line(c: dict) -> str:

@@ -30,13 +30,17 @@ _SCRUB_PREFIXES = ("NEURON_LAB_", "TORCH_NEURONX_", "NEURON_RT_")
 _CWD = tempfile.mkdtemp(prefix="neuron-lab-child-")
 
 
-def make_site(tmp_path: Path, version: str | None = "2.14.3.0", entry_points: bool = True) -> Path:
-    """A copy of the fake site that declares ``version`` (None: a METADATA without a Version line).
+def make_site(tmp_path: Path, version: str | None = "2.14.3.0", entry_points: bool = True,
+              build: str = "RELEASE") -> Path:
+    """A copy of the fake site that declares ``version`` (None: a METADATA without a Version line), built as
+    ``build`` (``torch_neuronx._build_config.BUILD_TYPE``: a DEV or source build is version 0.1.0).
 
-    The legacy XLA library is modelled without entry points.
+    The legacy XLA library is modelled without entry points: their presence, not the version, makes it native.
     """
     site = tmp_path / f"site-{version}"
     shutil.copytree(SITE / "torch_neuronx", site / "torch_neuronx", ignore=shutil.ignore_patterns("__pycache__"))
+    config = site / "torch_neuronx" / "_build_config.py"
+    config.write_text(config.read_text().replace('BUILD_TYPE = "RELEASE"', f"BUILD_TYPE = {build!r}", 1))
     dist = site / f"torch_neuronx-{version or 'unknown'}.dist-info"
     dist.mkdir()
     meta = (_DIST / "METADATA").read_text().replace("Version: 2.14.3.0\n", f"Version: {version}\n" if version else "")
@@ -62,7 +66,8 @@ class Result:
 def child_env(env: dict[str, str] | None = None, site: Path | None = None) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
     base["PYTHONDONTWRITEBYTECODE"] = "1"
-    base["PYTHONPATH"] = os.pathsep.join(str(p) for p in (site, Path(__file__).parents[2]) if p is not None)
+    root = str(Path(__file__).parents[2])  # this tree's neuron_lab, wherever the venv's editable install points
+    base["PYTHONPATH"] = root if site is None else os.pathsep.join([str(site), root])
     return {**base, **(env or {})}
 
 

@@ -1,41 +1,56 @@
-"""Stand-in for the native TorchNeuron package (``torch-neuronx`` >= 2.13.3), for neuron_lab's tests only.
+"""Stand-in for the native TorchNeuron package (``torch-neuronx``), for neuron_lab's tests only.
 
-Not AWS code and not a simulation of Trainium: it implements the documented Python surface that
-neuron_lab's adapter reads (see ``tests/fake_torchneuronx/README.md``). Like the real package,
-importing it registers the `neuron` PrivateUse1 device, unless another backend already owns
-PrivateUse1, in which case it leaves device registration to that backend. A version below 2.13.3
-stands for the legacy XLA library, which never touches PrivateUse1.
+Not AWS code and not a simulation of Trainium: it mirrors the facts of the real source that neuron_lab
+depends on (see ``tests/fake_torchneuronx/README.md``, each with its tnx file:line). Like the real package,
+importing it sets its environment defaults and registers the `neuron` PrivateUse1 device unconditionally,
+and the Neuron runtime starts only at the first device use. A distribution without the ``torch.backends``
+entry point stands for the legacy XLA library, which never touches PrivateUse1.
 """
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 
-import torch
+from torch_neuronx import _build_config, _runtime, _tracking
 
-from torch_neuronx import _tracking
+__version__ = metadata.version("torch-neuronx")  # a DEV/source build is 0.1.0 (tnx torch_neuronx/__init__.py:1)
 
-__version__ = metadata.version("torch-neuronx")
-NATIVE_MIN_VERSION = (2, 13, 3)
+# Defaults set at import, the user's values kept (tnx torch_neuronx/__init__.py:44-65).
+os.environ.setdefault("NEURON_LAUNCH_BLOCKING", _build_config.DEFAULT_SYNC_MODE)
+os.environ.setdefault("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS",
+                      _build_config.DEFAULT_FALLBACK_ONLY_FOR_UNIMPLEMENTED)
+os.environ.setdefault("TORCH_NEURONX_ENABLE_ASYNC_NRT", "1")
+os.environ.setdefault("TORCH_NEURONX_ENABLE_STACK_TRACE", "0")
 
 
-def _native(version: str) -> bool:
-    parts = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:3])
-    return parts >= NATIVE_MIN_VERSION
+def _native() -> bool:
+    """Native TorchNeuron declares ``torch_neuronx = torch_neuronx:_autoload`` (tnx pyproject.toml:14-15)."""
+    eps = metadata.distribution("torch-neuronx").entry_points
+    return any(ep.group == "torch.backends" and ep.value == "torch_neuronx:_autoload" for ep in eps)
 
 
 registered = False  # fake-only: whether this import registered the `neuron` device
-backed_off_for: str | None = None  # fake-only: the PrivateUse1 owner it deferred to
 
-if _native(__version__):
-    _owner = torch._C._get_privateuse1_backend_name()
-    if _owner == "privateuseone":
-        from torch_neuronx import _device
+if _native():
+    # No backing off: the real package registers whoever owns PrivateUse1, so its import fails when another
+    # backend has it (tnx torch_neuronx/__init__.py:67-72 `_C._register_device()`, :119-128 rename and
+    # `torch._register_device_module("neuron", ...)`, which raises when torch.neuron exists).
+    from torch_neuronx import _device
 
-        _device.register()
-        registered = True
-    else:
-        backed_off_for = _owner
+    _device.register()
+    registered = True
+    from torch_neuronx import distributed
+
+    distributed.register()
+
+
+def is_neuron_runtime_initialized() -> bool:
+    """False until the first device use (tnx torch_neuronx/__init__.py:182-183)."""
+    return _runtime.is_initialized()
+
+
+_lazy_init = _runtime.lazy_init  # tnx torch_neuronx/__init__.py:137-157
 
 get_fallback_ops = _tracking.get_fallback_ops
 get_executed_ops = _tracking.get_executed_ops
@@ -60,7 +75,8 @@ from torch_neuronx.neuron import (  # noqa: E402  (the top-level aliases the rea
 )
 
 __all__ = ["clear_op_tracking", "current_device", "device_count", "empty_cache", "get_device_properties",
-           "get_dynamo_metrics", "get_executed_ops", "get_fallback_ops", "max_memory_allocated",
+           "get_dynamo_metrics", "get_executed_ops", "get_fallback_ops", "is_neuron_runtime_initialized",
+           "max_memory_allocated",
            "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
            "reset_dynamo_metrics", "reset_peak_memory_stats", "set_device", "synchronize"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx import _host_kernels, _tracking
+from torch_neuronx import _host_kernels, _runtime, _tracking
 
 CAPACITY = 24 * 1024**3  # one Trn2 logical NeuronCore's HBM
 
@@ -94,6 +94,10 @@ def register() -> None:
         :82-88; csrc/core/metrics/NeuronMetrics.cpp RecordNewAllocation/RecordDeallocation): a tensor's bytes count as
         allocated and active, nothing as reserved (April's reserved_bytes is "currently unused"); past ``capacity``
         (set it in a test: ``_device.state().allocator.capacity = n``) it raises the real RuntimeError."""
+
+        def _register(self, *args, **kwargs):  # a device allocation starts the runtime (tnx
+            _runtime.lazy_init()  # csrc/aten/NeuronNativeFunctions.cpp:252, maybe_lazy_init)
+            return super()._register(*args, **kwargs)
 
         def _check_capacity(self, nbytes: int) -> None:
             self.settle()

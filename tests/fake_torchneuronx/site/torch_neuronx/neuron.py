@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx import _device
+from torch_neuronx import _device, _runtime
 
 
 def _index(device: Any = None) -> int:
@@ -77,6 +77,7 @@ class DeviceProperties:
 
 def get_device_properties(device: Any = None) -> DeviceProperties:
     _index(device)
+    _runtime.lazy_init()  # the real call starts the Neuron runtime (tnx torch_neuronx/__init__.py:235-236)
     return DeviceProperties("neuron (torch-neuronx fake)", _device.state().allocator.capacity)
 
 
