@@ -49,6 +49,9 @@ class EmulatorBackend(NeuronBackend):
     def device_count(self) -> int:
         return self._rt.devices.device_count()
 
+    def synchronize(self) -> None:
+        """Nothing is queued on the emulator; and neuron_lab's own sync is not the user's first device use."""
+
     def capacity(self) -> int:
         return self._rt.memory.capacity_of(self._rt.devices.current_device())
 
