@@ -29,6 +29,14 @@ class EmulatorBackend(NeuronBackend):
         return self._rt.emulate_downcast
 
     @property
+    def differs_from_trainium(self) -> str:
+        numerics = ("64-bit ops in 32 bits as on Trainium (NEURON_LAB_EMULATE_DOWNCAST=1)" if self._rt.emulate_downcast
+                    else "exact 64-bit numerics (TorchNeuron computes them in 32 bits; NEURON_LAB_EMULATE_DOWNCAST=1 "
+                         "does too)")
+        return ("synchronous execution (on Trainium an error or a slow op shows at a later sync), no Adaptive Eager "
+                f"fusion, {numerics}")
+
+    @property
     def core(self) -> str:
         """Which core runs the device: "compiled" or "python"."""
         return self._rt.core

@@ -417,6 +417,8 @@ class Status(ShownAsText):
             b = _backend.active()
             st = b.memory_stats()
             self.lines.append(f"backend: {b.description}")
+            if b.differs_from_trainium:
+                self.lines.append(f"differs: {b.differs_from_trainium}")
             self.lines.append(f"memory:  {format_size(st.get('allocated_bytes.all.current', 0))} allocated, "
                               f"peak {format_size(st.get('allocated_bytes.all.peak', 0))}, "
                               f"capacity {format_size(b.capacity())}")
