@@ -218,7 +218,7 @@ def test_streams_are_one_in_order_queue() -> None:
     assert s.query()
     assert y.cpu().tolist() == [2.0, 2.0, 2.0]
     with pytest.raises(ValueError, match=f"Invalid device id {N}"):
-        torch.neuron.Stream(f"neuron:{N}")
+        torch.neuron.Stream(device=f"neuron:{N}")  # keyword-only, as TorchNeuron's torch.neuron.Stream
 
 
 # -- autocast --------------------------------------------------------------------------------------------

@@ -528,3 +528,33 @@ def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tm
     early, late = (ranks[k]["seconds"]["c10d::all_reduce.sum"] for k in (0, 1))
     assert early >= 0.45 and late < early - 0.2, (early, late)  # rank 0 waited at the all_reduce for rank 1
     assert ranks[1]["seconds"]["c10d::recv"] >= 0.25  # rank 1's recv ran until rank 0 sent, 0.3 s later
+
+
+def test_a_rank_that_used_the_device_before_init_process_group_fails_as_on_hardware(tmp_path: Path) -> None:
+    """TorchNeuron's first `neuron` group asserts the runtime is not up (distributed/backend.py:292-295); loading
+    neuron_lab (the banner reads capacity) does not start it, touching the device does."""
+    ranks = _run_ranks(tmp_path, """
+        import json, os
+        import torch, torch.distributed as dist
+        import neuron_lab, torch_neuronx
+        from neuron_lab import backend
+
+        loaded = [backend.active().capacity() > 0, torch_neuronx.is_neuron_runtime_initialized()]
+        x = torch.ones(2, device="neuron")
+        try:
+            dist.init_process_group(backend="neuron")
+            error = None
+        except AssertionError as e:
+            error = str(e)
+        print(json.dumps({"loaded": loaded, "error": error}), flush=True)
+        os._exit(0)  # no group to tear down
+    """, prelude="")
+    assert ranks == [{"loaded": [True, False],
+                      "error": "Neuron runtime should not be initialized before the init_process_group."}] * RANKS
+
+
+def test_the_runtime_is_up_after_init_process_group(tmp_path: Path) -> None:
+    ranks = _run_ranks(tmp_path, """
+        report(up=torch_neuronx.is_neuron_runtime_initialized(), init=torch.neuron.is_initialized())
+    """)
+    assert ranks == [{"up": True, "init": True}] * RANKS

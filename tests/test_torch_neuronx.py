@@ -60,7 +60,7 @@ def test_torch_neuronx_is_the_emulation_with_torchneurons_surface(run_python) ->
     """, {})
     assert out["spec"] and out["meta"] == "none"  # find_spec sees it; pip and importlib.metadata do not
     assert "neuron_lab" in out["repr"] and out["version"] == "2.13.3.0+neuronlab.emulator" and out["emulated"]
-    assert out["fallback"] == ["aten::atan2"] and "aten::add" in out["executed"] and out["cleared"] == []
+    assert out["fallback"] == ["aten::atan2.out"] and "aten::add.Tensor" in out["executed"] and out["cleared"] == []
     assert out["types"] == ["list", "list"]  # unique names in a list, as TorchNeuron's binding returns them
     assert (out["count"], out["current"], out["same_module"], out["profiler"]) == (out["devices"], True, True, True)
     by_device, out_of_range, wrap = out["errors"]
@@ -226,3 +226,122 @@ def test_the_emulation_is_not_imported_by_neuron_lab_itself() -> None:
 
     code = "import sys, torch, neuron_lab; print('torch_neuronx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+# -- issue 27: what code written for TorchNeuron notices --------------------------------------------------------------
+def test_op_tracking_names_carry_their_overloads_as_torchneurons_do(torch_neuronx) -> None:
+    """TorchNeuron names an op by its schema's operator name (NeuronBindings.cpp: toString(operator_name()));
+    neuron_lab's own rows keep the base name with the overload beside it."""
+    torch_neuronx.clear_op_tracking()
+    x = torch.arange(6.0, device="neuron")
+    torch.atan2(x, x + 1)
+    assert torch_neuronx.get_fallback_ops() == ["aten::atan2.out"]
+    assert "aten::add.Tensor" in torch_neuronx.get_executed_ops()
+    assert backend.active().get_fallback_ops() == {"aten::atan2"}
+    assert [(s.name, s.overload) for s in backend.active().op_stats("fallback")] == [("aten::atan2", "out")]
+
+
+def test_dynamo_metrics_records_have_attributes_like_torchneurons_dataclass(torch_neuronx) -> None:
+    torch.neuron.reset_dynamo_metrics()
+    torch_neuronx.neuron_dynamo_backend.set_model_name("tiny")
+    try:
+        f = torch.compile(lambda t: t * 2 + 1, backend="neuron", fullgraph=True)
+        f(torch.ones(3, device="neuron"))
+    finally:
+        torch_neuronx.neuron_dynamo_backend.set_model_name(None)
+    (m,) = torch_neuronx.get_dynamo_metrics()
+    assert type(m).__name__ == "NeuronCompilationMetrics" and m.graph_name.startswith("tiny_")
+    assert m.torch_neuronx_compile_us >= m.torch_neuronx_lower_us >= 0 and m.graph_node_count > 0
+    assert m["graph_name"] == m.graph_name and dict(m)["lowering"] == m.lowering  # item access kept
+
+
+def test_torch_neuron_stream_takes_keywords_only_and_the_stream_functions_exist(torch_neuronx) -> None:
+    with pytest.raises(TypeError, match=r"keyword arguments only.*torch\.neuron\.Stream\(device=\.\.\.\)"):
+        torch.neuron.Stream(0)
+    s = torch.neuron.Stream(device="neuron:0", priority=0)
+    assert isinstance(s, torch_neuronx.Stream) and torch_neuronx.Stream(0).device == s.device  # the class takes both
+    ctx = torch.neuron.stream(s)
+    assert isinstance(ctx, torch_neuronx.StreamContext) and isinstance(torch_neuronx.StreamContext, type)
+    with ctx:
+        torch.neuron.wait_stream(s)
+        ev = torch.neuron.record_event()
+        torch.neuron.wait_event(ev)
+    assert torch.neuron.query() and ev.query() and torch.neuron._sleep(10) is None
+
+
+def test_the_missing_modules_import_with_the_functions_users_call(torch_neuronx) -> None:
+    import torch_neuronx.metrics as met
+    import torch_neuronx.neuron_dynamo_backend as ndb
+    import torch_neuronx.utils as tnu
+
+    assert (met.get_counter_names(), met.get_counter_value("CompilationCache.InMemoryHits")) == ([], None)
+    assert met.get_compilation_metrics() == {} and "compiles no NEFF" in met.report() and not met.is_enabled()
+    met.set_enabled(True)
+    assert met.is_enabled()
+    met.set_enabled(False)
+    family = backend.active()._rt.topology.instance.split(".")[0]
+    assert tnu.get_platform_target() == family
+    assert tnu.is_float8_e4m3_supported() == (family == "trn2") != tnu.is_float8_e4m3fn_supported()
+    assert tnu.get_logical_neuron_cores() == str(backend.active()._rt.topology.lnc) and tnu.use_mlir_aten_ops()
+    assert tnu.move_pytree_to_cpu({"a": [torch.ones(1, device="neuron")]})["a"][0].device.type == "cpu"
+    assert ndb.get_rank() == torch.neuron.current_device() and ndb.get_model_name() == "model_default"
+    assert ndb.get_dynamo_metrics is torch_neuronx.get_dynamo_metrics and callable(ndb.create_neuron_backend())
+    with pytest.raises(torch_neuronx.NotEmulatedError, match="does not lower to MLIR"):
+        ndb.save_mlir("x", "y")
+
+
+def test_the_runtime_starts_at_the_users_first_device_use(run_python) -> None:
+    out = run_python("""
+        import json, torch, neuron_lab, torch_neuronx
+        from neuron_lab import backend
+        b = backend.active()
+        ours = [b.capacity(), b.memory_sample(), b.synchronize(), b.memory_stats(), torch.neuron.device_count()]
+        before = [torch_neuronx.is_neuron_runtime_initialized(), torch.neuron.is_initialized()]
+        x = torch.empty(4, device="neuron")
+        after = [torch_neuronx.is_neuron_runtime_initialized(), torch.neuron.is_initialized()]
+        print(json.dumps({"before": before, "after": after}))
+    """, {})
+    assert out == {"before": [False, False], "after": [True, True]}  # neuron_lab's own reads started nothing
+    for first_use in ("torch.neuron.init()", "torch.neuron.get_device_properties(0)", "torch.neuron.synchronize()"):
+        out = run_python(f"""
+            import json, torch, neuron_lab, torch_neuronx
+            before = torch_neuronx.is_neuron_runtime_initialized()
+            {first_use}
+            print(json.dumps([before, torch_neuronx.is_neuron_runtime_initialized()]))
+        """, {})
+        assert out == [False, True], first_use
+
+
+def test_a_child_forked_after_the_runtime_started_refuses_the_device(run_python) -> None:
+    """TorchNeuron's words (torch_neuronx/__init__.py _lazy_init); a DataLoader worker started with fork is such a
+    child. A child forked before any device use may use it."""
+    out = run_python("""
+        import json, os, torch, neuron_lab, torch_neuronx
+
+        def in_child(fn):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    res = fn()
+                except RuntimeError as e:
+                    res = str(e)
+                os.write(w, json.dumps(res).encode())
+                os._exit(0)
+            os.waitpid(pid, 0)
+            os.close(w)
+            return json.loads(os.read(r, 100000).decode())
+
+        fresh = in_child(lambda: [torch.ones(2, device="neuron").sum().item(), torch.neuron._is_in_bad_fork()])
+        x = torch.ones(2, device="neuron")
+        child = in_child(lambda: [torch.neuron._is_in_bad_fork(), torch_neuronx._is_in_bad_fork,
+                                  torch_neuronx.is_neuron_runtime_initialized()])
+        op = in_child(lambda: (x + 1).tolist())
+        init = in_child(torch.neuron.init)
+        print(json.dumps({"fresh": fresh, "child": child, "op": op, "init": init,
+                          "parent": [(x + 1).tolist(), torch.neuron._is_in_bad_fork()]}))
+    """, {})
+    msg = ("Cannot re-initialize Neuron runtime in forked subprocess. "
+           "To use Neuron with multiprocessing, use the 'spawn' start method")
+    assert out == {"fresh": [2.0, False], "child": [True, True, False], "op": msg, "init": msg,
+                   "parent": [[2.0, 2.0], False]}

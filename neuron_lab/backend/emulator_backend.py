@@ -29,6 +29,14 @@ class EmulatorBackend(NeuronBackend):
         return self._rt.emulate_downcast
 
     @property
+    def differs_from_trainium(self) -> str:
+        numerics = ("64-bit ops in 32 bits as on Trainium (NEURON_LAB_EMULATE_DOWNCAST=1)" if self._rt.emulate_downcast
+                    else "exact 64-bit numerics (TorchNeuron computes them in 32 bits; NEURON_LAB_EMULATE_DOWNCAST=1 "
+                         "does too)")
+        return ("synchronous execution (on Trainium an error or a slow op shows at a later sync), no Adaptive Eager "
+                f"fusion, {numerics}")
+
+    @property
     def core(self) -> str:
         """Which core runs the device: "compiled" or "python"."""
         return self._rt.core
@@ -48,6 +56,9 @@ class EmulatorBackend(NeuronBackend):
 
     def device_count(self) -> int:
         return self._rt.devices.device_count()
+
+    def synchronize(self) -> None:
+        """Nothing is queued on the emulator; and neuron_lab's own sync is not the user's first device use."""
 
     def capacity(self) -> int:
         return self._rt.memory.capacity_of(self._rt.devices.current_device())

@@ -64,7 +64,12 @@ class OpEvent(NamedTuple):
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.name}.{self.overload}" if self.overload else self.name
+        return qualified(self.name, self.overload)
+
+
+def qualified(name: str, overload: str) -> str:
+    """``aten::atan2`` + ``out`` -> ``aten::atan2.out``: how TorchNeuron's op tracking names an op."""
+    return f"{name}.{overload}" if overload else name
 
 
 @dataclass
@@ -78,6 +83,10 @@ class OpStats:
     count: int = 0
     host_ns: int = 0
     signatures: list[tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]] = field(default_factory=list)
+
+    @property
+    def qualified_name(self) -> str:
+        return qualified(self.name, self.overload)
 
     def as_dict(self) -> dict[str, Any]:
         return {

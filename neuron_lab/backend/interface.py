@@ -232,6 +232,12 @@ class NeuronBackend(ABC):
         """Whether float64/int64 ops compute in 32 bits here, as on Trainium (parity checks say so)."""
         return True
 
+    @property
+    def differs_from_trainium(self) -> str | None:
+        """What this backend knowingly does differently from TorchNeuron on a Trn instance (``%neuron status``
+        says it); None where it is TorchNeuron itself."""
+        return None
+
     # -- compile -------------------------------------------------------------------------------
     lowering_metric: str | None = None  # the key of a dynamo_metrics() record that times its lowering, in µs
 

@@ -421,6 +421,8 @@ class Status(ShownAsText):
             b = _backend.active()
             m = b.memory_reading(s.device)
             self.lines.append(f"backend: {b.description}")
+            if b.differs_from_trainium:
+                self.lines.append(f"differs: {b.differs_from_trainium}")
             self.lines.append(f"memory:  {format_size(m.allocated)} allocated on {s.device}, "
                               f"peak {format_size(m.peak)}, capacity {format_capacity(b.capacity())}")
             self.lines.append(f"         {format_size(m.reserved)} reserved, {format_size(m.active)} active, "

@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from neuron_lab import settings
-from neuron_lab.backend.emulator import neuronx_finder
+from neuron_lab.backend.emulator import lifecycle, neuronx_finder
 from neuron_lab.backend.emulator import runtime as _rt
 
 _DOWNCAST = settings.env("NEURON_LAB_EMULATE_DOWNCAST")
@@ -73,6 +73,7 @@ def install(coverage=None) -> _rt.Runtime:
     rt.problems = problems
     rt.emulate_downcast = emulate_downcast
     _rt.set_runtime(rt)
+    lifecycle.watch()  # the runtime counts as started at the user's first device use, as TorchNeuron's
     if topo.local_rank is not None:  # a torchrun rank starts on its own device, as under TorchNeuron
         if core is not None:
             rt.devices.set_device(topo.local_rank)

@@ -2,39 +2,28 @@
 
 The emulator runs every op synchronously on one in-order queue, so streams and events are
 exact rather than approximate: work recorded before an event is complete when it is recorded.
+The runtime starts as TorchNeuron's does, at the user's first device use (``lifecycle``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from neuron_lab.backend.emulator import lifecycle
 from neuron_lab.backend.emulator import memory_history as memory  # torch.neuron.memory, as torch.cuda.memory
 from neuron_lab.backend.emulator import runtime as _rt
+from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
+from neuron_lab.backend.emulator.device_index import index_of as _index
 from neuron_lab.backend.emulator.memory import torchneuron_stats
+from neuron_lab.backend.emulator.streams import Event, StreamContext, current_stream, default_stream, set_stream  # noqa: F401  (torch.neuron's names)
+from neuron_lab.backend.emulator.streams import Stream as _Stream
 from neuron_lab.units import format_size
 
 sys.modules.setdefault("torch.neuron.memory", memory)  # `from torch.neuron.memory import _snapshot` works too
-
-
-def _index(device: Any = None) -> int:
-    """A device index from an int, a string or a torch.device; None is the current device."""
-    devices = _rt.get().devices
-    if device is None:
-        return devices.current_device()
-    if isinstance(device, int):
-        idx = device
-    else:
-        d = torch.device(device)
-        if d.type != "neuron":
-            raise ValueError(f"Expected a neuron device, got {d}")
-        idx = devices.current_device() if d.index is None else d.index
-    return devices.check(idx)
 
 
 # -- device --------------------------------------------------------------------------------
@@ -43,15 +32,17 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """False until the user's first device use, as TorchNeuron's (neuron_lab's own reads do not count)."""
+    return lifecycle.started()
 
 
 def init() -> None:
-    """The emulated runtime needs no initialisation."""
+    """Start the runtime (TorchNeuron's ``_lazy_init``); in a child forked after it started, refuse."""
+    lifecycle.ensure()
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return lifecycle.in_bad_fork()
 
 
 def device_count() -> int:
@@ -92,14 +83,18 @@ class DeviceProperties:
 
 
 def get_device_properties(device: Any = None) -> DeviceProperties:
+    """Starts the runtime, as TorchNeuron's does (it reads HBM from NRT)."""
+    idx = _index(device)
+    lifecycle.ensure()
     rt = _rt.get()
     return DeviceProperties(f"neuron (emulated {rt.topology.instance} logical NeuronCore, LNC={rt.topology.lnc})",
-                            rt.memory.capacity_of(_index(device)))
+                            rt.memory.capacity_of(idx))
 
 
 def synchronize(device: Any = None) -> None:
-    """Every emulated op completes before it returns: nothing is queued."""
+    """Every emulated op completes before it returns: nothing is queued. A device use, as on hardware."""
     _index(device)
+    lifecycle.ensure()
 
 
 # -- RNG: a default generator per device ------------------------------------------------------
@@ -231,85 +226,48 @@ for _f in (memory_stats, memory_allocated, max_memory_allocated, memory_reserved
     setattr(memory, _f.__name__, _f)
 
 
-# -- streams and events: one in-order queue --------------------------------------------------
-class Event:
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self._recorded_ns: int | None = None
-
-    def record(self, stream: Stream | None = None) -> None:
-        self._recorded_ns = time.perf_counter_ns()
-
-    def query(self) -> bool:
-        return True
-
-    def wait(self, stream: Stream | None = None) -> None:
-        return None
-
-    def synchronize(self) -> None:
-        return None
-
-    def elapsed_time(self, end_event: Event) -> float:
-        if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
-        if self._recorded_ns is None or end_event._recorded_ns is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._recorded_ns - self._recorded_ns) / 1e6
+# -- streams and events: one in-order queue (``streams``) ---------------------------------------
+def Stream(*args: Any, **kwargs: Any) -> _Stream:  # noqa: N802  (spelled as TorchNeuron's factory)
+    """A stream; keyword arguments only, as ``torch.neuron.Stream(**kwargs)`` takes them on hardware."""
+    if args:
+        raise TypeError("torch.neuron.Stream() takes keyword arguments only, as TorchNeuron's does: "
+                        "pass the device as torch.neuron.Stream(device=...)")
+    lifecycle.ensure()
+    return _Stream(**kwargs)
 
 
-class Stream:
-    def __init__(self, device: Any = None, priority: int = 0) -> None:
-        self.device = torch.device("neuron", _index(device))
-        self.priority = priority
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-    def wait_event(self, event: Event) -> None:
-        return None
-
-    def wait_stream(self, stream: Stream) -> None:
-        return None
-
-    def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream)
-
-    def __hash__(self) -> int:
-        return 0
+def stream(s: _Stream | None) -> StreamContext:
+    """Context manager that makes ``s`` the current stream."""
+    return StreamContext(s)
 
 
-_DEFAULT_STREAM = Stream()
+def wait_stream(stream: _Stream) -> None:
+    """Make the current stream wait for ``stream``."""
+    current_stream().wait_stream(stream)
 
 
-def current_stream(device: Any = None) -> Stream:
-    _index(device)
-    return _DEFAULT_STREAM
+def wait_event(event: Event) -> None:
+    current_stream().wait_event(event)
 
 
-default_stream = current_stream
+def record_event(event: Event | None = None) -> Event:
+    return current_stream().record_event(event)
 
 
-def set_stream(stream: Stream) -> None:
-    return None
+def query() -> bool:
+    """Whether all work on the current stream is done: always, on the emulator."""
+    return current_stream().query()
 
 
-@contextlib.contextmanager
-def stream(s: Stream | None):
-    yield
+def _sleep(cycles: int) -> None:
+    """A no-op, as TorchNeuron's."""
 
 
 # -- torch.compile metrics, as TorchNeuron spells them ---------------------------------------
-def get_dynamo_metrics() -> list[dict[str, Any]]:
+def get_dynamo_metrics() -> list[NeuronCompilationMetrics]:
+    """One record per compiled graph, TorchNeuron's dataclass (attribute access; item access works too)."""
     synchronize()
-    return [dict(m) for m in _rt.get().dynamo_metrics]
+    return [replace(m) for m in _rt.get().dynamo_metrics]
 
 
 def reset_dynamo_metrics() -> None:

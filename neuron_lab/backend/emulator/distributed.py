@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from neuron_lab import settings
+from neuron_lab.backend.emulator import lifecycle
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.events import OpEvent, signature_of
 from neuron_lab.kinds import COLLECTIVE, SOURCE, UNSUPPORTED
@@ -42,9 +43,11 @@ def register() -> None:
 
 
 def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupNeuron:
-    """The creator c10d calls for each group; the first one attaches this process to its rank's device."""
+    """The creator c10d calls for each group; the first one checks, as TorchNeuron's does, that the runtime has not
+    started (no device use before ``init_process_group``), then attaches this process to its rank's device."""
     global _attached
     if not _attached:
+        lifecycle.check_before_process_group()
         _attached = True
         _attach(rank)
     return ProcessGroupNeuron(store, rank, size, timeout)

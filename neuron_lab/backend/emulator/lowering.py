@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab import settings
 from neuron_lab.backend.emulator import policy, runtime
+from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
 from neuron_lab.backend.emulator.graph_lines import located_forward
 from neuron_lab.kinds import NATIVE
 
@@ -48,6 +49,7 @@ DYNAMIC_ERROR = ('torch.compile(backend="neuron") does not support dynamic=True:
 _CPU = torch.device("cpu")
 _nth: Counter[str] = Counter()  # graphs compiled per "{model}_{aot_id}_{type}" prefix
 _chosen: str | None = None  # set_lowering's choice; None: the environment variable decides
+_model_name: str | None = None  # torch_neuronx.neuron_dynamo_backend.set_model_name's
 
 
 def lowering() -> str:
@@ -66,6 +68,18 @@ def set_lowering(name: str | None) -> None:
     _chosen = name
 
 
+def set_model_name(name: str | None) -> None:
+    """Name the graphs compiled from now on (``graph_name`` = ``{name}_{aot id}_{type}_{n}``), as
+    TorchNeuron's ``set_model_name`` names its NEFFs; None: the compiled module's class name again."""
+    global _model_name
+    _model_name = name
+
+
+def get_model_name() -> str:
+    """The name :func:`set_model_name` set, else ``"model_default"`` as TorchNeuron says."""
+    return _model_name or "model_default"
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
                   options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The emulator's Dynamo backend: check TorchNeuron's options, then compile through aot_autograd."""
@@ -75,7 +89,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mo
         warnings.warn(f"Neuron backend does not support mode='{mode}', falling back to default mode.",
                       UserWarning, stacklevel=2)
     options = options or {}
-    model_name = str(options.get("model_name") or _module_name() or "model")
+    model_name = str(options.get("model_name") or _model_name or _module_name() or "model")
     chosen = lowering()
 
     def compiler(graph_type: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
@@ -124,24 +138,13 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     prefix = f"{model_name}_{aot_id}_{graph_type}"
     nth = _nth[prefix]
     _nth[prefix] += 1
-    metrics: dict[str, Any] = {
-        "graph_id": _graph_id(gm, example_inputs),
-        "graph_name": f"{prefix}_{nth}",
-        "model_name": model_name,
-        "has_collectives": False,
-        "graph_node_count": len(gm.graph.nodes),
-        "timestamp": time.time(),
-        "torch_neuronx_fx_passes_us": 0,
-        "torch_neuronx_lower_us": 0,
-        "torch_neuronx_compile_us": 0,
-        "graph_type": graph_type,
-        "lowering": lowering,
-        "lowering_reason": None,
-        "fallback_nodes": _fallback_nodes(gm, rt.coverage),
-    }
+    metrics = NeuronCompilationMetrics(
+        graph_id=_graph_id(gm, example_inputs), graph_name=f"{prefix}_{nth}", model_name=model_name,
+        graph_node_count=len(gm.graph.nodes), timestamp=time.time(), graph_type=graph_type, lowering=lowering,
+        fallback_nodes=_fallback_nodes(gm, rt.coverage))
     graph = NeuronGraph(gm, example_inputs, metrics, rt.bridge)
     fx_us = (time.perf_counter_ns() - t0) // 1000
-    metrics["torch_neuronx_fx_passes_us"] = metrics["torch_neuronx_compile_us"] = fx_us
+    metrics.torch_neuronx_fx_passes_us = metrics.torch_neuronx_compile_us = fx_us
     rt.dynamo_metrics.append(metrics)
     counters["neuron"]["compiled_graphs"] += 1
     return graph
@@ -236,7 +239,7 @@ class NeuronGraph:
     its metrics record.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], metrics: dict[str, Any],
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], metrics: NeuronCompilationMetrics,
                  bridge) -> None:
         self._boxed_call = True  # an instance attribute: functools.wraps (Dynamo's disable) copies only __dict__
         self.gm = gm
@@ -247,7 +250,7 @@ class NeuronGraph:
         outputs = gm.graph.output_node().args[0]
         self._out_on_device = tuple(_on_device(o.meta.get("val")) if isinstance(o, torch.fx.Node) else False
                                     for o in outputs)
-        self.eager = metrics["lowering"] == "eager"
+        self.eager = metrics.lowering == "eager"
         self._run_eagerly: Callable[..., Any] | None = None
         missing = [] if self.eager else _no_host_kernel(gm)
         if missing:
@@ -255,9 +258,9 @@ class NeuronGraph:
 
     def _use_eager(self, reason: str) -> None:
         self.eager = True
-        self.metrics["lowering"] = "eager"
-        self.metrics["lowering_reason"] = reason
-        warnings.warn(f"torch.compile(backend='neuron'): graph {self.metrics['graph_name']} runs eagerly on the "
+        self.metrics.lowering = "eager"
+        self.metrics.lowering_reason = reason
+        warnings.warn(f"torch.compile(backend='neuron'): graph {self.metrics.graph_name} runs eagerly on the "
                       f"device: {reason}", UserWarning, stacklevel=3)
 
     def __call__(self, args: list[Any]) -> list[Any]:
@@ -303,7 +306,7 @@ class NeuronGraph:
             self._use_eager(f"host Inductor failed: {type(e).__name__}: {first[:300]}")
             return None
         us = (time.perf_counter_ns() - t0) // 1000
-        self.metrics["torch_neuronx_lower_us"] += us
-        self.metrics["torch_neuronx_compile_us"] += us
+        self.metrics.torch_neuronx_lower_us += us
+        self.metrics.torch_neuronx_compile_us += us
         self._lowered[key] = fn
         return fn

@@ -16,6 +16,7 @@ from neuron_lab.kinds import NKI
 
 if TYPE_CHECKING:
     from neuron_lab.backend.coverage import Coverage
+    from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
     from neuron_lab.backend.emulator.core_api import DeviceMemory, DeviceSelection, DeviceTrace, HostViews
     from neuron_lab.backend.emulator.topology import Topology
     from neuron_lab.backend.events import OpRecorder
@@ -73,7 +74,7 @@ class Runtime:
     coverage: Coverage
     on_coverage: Callable[[Coverage], None]
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
-    dynamo_metrics: list[dict[str, Any]] = field(default_factory=list)
+    dynamo_metrics: list[NeuronCompilationMetrics] = field(default_factory=list)  # get_dynamo_metrics() records
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
     emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from neuron_lab import kinds as _kinds
 from neuron_lab.backend.emulator import device_module as _dm
+from neuron_lab.backend.emulator import lifecycle as _lifecycle
+from neuron_lab.backend.emulator import streams as _streams
 from neuron_lab.backend.emulator.nki import nki_op, wrap_nki
 from neuron_lab.backend.emulator.not_emulated import NotEmulatedError
 
-from . import distributed, memory, neuron, profiling  # noqa: F401  (submodules users import from the package)
+from . import distributed, memory, neuron, neuron_dynamo_backend, profiling  # noqa: F401  (as TorchNeuron's package has them)
 
 __version__ = "2.13.3.0+neuronlab.emulator"  # the torch-neuronx release the bundled profile describes
 EMULATED = True  # the real package has no such attribute: `getattr(torch_neuronx, "EMULATED", False)` tells them apart
@@ -32,9 +34,9 @@ default_stream = _dm.default_stream
 set_stream = _dm.set_stream
 stream = _dm.stream
 device = _dm.device
-Stream = _dm.Stream
+Stream = _streams.Stream  # the class (torch.neuron.Stream is the keyword-only factory, as on hardware)
 Event = _dm.Event
-StreamContext = _dm.stream
+StreamContext = _streams.StreamContext
 
 
 def set_device(device: int) -> None:
@@ -47,8 +49,18 @@ def set_device(device: int) -> None:
 
 
 def is_neuron_runtime_initialized() -> bool:
-    """The emulated runtime is up as soon as the device exists."""
-    return True
+    """False until the user's first device use (a device tensor, ``torch.neuron.init()``, ``synchronize``, ...),
+    as TorchNeuron's; ``init_process_group(backend="neuron")`` requires it False, as on hardware."""
+    return _lifecycle.started()
+
+
+_lazy_init = _lifecycle.ensure  # TorchNeuron's name; raises in a child forked after the runtime started
+
+
+def __getattr__(name: str) -> object:
+    if name == "_is_in_bad_fork":  # a module attribute on TorchNeuron, read when asked here
+        return _lifecycle.in_bad_fork()
+    raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -63,11 +75,13 @@ reset_accumulated_memory_stats = _dm.reset_accumulated_memory_stats
 mem_get_info = _dm.mem_get_info  # emulator only: TorchNeuron has none
 
 
-# -- op tracking: unique names, as TorchNeuron reports them ------------------------------------
+# -- op tracking: unique names with their overloads, as TorchNeuron reports them ---------------
 def _names(kind: str) -> list[str]:
+    """``"aten::atan2.out"``, ``"aten::add.Tensor"``: TorchNeuron's binding names an op by its schema's
+    operator name (``toString(operator_name())``), overload included."""
     from neuron_lab import backend
 
-    return sorted(backend.active().recorder.names(kind))
+    return sorted({st.qualified_name for st in backend.active().recorder.stats(kind)})
 
 
 def get_fallback_ops() -> list[str]:
