@@ -57,7 +57,7 @@ class EmulatorBackend(NeuronBackend):
     def device_count(self) -> int:
         return self._rt.devices.device_count()
 
-    def synchronize(self) -> None:
+    def synchronize(self, device: DeviceSpec = None) -> None:
         """Nothing is queued on the emulator; and neuron_lab's own sync is not the user's first device use."""
 
     def capacity(self) -> int:

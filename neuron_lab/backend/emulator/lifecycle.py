@@ -35,28 +35,33 @@ _lock = threading.RLock()
 _started = False
 _pid = 0
 _bad_fork = False
-_window: int | None = None  # a peak window of the emulator's memory, opened at install
+_windows: list[int] | None = None  # a peak window per device of the emulator's memory, opened at install
 
 
 def watch() -> None:
     """Called once, when the emulator installs: from now on, memory allocated means the device was used."""
-    global _window
-    _window = _rt.get().memory.open_window()
+    global _windows
+    _windows = _open_windows(_rt.get())
     os.register_at_fork(before=_settle, after_in_child=_after_fork_in_child)
 
 
 def _used() -> bool:
     """Whether user code touched a device tensor since :func:`watch` (reading the counters starts nothing)."""
-    global _window
+    global _windows
     rt = _rt.get()
     rec = rt.recorder
     if rec.calls or any(rec.transfers_total):
         return True
-    if _window is None:
+    if _windows is None:
         return False
-    peak = rt.memory.close_window(_window)
-    _window = None if peak else rt.memory.open_window()
+    peak = max(rt.memory.close_window(w) for w in _windows)
+    _windows = None if peak else _open_windows(rt)
     return peak > 0
+
+
+def _open_windows(rt: _rt.Runtime) -> list[int]:
+    """A peak window on every device: an allocation on any of them is a device use."""
+    return [rt.memory.open_window(d) for d in range(rt.devices.device_count())]
 
 
 def started() -> bool:
