@@ -87,6 +87,15 @@ def test_forget_exit_hook_drops_the_hook_nbclient_registers(monkeypatch):
     assert len(dropped) == 1
 
 
+def _run(coro) -> None:
+    """``asyncio.run`` on a thread of its own: an earlier test of the same worker may have left an event loop marked
+    running on this one (asyncio.run then refuses)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coro).result(timeout=60)
+
+
 def test_shut_down_is_nbclients_own_cleanup_or_the_kernel_managers_shutdown():
     client = _client()
     assert inspect.iscoroutinefunction(client._async_cleanup_kernel)
@@ -96,7 +105,7 @@ def test_shut_down_is_nbclients_own_cleanup_or_the_kernel_managers_shutdown():
         cleaned.append(True)
 
     client._async_cleanup_kernel = cleanup
-    asyncio.run(nbclient_compat.shut_down(client))
+    _run(nbclient_compat.shut_down(client))
     assert cleaned == [True]
 
     class Manager:
@@ -106,5 +115,5 @@ def test_shut_down_is_nbclients_own_cleanup_or_the_kernel_managers_shutdown():
             self.stopped = now
 
     km = Manager()
-    asyncio.run(nbclient_compat.shut_down(types.SimpleNamespace(km=km)))  # an nbclient without the private cleanup
+    _run(nbclient_compat.shut_down(types.SimpleNamespace(km=km)))  # an nbclient without the private cleanup
     assert km.stopped is True
