@@ -86,7 +86,7 @@ def _neuron_ls() -> list[str]:
 _NEURON_LS_TIMEOUT_S = 10
 
 
-def doctor(_args: argparse.Namespace) -> int:
+def doctor(args: argparse.Namespace) -> int:
     import torch
 
     import neuron_lab
@@ -134,6 +134,11 @@ def doctor(_args: argparse.Namespace) -> int:
     print("  problems     " + ("none" if not problems else ""))
     for p in problems:
         print(f"    - {p}")
+    if getattr(args, "check", False):
+        from neuron_lab import checkup
+
+        print()
+        status = max(status, checkup.run())
     return status
 
 
@@ -247,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="examples:\n" + run_options.examples(EXAMPLES),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="which backend is active and why, devices, coverage, environment").set_defaults(
-        func=doctor)
+    doc = sub.add_parser("doctor", help="which backend is active and why, devices, coverage, environment")
+    doc.add_argument("--check", action="store_true",
+                     help="also run a short self-test of what the workbench assumes about the device (a minute)")
+    doc.set_defaults(func=doctor)
     cov = sub.add_parser("coverage", help="op coverage: which ops run natively, which fall back to the CPU")
     cov = cov.add_subparsers(dest="action", required=True)
     exp = cov.add_parser("export", help="write a coverage file from the live PrivateUse1 backend")
