@@ -62,8 +62,7 @@ class Result:
 def child_env(env: dict[str, str] | None = None, site: Path | None = None) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith(_SCRUB_PREFIXES)}
     base["PYTHONDONTWRITEBYTECODE"] = "1"
-    if site is not None:
-        base["PYTHONPATH"] = str(site)
+    base["PYTHONPATH"] = os.pathsep.join([str(site)] * (site is not None) + [str(Path(__file__).parents[2])])
     return {**base, **(env or {})}
 
 

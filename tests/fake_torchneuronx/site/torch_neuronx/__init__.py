@@ -33,6 +33,7 @@ if _native(__version__):
         from torch_neuronx import _device
 
         _device.register()
+        import torch_neuronx._profiler  # noqa: F401  (registers its Kineto stand-in at import, as the real one does)
         registered = True
     else:
         backed_off_for = _owner
