@@ -1,6 +1,5 @@
 """``neuron-lab doctor --check``: the self-test a user runs on a Trn instance, here on the emulator (every check
-passes) and over the TorchNeuron stand-in (the checks it can host pass, and a failing check is a FAIL line with what
-was seen and exit 1, never a traceback)."""
+passes) and over the TorchNeuron stand-in (every check, the device's profile artefacts included)."""
 
 from __future__ import annotations
 
@@ -29,13 +28,11 @@ def test_every_check_passes_on_the_emulator() -> None:
     assert "get_fallback_ops() ['aten::atan2.out']" in r.stdout  # TorchNeuron's own spelling, overload included
 
 
-def test_over_the_stand_in_the_runtime_memory_fallback_compile_and_ranks_hold() -> None:
+def test_every_check_passes_over_the_stand_in() -> None:
     r = run(argv=[str(BIN / "neuron-lab"), "doctor", "--check"], site=SITE, timeout=600)
     seen = verdicts(r.out)
     assert list(seen) == CHECKS, r.out + r.err
-    assert [c for c in CHECKS if seen[c] != "ok"] == [c for c in CHECKS if c.startswith("a profile")] or \
-        all(v == "ok" for v in seen.values()), r.out
-    assert r.rc == (0 if all(v == "ok" for v in seen.values()) else 1)
+    assert all(v == "ok" for v in seen.values()) and r.rc == 0, r.out
     assert "is_neuron_runtime_initialized() after %load_ext and a cell: False" in r.out
     assert "device compiler (NEFF) 0.25 s" in r.out  # the stand-in's neuronx-cc time, read as compile time
     assert "Traceback" not in r.out

@@ -275,3 +275,14 @@ class NeuronBackend(ABC):
             "capacity": self.capacity(),
             "coverage": self.coverage.name if self.coverage else None,
         }
+
+    # -- profiling -----------------------------------------------------------------------------
+    @property
+    def device_timing(self) -> bool:
+        """Whether the device's work reaches torch.profiler as device events (lanes, per-op device time)."""
+        return True
+
+    def profiler_config(self, output_dir: str) -> str | None:
+        """The ``custom_profiler_config`` string to pass torch.profiler (through ``experimental_config``) so that
+        the device writes its own profile files into ``output_dir``; None where it writes none (no folder is made)."""
+        return None

@@ -347,6 +347,22 @@ class TorchNeuronBackend(NeuronBackend):
         return (sum(int(value(n) or 0) for n in _CACHE_HITS), sum(int(value(n) or 0) for n in _CACHE_MISSES))
 
 
+    # -- profiling: TorchNeuron's Kineto plugin hands torch.profiler no device events (processTrace is a no-op,
+    # tnx:csrc/profiler/Session.cpp:249-257); NRT writes its own files where profile_output_dir says (:65-75)
+    @property
+    def device_timing(self) -> bool:
+        return False
+
+    def profiler_config(self, output_dir: str) -> str | None:
+        """TorchNeuron's keys, "key:value;..." (tnx:csrc/profiler/README.md:86-93). Its parser splits on ";" and
+        ":" and drops a pair that is not exactly key:value (tnx:csrc/profiler/NConfigParser.cpp:112-122), and trims
+        spaces, so such a folder would silently leave NRT writing into its default one: refused here instead."""
+        if any(c in output_dir for c in ":;") or output_dir != output_dir.strip():
+            raise ValueError(f"TorchNeuron's profiler cannot write into {output_dir!r}: its config string takes no "
+                             "':' or ';' and no leading or trailing spaces in a folder name")
+        return f"profile_output_dir:{output_dir}"
+
+
 class _Window(logging.Handler):
     """One tracked window's baselines, and the compiled graphs TorchNeuron's dynamo backend ran eagerly in it (what
     its logger says, the only trace such a run leaves)."""

@@ -101,7 +101,8 @@ class NeuronMagics(Magics):
             path = profiling.check_export_path(args.export) if args.export else None
             limit = profiling.check_row_limit(args.row_limit if args.row_limit is not None
                                               else profiling.DEFAULT_ROW_LIMIT)
-            p = profiling.OpProfile(self.session.locator, with_stack=path is not None).start()
+            p = profiling.OpProfile(self.session.locator, with_stack=path is not None, export=path,
+                                    label="cell").start()  # its number is known only at its end (IPython 8)
         except ValueError as e:  # the cell form's errors say `%%neuron`; the command is a line magic too
             raise UsageError(f"%%neuron profile: {e}\n{_parser.usage(_PARSER, 'profile')}") from None
         tracker = self.session.running

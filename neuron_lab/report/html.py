@@ -11,6 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from neuron_lab.kinds import Kind
+from neuron_lab.report import profiled_rows as prof
 from neuron_lab.report.checks import Agreement, ParityResult
 from neuron_lab.report.checks_rows import (
     agreeing_text,
@@ -203,6 +204,7 @@ def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:
         return out + "</div>"
 
     parts = [f"<div><b>{escape(profiled_head(p))}</b></div>"] if head else []
+    parts += [divs(prof.device_notes(p))] if prof.device_notes(p) else []
     parts += [fold(title, t) for title, _, t in profiled_tables(p)]
     if p.unattributed_ns:
         parts.append(divs([unattributed_text(p)]))
@@ -211,6 +213,8 @@ def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:
     if p.trace_path:
         parts.append(f"<div>trace: <code>{escape(p.trace_path)}</code> (open it in "
                      f"<a href='{PERFETTO}' target='_blank'>{PERFETTO}</a>)</div>")
+    if p.artefacts_dir is not None:
+        parts.append(divs(prof.artefact_lines(p)))
     return "<div class='neuron-lab-profile'>" + "".join(parts) + "</div>"
 
 

@@ -256,6 +256,11 @@ class Profiled:
     trace_path: str | None = None  # the exported Chrome/Perfetto trace, when one was written
     row_limit: int = 10  # rows the renderers show before folding the rest
     timeline: ProfiledTimeline = field(default_factory=ProfiledTimeline)
+    # False where the device hands torch.profiler no events of its own (TorchNeuron): device times are then unknown,
+    # not 0, and the device's profile is the files in artefacts_dir
+    device_timing: bool = True
+    artefacts_dir: str | None = None  # the folder the device wrote its own profile files into
+    artefacts: list[str] = field(default_factory=list)  # those files, relative to artefacts_dir, sorted
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profiled:
@@ -268,7 +273,8 @@ class Profiled:
                            r["unattributed"]) for r in d["rows"]]
         return cls(rows, [line(x) for x in d["lines"]], d["device_ns"], d["host_ns"], dict(d["lanes"]),
                    d["unattributed_ns"], d["trace_path"], d["row_limit"],
-                   ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline())
+                   ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline(),
+                   d.get("device_timing", True), d.get("artefacts_dir"), list(d.get("artefacts", [])))
 
 
 class Check(Protocol):

@@ -11,6 +11,18 @@ from neuron_lab.units import count, format_seconds
 PERFETTO = "https://ui.perfetto.dev"
 PROFILED_HEADER = ["op", "ran", "calls", "device", "host", "first shapes", "issued at"]
 LINE_HEADER = ["line", "calls", "device", "host", "source"]
+DEVICE_COLUMN = "device"
+# why a profile without device events has no device time, in one line
+NO_DEVICE_TIMING = ("no device time: the device gives torch.profiler no events of its own (its profile is the files "
+                    "below); host times are enqueue times, the device runs asynchronously")
+LANES_NOTE = "device lanes: the emulator's own; on a Trn instance the device profile is in Neuron Explorer"
+# the device profile's files by kind, as NRT names them (tnx:tests/profiler/test_profiler_integration.py:33-40,
+# tnx:torch_neuronx/profiling.py:310-312): (test on the file name, what it holds)
+ARTEFACT_KINDS: list[tuple[str, str]] = [
+    (".ntff", "device trace"), (".neff", "compiled program (NEFF)"), ("ntrace.pb", "system trace"),
+    ("trace_info.pb", "trace metadata"), ("cpu_util.pb", "CPU utilisation"), ("host_mem.pb", "host memory"),
+    ("framework_mapping_", "framework-to-NRT op mapping"),
+]
 
 
 def ran_text(kind: str) -> str:
@@ -20,11 +32,43 @@ def ran_text(kind: str) -> str:
 
 
 def profiled_head(p: Profiled) -> str:
-    """The profile in one line: ops, device and host time, each lane's busy time."""
+    """The profile in one line: ops, device and host time, each lane's busy time (host time only, where the device
+    gave no events: :data:`NO_DEVICE_TIMING` says why)."""
+    head = f"profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}, "
+    if not p.device_timing:
+        return head + f"host {format_seconds(p.host_ns / 1e9)}"
     lanes = ", ".join(f"{lane} busy {format_seconds(ns / 1e9)}" for lane, ns in p.lanes.items())
-    return (f"profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}, "
-            f"device {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}"
+    return (head + f"device {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}"
             + (f" ({lanes})" if lanes else " (no device activity in the profile)"))
+
+
+def device_notes(p: Profiled) -> list[str]:
+    """What the profile's device side is: why there is no device time, or whose the device lanes are."""
+    if not p.device_timing:
+        return [NO_DEVICE_TIMING]
+    return [LANES_NOTE] if p.lanes else []
+
+
+def artefact_kind(name: str) -> str:
+    """What a device profile file holds, from its name ("device trace" for a ``.ntff``); "other" when unknown."""
+    base = name.rsplit("/", 1)[-1]
+    return next((what for test, what in ARTEFACT_KINDS
+                 if base.endswith(test) or base.startswith(test)), "other")
+
+
+def artefact_lines(p: Profiled) -> list[str]:
+    """The device's own profile files: the folder, how to open it, then the files by kind."""
+    if p.artefacts_dir is None:
+        return []
+    if not p.artefacts:
+        return [f"device profile: {p.artefacts_dir} is empty (the device wrote no profile files)"]
+    lines = [f"device profile: {p.artefacts_dir} ({count(len(p.artefacts), 'file')}; open it in Neuron Explorer: "
+             f"neuron-explorer view -d {p.artefacts_dir})"]
+    by_kind: dict[str, list[str]] = {}
+    for f in p.artefacts:
+        by_kind.setdefault(artefact_kind(f), []).append(f)
+    order = [what for _, what in ARTEFACT_KINDS] + ["other"]
+    return lines + [f"  {what}: {', '.join(by_kind[what])}" for what in order if what in by_kind]
 
 
 def profiled_rows(p: Profiled) -> list[list[str]]:
@@ -52,11 +96,20 @@ def line_rows(p: Profiled) -> list[list[str]]:
     return [one(x) for x in p.lines]
 
 
+def _without_device(t: Table) -> Table:
+    """The table less its device column (a profile without device events has no device time to show)."""
+    i = t.header.index(DEVICE_COLUMN)
+    return Table(t.header[:i] + t.header[i + 1:], [r[:i] + r[i + 1:] for r in t.rows])
+
+
 def profiled_tables(p: Profiled) -> list[tuple[str, str, Table]]:
     """The profile's tables that have rows, each as (title, the noun of its rows, table): ops by device + host time,
-    then the time per line."""
-    tables = [("ops by device + host time", "op", Table(PROFILED_HEADER, profiled_rows(p))),
+    then the time per line (by host time, without the device column, where the device gave no events)."""
+    title = "ops by device + host time" if p.device_timing else "ops by host time"
+    tables = [(title, "op", Table(PROFILED_HEADER, profiled_rows(p))),
               ("time per line", "line", Table(LINE_HEADER, line_rows(p)))]
+    if not p.device_timing:
+        tables = [(name, noun, _without_device(t)) for name, noun, t in tables]
     return [t for t in tables if t[2].rows]
 
 

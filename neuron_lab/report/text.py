@@ -8,6 +8,7 @@ lines and aligned columns.
 from __future__ import annotations
 
 from neuron_lab import kinds
+from neuron_lab.report import profiled_rows as prof
 from neuron_lab.report.checks import Agreement, ParityResult
 from neuron_lab.report.checks_rows import (
     CHECK_FOLD,
@@ -188,7 +189,7 @@ def profiled_lines(p: Profiled, full: bool = False, head: bool = True) -> list[s
     """The profile section: its head (unless ``head`` is False: the ranks' report heads it), the op table and the
     time per line (``row_limit`` rows each unless ``full``), the calls no user line issued, and the exported trace."""
     limit = None if full else p.row_limit
-    lines = [profiled_head(p)] if head else []
+    lines = ([profiled_head(p)] if head else []) + [f"  {n}" for n in prof.device_notes(p)]
     for title, noun, table in profiled_tables(p):
         shown = table.rows[:limit]
         lines += [f"{title}:", *columns(Table(table.header, shown))]
@@ -196,7 +197,7 @@ def profiled_lines(p: Profiled, full: bool = False, head: bool = True) -> list[s
             lines.append(f"  … {count(len(table.rows) - len(shown), 'more ' + noun)} (`%neuron report --full`)")
     if p.unattributed_ns:
         lines.append(f"  {unattributed_text(p)}")
-    return lines + timeline_lines(p.timeline) + trace_line(p)
+    return lines + timeline_lines(p.timeline) + trace_line(p) + prof.artefact_lines(p)
 
 
 # -- checks: %%neuron parity / compare (neuron_lab.report.checks) ------------------------------------------------------

@@ -58,7 +58,7 @@ class CellTracer:
         if self.path is None:
             return
         try:
-            self._profile = OpProfile(session.locator, with_stack=True, yields=True).start()
+            self._profile = OpProfile(session.locator, with_stack=True, yields=True, export=self.path).start()
         except ValueError:  # a profiler the script started in an earlier cell still runs: leave it be
             self.missing = "torch.profiler was already running (the script's own)"
 

@@ -9,6 +9,9 @@ differ (an op the backend does not report, as the device-to-host copy of ``.item
 without a line rather than given a wrong one. The raw profile is kept only until :meth:`OpProfile.result` has
 read it (and exported the trace).
 
+Where the device hands torch.profiler nothing of its own (TorchNeuron: NRT writes files for Neuron Explorer
+instead), the result says so (``device_timing`` False) and names those files; it never asks which backend runs.
+
 The same events, with the device allocations the profiler records (``profile_memory``), make the window's
 timeline (:mod:`neuron_lab.trace.profile_timeline`): what ran when on each lane, and each device's memory.
 """
@@ -23,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
+from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
@@ -113,6 +117,29 @@ def check_row_limit(n: int) -> int:
     return n
 
 
+ARTEFACTS_FOLDER = "neuron_profile"  # under the cwd: where a device's own profile files go when nothing is exported
+
+
+def artefacts_dir(label: str, export: str | None = None) -> str:
+    """A new folder for the device's own profile files (not made here): next to the exported trace
+    (``trace.json`` -> ``trace-neuron-1/``), else ``neuron_profile/<label>-<n>/`` under the cwd; ``n`` is the first
+    number whose folder does not exist yet, so a profile never mixes its files with an earlier one's."""
+    if export is not None:
+        base, stem = os.path.split(os.path.abspath(export))
+        stem = os.path.splitext(stem)[0] + "-neuron"
+    else:
+        base, stem = os.path.join(os.getcwd(), ARTEFACTS_FOLDER), "".join(c for c in label if c.isalnum()) or "profile"
+    n = 1
+    while os.path.exists(os.path.join(base, f"{stem}-{n}")):
+        n += 1
+    return os.path.join(base, f"{stem}-{n}")
+
+
+def _files_in(folder: str) -> list[str]:
+    """Every file under ``folder`` (NRT writes into a ``<instance>_pid_<pid>/`` folder inside it), relative, sorted."""
+    return sorted(os.path.relpath(os.path.join(root, f), folder) for root, _, files in os.walk(folder) for f in files)
+
+
 _YIELDING: list[OpProfile] = []  # the background profiles running now (``yields=True``), that any other stops
 
 
@@ -127,15 +154,27 @@ class OpProfile:
     user's: another OpProfile started while it runs stops it first, and a raw ``torch.profiler.profile()``
     ends its session anyway (Kineto runs one at a time); either way :attr:`gave_way` is then True, and what it
     holds is a part of the window at most: read nothing from it.
+
+    Where the backend's device writes a profile of its own (TorchNeuron's NRT files, for Neuron Explorer), the
+    backend's :meth:`~neuron_lab.backend.interface.NeuronBackend.profiler_config` sends it into a new folder
+    (:func:`artefacts_dir` of ``label`` and ``export``), made before the profiler starts; the result lists its files.
     """
 
-    def __init__(self, locator: Locator | None = None, *, with_stack: bool = False, yields: bool = False) -> None:
+    def __init__(self, locator: Locator | None = None, *, with_stack: bool = False, yields: bool = False,
+                 label: str = "profile", export: str | None = None) -> None:
         self._calls = _Calls(locator if locator is not None else FileLocator())
         activities = [ProfilerActivity.CPU]
+        self._device_timing, self._artefacts_dir, config = True, None, None
         if _backend.is_active():
             activities.append(ProfilerActivity.PrivateUse1)
+            device = _backend.active()
+            self._device_timing = device.device_timing
+            folder = artefacts_dir(label, export)
+            config = device.profiler_config(folder)
+            self._artefacts_dir = folder if config is not None else None
+        extra = {} if config is None else {"experimental_config": _ExperimentalConfig(custom_profiler_config=config)}
         self._prof: Any = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=with_stack,
-                                                 profile_memory=PROFILE_MEMORY)
+                                                 profile_memory=PROFILE_MEMORY, **extra)
         self._baselines: dict[str, int] = {}
         self._unsubscribe: Any = None
         self._running = False
@@ -150,6 +189,8 @@ class OpProfile:
             raise ValueError("torch.profiler is already running: profiles do not nest; stop the other one first")
         if _backend.is_active() and PROFILE_MEMORY:
             self._baselines = _allocated()
+        if self._artefacts_dir is not None:
+            os.makedirs(self._artefacts_dir, exist_ok=True)
         quiet_kineto()
         self._prof.__enter__()
         self._running = True
@@ -183,7 +224,9 @@ class OpProfile:
         if export is not None:
             prof.export_chrome_trace(export)
         out = _read(prof.profiler.kineto_results, self._calls, self._baselines)
-        out.trace_path, out.row_limit = export, row_limit
+        out.trace_path, out.row_limit, out.device_timing = export, row_limit, self._device_timing
+        if self._artefacts_dir is not None:
+            out.artefacts_dir, out.artefacts = self._artefacts_dir, _files_in(self._artefacts_dir)
         return out
 
 
@@ -436,7 +479,7 @@ def profile(*, export: str | None = None, row_limit: int = DEFAULT_ROW_LIMIT,
     path = check_export_path(export) if export is not None else None
     check_row_limit(row_limit)
     locator = locator if locator is not None else FileLocator()
-    p = OpProfile(locator, with_stack=path is not None).start()
+    p = OpProfile(locator, with_stack=path is not None, export=path).start()
     t = Tracker("profile", locator=locator).start()
     try:
         yield t.report

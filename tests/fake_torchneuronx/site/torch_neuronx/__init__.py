@@ -39,6 +39,7 @@ if _native():
     from torch_neuronx import _device
 
     _device.register()
+    import torch_neuronx._profiler  # noqa: F401  (registers its Kineto stand-in at import, as the real one does)
     registered = True
     from torch_neuronx import distributed
 
