@@ -161,10 +161,10 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     panel.locator("[data-testid=nl-zoom-reset]").click()
     assert panel.evaluate(BAND_LABELS) == by_cell
     box = panel.locator("[data-testid=nl-timeline] .u-over").bounding_box()  # a new chart: measure again
-    page.mouse.move(box["x"] + box["width"] * 0.40, box["y"] + 20)
+    page.mouse.move(box["x"] + box["width"] * 0.29, box["y"] + 20)
     page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * 0.62, box["y"] + 20, steps=5)
-    page.mouse.up()  # drag-select, by cell: In[5] (the middle third) fills the plot, In[2] and In[7] out of view
+    page.mouse.move(box["x"] + box["width"] * 0.46, box["y"] + 20, steps=5)
+    page.mouse.up()  # drag-select, by cell: In[5] (the second quarter) fills the plot, the other cells out of view
     (label,) = panel.evaluate(BAND_LABELS)
     assert label[0] == "In[5]" and box["x"] <= label[1], label  # in view, at the left edge of its visible part
     panel.locator("[data-testid=nl-timeline] .u-over").dblclick()
