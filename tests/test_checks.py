@@ -215,22 +215,151 @@ def test_a_training_step_with_dropout_passes_with_the_device_runs_draws_replayed
     assert res.result.passed and res.result.randomness.complete, str(res.result)
 
 
-def test_a_random_op_sequence_that_differs_is_said_where_not_left_to_fail_mysteriously(shell):
+def test_a_random_op_sequence_that_differs_is_said_where_and_the_replay_picks_up_after_it(shell):
     run(shell, "import torch\nx = torch.ones(4, 4, device=device)")
     res, _ = run(shell, "%%neuron parity\na = torch.nn.functional.dropout(x, 0.5)\n"
                         "noise = torch.randn(3, device=device) if x.device.type != 'cpu' else torch.rand(3)\n"
                         "b = torch.nn.functional.dropout(x, 0.5)")
     r = res.result
-    assert not r.passed and (r.randomness.drawn, r.randomness.replayed) == (3, 1)
+    assert not r.passed and (r.randomness.drawn, r.randomness.replayed, r.randomness.own) == (3, 2, 1)
     lines = str(r).splitlines()
-    assert lines[0] == ("neuron_lab parity neuron:0 vs cpu: FAIL (2 of 4 items over tolerance) · first: variable "
-                        "noise, line 3 · random draws not replayed from op 2 on")
+    assert lines[0] == ("neuron_lab parity neuron:0 vs cpu: FAIL (1 of 4 items over tolerance) · first: variable "
+                        "noise, line 3 · the runs drew differently")
     assert lines[1] == "first divergence: variable noise, line 3"
-    assert lines[2] == ("randomness: 1 of 3 random ops replayed from the neuron:0 run, then the runs drew differently "
-                        "(random op 2: aten::randn [3] in the device run, aten::rand [3] in the reference run); later "
-                        "draws come from each run's own generators, so what depends on them can differ")
+    assert lines[2] == ("randomness: 2 of 3 random ops replayed from the neuron:0 run; the runs drew differently "
+                        "(random op 2: aten::randn [3] in the device run, aten::rand [3] in the reference run): "
+                        "1 device draw not matched in the reference, 1 reference draw from its own generator, so "
+                        "what depends on those can differ")
     rows = [x.split()[:2] for x in lines if x.startswith("  ") and not x.startswith("  item ")]
-    assert rows == [["noise", "FAIL"], ["b", "FAIL"], ["a", "ok"], ["x", "ok"]]  # few items: all shown, failures first
+    assert rows == [["noise", "FAIL"], ["a", "ok"], ["x", "ok"], ["b", "ok"]]  # b's mask is the device's again
+    assert not any(x.startswith("over tolerance") for x in lines)  # no tolerance offered for a draw that differed
+
+
+# nanoGPT's block: SDPA with is_causal and its own dropout, residual and embedding dropout, AdamW
+LM_SETUP = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+class Attn(torch.nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+        self.qkv, self.proj, self.drop = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16), torch.nn.Dropout(P)
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, 2, 8).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
+        return self.drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2, self.attn = torch.nn.LayerNorm(16), torch.nn.LayerNorm(16), Attn(ATTN_P)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16),
+                                       torch.nn.Dropout(P))
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+class LM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos, self.drop = torch.nn.Embedding(32, 16), torch.nn.Embedding(8, 16), torch.nn.Dropout(P)
+        self.blocks, self.head = torch.nn.Sequential(Block(), Block()), torch.nn.Linear(16, 32)
+    def forward(self, idx):
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
+        return self.head(self.blocks(x))
+model = LM().to(device).train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+idx = torch.randint(0, 32, (4, 8)).to(device)
+"""
+
+LM_STEP = """
+opt.zero_grad()
+loss = F.cross_entropy(model(idx).view(-1, 32), idx.view(-1))
+loss.backward()
+opt.step()
+"""
+
+
+@pytest.mark.parametrize("p, attn_p, flags, draws", [
+    (0.1, 0.1, "", 7),  # dropout everywhere: SDPA's dropout is a draw of its own on both sides
+    (0.1, 0.0, "", 5),  # the CPU would run its flash kernel (tagged random, draws nothing): not a draw
+    (0.1, 0.0, " --seed 0", 5),
+    (0.0, 0.0, "", 0),  # the reference runs SDPA's math kernel, as the device does: no rounding gap after AdamW
+])
+def test_a_transformer_lm_with_sdpa_and_dropout_agrees_with_every_draw_replayed(shell, p, attn_p, flags, draws):
+    run(shell, LM_SETUP.replace("ATTN_P", str(attn_p)).replace("P", str(p)))
+    res, _ = run(shell, "%%neuron parity" + flags + "\n" + LM_STEP.lstrip())
+    r = res.result
+    assert r.passed, str(r)
+    assert r.randomness.complete and (r.randomness.drawn, r.randomness.own) == (draws, 0), str(r)
+    assert r.randomness.ops == ([("aten::native_dropout", draws)] if draws else [])
+    assert "drew differently" not in str(r) and "fused kernel" not in str(r)  # the emulator decomposes SDPA
+
+
+MHA_SETUP = """
+import torch
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 2, dropout=0.1, batch_first=True)
+        self.out = torch.nn.Linear(16, 1)
+    def forward(self, x):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        return self.out(self.attn(x, x, x, attn_mask=mask, need_weights=False)[0])
+model = Net().to(device).train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(4, 8, 16).to(device), torch.randn(4, 8, 1).to(device)
+"""
+
+CNN_SETUP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                            torch.nn.Dropout2d(0.1), torch.nn.Conv2d(8, 8, 3, stride=2), torch.nn.BatchNorm2d(8),
+                            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Dropout(0.2),
+                            torch.nn.Linear(8, 10)).to(device).train()
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(8, 3, 16, 16).to(device), torch.randint(0, 10, (8,)).to(device)
+"""
+
+
+@pytest.mark.parametrize("setup, loss, ops", [
+    (MHA_SETUP, "torch.nn.functional.mse_loss(model(x), y)", [("aten::native_dropout", 1)]),
+    (CNN_SETUP, "torch.nn.functional.cross_entropy(model(x), y)",
+     [("aten::bernoulli_", 1), ("aten::native_dropout", 1)]),  # Dropout2d draws a channel mask with bernoulli_
+], ids=["multihead-attention", "batchnorm-cnn"])
+def test_attention_and_batchnorm_training_steps_agree_with_their_draws_replayed(shell, setup, loss, ops):
+    run(shell, setup)
+    res, _ = run(shell, "%%neuron parity\nopt.zero_grad()\nloss = " + loss + "\nloss.backward()\nopt.step()")
+    r = res.result
+    assert r.passed and r.randomness.complete and r.randomness.ops == ops, str(r)
+    if setup is CNN_SETUP:  # BatchNorm's running statistics are compared too
+        names = {i.name for i in r.agreement.items}
+        assert {"model.1.running_mean", "model.1.running_var", "model.5.num_batches_tracked"} <= names, names
+
+
+def test_a_fail_says_how_far_over_tolerance_and_suggests_tolerances_when_the_gap_is_rounding(shell):
+    run(shell, "import torch\nx = torch.linspace(0.1, 1, 6, device=device)")
+    with skewed_atan2(3e-5, index=2):
+        res, _ = run(shell, "%%neuron parity\nz = torch.atan2(x, x + 1)")
+    r = res.result
+    (z,) = r.agreement.failed
+    assert z.over == pytest.approx(3e-5 / (1e-5 + 1.3e-6 * abs(z.expected_value)), rel=1e-2)
+    lines = str(r).splitlines()
+    hint = next(x for x in lines if x.startswith("over tolerance"))
+    assert hint.startswith(f"over tolerance by up to {z.over:.3g}× (z): --rtol 1.3e-06 --atol 3")
+    assert "would pass every item" in hint
+    row = next(x for x in lines if x.split()[:2] == ["z", "FAIL"])
+    assert row.split()[2] == f"{z.over:.3g}×"  # the "over" column
+    flags = hint.split(": ", 1)[1].split(" would pass")[0]
+    with skewed_atan2(3e-5, index=2):
+        res, _ = run(shell, f"%%neuron parity {flags}\nz = torch.atan2(x, x + 1)")
+    assert res.result.passed, str(res.result)  # the suggestion is one that passes
+    with skewed_atan2(0.5, index=2):
+        res, _ = run(shell, "%%neuron parity\nz = torch.atan2(x, x + 1)")
+    (hint,) = [x for x in str(res.result).splitlines() if x.startswith("over tolerance")]
+    assert "far more than rounding, so no tolerance is suggested" in hint and "--atol" not in hint
 
 
 def test_many_items_show_the_failing_rows_and_fold_the_agreeing_ones(shell):

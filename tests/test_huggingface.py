@@ -16,6 +16,8 @@ accelerate = pytest.importorskip("accelerate")
 from shells import loaded_shell, run  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
+from neuron_lab.extension import session_of  # noqa: E402
+
 
 class Tokens(torch.utils.data.Dataset):
     """16 sequences of 16 token ids, the same on every run."""
@@ -67,10 +69,41 @@ def test_a_notebook_cell_running_the_trainer_reports_its_ops_and_memory(tmp_path
         sh.user_ns.update(train=train, tmp=tmp_path)
         res, out = run(sh, "loss, losses, where = train(tmp, use_cpu=False)")
         assert res.success and sh.user_ns["where"] == torch.device("neuron", 0)
-        from neuron_lab.extension import session_of
-
         report = next(reversed(session_of(sh).history.values()))
     assert report.device == "neuron:0" and report.ops > 500
     assert report.memory.peak > 0 and report.h2d_bytes > 0
     assert report.fallbacks == []  # the bundled profile predicts none for GPT-2's training step
     assert {r.kind for r in report.ops_not_native} == {"downcast"}  # int64 token ids, reported as TorchNeuron does
+
+
+PARITY_SETUP = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+model = MODEL.to(device).train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 100, (2, 16)).to(device)
+"""
+
+GPT2 = "GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32, {}))"
+LLAMA = ("LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, "
+         "hidden_size=32, intermediate_size=64, vocab_size=100, max_position_embeddings=32, {}))")
+
+
+@pytest.mark.parametrize("model, draws", [
+    (GPT2.format("resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1"), 7),
+    (GPT2.format("resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.0"), 5),  # the CPU would pick its flash kernel
+    (LLAMA.format("attention_dropout=0.1"), 2),
+    (LLAMA.format("attention_dropout=0.0"), 0),  # Llama's default: no dropout at all
+], ids=["gpt2", "gpt2-no-attention-dropout", "llama", "llama-no-dropout"])
+def test_parity_of_a_training_step_agrees_with_every_draw_replayed(model, draws) -> None:
+    """Hugging Face's attention calls SDPA with ``dropout_p=0.0`` when attention dropout is off: the CPU then runs
+    its flash kernel, which PyTorch tags random though it draws nothing; the check must not count it as a draw."""
+    with loaded_shell() as sh:
+        run(sh, PARITY_SETUP.replace("MODEL", model))
+        res, _ = run(sh, "%%neuron parity\nopt.zero_grad()\nloss = model(input_ids=ids, labels=ids).loss\n"
+                         "loss.backward()\nopt.step()")
+        r = res.result
+        assert r.passed, str(r)
+        assert r.randomness.complete and (r.randomness.drawn, r.randomness.own) == (draws, 0), str(r)
+        assert "drew differently" not in str(r)

@@ -379,6 +379,9 @@ def check_language_model(r: Ran) -> None:
     parity = _shown(r, "parity", "neuron_lab parity ")
     assert re.fullmatch(r"neuron_lab parity neuron:0 vs cpu: agree \(\d+ items, 1 step\)", parity[0]), parity[0]
     assert parity[1] == "randomness: 5 random ops (native_dropout ×4, randint ×1) replayed from the neuron:0 run"
+    sdpa = _shown(r, "parity-sdpa", "neuron_lab parity ")  # nanoGPT's attention: SDPA with is_causal and dropout
+    assert re.fullmatch(r"neuron_lab parity neuron:0 vs cpu: agree \(\d+ items, 1 step\)", sdpa[0]), sdpa
+    assert sdpa[1] == "randomness: 7 random ops (native_dropout ×6, randint ×1) replayed from the neuron:0 run"
 
     compiled = r.report("compile")
     assert " · compile · " in compiled[0] and "1 graph, 0 breaks, 0 recompiles" in compiled[0], compiled[0]
@@ -405,7 +408,7 @@ def check_language_model(r: Ran) -> None:
     assert float(after) <= float(before), (after, before)
 
     view = r.value("memory-view").splitlines()  # the view's text; its widget and HTML draw the same timeline
-    assert any(x.lstrip().startswith(f"In[{r.n('oom')}] ") and x.endswith("peak 197.59 MiB") for x in view), view
+    assert any(x.lstrip().startswith(f"In[{r.n('oom')}] ") and x.endswith("peak 199.62 MiB") for x in view), view
     r.says("the CPU run replays the device run's draws", "dynamo's own warnings do not flood the cell")
 
 

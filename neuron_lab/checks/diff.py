@@ -206,6 +206,10 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
         item.max_rel = float(rel.max())
         item.actual_value = _scalar(a.reshape(-1)[flat])
         item.expected_value = _scalar(e.reshape(-1)[flat])
+        floats = actual.dtype.is_floating_point and expected.dtype.is_floating_point
+        if item.mismatched and floats:  # how far over, and what would pass: a rounding gap, or a real one
+            item.over = float((diff / allowed).max())
+            item.atol_needed = float((diff - rtol * scale).max())
     else:
         item.max_abs = item.max_rel = 0.0
     return item

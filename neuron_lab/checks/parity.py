@@ -111,7 +111,7 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
             actual = runs.Run(dict(subject.namespace), error=e)
     notes: list[str] = []
     ops_before = _op_calls()
-    with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer:
+    with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer, _math_attention():
         cpu_state = _replay(start, after, device, reference, notes, seeded=options.seed is not None)
         expected = runs.run(subject, rng=lambda: start.restore(cpu_state), ns={**before, **copied.values},
                             device=reference, source=device, mode=modes.EAGER, locator=locator, exclude=exclude)
@@ -122,6 +122,12 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
     a.shared = copied.shared
     if not drawn.complete:  # how the generators were lined up matters only for the draws not replayed
         a.notes += notes
+    if recorder.attention:
+        a.notes.append(f"the {device} run computed attention with {', '.join(recorder.attention)}, a fused kernel; "
+                       f"the {reference} run with PyTorch's math kernel (its definition): what follows attention "
+                       f"differs by the fused kernel's rounding" + (
+                           ", and its dropout was drawn inside the kernel, so the reference could not replay it"
+                           if any(d.op in recorder.attention for d in recorder.draws) else ""))
     if stray:
         var = f"the `{subject.device_variable}` variable" if subject.device_variable else "its arguments"
         a.notes.append(f"the {reference} run still ran {stray:,} ops on {device.type}: the code names that device "
@@ -136,6 +142,14 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
         actual.error.add_note(f"neuron_lab parity: the {device} run raised; the {reference} reference run {outcome}")
         raise actual.error
     return result
+
+
+def _math_attention() -> contextlib.AbstractContextManager:
+    """SDPA's math kernel for the reference run: what an accelerator without a fused kernel decomposes it to (the
+    emulator does), and the definition a fused kernel is measured against. The CPU would pick its flash kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _replay(start: runs.RngState, after: runs.RngState, device: torch.device, reference: torch.device,

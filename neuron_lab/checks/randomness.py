@@ -5,9 +5,12 @@ draws from several (batch indices on the CPU, dropout on the device). So the dev
 every random ATen op (the ops PyTorch tags ``nondeterministic_seeded``) produced, in order, and the
 reference run gets the same values back from its random ops, one by one, as long as both draw alike.
 Dropout is one draw whichever way it is spelled: ``native_dropout`` on an accelerator, ``bernoulli_``
-on the CPU; the reference keeps its own arithmetic and takes only the device's mask. Where the two runs
-stop drawing alike (another op, another shape) the replay stops and says where, and later draws come
-from the reference's own generators.
+on the CPU; the reference keeps its own arithmetic and takes only the device's mask. Draws are matched on
+what they drew (kind, shapes, probability), never on which kernel drew them: SDPA runs a fused kernel on the
+CPU and its math decomposition on an accelerator by design, and a fused kernel called with ``dropout_p=0``
+draws nothing although PyTorch tags it random. Where the two runs draw differently (another op, another
+shape) that draw comes from the reference's own generator, the difference is said, and the replay picks up
+again at the next recorded draw that matches.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch.utils._pytree import tree_leaves
 from neuron_lab.report.checks import Randomness
 
 MAX_BYTES = 512 * 2**20  # what the device run's recorded draws may hold; later draws are not recorded
+LOOKAHEAD = 16  # recorded draws a reference draw may skip to find its match (the device drew those alone)
 _BERNOULLI = "bernoulli"
 
 
@@ -69,6 +73,8 @@ def _draw(func: Any, args: tuple, kwargs: dict, out: Any) -> Draw | None:
     """What a random op call drew, without values (None: it drew nothing, as dropout in eval mode)."""
     name = func._overloadpacket.__name__
     given = _args(func, args, kwargs)
+    if given.get("dropout_p", None) == 0:  # attention kernels: random only through their dropout
+        return None
     if name == "native_dropout":
         if given.get("train") is False:
             return None
@@ -104,12 +110,25 @@ class _Mode(TorchDispatchMode):
         return True
 
 
+_ATTENTION: dict[Any, bool] = {}  # by op overload: a fused attention kernel (the math path is decomposed)
+
+
+def _attention(func: Any) -> bool:
+    r = _ATTENTION.get(func)
+    if r is None:
+        r = _ATTENTION[func] = func._overloadpacket.__name__.startswith("_scaled_dot_product_") and \
+            "backward" not in func._overloadpacket.__name__
+    return r
+
+
 class Recorder(_Mode):
-    """Records every random draw of the run it is active in (``exclude``: our own copies are not the run's)."""
+    """Records every random draw of the run it is active in (``exclude``: our own copies are not the run's), and
+    the fused attention kernels it ran (their dropout draws happen inside them, and their rounding is their own)."""
 
     def __init__(self, exclude: Callable[[], Any] = contextlib.nullcontext) -> None:
         super().__init__()
         self.exclude = exclude
+        self.attention: dict[str, None] = {}  # "aten::_scaled_dot_product_fused_attention_overrideable"
         self.draws: list[Draw] = []
         self.unrecorded = 0  # draws past MAX_BYTES
         self._bytes = 0
@@ -117,6 +136,8 @@ class Recorder(_Mode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if _attention(func):
+            self.attention.setdefault(_op(func))
         if _random(func):
             draw = _draw(func, args, kwargs, out)
             if draw is not None:
@@ -137,14 +158,15 @@ class Recorder(_Mode):
 
 
 class Replayer(_Mode):
-    """Serves recorded draws to the run it is active in, in order, while that run draws alike."""
+    """Serves recorded draws to the run it is active in, in order, matching each draw on what it draws."""
 
     def __init__(self, draws: list[Draw]) -> None:
         super().__init__()
         self.draws = draws
-        self.served = 0
-        self.own = 0  # draws the run made from its own generators
-        self.mismatch: Draw | None = None  # the first draw that did not match the recording
+        self.served = 0  # recorded draws given to the run
+        self.at = 0  # the next recorded draw to match
+        self.own = 0  # draws the run made from its own generators (nothing recorded matched)
+        self.mismatch: tuple[int, Draw] | None = None  # the first draw that did not match: (its index, it)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -175,14 +197,18 @@ class Replayer(_Mode):
             return x.mul(mask).mul_(0.0 if keep == 0 else 1.0 / keep), mask
 
     def _next(self, draw: Draw | None) -> Draw | None:
-        """The recorded draw that ``draw`` replays, or None (counted as the run's own draw)."""
+        """The recorded draw that ``draw`` replays (skipping recorded draws the run did not make), or None:
+        counted as the run's own draw."""
         if draw is None:
             return None
-        if self.mismatch is None and self.served < len(self.draws) and self.draws[self.served].matches(draw):
-            self.served += 1
-            return self.draws[self.served - 1]
+        for k in range(self.at, min(self.at + LOOKAHEAD, len(self.draws))):
+            if self.draws[k].matches(draw):
+                if k > self.at and self.mismatch is None:
+                    self.mismatch = (self.at, draw)
+                self.at, self.served = k + 1, self.served + 1
+                return self.draws[k]
         if self.mismatch is None:
-            self.mismatch = draw
+            self.mismatch = (self.at, draw)
         self.own += 1
         return None
 
@@ -206,9 +232,10 @@ def summary(recorder: Recorder, replayer: Replayer) -> Randomness:
     out = Randomness(drawn, replayer.served, sorted(ops.items(), key=lambda kv: -kv[1]), replayer.own,
                      recorder.unrecorded)
     if replayer.mismatch is not None:
-        expected = recorder.draws[replayer.served] if replayer.served < len(recorder.draws) else None
-        out.differs = (f"random op {replayer.served + 1}: {expected.describe() if expected else 'none'} in the device "
-                       f"run, {replayer.mismatch.describe()} in the reference run")
+        at, theirs = replayer.mismatch
+        expected = recorder.draws[at] if at < len(recorder.draws) else None
+        out.differs = (f"random op {at + 1}: {expected.describe() if expected else 'none'} in the device run, "
+                       f"{theirs.describe()} in the reference run")
     elif replayer.served < len(recorder.draws):
         out.differs = (f"the reference run made {replayer.served} of the device run's {len(recorder.draws)} random "
                        f"draws")

@@ -41,6 +41,8 @@ class Item:
     expected_value: float | str | None = None
     rtol: float = 0.0
     atol: float = 0.0
+    over: float | None = None  # the worst element's difference over what the tolerances allow it (> 1: failed)
+    atol_needed: float | None = None  # the smallest atol that, with this rtol, lets every element pass
     unchanged: bool = False  # the run left it as it found it (an input, a parameter nothing stepped)
 
 

@@ -6,6 +6,8 @@ Each function takes the result's own class, and the two kinds are told apart by 
 
 from __future__ import annotations
 
+import math
+
 from neuron_lab.report.checks import Agreement, CheckResult, CompareResult, Divergence, Item, ParityResult, Timing
 from neuron_lab.report.model import Check
 from neuron_lab.report.rows import Table
@@ -60,7 +62,7 @@ def parity_summary(result: ParityResult) -> str:
         parts.append(f"first: {divergence_text(a.divergence)}")
     r = result.randomness
     if not a.passed and not r.complete:
-        parts.append(f"random draws not replayed from op {r.replayed + 1} on")
+        parts.append("the runs drew differently")
     return " · ".join(parts)
 
 
@@ -105,9 +107,12 @@ def randomness_line(result: ParityResult) -> list[str]:
     ops = ", ".join(f"{op.removeprefix('aten::')} ×{n}" for op, n in r.ops)
     if r.complete:
         return [f"randomness: {count(r.drawn, 'random op')} ({ops}) replayed from the {result.device} run"]
-    return [f"randomness: {r.replayed} of {count(r.drawn, 'random op')} replayed from the {result.device} run, "
-            f"then the runs drew differently ({r.differs}); later draws come from each run's own generators, so "
-            f"what depends on them can differ"]
+    unmatched = [count(r.drawn - r.replayed, "device draw") + " not matched in the reference"] \
+        if r.replayed < r.drawn else []
+    unmatched += [count(r.own, "reference draw") + " from its own generator"] if r.own else []
+    return [f"randomness: {r.replayed} of {count(r.drawn, 'random op')} replayed from the {result.device} run; the "
+            f"runs drew differently ({r.differs}): {', '.join(unmatched)}, so what depends on "
+            f"{'those' if r.drawn - r.replayed + r.own > 1 else 'it'} can differ"]
 
 
 def parity_head(result: ParityResult) -> list[str]:
@@ -117,7 +122,7 @@ def parity_head(result: ParityResult) -> list[str]:
         f"rtol {result.rtol:g}, atol {result.atol:g}"
     seed = "random generators as the cell found them" if result.seed is None else f"seed {result.seed}"
     return [f"neuron_lab {check_summary_line(result)}", *divergence_lines(result.agreement),
-            *randomness_line(result),
+            *(tolerance_lines(result.agreement) if result.randomness.complete else []), *randomness_line(result),
             f"{result.device} {format_seconds(result.device_s)}, {result.reference} (eager, on copies) "
             f"{format_seconds(result.reference_s)} · {seed} · tolerances: {tol}",
             check_context(result)]
@@ -148,7 +153,7 @@ def compare_facts(result: CompareResult) -> list[str]:
             ["never breaks even" if be is None else f"breaks even after {be:,} runs"])))
     out.append(f"backend {result.backend}" + (", fullgraph" if result.fullgraph else "") + " · " +
                check_context(result))
-    return out
+    return out + tolerance_lines(result.agreement)
 
 
 def noise_text(result: CompareResult) -> str:
@@ -190,10 +195,16 @@ def _dtype_shape(i: Item) -> str:
     return a if a == e else f"{a} vs {e}"
 
 
+def _over(i: Item) -> str:
+    return "" if i.passed or i.over is None else "∞" if math.isinf(i.over) else f"{i.over:.3g}×"
+
+
 def item_table(a: Agreement, items: list[Item]) -> Table:
-    """A row per compared item of ``items``, in their order; ``result`` is ``ok`` or ``FAIL``."""
-    header = ["item", "result", "max abs", "max rel", "worst at", a.actual, a.expected, "rtol/atol", "dtype, shape"]
-    return Table(header, [[i.name, "ok" if i.passed else "FAIL", _num(i.max_abs), _num(i.max_rel),
+    """A row per compared item of ``items``, in their order; ``result`` is ``ok`` or ``FAIL``, ``over`` how many
+    times its tolerance the worst element's difference is."""
+    header = ["item", "result", "over", "max abs", "max rel", "worst at", a.actual, a.expected, "rtol/atol",
+              "dtype, shape"]
+    return Table(header, [[i.name, "ok" if i.passed else "FAIL", _over(i), _num(i.max_abs), _num(i.max_rel),
                            "-" if i.worst is None else str(list(i.worst)), _val(i.actual_value),
                            _val(i.expected_value), f"{i.rtol:g}/{i.atol:g}",
                            _dtype_shape(i) + (f"  {i.problem}" if i.problem else "")] for i in items])
@@ -219,6 +230,35 @@ def agreeing_text(items: list[Item]) -> str:
     parts = [by_var(changed)] if changed else []
     parts += [f"unchanged by the run: {by_var(unchanged)}"] if unchanged else []
     return f"{count(len(items), 'item')} agree: " + "; ".join(parts)
+
+
+ROUNDING = 100.0  # times its tolerance past which a difference is not rounding: no tolerance is suggested
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded up to two significant digits: a tolerance a person can type."""
+    if x <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(x / step - 1e-9) * step
+
+
+def tolerance_lines(a: Agreement) -> list[str]:
+    """For items over tolerance: how far over, and the ``--rtol``/``--atol`` that would pass them, when the gap is
+    the size of rounding (at most :data:`ROUNDING` times the tolerance); else that it is not."""
+    failed = [i for i in a.failed if i.problem is None]
+    if not failed or any(i.over is None for i in failed):
+        return []
+    worst = max(failed, key=lambda i: i.over)
+    if worst.over > ROUNDING and not math.isinf(worst.over):
+        return [f"over tolerance by up to {worst.over:.3g}× ({worst.name}): far more than rounding, so no "
+                f"tolerance is suggested; the first divergence is where to look"]
+    rtol = max(i.rtol for i in failed)
+    atol = _round_up(max(max(i.atol_needed or 0.0, i.atol) for i in failed) * 1.01)
+    over = "" if math.isinf(worst.over) else f" by up to {worst.over:.3g}×"
+    return [f"over tolerance{over} ({worst.name}): --rtol {rtol:g} --atol {atol:.2g} would pass "
+            f"{'every item' if len(failed) == len(a.failed) else 'these items'}; widen only if this gap is rounding "
+            f"you accept"]
 
 
 def divergence_lines(a: Agreement) -> list[str]:
