@@ -216,6 +216,9 @@ register_config("device_variable", str, "device", "The user-namespace variable t
 register_config("history_size", int, 500, "Cell reports kept for `%neuron report`; the oldest go first.", minimum=0)
 register_config("widget_refresh_hz", float, 4.0, "How often live widgets refresh while a cell runs.", minimum=0.1,
                 maximum=60)
+register_config("memory_sample_ms", float, 20.0, "How often the memory timeline reads the device's allocated bytes "
+                "while a cell runs, views open or not (a counter read on a background thread); 0 reads them only at "
+                "each cell's start and end.", minimum=0, maximum=1000)
 register_config("auto_dashboard", bool, False, "Show a compact live strip (memory bar, fallback count, mode) under "
                 "each cell while it runs (widget frontends).")
 register_config("display_as", str, "auto", "How the live views show: widgets (auto: under a kernel) or static "

@@ -476,3 +476,34 @@ def test_static_timeline_has_axes_with_units_readable_cell_labels_and_marks():
     assert re.findall(r"<title>(In\[\d\])</title>", svg) == ["In[1]", "In[2]", "In[3]", "In[4]"]
     assert [t for t in texts if t.startswith("In[")] == ["In[2]"]
     assert "OOM" in texts and "<title>out of memory in In[4]</title>" in svg and "peak 1.00 MiB" in texts
+
+
+CLIMB = """
+import time
+xs = []
+for i in range(5):
+    xs.append(torch.empty(2**20, dtype=torch.uint8, device=device))
+    time.sleep(0.06)
+del xs
+"""
+
+
+def _in_cell(sh, n: int) -> list[int]:
+    tl = session_of(sh).timeline
+    (span,) = [c for c in tl.cells() if c.cell == n]
+    return [b for t, b in tl.points() if span.start_s <= t <= span.end_s]
+
+
+def test_the_memory_timeline_samples_a_cells_climb_with_no_view_open(shell):
+    run(shell, "import torch\nbase = torch.neuron.memory_allocated()")
+    base = shell.user_ns["base"]
+    res, _ = run(shell, CLIMB)
+    inside = _in_cell(shell, res.execution_count)
+    assert max(inside) == base + 5 * 2**20 and inside[0] == inside[-1] == base  # the climb's top, start and end
+    assert len({b for b in inside if base < b < base + 5 * 2**20}) >= 2, inside  # steps on the way up, not a line
+    assert session_of(shell).sampler.error is None
+    run(shell, "%config NeuronLab.memory_sample_ms = 0")
+    res, _ = run(shell, CLIMB)
+    assert _in_cell(shell, res.execution_count) == [base, base]  # only the cell's start and end: as the setting says
+    view = str(run(shell, "%neuron memory")[0].result)
+    assert "sampled only at each cell's start and end (NeuronLab.memory_sample_ms = 0)" in view

@@ -27,6 +27,7 @@ from neuron_lab.session import devices, free, oom
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.session.oom import OomHandler
+from neuron_lab.trace.sampler import MemorySampler
 from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import Renaming, SiteMap, Tracker
 from neuron_lab.units import ShownAsText, count, format_capacity, format_size
@@ -72,6 +73,7 @@ class Session:
         self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
         self.finishing: list[Callable[[Tracker], None]] = []  # called as each cell ends, before its report is made
         self.timeline = Timeline()
+        self.sampler = MemorySampler(self.timeline)  # the timeline's samples while a cell runs
         self.views: Any = None  # the live views' hub, attached by neuron_lab.widgets; closed with the session
         self.ranks: Any = None  # the engines of `%neuron ranks start N` (session.ranks.Ranks); stopped with it
         self._cell_start_s = 0.0
@@ -151,6 +153,7 @@ class Session:
         if self.views is not None:
             self.views.close()
             self.views = None
+        self.sampler.close()
         if self.ranks is not None:
             self.ranks.stop()
             self.ranks = None
@@ -204,6 +207,9 @@ class Session:
             self._cell_start_s = self.timeline.now()
             self._compiled_before = self.locator.newest_cell()
             self.timeline.sample(self._tracker.memory_before, self._cell_start_s)
+            if _backend.is_active():
+                device, b = self.device, _backend.active()
+                self.sampler.start(lambda: b.memory_sample(device), c.memory_sample_ms / 1000)
         except Exception as e:  # never break the user's cell
             self._tracker = None
             warnings.warn(f"neuron_lab could not start the cell report: {type(e).__name__}: {e}", RuntimeWarning,
@@ -245,6 +251,7 @@ class Session:
         tracker, self._tracker = self._tracker, None
         if tracker is None:
             return
+        self.sampler.stop()
         self._notify(self.finishing, tracker)
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after

@@ -2,7 +2,7 @@
 memory timeline plots.
 
 The session adds two exact samples per cell (before and after, read at the cell's one
-synchronize) and live views add samples while a cell runs. It is bounded without dropping the
+synchronize) and its sampler (``trace/sampler.py``) adds samples while a cell runs. It is bounded without dropping the
 session's start: when full, neighbouring samples merge, keeping the larger, so peaks survive.
 """
 

@@ -1,12 +1,13 @@
 """One hub per session: the open views, the refresh thread, and the cell hooks that feed them.
 
-A view either follows the session (the dashboard, a view asked for ``--live``) or is a snapshot: it shows
-the state at the end of the cell that opened it and stays so, so a notebook read top to bottom (or run
-with Run All) shows each cell's own state. Sampling is plain counter reads (``backend.memory_sample``, the
-tracker's counts) and a copy of the running cell's op rows; the thread only assigns widget traits, which
-ipykernel sends as comm messages from any thread. It never prints or displays, and it exists only while a
-view is being updated. What the views do inside a user's cell (opening a view, the strip at a cell's start)
-is the hub's work, not the cell's: it runs outside the cell's report (``Tracker.excluded``).
+A view either follows the session (the dashboard, a view asked for ``--live``) or is a snapshot: it shows the
+state at the end of the cell that opened it and stays so, so a notebook read top to bottom (or run with Run
+All) shows each cell's own state. A refresh is plain counter reads (``backend.memory_sample``, the tracker's
+counts; the memory timeline's samples are the session's own) and a copy of the running cell's op rows; the
+thread only assigns widget traits, which ipykernel sends as comm messages from any thread. It never prints or
+displays, and it exists only while a view is being updated. What the views do inside a user's cell (opening a
+view, the strip at a cell's start) is the hub's work, not the cell's: it runs outside the cell's report
+(``Tracker.excluded``).
 """
 
 from __future__ import annotations
@@ -166,7 +167,6 @@ class Hub:
         if self.session.running is None:
             return
         live = snapshot.live(self.session)
-        self.session.timeline.sample(live["allocated"], live["t"])
         for p in self.open_panels():
             p.set_live(live)
 

@@ -253,6 +253,7 @@ function memoryView(ctx) {
       h("span", {}, "capacity ", h("b", {}, live.capacity_text || fmtBytes(live.capacity || 0)))),
     memoryBar(live, "nl-mem-bar"),
     timeline(ctx, m, live),
+    m.sampling ? h("div", { class: "nl-muted" }, m.sampling) : null,
     h("div", { class: "nl-actions" }, button, note, m.freed ? h("pre", { class: "nl-pre" }, m.freed) : null),
     rows.length ? h("div", { class: "nl-scroll" }, table(["cell", "before", "after", "delta", "peak", "wall"], rows))
       : h("div", { class: "nl-muted" }, "no cell has used the device yet"));

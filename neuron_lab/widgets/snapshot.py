@@ -95,8 +95,16 @@ def _newest(session: Any) -> list[Report]:
 def memory(session: Any) -> dict[str, Any]:
     """The timeline (``[seconds, bytes]`` points, the cells' spans, its marks) and each kept cell's memory."""
     return {"points": as_data(session.timeline.points()), "cells": as_data(session.timeline.cells()),
-            "marks": as_data(session.timeline.marks()),
+            "marks": as_data(session.timeline.marks()), "sampling": _sampling(session),
             "rows": [as_data(r, "cell", "wall_s", "memory") for r in _newest(session)]}
+
+
+def _sampling(session: Any) -> str | None:
+    """What the timeline does not show, when it does not sample inside cells (None: it does)."""
+    if session.config.memory_sample_ms > 0:
+        return None
+    return ("sampled only at each cell's start and end (NeuronLab.memory_sample_ms = 0): inside a cell the line is "
+            "straight, its peak is the cell's row")
 
 
 def tensors(session: Any) -> dict[str, Any]:

@@ -154,6 +154,8 @@ def _memory_text(data: dict, live: dict) -> str:
     lines = [f"memory: peak {format_size(live.get('peak', 0))} · timeline {_spark(m['points'])}"]
     lines += [f"  In[{cell}]  {format_size(mem.before):>11} → {format_size(mem.after):>11}  "
               f"{format_delta(mem.delta):>12}  peak {format_size(mem.peak)}" for cell, mem in _memories(data)]
+    if m.get("sampling"):
+        lines.append("  " + m["sampling"])
     if m.get("freed"):
         lines.append("  " + m["freed"].splitlines()[0])
     return "\n".join(lines)
@@ -164,7 +166,8 @@ def _memory_html(data: dict, live: dict) -> str:
     rows = [[f"In[{cell}]", format_size(mem.before), format_size(mem.after), format_delta(mem.delta),
              format_size(mem.peak)] for cell, mem in _memories(data)]
     peak = max([live.get("peak", 0), *(mem.peak for _, mem in _memories(data))])
-    return (_svg(m["points"], m["cells"], m.get("marks", []), peak)
+    note = f'<div style="color:#666">{escape(m["sampling"])}</div>' if m.get("sampling") else ""
+    return (_svg(m["points"], m["cells"], m.get("marks", []), peak) + note
             + table(["cell", "before", "after", "delta", "peak"], rows))
 
 
