@@ -2,8 +2,8 @@
 
 Loading twice is harmless; unloading undoes everything loading did (the cell events, the session's
 modes and default device, the out-of-memory hook, the wrappers that keep IPython's own formatting out
-of reports, the compile lowering, live views and rank engines, the magics and the configurable), so
-loading again afterwards starts clean. Only ``KINETO_LOG_LEVEL``, set where it was unset, stays:
+of reports, the compile lowering, live views and rank engines, the magics, their Tab completion and the
+configurable), so loading again afterwards starts clean. Only ``KINETO_LOG_LEVEL``, set where it was unset, stays:
 Kineto reads it once per process.
 """
 
@@ -33,6 +33,7 @@ def load(shell: Any) -> None:
     session = Session(shell, config)
     magics = NeuronMagics(shell, session, config)
     shell.register_magics(magics)
+    shell.Completer.custom_matchers.append(magics.completer.matcher)
     shells.register(shell, session)  # where the agent, the widgets and the API find it
 
     def show(report: Any) -> None:
@@ -61,6 +62,8 @@ def unload(shell: Any) -> None:
         if getattr(table.get("neuron"), "__self__", None) is magics:
             del table["neuron"]
     shell.magics_manager.registry.pop(MAGICS, None)
+    shell.Completer.custom_matchers[:] = [m for m in shell.Completer.custom_matchers
+                                          if getattr(m, "__self__", None) is not magics.completer]
     for obj in (config, magics):  # register_magics lists the Magics instance as a configurable too
         if obj in shell.configurables:
             shell.configurables.remove(obj)

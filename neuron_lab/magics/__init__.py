@@ -19,6 +19,7 @@ from neuron_lab import checks, modes
 from neuron_lab.checks import CompareOptions, ParityOptions, limits
 from neuron_lab.deprecation import renamed
 from neuron_lab.magics import parser as _parser
+from neuron_lab.magics.completion import NeuronCompleter
 from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RanksReport
@@ -63,6 +64,7 @@ class NeuronMagics(Magics):
         super().__init__(shell)
         self.session = session
         self.settings = settings  # the NeuronLab configurable (``Magics.config`` is traitlets' own)
+        self.completer = NeuronCompleter(_PARSER, session)  # Tab after `%neuron`, from the same parser
 
     @output_can_be_silenced
     @line_cell_magic

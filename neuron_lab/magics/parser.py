@@ -7,12 +7,18 @@ plus the usage of the command it concerns, no traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
+import glob
+import os
 import textwrap
+from collections.abc import Iterable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from neuron_lab.backend import coverage
 from neuron_lab.checks import limits
+from neuron_lab.session import Session
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, MAX_RANKS
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
@@ -47,6 +53,63 @@ class NeuronArgumentParser(MagicArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
 
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """argparse's own check, with a near miss named (as Python 3.14's ``suggest_on_error`` does)."""
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(str(value), action.choices)}"
+                                                 f" (choose from {choices})")
+
+
+# Tab completion of an argument's values (``completion.py``): the ``completer`` its action names, argcomplete's
+# convention, called with the session and the word being typed; an argument with ``choices`` completes those.
+def _variables(session: Session, word: str) -> list[str]:
+    return sorted(session.variable_names())
+
+
+def _movable(session: Session, word: str) -> list[str]:
+    return sorted(session.movable_names())
+
+
+def _reports(session: Session, word: str) -> list[str]:
+    """``all`` and the cells whose reports are kept, newest first."""
+    return ["all", *(str(n) for n in reversed(session.history))]
+
+
+def _views(session: Session, word: str) -> tuple[str, ...]:
+    return WIDGET_VIEWS
+
+
+def _coverages(session: Session, word: str) -> list[str]:
+    return coverage.bundled()
+
+
+def _paths(session: Session, word: str) -> list[str]:
+    """Files and folders (``/`` after a folder) whose path starts with ``word``."""
+    return sorted(p + os.sep if os.path.isdir(p) else p for p in glob.glob(glob.escape(word) + "*"))
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``; did you mean `x`?`` for the closest of ``known`` to a mistyped ``word`` (difflib's ratio), else ``""``."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def options(sp: argparse.ArgumentParser) -> list[argparse.Action]:
+    """A command's documented options, in the parser's order."""
+    return [a for a in sp._actions if a.option_strings and a.help is not argparse.SUPPRESS]
+
+
+def positionals(sp: argparse.ArgumentParser) -> list[argparse.Action]:
+    """A command's documented positional arguments, in order."""
+    return [a for a in sp._actions if not a.option_strings and a.help is not argparse.SUPPRESS]
+
+
+def commands_for(p: NeuronArgumentParser, *, cell: bool) -> list[str]:
+    """The commands ``%%neuron`` (``cell``) or ``%neuron`` accepts, in the parser's order."""
+    refused = LINE_ONLY if cell else CELL_ONLY
+    return [name for name in p.subcommands if name not in refused]
+
 
 def _device_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", metavar="DEVICE", help="run the cell with this notebook device (cell magic only)")
@@ -77,7 +140,8 @@ def build() -> NeuronArgumentParser:
                             "for that cell only.")
     d.add_argument("device", nargs="?", metavar="DEVICE", help="neuron, neuron:N, cpu, cuda or cuda:N")
     d.add_argument("--default", action="store_true", help="also torch.set_default_device(DEVICE)")
-    d.add_argument("--move", nargs="+", metavar="NAME", default=[], help="move these objects to DEVICE")
+    d.add_argument("--move", nargs="+", metavar="NAME", default=[],
+                   help="move these objects to DEVICE").completer = _movable
     d.add_argument("--all", action="store_true",
                    help="move every module, tensor, optimizer and list/tuple/dict of tensors in the namespace")
 
@@ -90,7 +154,7 @@ def build() -> NeuronArgumentParser:
     r = command("report", help="show reports from the history",
                 description="Show a cell's report (`%neuron report 7`), every kept report "
                             "(`all`), or the last one (default).")
-    r.add_argument("cell", nargs="?", metavar="CELL|all", help="a cell number, or all")
+    r.add_argument("cell", nargs="?", metavar="CELL|all", help="a cell number, or all").completer = _reports
     r.add_argument("--last", action="store_true", help="the last report (the default)")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--full", action="store_const", const="full", dest="detail", help="with stacks")
@@ -105,7 +169,8 @@ def build() -> NeuronArgumentParser:
                 description="A live panel that updates while cells run (a widget under a kernel; text elsewhere). "
                             "Each view also shows alone: `%neuron memory`, `%neuron tensors`, `%neuron fallbacks`, "
                             "`%neuron compiles`.")
-    v.add_argument("views", nargs="*", metavar="VIEW", help="only these views (memory, tensors, fallbacks, compiles)")
+    v.add_argument("views", nargs="*", metavar="VIEW",
+                   help="only these views (memory, tensors, fallbacks, compiles)").completer = _views
     for name, what in (("memory", "device memory now, its timeline over the session and per-cell deltas, with a "
                                   "free button"),
                        ("tensors", "the device tensors, the names that refer to them and what holds them"),
@@ -117,12 +182,13 @@ def build() -> NeuronArgumentParser:
     cv = command("coverage", help="show or switch the op coverage: which ops run natively, which fall back",
                  description="The op coverage decides which ops the emulator runs natively and which it reports "
                              "as CPU fallbacks (`neuron-lab coverage show` lists one).")
-    cv.add_argument("coverage", nargs="?", metavar="NAME|FILE", help="a bundled coverage's name, or a JSON file")
+    cv.add_argument("coverage", nargs="?", metavar="NAME|FILE",
+                    help="a bundled coverage's name, or a JSON file").completer = _coverages
     pr = command("profile", help="cell magic: run the cell under torch.profiler: time per op and line",
                  description="`%%neuron profile` runs the cell once under torch.profiler; its report adds each "
                              "op's device and host time and the line that issued it.")
     pr.add_argument("coverage", nargs="?", help=argparse.SUPPRESS)  # `%neuron profile NAME`: `coverage`'s old name
-    pr.add_argument("--export", metavar="PATH", help="cell form: write a Perfetto trace")
+    pr.add_argument("--export", metavar="PATH", help="cell form: write a Perfetto trace").completer = _paths
     pr.add_argument("--row-limit", type=int, metavar="N", help="cell form: rows shown (default 10)")
     c = command("compile", help="cell magic: run the cell with its outermost nn.Module calls compiled by "
                                 "torch.compile")
@@ -139,7 +205,8 @@ def build() -> NeuronArgumentParser:
     pa.add_argument("--against", metavar="cpu|DEVICE", default="cpu", help="the reference device (default cpu)")
     pa.add_argument("--rtol", type=float, metavar="R", help="relative tolerance, a finite number >= 0 (with --atol)")
     pa.add_argument("--atol", type=float, metavar="A", help="absolute tolerance, a finite number >= 0 (with --rtol)")
-    pa.add_argument("--vars", nargs="+", metavar="NAME", default=[], help="compare only these variables")
+    pa.add_argument("--vars", nargs="+", metavar="NAME", default=[],
+                    help="compare only these variables").completer = _variables
     pa.add_argument("--seed", type=int, metavar="S", help="torch.manual_seed(S), S from 0 to 2**64-1, before the "
                     "device run; the reference starts from the same state (default: the generators as the cell "
                     "finds them)")
@@ -157,7 +224,8 @@ def build() -> NeuronArgumentParser:
     ra.add_argument("--profile", action="store_true",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
     ra.add_argument("--export", metavar="PATH",
-                    help="cell, with --profile: write the ranks' Perfetto traces merged into one, a process per rank")
+                    help="cell, with --profile: write the ranks' Perfetto traces merged into one, a process per "
+                         "rank").completer = _paths
     ra.add_argument("--row-limit", type=int, metavar="N", help="cell, with --profile: rows shown (default 10)")
     co = command("compare", help="cell magic: time the cell eager and compiled, on copies, and compare their outputs",
                  description="Each mode runs once cold, W times to warm up, then N timed runs, each on fresh "
@@ -204,7 +272,9 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
     cmd = args.command
     if extra:
         where = f"%neuron {cmd}" if cmd else "%neuron"
-        raise UsageError(f"{where}: unrecognized arguments: {' '.join(extra)}\n"
+        flags = [s for a in options(p.subcommands[cmd][0] if cmd else p) for s in a.option_strings]
+        hint = next((h for word in extra if word.startswith("-") and (h := did_you_mean(word, flags))), "")
+        raise UsageError(f"{where}: unrecognized arguments: {' '.join(extra)}{hint}\n"
                          f"{usage(p, cmd) if cmd else p.format_usage().rstrip()}")
     if cell and cmd in LINE_ONLY:
         raise UsageError(f"%%neuron {cmd}: is a line magic; use `%neuron {cmd}` on a line of its own.\n"

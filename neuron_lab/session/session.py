@@ -342,10 +342,13 @@ class Session:
         report.stayed += devices.stayed_elsewhere(ns, dev, skip={*names, *self._hidden_names()})
         return report
 
-    def movable_names(self) -> list[str]:
+    def variable_names(self) -> list[str]:
+        """The user's own names in the namespace: not IPython's, not ``_private``."""
         hidden = self._hidden_names()
-        return [n for n, v in self.shell.user_ns.items()
-                if n not in hidden and not n.startswith("_") and devices.movable(v)]
+        return [n for n in self.shell.user_ns if n not in hidden and not n.startswith("_")]
+
+    def movable_names(self) -> list[str]:
+        return [n for n in self.variable_names() if devices.movable(self.shell.user_ns[n])]
 
     def _hidden_names(self) -> set[str]:
         return {*self.shell.user_ns_hidden, "In", "Out", "exit", "quit", "get_ipython"}
