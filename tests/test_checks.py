@@ -16,7 +16,7 @@ from shells import loaded_shell, run
 
 from neuron_lab import modes
 from neuron_lab.extension import session_of
-from neuron_lab.report.checks import CompareResult, ParityResult
+from neuron_lab.report.checks import Agreement, CompareResult, ParityResult, Timing, overlap
 from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.units import format_seconds
 
@@ -576,7 +576,8 @@ def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(s
     for t in (r.eager, r.compiled):
         assert len(t.runs_s) == 3 and all(s > 0 for s in t.runs_s) and t.first_s > 0
         assert t.min_s <= t.median_s <= t.max_s
-    assert r.speedup > 0 and r.compile_cost_s >= 0 and r.compile_s > 0 and r.frames >= 1 and r.graphs >= 1
+    assert r.within_noise is not None and (r.speedup is None) == r.within_noise  # a ratio only from apart spreads
+    assert r.compile_cost_s >= 0 and r.compile_s > 0 and r.frames >= 1 and r.graphs >= 1
     assert r.break_even is None or r.break_even >= 1
     model_cell = res.execution_count - 1
     assert [(b.site.cell, b.site.line, b.site.source) for b in r.breaks] == [(model_cell, 8, "if y.sum() > 0:")]
@@ -594,7 +595,8 @@ def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(s
     assert f"check: {check_summary_line(r)}" in cap.stdout
     assert not modes.patched() and shell.user_ns["device"] == torch.device("neuron", 0)
     data = json.loads(json.dumps(r.as_dict()))
-    assert data["kind"] == "compare" and len(data["eager"]["runs_s"]) == 3 and data["speedup"] > 0
+    assert data["kind"] == "compare" and len(data["eager"]["runs_s"]) == 3 and data["speedup"] == r.speedup
+    assert data["timing_note"] == "emulator: host CPU timings"
     # the compiled code the copy runs left in dynamo's cache still finds its globals once the copies are gone
     run(shell, "import gc\ngc.collect()")
     expected = run(shell, "%%neuron eager\nnet(x)")[0].result
@@ -649,20 +651,26 @@ def paced_compare(shell, eager_ms, compiled_ms):
 
 
 def test_compare_says_when_the_difference_is_within_noise_and_claims_no_speedup(shell):
-    r = paced_compare(shell, [5, 40, 8, 30, 12], [3, 50, 6, 25, 9])  # medians 12 vs 9 ms; middle halves overlap
-    assert r.passed and r.within_noise is True and r.break_even is None, str(r)
+    r = paced_compare(shell, [5, 40, 8, 30, 12], [3, 50, 6, 25, 9])  # min..median 5..12 vs 3..9 ms: they overlap
+    assert r.passed and r.within_noise is True and r.speedup is None and r.break_even is None, str(r)
     lines = str(r).splitlines()
-    assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.median_s)} vs compiled "
-                               f"{format_seconds(r.compiled.median_s)}: within noise · compile ")
+    assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.min_s)} vs compiled "
+                               f"{format_seconds(r.compiled.min_s)} (min of 5): within noise · "
+                               "emulator: host CPU timings · compile ")
     assert lines[0].endswith(" · outputs agree (4 items)")
-    assert lines[4].startswith("within noise: the interquartile ranges eager ") and \
-        "overlap, so no speed-up or break-even is claimed (median ratio " in lines[4]
-    assert "breaks even" not in str(r) and "speedup" not in str(r)
+    assert lines[1].split() == ["mode", "min", "median", "max", "first", "run", "runs"], lines[1]
+    assert lines[2].split()[:5] == ["eager", *format_seconds(r.eager.min_s).split(),
+                                    *format_seconds(r.eager.median_s).split()], lines[2]
+    assert lines[4].startswith("within noise: the spreads (min–median) eager "
+                               f"{format_seconds(r.eager.min_s)}–{format_seconds(r.eager.median_s)}, compiled ") and \
+        "overlap, so no speed-up or break-even is claimed" in lines[4]
+    assert "breaks even" not in str(r) and "speedup" not in str(r) and "×" not in str(r)
     # what the run made comes before what it left unchanged (the parameters nothing stepped, the input)
     rows = [x.split()[0] for x in lines[lines.index(next(x for x in lines if x.startswith("  item "))) + 1:]]
     assert rows == ["out", "net.fc.weight", "net.fc.bias", "x"]
     assert [i.unchanged for i in r.agreement.items if i.name in rows] == [True, True, False, True]  # cell order
     assert json.loads(json.dumps(r.as_dict()))["within_noise"] is True
+    assert "emulator: host CPU timings" in r._repr_html_()
 
 
 def test_compare_gives_the_ratio_when_the_runs_are_clearly_apart(shell):
@@ -670,11 +678,51 @@ def test_compare_gives_the_ratio_when_the_runs_are_clearly_apart(shell):
     assert r.passed and r.within_noise is False and r.speedup > 4, str(r)
     lines = str(r).splitlines()
     be = "never breaks even" if r.break_even is None else f"breaks even after {r.break_even:,} runs"
-    assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.median_s)} vs compiled "
-                               f"{format_seconds(r.compiled.median_s)}: {r.speedup:.2f}× · compile ")
+    assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.min_s)} vs compiled "
+                               f"{format_seconds(r.compiled.min_s)} (min of 5): {r.speedup:.2f}× · "
+                               "emulator: host CPU timings · compile ")
     assert f" · {be} · outputs agree (4 items)" in lines[0]
-    assert lines[4].startswith(f"speedup {r.speedup:.2f}× (the interquartile ranges eager ") and \
-        lines[4].endswith(f") · {be}")
+    assert lines[4].startswith(f"speedup {r.speedup:.2f}× (min of 5; the spreads (min–median) eager ") and \
+        lines[4].endswith(f"do not overlap) · compile cost {format_seconds(r.compile_cost_s)} (dynamo and backend "
+                          f"{format_seconds(r.compile_s)}, 1 frame compile, 1 graph) · {be}"), lines[4]
+
+
+def timed(eager_ms: list[float], compiled_ms: list[float], first_ms: tuple[float, float] = (50, 50),
+          note: str | None = None) -> CompareResult:
+    """A compare result from made-up timings (ms), its outputs in agreement."""
+    return CompareResult("neuron:0", "neuron", False, 1, len(eager_ms), Agreement("compiled", "eager"),
+                         Timing(first_ms[0] / 1e3, [t / 1e3 for t in eager_ms]),
+                         Timing(first_ms[1] / 1e3, [t / 1e3 for t in compiled_ms]), timing_note=note)
+
+
+def test_spreads_that_overlap_are_within_noise_and_claim_nothing():
+    # issue 28's rerun: compiled min 1.7 ms, max 268 ms, eager min 45 ms; the middle halves (IQR) do not overlap
+    r = timed([45, 46, 48, 50, 52], [1.7, 120, 123, 200, 268], first_ms=(60, 900))
+    assert (r.eager.spread_s, r.compiled.spread_s) == ((0.045, 0.048), (0.0017, 0.123))
+    assert r.within_noise is True and r.speedup is None and r.break_even is None
+    assert check_summary_line(r).startswith(f"compare eager {format_seconds(0.045)} vs compiled "
+                                            f"{format_seconds(0.0017)} (min of 5): within noise · compile ")
+    assert "×" not in str(r) and "breaks even" not in str(r) and "host CPU" not in str(r)
+
+
+def test_spreads_apart_give_the_speedup_of_the_fastest_runs_and_the_break_even():
+    r = timed([40, 41, 40, 45, 42], [1, 1.2, 1.1, 1, 1.3], first_ms=(42, 508), note="emulator: host CPU timings")
+    assert r.within_noise is False and r.speedup == pytest.approx(40) and r.break_even == 13  # 1 + ⌈466 / 39⌉
+    line = check_summary_line(r)
+    assert line.startswith(f"compare eager {format_seconds(0.04)} vs compiled {format_seconds(0.001)} (min of 5): "
+                           "40.00× · emulator: host CPU timings · ")
+    assert " · breaks even after 13 runs · outputs agree (0 items)" in line
+    slower = timed([1, 1.2, 1.1, 1, 1.3], [50, 51, 50, 55, 52])
+    assert slower.speedup == pytest.approx(1 / 50) and slower.break_even is None
+    assert "0.02× · compile " in check_summary_line(slower) and "never breaks even" in check_summary_line(slower)
+
+
+def test_too_few_runs_claim_nothing_and_the_overlap_rule_counts_a_shared_end():
+    r = timed([40, 41], [1, 1])
+    assert r.within_noise is None and r.speedup is None and r.break_even is None
+    assert ": too few runs to tell from noise · compile " in check_summary_line(r)
+    assert "too few timed runs to tell from noise (2 per mode; --runs 3 or more)" in str(r)
+    assert overlap((1, 2), (2, 3)) and overlap((2, 3), (1, 2)) and not overlap((1, 2), (2.5, 3))
 
 
 def test_a_fullgraph_compile_that_fails_is_a_finding_and_the_cell_still_runs(shell):
@@ -707,7 +755,7 @@ def test_parity_and_compare_from_plain_python_leave_the_arguments_alone():
     (worst,) = bad.agreement.failed
     assert worst.worst == (1, 1) and worst.max_abs == pytest.approx(0.5, abs=1e-5)
     c = neuron_lab.compare(model, x, warmup=1, runs=3)
-    assert c.passed and len(c.eager.runs_s) == 3 and len(c.compiled.runs_s) == 3 and c.speedup > 0
+    assert c.passed and len(c.eager.runs_s) == 3 and len(c.compiled.runs_s) == 3 and c.within_noise is not None
     assert torch.equal(model.weight.detach().cpu(), w0) and model.weight.device.type == "neuron"
     with pytest.raises(ValueError, match="give both rtol and atol, or neither"):
         neuron_lab.parity(head, model, x, rtol=1e-3)

@@ -1,7 +1,7 @@
-"""The workbench's own views over the TorchNeuron stand-in, as on a Trn instance: a parity check, the dashboard and
-tensor views with the allocator's real bytes, and ``neuron-lab run`` of a notebook whose report comes back from the
-kernel. Reports, compile, profile, memory, OOM and ranks over the stand-in are in test_extension_on_torchneuron.py,
-test_memory_reading.py, test_profile_on_torchneuron.py and test_checkup.py."""
+"""The workbench's own views over the TorchNeuron stand-in, as on a Trn instance: a parity and a compare check, the
+dashboard and tensor views with the allocator's real bytes, and ``neuron-lab run`` of a notebook whose report comes
+back from the kernel. Reports, compile, profile, memory, OOM and ranks over the stand-in are in
+test_extension_on_torchneuron.py, test_memory_reading.py, test_profile_on_torchneuron.py and test_checkup.py."""
 
 from __future__ import annotations
 
@@ -25,18 +25,22 @@ def cell(name, code):
 cell("setup", "import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(8, 4).to('neuron')\n"
               "x = torch.randn(16, 8, device='neuron')")
 cell("parity", "%%neuron parity --against cpu\ny = net(x).relu().sum()")
+cell("compare", "%%neuron compare --runs 3\ny = net(x).relu().sum()")
 cell("dashboard", "%neuron dashboard")
 print(json.dumps(out))
 '''
 
 
-def test_parity_and_the_live_views_over_the_stand_in() -> None:
+def test_the_checks_and_the_live_views_over_the_stand_in() -> None:
     out = run(VIEWS, site=SITE, timeout=300).json()
     assert all(c["ok"] for c in out.values()), out
     assert "aten::normal_" in out["setup"]["text"]  # randn has no kernel: the boxed fallback (the stand-in's table)
     parity = out["parity"]["text"]
     assert "parity neuron:0 vs cpu: agree (4 items)" in parity
     assert "float64 computed in float32 by the device" in parity  # the real device's 64-bit rule, said as such
+    compare = out["compare"]["text"]
+    assert "check: compare eager " in compare and " (min of 3): " in compare
+    assert "host CPU" not in compare  # the emulator's timing note is its own: TorchNeuron's times are the device's
     dash = out["dashboard"]["text"]
     assert "device tensors: 5 storages, 916 B (memory_allocated 916 B)" in dash  # the nested stats' bytes, not 0
     assert "  In[1]          0 B →       656 B        +656 B  peak 656 B" in dash

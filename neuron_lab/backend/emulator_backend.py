@@ -37,6 +37,11 @@ class EmulatorBackend(NeuronBackend):
                 f"fusion, {numerics}")
 
     @property
+    def timing_note(self) -> str:
+        """Every op runs on this machine's CPU, so a time says nothing of a NeuronCore's speed."""
+        return "emulator: host CPU timings"
+
+    @property
     def core(self) -> str:
         """Which core runs the device: "compiled" or "python"."""
         return self._rt.core

@@ -238,6 +238,12 @@ class NeuronBackend(ABC):
         says it); None where it is TorchNeuron itself."""
         return None
 
+    @property
+    def timing_note(self) -> str | None:
+        """What a wall-clock time of work on this device measures, where that is not the device itself: compare says
+        it beside its figures; None where the times are the device's own."""
+        return None
+
     # -- compile -------------------------------------------------------------------------------
     lowering_metric: str | None = None  # the key of a dynamo_metrics() record that times its lowering, in µs
 

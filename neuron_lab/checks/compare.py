@@ -63,6 +63,13 @@ def _series(subject: runs.Subject, fresh: Callable[[], dict[str, Any]], device: 
     return first, timing
 
 
+def _timing_note(device: torch.device) -> str | None:
+    """What the backend says its times measure, when the check timed its device (a CPU run times the CPU)."""
+    if not _backend.is_active() or device.type != _backend.active().device_type:
+        return None
+    return _backend.active().timing_note
+
+
 @interrupts.guard
 def check(subject: runs.Subject, device: torch.device, options: CompareOptions, *, locator: Locator,
           exclude: Callable[[], Any] = contextlib.nullcontext,
@@ -99,7 +106,8 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
     result = CompareResult(str(device), options.backend, options.fullgraph, options.warmup, options.runs, a,
                            eager_t, compiled_t, compiles.compile_s, compiles.frames, compiles.graphs,
                            list(compiles.breaks), list(compiles.recompiles), list(compiles.failures),
-                           parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.coverage_name())
+                           parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.coverage_name(),
+                           timing_note=_timing_note(device))
     if compiled_t is not None and compiles.frames == 0:
         a.notes.append("nothing compiled in this check: the code calls no nn.Module, or dynamo's cache already "
                        "held it, so the first compiled run shows no compile cost")

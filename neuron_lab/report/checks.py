@@ -160,6 +160,11 @@ class ParityResult(_Rendered):
 MIN_RUNS = 3  # timed runs per mode before a difference is told from noise
 
 
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two closed ranges share a point: the one rule by which compare tells a difference from noise."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
 @dataclass
 class Timing:
     """Wall times of one mode: the first run (where compiling happens) and N steady-state runs."""
@@ -173,6 +178,8 @@ class Timing:
 
     @property
     def min_s(self) -> float:
+        """The fastest timed run: what the code costs when nothing else on the machine got in its way (timeit's
+        reasoning), so the figure a speed-up and a break-even are reckoned from."""
         return min(self.runs_s, default=self.first_s)
 
     @property
@@ -180,12 +187,12 @@ class Timing:
         return max(self.runs_s, default=self.first_s)
 
     @property
-    def quartiles_s(self) -> tuple[float, float] | None:
-        """The interquartile range of the timed runs (the middle half); None under :data:`MIN_RUNS` runs."""
+    def spread_s(self) -> tuple[float, float] | None:
+        """min..median of the timed runs: from the best run to a typical one, the noise the machine added. A slow
+        outlier cannot narrow it, and one lucky fast run widens it, as it should. None under :data:`MIN_RUNS` runs."""
         if len(self.runs_s) < MIN_RUNS:
             return None
-        q1, _, q3 = statistics.quantiles(self.runs_s, n=4, method="inclusive")
-        return q1, q3
+        return self.min_s, self.median_s
 
 
 @dataclass(repr=False)  # _Rendered.__repr__: the one-line summary
@@ -210,44 +217,46 @@ class CompareResult(_Rendered):
     downcasts: int = 0
     downcast_ops: list[str] = field(default_factory=list)
     coverage: str | None = None
+    timing_note: str | None = None  # what the times measure, where not the device itself (the backend says)
     kind: str = "compare"
 
     @property
-    def speedup(self) -> float | None:
-        """Eager median over compiled median (> 1: compiled is faster)."""
-        if self.eager is None or self.compiled is None or self.compiled.median_s <= 0:
-            return None
-        return self.eager.median_s / self.compiled.median_s
-
-    @property
     def within_noise(self) -> bool | None:
-        """Whether the two modes' interquartile ranges overlap: their difference is within the runs' own spread.
-        None: a mode raised, or too few runs to tell."""
-        e = self.eager.quartiles_s if self.eager is not None else None
-        c = self.compiled.quartiles_s if self.compiled is not None else None
+        """Whether the two modes' spreads (:attr:`Timing.spread_s`) overlap: their difference is within the runs'
+        own noise. None: a mode raised, or too few runs to tell."""
+        e = self.eager.spread_s if self.eager is not None else None
+        c = self.compiled.spread_s if self.compiled is not None else None
         if e is None or c is None:
             return None
-        return e[0] <= c[1] and c[0] <= e[1]
+        return overlap(e, c)
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager's fastest run over compiled's (> 1: compiled is faster); None unless the spreads are apart
+        (:attr:`within_noise` is False), so no ratio is claimed from noise."""
+        if self.within_noise is not False or self.compiled.min_s <= 0:
+            return None
+        return self.eager.min_s / self.compiled.min_s
 
     @property
     def compile_cost_s(self) -> float | None:
-        """What the compiled first run cost beyond a steady-state run."""
+        """What the compiled first run cost beyond its fastest timed run."""
         if self.compiled is None:
             return None
-        return max(self.compiled.first_s - self.compiled.median_s, 0.0)
+        return max(self.compiled.first_s - self.compiled.min_s, 0.0)
 
     @property
     def break_even(self) -> int | None:
         """Runs of the cell after which compiling has paid for itself (None: it never does, or the timings
         cannot tell: :attr:`within_noise` is not False)."""
         e, c = self.eager, self.compiled
-        if e is None or c is None or c.median_s >= e.median_s or self.within_noise is not False:
+        if self.within_noise is not False or c.min_s >= e.min_s:
             return None
-        # n runs cost first + (n-1) * median in each mode
+        # n runs cost first + (n-1) * fastest in each mode
         extra = c.first_s - e.first_s
         if extra <= 0:
             return 1
-        return 1 + int(-(-extra // (e.median_s - c.median_s)))
+        return 1 + int(-(-extra // (e.min_s - c.min_s)))
 
     @property
     def passed(self) -> bool:

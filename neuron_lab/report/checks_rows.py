@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import math
 
-from neuron_lab.report.checks import Agreement, CheckResult, CompareResult, Divergence, Item, ParityResult, Timing
+from neuron_lab.report.checks import (
+    MIN_RUNS,
+    Agreement,
+    CheckResult,
+    CompareResult,
+    Divergence,
+    Item,
+    ParityResult,
+    Timing,
+)
 from neuron_lab.report.model import Check
 from neuron_lab.report.rows import Table
 from neuron_lab.units import count, format_seconds
@@ -71,17 +80,28 @@ def compare_summary(result: CompareResult) -> str:
     if result.eager is None or result.compiled is None:
         return f"compare eager vs compiled ({result.backend}): {verdict(a)}"
     be, noise = result.break_even, result.within_noise
-    parts = [f"compare eager {format_seconds(result.eager.median_s)} vs compiled "
-             f"{format_seconds(result.compiled.median_s)}: " +
-             ("within noise" if noise else f"{result.speedup:.2f}×" + (", too few runs to tell from noise"
-                                                                         if noise is None else "")),
-             f"compile {format_seconds(result.compile_cost_s or 0.0)}"]
+    parts = [f"compare eager {format_seconds(result.eager.min_s)} vs compiled {format_seconds(result.compiled.min_s)}"
+             f" ({min_of(result)}): " + ("within noise" if noise else "too few runs to tell from noise" if noise is None
+                                         else f"{result.speedup:.2f}×")]
+    if result.timing_note:
+        parts.append(result.timing_note)
+    parts.append(f"compile {format_seconds(result.compile_cost_s or 0.0)}")
     if noise is False:
-        parts.append("never breaks even" if be is None else f"breaks even after {be:,} runs")
+        parts.append(break_even_text(be))
     parts.append(f"outputs {verdict(a)}")
     if result.breaks or result.recompiles:
         parts.append(f"{count(len(result.breaks), 'graph break')}, {count(len(result.recompiles), 'recompile')}")
     return " · ".join(parts)
+
+
+def min_of(result: CompareResult) -> str:
+    """What the figures a compare check leads with are: each mode's fastest timed run (``min of 5``)."""
+    n = {len(result.eager.runs_s), len(result.compiled.runs_s)}
+    return f"min of {'/'.join(str(k) for k in sorted(n))}"
+
+
+def break_even_text(be: int | None) -> str:
+    return "never breaks even" if be is None else f"breaks even after {be:,} runs"
 
 
 def check_context(result: CheckResult) -> str:
@@ -129,50 +149,48 @@ def parity_head(result: ParityResult) -> list[str]:
 
 
 def timing_table(result: CompareResult) -> Table:
-    """A compare check's timings, a row per mode."""
+    """A compare check's timings, a row per mode: the fastest, typical and slowest timed runs, and the cold one."""
     rows = []
     for name, t in (("eager", result.eager), ("compiled", result.compiled)):
         if t is None:
-            rows.append([name, "raised", "", "", ""])
+            rows.append([name, "raised", "", "", "", ""])
         else:
-            rows.append([name, format_seconds(t.median_s), f"{format_seconds(t.min_s)}–{format_seconds(t.max_s)}",
+            rows.append([name, format_seconds(t.min_s), format_seconds(t.median_s), format_seconds(t.max_s),
                          format_seconds(t.first_s), f"{len(t.runs_s)} after {result.warmup} warm-up"])
-    return Table(["mode", "median", "min–max", "first run", "runs"], rows)
+    return Table(["mode", "min", "median", "max", "first run", "runs"], rows)
 
 
 def compare_facts(result: CompareResult) -> list[str]:
     """What compiling cost and bought, the backend and the context (the compile events are listed apart)."""
-    be = result.break_even
     out = []
-    if result.speedup is not None:
+    if result.eager is not None and result.compiled is not None:
         cost = (f"compile cost {format_seconds(result.compile_cost_s or 0.0)} (dynamo and backend "
                 f"{format_seconds(result.compile_s)}, {count(result.frames, 'frame compile')}, "
                 f"{count(result.graphs, 'graph')})")
         out.append(" · ".join([noise_text(result), cost] + (
-            [] if result.within_noise is not False else
-            ["never breaks even" if be is None else f"breaks even after {be:,} runs"])))
+            [] if result.within_noise is not False else [break_even_text(result.break_even)])))
     out.append(f"backend {result.backend}" + (", fullgraph" if result.fullgraph else "") + " · " +
                check_context(result))
     return out + tolerance_lines(result.agreement)
 
 
 def noise_text(result: CompareResult) -> str:
-    """The speed-up of a compare check, or why there is none to claim: the interquartile ranges (the middle half of
-    each mode's timed runs) overlap, or too few runs."""
-    noise, ratio = result.within_noise, f"{result.speedup:.2f}×"
+    """The speed-up of a compare check, or why there is none to claim: the two modes' spreads (min–median of each
+    mode's timed runs, :attr:`~neuron_lab.report.checks.Timing.spread_s`) overlap, or too few runs."""
+    noise = result.within_noise
     if noise is None:
-        return (f"median ratio {ratio} from {len(result.eager.runs_s)} and {len(result.compiled.runs_s)} runs, too "
-                f"few to tell from noise (--runs 3 or more): no speed-up claimed")
+        return (f"too few timed runs to tell from noise ({min_of(result).removeprefix('min of ')} per mode; --runs "
+                f"{MIN_RUNS} or more): no speed-up or break-even claimed")
 
-    def iqr(t: Timing) -> str:
-        q1, q3 = t.quartiles_s
-        return f"{format_seconds(q1)}–{format_seconds(q3)}"
+    def spread(t: Timing) -> str:
+        lo, hi = t.spread_s
+        return f"{format_seconds(lo)}–{format_seconds(hi)}"
 
-    ranges = f"interquartile ranges eager {iqr(result.eager)}, compiled {iqr(result.compiled)}"
+    spreads = f"spreads (min–median) eager {spread(result.eager)}, compiled {spread(result.compiled)}"
     if noise:
-        return (f"within noise: the {ranges} overlap, so no speed-up or break-even is claimed "
-                f"(median ratio {ratio}; more --runs may separate them)")
-    return f"speedup {ratio} (the {ranges} do not overlap)"
+        return (f"within noise: the {spreads} overlap, so no speed-up or break-even is claimed "
+                f"(more --runs may separate them)")
+    return f"speedup {result.speedup:.2f}× ({min_of(result)}; the {spreads} do not overlap)"
 
 
 def _num(x: float | str | None) -> str:
