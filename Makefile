@@ -62,6 +62,7 @@ lint: $(STAMP)
 bench: $(CORE)
 	$(BIN)/python bench/cores.py
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/load_ext.py
 	$(BIN)/python bench/extension_overhead.py
 	$(BIN)/python bench/widgets_overhead.py
 	$(BIN)/python bench/checks_overhead.py --steps 50

@@ -17,6 +17,9 @@ graph is then lowered one of two ways (:func:`set_lowering`, else ``NEURON_LAB_C
 As in TorchNeuron, ``dynamic=True`` is rejected, a non-default ``mode`` warns and is ignored, and
 each graph appends a ``get_dynamo_metrics()`` record, plus the nodes the op coverage says
 would fall back to the CPU on a real device.
+
+Dynamo and aot_autograd load at the first compile, not with this module: ``%load_ext`` reads and sets the
+lowering here, and importing ``torch._dynamo`` costs about a second.
 """
 
 from __future__ import annotations
@@ -30,9 +33,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.utils import counters
-from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_context
 from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab import settings
@@ -83,6 +83,8 @@ def get_model_name() -> str:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
                   options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The emulator's Dynamo backend: check TorchNeuron's options, then compile through aot_autograd."""
+    from torch._dynamo.backends.common import aot_autograd
+
     if not torch._dynamo.config.assume_static_by_default and _is_symbolic(gm, example_inputs):
         raise RuntimeError(DYNAMIC_ERROR)
     if mode not in (None, "default"):
@@ -131,6 +133,9 @@ def _module_name() -> str | None:
 def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_type: str,
                         model_name: str, lowering: str) -> Callable[..., Any]:
     """Record one aten graph's metrics and return its boxed runner."""
+    from torch._dynamo.utils import counters
+    from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_context
+
     t0 = time.perf_counter_ns()
     rt = runtime.get()
     context = get_aot_compilation_context()[0]
