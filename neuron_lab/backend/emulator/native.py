@@ -74,7 +74,12 @@ class _DeviceKernels:
         return redispatch_to_cpu(op, t, *args)
 
     def resize_(self, op, t: Tensor, size, memory_format=None) -> Tensor:
-        """Grow into a new storage holding the old bytes when the current one is too small."""
+        """Grow into a new storage holding the old bytes when the current one is too small.
+
+        As ATen's own resize_: a tensor already of that size keeps its strides unless a memory format is given.
+        """
+        if list(t.shape) == list(size) and memory_format is None:
+            return t
         stride = _contiguous_strides(size, memory_format)
         need = _nbytes(size, stride, t.dtype) + t.storage_offset() * t.element_size()
         st = t.untyped_storage()

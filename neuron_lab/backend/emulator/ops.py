@@ -139,6 +139,8 @@ class Executor:
         """Compute ``op`` on host aliases of its device arguments and report it."""
         __tracebackhide__ = True  # noqa: F841  (an op's error shows at the user's line, as a native kernel's does)
         plan = self._plans.get(op) or self.plan(op)
+        if plan.write_args:
+            _check_out_devices(plan, args, kwargs)
         dtypes: list[torch.dtype] = []
         conv = self._host_arg
         hargs = [conv(a, plan, dtypes) for a in args]
@@ -169,7 +171,7 @@ class Executor:
             int_input, hargs[0] = hargs[0].dtype, hargs[0].float()
         t0 = time.perf_counter_ns()
         if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view:
-            out = self._run_downcast(op, plan, hargs, hkwargs)
+            out = self._run_downcast(op, plan, hargs, hkwargs, args, kwargs)
         else:
             out = self._call(op, plan, hargs, hkwargs, args, kwargs)
         host_ns = time.perf_counter_ns() - t0
@@ -230,16 +232,16 @@ class Executor:
                 self.bridge.to_host(d).copy_(t)
         return out
 
-    def _run_downcast(self, op, plan, hargs, hkwargs):
+    def _run_downcast(self, op, plan, hargs, hkwargs, args, kwargs):
         """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
-        written: list[tuple[Tensor, Tensor]] = []
+        written: list[tuple[Tensor, Tensor]] = []  # (device tensor, the float32 stand-in the kernel writes)
         write_slots = set(plan.write_args)
 
         def down(slot, a):
             if isinstance(a, Tensor) and a.dtype == torch.float64:
                 low = a.to(torch.float32)
                 if slot in write_slots:
-                    written.append((a, low))
+                    written.append((args[slot] if isinstance(slot, int) else kwargs[slot], low))
                 return low
             return a
 
@@ -248,8 +250,10 @@ class Executor:
         if "dtype" in hkwargs and hkwargs["dtype"] == torch.float64:
             hkwargs["dtype"] = torch.float32
         out = op(*hargs, **hkwargs)
-        for orig, low in written:
-            orig.copy_(low)
+        for dev, low in written:  # a kernel may have resized the stand-in (an out= that must grow)
+            if dev.shape != low.shape:
+                dev.resize_(low.shape)
+            self.bridge.to_host(dev).copy_(low)
 
         def up(r):
             if isinstance(r, Tensor) and r.dtype == torch.float32:
@@ -293,6 +297,19 @@ class Executor:
 
         k.__name__ = f"neuron_{op._schema.name.split('::')[-1]}"
         return k
+
+
+def _check_out_devices(plan: _Plan, args: tuple, kwargs: dict) -> None:
+    """A CPU ``out=`` or in-place self beside device inputs (the fallback runs only when there are some) is
+    refused, 0-dim or not, as PyTorch refuses an output of another device."""
+    for slot in plan.write_args:
+        holder = args if isinstance(slot, int) else kwargs
+        if isinstance(slot, int) and slot >= len(args) or isinstance(slot, str) and slot not in kwargs:
+            continue
+        written = holder[slot]
+        for t in written if isinstance(written, (list, tuple)) else (written,):
+            if isinstance(t, Tensor) and t.is_cpu:
+                raise RuntimeError(policy.DEVICE_MISMATCH.format(first="neuron:0", second="cpu", op=plan.name))
 
 
 def _wrap_numbers(slots: tuple[int | str, ...], hargs: list, hkwargs: dict) -> None:

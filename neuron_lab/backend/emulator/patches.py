@@ -2,13 +2,15 @@
 
 The pure-Python core needs a patch for each C++ hook it lacks (storage allocation, pinned memory,
 device allocator stats, device synchronize); the compiled core registers those in C++. Both need
-``Module.to`` to keep Parameter identity, which torch 2.13 offers no PrivateUse1 hook for. Each patch
-delegates to PyTorch's own code for every other device.
+``Module.to`` to keep Parameter identity, which torch 2.13 offers no PrivateUse1 hook for, and
+``torch.compile``'s default backend to pick the neuron one for device graphs, as TorchNeuron's does. Each
+patch delegates to PyTorch's own code for every other device.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +23,9 @@ from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.emulator.host import _ALIAS_ATTR
 
 _C = torch._C
+HELD_PARAMETERS = ("a graph from a forward pass still holds this module's parameters, so the move gives it new "
+                   "Parameter objects (as PyTorch does for any move set_data refuses); an optimizer made before the "
+                   "move still holds the old ones")
 _originals: dict[tuple[Any, str], Any] = {}
 _torch_swap_tensors = torch.utils.swap_tensors
 
@@ -139,16 +144,26 @@ def _poisoned_accumulate(grad_outputs):
                        "run forward again after the move")
 
 
-def _check_swappable(t: torch.Tensor) -> None:
-    """swap_tensors' own rule: nothing but an AccumulateGrad node may hold the TensorImpl."""
+def _held_elsewhere(t: torch.Tensor) -> bool:
+    """swap_tensors' own rule: nothing but an AccumulateGrad node may hold the TensorImpl.
+
+    A graph still alive after a forward pass holds the parameters it saved for backward.
+    """
     if t._use_count() == 1:
-        return
+        return False
     if t._use_count() == 2 and t.is_leaf:
-        node = torch.autograd.graph.get_gradient_edge(t).node
-        if t._use_count() == 2:  # the node existed already (get_gradient_edge did not create it)
-            node.register_prehook(_poisoned_accumulate)
-            return
-    raise RuntimeError(f"cannot move a tensor whose TensorImpl is held elsewhere (use count {t._use_count()})")
+        edge = torch.autograd.graph.get_gradient_edge(t)  # kept while counting: a node made just now holds t too
+        held = t._use_count() != 2  # 2 still: the node existed already and is the other holder
+        del edge
+        return held
+    return True
+
+
+def _check_swappable(t: torch.Tensor) -> None:
+    if _held_elsewhere(t):
+        raise RuntimeError(f"cannot move a tensor whose TensorImpl is held elsewhere (use count {t._use_count()})")
+    if t._use_count() == 2:  # its AccumulateGrad node: a graph recorded before the move must not reach it
+        torch.autograd.graph.get_gradient_edge(t).node.register_prehook(_poisoned_accumulate)
 
 
 def _swap_like_set_data(t1: torch.Tensor, t2: torch.Tensor) -> None:
@@ -177,6 +192,11 @@ def _swap_on_conversion(module: torch.nn.Module, target: Any) -> Iterator[None]:
         t.device.type == "neuron" for t in _module_tensors(module)) and not _is_neuron(target)
     if not crossing or torch.__future__.get_swap_module_params_on_conversion():
         yield  # nothing crosses, or the user chose PyTorch's swap semantics
+        return
+    if any(_held_elsewhere(p) for p in module.parameters()):
+        # PyTorch's own path, which TorchNeuron takes for every move (set_data refuses PrivateUse1).
+        warnings.warn(HELD_PARAMETERS, UserWarning, stacklevel=4)
+        yield
         return
     torch.__future__.set_swap_module_params_on_conversion(True)
     torch.utils.swap_tensors = _swap_like_set_data  # Module._apply looks it up at call time
@@ -215,6 +235,21 @@ def _module_move(target: str | None):
     return make
 
 
+def _auto_select_neuron(orig):
+    """``torch.compile``'s default backend on a graph of device tensors is the neuron backend, as TorchNeuron
+    documents (2.33 reference-torch-compile: "auto-selected when running on a Neuron device"); Inductor has no
+    code generation for the device. Looked up by name, as Dynamo resolves ``backend="neuron"``."""
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in inputs_):
+            from torch._dynamo.backends.registry import lookup_backend
+
+            return lookup_backend("neuron")(model_, inputs_)
+        return orig(self, model_, inputs_, **kwargs)
+
+    return __call__
+
+
 def install(python_core: bool) -> None:
     """Apply the patches once: all of them for the pure-Python core, the Module ones for the compiled core."""
     if _originals:
@@ -230,3 +265,4 @@ def install(python_core: bool) -> None:
     _patch(torch.nn.Module, "neuron", _module_move("neuron"))
     _patch(torch.nn.Module, "cpu", _module_move("cpu"))
     _patch(torch.nn.Module, "to_empty", _module_move(None))
+    _patch(torch._TorchCompileInductorWrapper, "__call__", _auto_select_neuron)

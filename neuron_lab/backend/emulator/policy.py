@@ -46,7 +46,8 @@ PLUMBING = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_", "at
 WIDE_DTYPES = ("float64", "int64")
 DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}=1 computes float64 in float32)"
 
-# A device tensor beside one of another device (or a CPU tensor with dimensions, outside MIXED_OK).
+# A device tensor beside one of another device (or a CPU tensor with dimensions outside MIXED_OK, or a CPU
+# tensor the op writes: an out= or an in-place self).
 DEVICE_MISMATCH = ("Expected all tensors to be on the same device, but found at least two devices, {first} and "
                    "{second}! (when checking argument for {op})")
 # A CPU result of a layout device memory cannot hold (sparse, mkldnn).

@@ -141,7 +141,7 @@ struct Call {
       return over(std::move(alias), kCPU, t);
     }
     if (t.is_cpu()) {
-      TORCH_CHECK(t.dim() == 0 || plan.mixed_ok,
+      TORCH_CHECK(!written && (t.dim() == 0 || plan.mixed_ok),
                   fill(rules.device_mismatch, {{"first", where(device)}, {"second", "cpu"}, {"op", plan.name}}));
       cpu_inputs.push_back(t.storage().unsafeGetStorageImpl());
     }
@@ -261,8 +261,14 @@ void run_resizing(const c10::OperatorHandle& op, const Plan& p, const Stack& ori
   }
 }
 
+// A written float64 argument computed in float32: the device tensor, and the float32 stand-in the kernel wrote.
+struct Lowered {
+  at::Tensor dev;
+  at::Tensor low;
+};
+
 // float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible.
-bool downcast(const Plan& p, Stack& hargs, std::vector<std::pair<at::Tensor, at::Tensor>>& written) {
+bool downcast(const Plan& p, const Stack& orig, Stack& hargs, std::vector<Lowered>& written) {
   if (!emulate_downcast.load() || p.is_view) return false;
   auto low = [](const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t; };
   for (size_t i = 0; i < hargs.size(); ++i) {
@@ -271,13 +277,15 @@ bool downcast(const Plan& p, Stack& hargs, std::vector<std::pair<at::Tensor, at:
     if (v.isTensor()) {
       auto t = v.toTensor();
       auto l = low(t);
-      if (writes && !l.is_same(t)) written.emplace_back(t, l);
+      if (writes && !l.is_same(t)) written.push_back({orig[i].toTensor(), l});
       v = l;
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> out;
-      for (const auto& t : v.toTensorList()) {
+      auto devs = orig[i].toTensorList();
+      for (size_t j = 0; j < devs.size(); ++j) {
+        at::Tensor t = v.toTensorList().get(j);
         auto l = low(t);
-        if (writes && !l.is_same(t)) written.emplace_back(t, l);
+        if (writes && !l.is_same(t)) written.push_back({devs.get(j), l});
         out.push_back(l);
       }
       v = out;
@@ -426,8 +434,8 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
       drop_grad_input = true;
     }
   }
-  std::vector<std::pair<at::Tensor, at::Tensor>> written;
-  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && downcast(p, hargs, written);
+  std::vector<Lowered> written;
+  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && downcast(p, orig, hargs, written);
 
   const bool traced = profiling();
   const int64_t w0 = traced ? profile_clock() : 0;
@@ -458,7 +466,10 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   }
   int64_t host_ns = now_ns() - t0;
   if (traced) trace_kernel(p.name, c.device, kind.first, w0, profile_clock());
-  for (auto& [t, l] : written) t.copy_(l);
+  for (auto& [dev, low] : written) {  // a kernel may have resized the stand-in (an out= that must grow)
+    if (dev.sizes() != low.sizes()) dev.resize_(low.sizes());
+    host(dev).copy_(low);
+  }
 
   // Results: written arguments are returned as the caller's tensors; new results become device memory.
   const size_t m = p.write_returns.size();

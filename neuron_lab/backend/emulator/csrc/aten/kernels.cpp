@@ -98,6 +98,8 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
+  // As ATen's own resize_: a tensor already of that size keeps its strides unless a memory format is given.
+  if (self.sizes() == size && !memory_format.has_value()) return self;
   // Grow the storage first: if that runs out of memory, the tensor is left as it was.
   auto mf = memory_format.value_or(c10::MemoryFormat::Contiguous);
   std::vector<int64_t> strides(size.size(), 1);

@@ -1,0 +1,100 @@
+"""Emulator bugs PyTorch's own device-generic suites found (issue 32), each held to what PyTorch does on the CPU
+or on CUDA, on both cores (``make test`` runs this file on each)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import neuron_lab  # noqa: F401  (installs the backend)
+
+
+def test_resize_to_its_own_size_keeps_a_strided_tensors_values() -> None:
+    cpu = torch.arange(10.0)[::2]
+    dev = torch.arange(10.0).to("neuron")[::2]
+    for t in (cpu, dev):
+        t.resize_(5)
+    assert dev.stride() == cpu.stride() == (2,)
+    assert dev.cpu().tolist() == cpu.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_resize_with_a_memory_format_restrides_as_aten_does() -> None:
+    cpu = torch.arange(24.0).reshape(2, 3, 4)[:, :, ::2]
+    dev = torch.arange(24.0).to("neuron").reshape(2, 3, 4)[:, :, ::2]
+    for t in (cpu, dev):
+        t.resize_(2, 3, 2, memory_format=torch.contiguous_format)
+    assert dev.stride() == cpu.stride() == (6, 2, 1)
+    assert torch.equal(dev.cpu(), cpu)
+
+
+def test_softmax_into_a_strided_out_matches_the_cpu() -> None:
+    x = torch.randn(4, 6)
+    cpu_out, dev_out = torch.empty(6, 4).t(), torch.empty(6, 4, device="neuron").t()
+    torch.softmax(x, 1, out=cpu_out)
+    torch.softmax(x.to("neuron"), 1, out=dev_out)
+    assert dev_out.stride() == cpu_out.stride()
+    torch.testing.assert_close(dev_out.cpu(), cpu_out)
+
+
+@pytest.mark.parametrize("out", [torch.empty(()), torch.empty(4)], ids=["0-dim", "sized"])
+def test_a_cpu_out_for_device_inputs_is_refused_as_pytorch_refuses_it(out: torch.Tensor) -> None:
+    x = torch.randn(3, 4, device="neuron")
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, .* neuron:0 and cpu!"):
+        torch.amax(x, 0, out=out)
+    assert out.shape in ((), (4,))  # left as it was
+
+
+def test_a_device_out_still_takes_device_results() -> None:
+    x = torch.randn(3, 4, device="neuron")
+    out = torch.empty(0, device="neuron")
+    torch.amax(x, 0, out=out)
+    torch.testing.assert_close(out.cpu(), x.cpu().amax(0))
+
+
+def test_float64_results_under_the_64_bit_rule(run_python) -> None:
+    """With TorchNeuron's 64-bit rule on, an ``out=`` the kernel must grow is grown on the device too."""
+    got = run_python("""
+        import json, torch, neuron_lab
+        x = torch.tensor([-1.5, 2.25, float("inf")], dtype=torch.float64)
+        d = x.to("neuron")
+        out = torch.empty(0, dtype=torch.float64, device="neuron")
+        torch.abs(d, out=out)
+        print(json.dumps(dict(abs=d.abs().cpu().tolist(), dtype=str(d.abs().dtype),
+                              isfinite=torch.isfinite(d).cpu().tolist(), out=out.cpu().tolist())))
+    """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
+    assert got == dict(abs=[1.5, 2.25, float("inf")], dtype="torch.float64", isfinite=[True, True, False],
+                       out=[1.5, 2.25, float("inf")])
+
+
+def test_a_module_moves_while_a_forward_graph_still_holds_its_parameters() -> None:
+    """accelerate's offload and device_map paths do this: ``model.cpu()`` with a forward's output alive."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)).to("neuron")
+    out = model(torch.randn(2, 4, device="neuron"))
+    with pytest.warns(UserWarning, match="new Parameter objects"):
+        model.cpu()
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    out.sum().backward()  # the graph recorded on the device still runs, into the parameters it saved
+    assert model(torch.randn(2, 4)).shape == (2, 4)
+
+
+def test_a_module_with_no_live_graph_keeps_its_parameter_objects() -> None:
+    model = nn.Linear(4, 4)
+    weight = model.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("neuron")
+    assert model.weight is weight and weight.device.type == "neuron"
+    model(torch.randn(2, 4, device="neuron")).sum().backward()
+    opt.step()
+
+
+def test_torch_compile_default_backend_is_the_neuron_backend_for_device_tensors() -> None:
+    """TorchNeuron 2.33 auto-selects its backend on a Neuron device; Inductor has no code for `neuron`."""
+    import torch_neuronx
+
+    before = len(torch_neuronx.get_dynamo_metrics())
+    x = torch.randn(5, device="neuron")
+    got = torch.compile(lambda a: a.sin() + 1)(x)
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), x.cpu().sin() + 1)
+    assert len(torch_neuronx.get_dynamo_metrics()) == before + 1  # compiled by the neuron backend
