@@ -48,8 +48,8 @@ $(SPEEDSCOPE): | $(BIN)/python
 test: $(CORE) $(if $(shell command -v npm),$(SPEEDSCOPE))
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
-	$(BIN)/python -m pytest -n 2 tests
-	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 $(BACKEND_TESTS)
+	$(BIN)/python -m pytest -n 2 --durations=15 tests
+	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 --durations=15 $(BACKEND_TESTS)
 
 # A quick loop: no kernels, browsers or `make demo`, compiled core only.
 test-fast: $(CORE)

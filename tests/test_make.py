@@ -61,3 +61,9 @@ def test_jupyterlab_is_the_lab_extra_which_the_venv_installs():
     install = _dry_run(".venv/.installed", assume=("-W", "pyproject.toml"))  # as after an edit of pyproject.toml
     (line,) = [x for x in install.splitlines() if " -e " in x]
     assert line.endswith("-e '.[test,lab]'"), line
+
+
+def test_make_test_reports_its_slowest_tests():
+    """Both pytest runs of `make test` end with the 15 slowest tests, so a slow one is seen where it is added."""
+    runs = [x for x in _dry_run("test").splitlines() if " -m pytest " in x]
+    assert len(runs) == 2 and all("--durations=15" in shlex.split(x) for x in runs), runs
