@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -104,6 +105,23 @@ def test_torch_neuronx_can_be_the_first_import_of_a_process(run_python, tmp_path
         shutil.copy(ROOT / name, tmp_path / name)
     out = first_import(run_python, tmp_path, {"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload})
     assert out == {"before": [], "emulated": True, "startup_finders": 0}  # nothing imported until asked; then gone
+
+
+def test_torch_neuronx_is_the_first_import_in_the_installed_venv() -> None:
+    """As installed, not from copied files: in `make`'s venv (an editable install) as from a wheel, a process whose
+    first statement is ``import torch_neuronx`` gets the emulation and a working device."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""\
+        import sys
+        before = sorted(m for m in ("torch", "neuron_lab") if m in sys.modules)
+        import torch_neuronx
+        import torch
+        x = torch.arange(4.0, device="neuron")
+        print(before, torch_neuronx.EMULATED, x.device, (x * 2).sum().item())
+    """)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, (
+        f"`import torch_neuronx` first failed in {sys.prefix}: is neuron_lab-torch_neuronx.pth in its site-packages? "
+        f"(reinstall: `make`, or pip install -e .)\n{proc.stderr[-3000:]}")
+    assert proc.stdout.split() == ["[]", "True", "neuron:0", "12.0"]
 
 
 def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_path) -> None:
