@@ -125,7 +125,8 @@ def test_torch_neuronx_is_the_first_import_in_the_installed_venv() -> None:
 
 
 def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_path) -> None:
-    """Built from a copy of the sources, so the build never writes into the tree other tests import from."""
+    """Built from a copy of the sources, so the build never writes into the tree other tests import from; it carries
+    every data file the package reads."""
     src, wheel_dir, site = tmp_path / "src", tmp_path / "wheel", tmp_path / "site"
     shutil.copytree(ROOT / "neuron_lab", src / "neuron_lab", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", *STARTUP):
@@ -135,8 +136,13 @@ def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = wheel_dir.glob("neuron_lab-*.whl")
+    # the files the package reads at run time (coverage data, the widgets' scripts), not its build inputs
+    data = {p.relative_to(src).as_posix() for p in (src / "neuron_lab").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".cpp", ".h") and "__pycache__" not in p.parts}
+    assert any(name.endswith(".json") for name in data) and any(name.endswith(".js") for name in data)
     with zipfile.ZipFile(wheel) as z:
         assert set(STARTUP) <= set(z.namelist())  # at the top of the wheel: site-packages itself
+        assert sorted(data - set(z.namelist())) == []
         z.extractall(site, members=list(STARTUP))
     assert first_import(run_python, site, {})["emulated"]
 
