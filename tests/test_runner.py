@@ -279,7 +279,10 @@ def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
     assert doc["summary"]["fallback_calls"] == 1 and doc["summary"]["errors"][0]["ename"] == "kernel died"
     executed = nbformat.read(out / "run.ipynb", as_version=4)
     assert executed.cells[1].outputs and not executed.cells[2].outputs
-    assert "aten::atan2.out" in (out / "run.html").read_text()
+    html = (out / "run.html").read_text()
+    assert "aten::atan2.out" in html
+    block = html_summary_block(html)  # the dead kernel is in the page's summary block, as on the terminal
+    assert block == summary_block(r.stdout) and "kernel failed: the kernel died while running cell [2/3]" in block
 
 
 def test_ctrl_c_stops_at_the_running_cell_exits_130_and_keeps_its_report(tmp_path):

@@ -225,6 +225,8 @@ def _write(args: argparse.Namespace, nb: Any, code: int, checked: list[gates.Gat
 
 
 def _say(*lines: str) -> None:
+    if not lines:  # nothing to say (no gates enabled): not an empty line
+        return
     try:
         print(*lines, sep="\n", flush=True)
     except BrokenPipeError:  # `neuron-lab run ... | head`: the reader left; the run goes on and still writes its files
