@@ -179,8 +179,8 @@ def test_the_profile_gives_its_tables_afterwards(shell) -> None:
     with pytest.raises(ValueError, match="--row-limit must be 1 or more, not 0"):
         kept.table(row_limit=0)
     torch_table = kept.key_averages().table(sort_by="cpu_time_total")  # torch.profiler's own
-    addmm = next(e for e in kept.key_averages() if e.key == "aten::addmm")
-    assert addmm.count == 1 and "aten::atan2" in torch_table
+    ops = {"aten::addmm", "aten::relu", "aten::atan2", "aten::sum"}
+    assert ops <= {e.key for e in kept.key_averages()} and all(op in torch_table for op in ops)
     with pytest.raises(ValueError, match=r"^export_chrome_trace /no/such/dir/t\.json: no directory /no/such/dir$"):
         kept.export_chrome_trace("/no/such/dir/t.json")
 
