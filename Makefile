@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo lab test test-fast lint bench readme core clean
+.PHONY: demo lab test test-fast lint bench readme core wheel wheel-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,16 @@ $(CORE): $(STAMP) setup.py $(wildcard neuron_lab/backend/emulator/csrc/*.cpp neu
 	touch $(CORE)
 
 core: $(CORE)
+
+# A wheel that carries the compiled core, built against this venv's pinned torch (no build isolation: pip would fetch
+# a second torch to build against), into dist/. wheel-check installs it into a fresh venv with no compiler on PATH
+# (the dependencies lent by this venv) and smoke-tests it: %load_ext, an op on neuron, the compiled core serving it.
+wheel: $(STAMP)
+	rm -f dist/neuron_lab-*.whl
+	MAX_JOBS=2 $(BIN)/pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w dist .
+
+wheel-check: wheel
+	PYTHON=$(BIN)/python tools/check_wheel.sh dist/neuron_lab-*.whl
 
 # The quickstart notebook, executed headless on whatever backend this machine has; the summary is printed and
 # the executed notebook and its HTML land in out/. tests/test_make.py runs this exact command.
@@ -49,8 +59,8 @@ $(SPEEDSCOPE): | $(BIN)/python
 test: $(CORE) $(if $(shell command -v npm),$(SPEEDSCOPE))
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
-	$(BIN)/python -m pytest -n 2 tests
-	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 $(BACKEND_TESTS)
+	$(BIN)/python -m pytest -n 2 --durations=15 tests
+	NEURON_LAB_CORE=python $(BIN)/python -m pytest -n 2 --durations=15 $(BACKEND_TESTS)
 
 # A quick loop: no kernels, browsers or `make demo`, compiled core only.
 test-fast: $(CORE)
@@ -77,4 +87,4 @@ readme: $(STAMP)
 	$(BIN)/python tools/readme_reference.py --write README.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info out neuron_lab/backend/emulator/_core*.so
+	rm -rf $(VENV) .pytest_cache build dist *.egg-info out neuron_lab/backend/emulator/_core*.so

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 CSRC = Path("neuron_lab/backend/emulator/csrc")
 STARTUP_PTH = "neuron_lab-torch_neuronx.pth"  # lets `import torch_neuronx` come first (_neuron_lab_torch_neuronx.py)
@@ -27,6 +28,33 @@ class BuildPy(build_py):
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, STARTUP_PTH)]
+
+
+class EditableWheel(editable_wheel):
+    """``pip install -e`` too puts the start-up ``.pth`` in site-packages: an editable wheel holds only what its
+    strategy writes (setuptools' own path hook), so the ``.pth`` is written beside it. The module it imports is
+    found through that hook, whose ``.pth`` (``__editable__.*``) sorts, and so runs, first."""
+
+    def _select_strategy(self, *args, **kwargs):
+        return _WithStartupPth(super()._select_strategy(*args, **kwargs))
+
+
+class _WithStartupPth:
+    """An editable strategy (setuptools' ``EditableStrategy`` protocol) that also writes the start-up ``.pth``."""
+
+    def __init__(self, strategy) -> None:
+        self.strategy = strategy
+
+    def __call__(self, wheel, files, mapping) -> None:
+        self.strategy(wheel, files, mapping)
+        wheel.write(STARTUP_PTH, STARTUP_PTH)
+
+    def __enter__(self):
+        self.strategy.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.strategy.__exit__(*exc)
 
 
 def _core():
@@ -61,4 +89,4 @@ def _core():
 
 
 ext_modules, cmdclass = _core()
-setup(ext_modules=ext_modules, cmdclass={**cmdclass, "build_py": BuildPy})
+setup(ext_modules=ext_modules, cmdclass={**cmdclass, "build_py": BuildPy, "editable_wheel": EditableWheel})

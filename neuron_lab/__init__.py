@@ -4,7 +4,7 @@ Importing it makes the `neuron` device available even where PyTorch's backend au
 (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): the real TorchNeuron when installed, else the emulator
 (``neuron-lab doctor`` says which, and why). ``%load_ext neuron_lab`` is the notebook's entry point;
 ``track()``, ``profile()``, ``parity()`` and ``compare()`` do in a script or test what the magics do
-in a cell, and ``dashboard()`` shows the live views.
+in a cell, ``last_profile()`` exports the newest profile's trace afterwards, and ``dashboard()`` shows the live views.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the modules behind the API load when it is first called, no
 
     from neuron_lab.report.checks import CheckResult, CompareResult, ParityResult
     from neuron_lab.report.model import Report
+    from neuron_lab.trace.profile import ProfileResult
     from neuron_lab.trace.sites import Locator
 
 backend.activate()  # never raises: problems become warnings and stay in backend.state() for `doctor`
@@ -56,6 +57,15 @@ def profile(*, export: str | None = None, row_limit: int = 10) -> AbstractContex
     from neuron_lab.trace.profile import profile as _profile
 
     return _profile(export=export, row_limit=row_limit)
+
+
+def last_profile() -> ProfileResult:
+    """The newest profile of this process (a ``%%neuron profile`` cell's, a ``neuron_lab.profile()`` block's), after
+    the fact: ``neuron_lab.last_profile().export_chrome_trace("trace.json")``, ``.table()``, ``.key_averages()``.
+    RuntimeError when nothing was profiled yet."""
+    from neuron_lab.trace.profile import last_profile as _last_profile
+
+    return _last_profile()
 
 
 def dashboard(views: Iterable[str] | None = None) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,3 +82,22 @@ def neuron_lab_run(tmp: Path, *args: str, timeout: float = 240) -> tuple[int, st
         out, _ = proc.communicate()
         pytest.fail(f"neuron-lab run still running after {timeout}s:\n{out[-4000:]}")
     return proc.returncode, out
+
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP = ("neuron_lab-torch_neuronx.pth", "_neuron_lab_torch_neuronx.py")  # what the wheel puts in site-packages
+
+
+def wheel_without_core(tmp: Path) -> tuple[Path, Path]:
+    """(a wheel of the package built without the compiled core, the copy of the sources it was built from): a copy,
+    so the build never writes into the tree other tests import from."""
+    src, out = tmp / "src", tmp / "wheel"
+    shutil.copytree(ROOT / "neuron_lab", src / "neuron_lab", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", *STARTUP):
+        shutil.copy(ROOT / name, src / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
+                           "-w", str(out)], env={**os.environ, "NEURON_LAB_BUILD_CORE": "0"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = out.glob("neuron_lab-*.whl")
+    return wheel, src

@@ -59,6 +59,6 @@ def test_a_file_without_markers_is_a_clear_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("command", ["make demo", "make test", "make lab"])
+@pytest.mark.parametrize("command", ["make demo", "make test", "make lab", "make wheel", "make wheel-check"])
 def test_the_readme_names_the_make_targets(command):
     assert f"{command}" in README.read_text(encoding="utf-8")

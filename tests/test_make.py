@@ -6,10 +6,12 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import wheel_without_core
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,3 +63,28 @@ def test_jupyterlab_is_the_lab_extra_which_the_venv_installs():
     install = _dry_run(".venv/.installed", assume=("-W", "pyproject.toml"))  # as after an edit of pyproject.toml
     (line,) = [x for x in install.splitlines() if " -e " in x]
     assert line.endswith("-e '.[test,lab]'"), line
+
+
+def test_make_test_reports_its_slowest_tests():
+    """Both pytest runs of `make test` end with the 15 slowest tests, so a slow one is seen where it is added."""
+    runs = [x for x in _dry_run("test").splitlines() if " -m pytest " in x]
+    assert len(runs) == 2 and all("--durations=15" in shlex.split(x) for x in runs), runs
+
+
+def test_make_wheel_builds_against_the_venvs_torch_and_wheel_check_checks_that_wheel():
+    (build,) = [shlex.split(x) for x in _dry_run("wheel").splitlines() if " wheel " in x]
+    assert build[:3] == ["MAX_JOBS=2", ".venv/bin/pip", "wheel"] and build[-1] == "."
+    assert {"--no-build-isolation", "--no-deps"} <= set(build) and build[build.index("-w") + 1] == "dist"
+    (check,) = [x for x in _dry_run("wheel-check").splitlines() if "check_wheel" in x]
+    assert shlex.split(check) == ["PYTHON=.venv/bin/python", "tools/check_wheel.sh", "dist/neuron_lab-*.whl"]
+
+
+def test_the_wheel_check_fails_a_wheel_without_the_compiled_core(tmp_path):
+    """`make wheel-check`'s script on a wheel built without the core (NEURON_LAB_BUILD_CORE=0): installed where no
+    compiler is, it loads and runs on the pure-Python core, and the check says so and fails."""
+    wheel, _ = wheel_without_core(tmp_path)
+    check = subprocess.run([str(ROOT / "tools" / "check_wheel.sh"), str(wheel)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
+    assert check.returncode != 0, check.stdout
+    assert "AssertionError: the python core serves `neuron`: the wheel's compiled core is missing or did not load" \
+        in check.stderr, check.stderr[-3000:]

@@ -145,6 +145,56 @@ def test_a_failing_cell_keeps_its_profile_and_raises(shell) -> None:
     assert [(r.op, r.calls) for r in report.profiled.rows] == [("aten::addmm", 1)]
 
 
+def test_the_cell_value_is_the_profile_whose_trace_exports_afterwards(shell, tmp_path: Path) -> None:
+    """A plain profile cell (no --export) leaves its profile in ``Out`` and ``neuron_lab.last_profile()``; its
+    trace is written afterwards, without running the cell again, and the cell shows its report once."""
+    report, out, n = profiled_cell(shell)
+    kept = shell.user_ns["Out"][n]  # and `_`, but the cell binds `_` itself
+    assert kept is neuron_lab.last_profile()
+    assert kept.report is report and kept.profiled is report.profiled
+    assert out.count("ops by device + host time:") == 1  # the report; the value is one short line
+    assert f"Out[{n}]: <neuron_lab profile: {len(report.profiled.rows)} ops, 6 calls; " in out
+    path = tmp_path / "after.json"
+    run(shell, f"Out[{n}].export_chrome_trace({str(path)!r})")
+    events = json.loads(path.read_text())["traceEvents"]
+    ops = [e["name"] for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    assert {"aten::addmm", "aten::relu", "aten::atan2", "aten::sum"} <= set(ops)
+    if core() == "compiled":  # the device lane and the fallbacks' host work, as --export writes them
+        kernels = [e["name"] for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+        assert kernels == ["aten::addmm", "aten::relu", "aten::sum"]
+        fallbacks = [e["name"] for e in events if e.get("cat") == "privateuse1_runtime"]
+        assert fallbacks == ["CPU fallback: aten::atan2"] * 3
+    assert report.profiled.trace_path == str(path)
+    assert f"trace: {path} (open it in https://ui.perfetto.dev)" in str(report).splitlines()
+
+
+def test_the_profile_gives_its_tables_afterwards(shell) -> None:
+    report, _, n = profiled_cell(shell, "--row-limit 1")
+    kept = neuron_lab.last_profile()
+    table = kept.table().splitlines()  # every row, whatever the cell showed
+    assert table[0].startswith("profile: ") and "ops by device + host time:" in table
+    assert all(any(line.startswith(f"  {r.op} ") for line in table) for r in report.profiled.rows)
+    folded = kept.table(row_limit=2).splitlines()
+    assert f"  … {len(report.profiled.rows) - 2} more ops (`%neuron report --full`)" in folded
+    with pytest.raises(ValueError, match="--row-limit must be 1 or more, not 0"):
+        kept.table(row_limit=0)
+    torch_table = kept.key_averages().table(sort_by="cpu_time_total")  # torch.profiler's own
+    ops = {"aten::addmm", "aten::relu", "aten::atan2", "aten::sum"}
+    assert ops <= {e.key for e in kept.key_averages()} and all(op in torch_table for op in ops)
+    with pytest.raises(ValueError, match=r"^export_chrome_trace /no/such/dir/t\.json: no directory /no/such/dir$"):
+        kept.export_chrome_trace("/no/such/dir/t.json")
+
+
+def test_a_failing_cell_leaves_its_profile_too(shell, tmp_path: Path) -> None:
+    run(shell, SETUP)
+    res, _ = run(shell, "%%neuron profile\ny = net(x)\nraise ValueError('stop')", ok=False)
+    kept = neuron_lab.last_profile()
+    assert kept.report is session_of(shell).history[res.execution_count]
+    kept.export_chrome_trace(str(tmp_path / "failed.json"))
+    names = {e["name"] for e in json.loads((tmp_path / "failed.json").read_text())["traceEvents"]}
+    assert "aten::addmm" in names
+
+
 def test_bad_options_are_refused_before_the_cell_runs(shell, tmp_path: Path) -> None:
     missing = tmp_path / "no" / "t.json"
     msg = refused(shell, f"%%neuron profile --export {missing}\nran = 1")
@@ -193,6 +243,30 @@ def test_profile_in_a_script_reports_file_and_line(tmp_path: Path) -> None:
     assert f"trace: {trace} (open it in https://ui.perfetto.dev)" in out
     assert json.loads(trace.read_text())["traceEvents"]
     assert "USDT" not in proc.stderr  # Kineto's session lines, which a notebook would show under the cell
+
+
+def test_last_profile_before_any_says_so_then_is_the_blocks(tmp_path: Path) -> None:
+    script = tmp_path / "late.py"
+    trace = tmp_path / "late.json"
+    script.write_text(textwrap.dedent(f"""\
+        import json, torch, neuron_lab
+        try:
+            neuron_lab.last_profile()
+        except RuntimeError as e:
+            print(e)
+        x = torch.randn(4, 8, device="neuron")
+        with neuron_lab.profile() as report:
+            y = torch.atan2(x, x)
+        kept = neuron_lab.last_profile()
+        kept.export_chrome_trace({str(trace)!r})
+        print(kept.report is report, kept.profiled is report.profiled)
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.splitlines() == [
+        "no profile yet: run a `%%neuron profile` cell or a `with neuron_lab.profile():` block first", "True True"]
+    names = [e["name"] for e in json.loads(trace.read_text())["traceEvents"]]
+    assert "aten::atan2" in names
 
 
 def test_profile_refuses_a_bad_export_path_before_running(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from html import unescape
 from pathlib import Path
 
 import nbformat
@@ -66,6 +67,21 @@ def run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def summary_block(stdout: str) -> list[str]:
+    """The run's summary block as the terminal printed it: from ``summary:`` up to the first ``wrote`` line."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("summary: "))
+    end = next(i for i, line in enumerate(lines) if i > start and line.startswith("wrote "))
+    return lines[start:end]
+
+
+def html_summary_block(html: str) -> list[str]:
+    """The summary block at the head of the ``--html`` page, as text."""
+    found = re.search(r'<pre class="neuron-lab-run-summary">(.*?)</pre>', html, re.S)
+    assert found, "no summary block in the HTML"
+    return unescape(found.group(1)).splitlines()
 
 
 def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
@@ -119,6 +135,11 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
     assert len(shown) == 1 and "at In[2] line 2: y = torch.atan2(x, x + 1)  (3×)" in shown[0].data["text/plain"]
     html = (out / "run.html").read_text()
     assert "neuron-lab-report" in html and "aten::atan2.out" in html and "In[2] line 2" in html
+    # the page opens with the summary block the terminal printed: cells ran, the run's report, the gates
+    block = html_summary_block(html)
+    assert block == summary_block(text) and block[0].startswith("summary: 3 of 3 cells ran in ")
+    assert "  pass  --fail-on-fallback: only allowed CPU fallbacks; allowed: aten::atan2.out ×3" in block
+    assert html.index('<pre class="neuron-lab-run-summary">') < html.index('<div class="jp-Cell jp-CodeCell')
 
 
 def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_path):
@@ -171,10 +192,13 @@ def test_each_failing_gate_exits_3_and_says_why(tmp_path):
     head = html[start:html.index("</section>", start)]
     assert start < html.index('<div class="jp-Cell jp-CodeCell')
     assert "<p>exit 3: a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break</p>" in head
-    assert "<tr><th>cells run</th><td>4 of 4</td></tr><tr><th>failures</th><td>none</td></tr>" in head
-    assert any(f"<tr><th>CPU fallbacks</th><td>4 calls of 2 ops: {a}; {b}</td></tr>" in head
-               for a, b in (ops, ops[::-1]))
-    assert re.search(r"<tr><th>peak device memory</th><td>\S+ KiB of 24\.00 GiB, in In\[\d\]</td></tr>", head)
+    block = html_summary_block(head)
+    assert block == summary_block(text)  # the terminal's lines, every gate's FAIL line among them
+    assert block[0].startswith("summary: 4 of 4 cells ran in ") and "  errors: none" in block
+    assert [line for line in block if line.startswith("  FAIL  ")] == [f"  {gates.GateResult(**g).line}"
+                                                                        for g in doc["gates"]]
+    assert re.search(r"^  peak device memory: \S+ KiB of 24\.00 GiB \(<0\.1%\), in In\[\d\]$", "\n".join(block),
+                     re.M)
     rows = re.findall(r'<tr class="neuron-lab-gate">(.*?)</tr>', head)
     assert [re.findall(r"<td>(.*?)</td>", row) for row in rows] == [
         ["--fail-on-fallback", '<span class="fail">FAIL</span>', "no CPU fallbacks except atan",
@@ -255,7 +279,10 @@ def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
     assert doc["summary"]["fallback_calls"] == 1 and doc["summary"]["errors"][0]["ename"] == "kernel died"
     executed = nbformat.read(out / "run.ipynb", as_version=4)
     assert executed.cells[1].outputs and not executed.cells[2].outputs
-    assert "aten::atan2.out" in (out / "run.html").read_text()
+    html = (out / "run.html").read_text()
+    assert "aten::atan2.out" in html
+    block = html_summary_block(html)  # the dead kernel is in the page's summary block, as on the terminal
+    assert block == summary_block(r.stdout) and "kernel failed: the kernel died while running cell [2/3]" in block
 
 
 def test_ctrl_c_stops_at_the_running_cell_exits_130_and_keeps_its_report(tmp_path):

@@ -7,15 +7,16 @@ its first ``import torch``.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, STARTUP, wheel_without_core
 
 import neuron_lab
 from neuron_lab import backend
@@ -83,8 +84,6 @@ def test_a_real_torch_neuronx_on_the_path_always_wins(run_python, tmp_path) -> N
     assert out == {"real": True, "emulated": False}
 
 
-STARTUP = ("neuron_lab-torch_neuronx.pth", "_neuron_lab_torch_neuronx.py")  # what the wheel puts in site-packages
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def first_import(run_python, site: Path, env: dict[str, str]) -> dict:
@@ -106,19 +105,35 @@ def test_torch_neuronx_can_be_the_first_import_of_a_process(run_python, tmp_path
     assert out == {"before": [], "emulated": True, "startup_finders": 0}  # nothing imported until asked; then gone
 
 
+def test_torch_neuronx_is_the_first_import_in_the_installed_venv() -> None:
+    """As installed, not from copied files: in `make`'s venv (an editable install) as from a wheel, a process whose
+    first statement is ``import torch_neuronx`` gets the emulation and a working device."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""\
+        import sys
+        before = sorted(m for m in ("torch", "neuron_lab") if m in sys.modules)
+        import torch_neuronx
+        import torch
+        x = torch.arange(4.0, device="neuron")
+        print(before, torch_neuronx.EMULATED, x.device, (x * 2).sum().item())
+    """)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, (
+        f"`import torch_neuronx` first failed in {sys.prefix}: is neuron_lab-torch_neuronx.pth in its site-packages? "
+        f"(reinstall: `make`, or pip install -e .)\n{proc.stderr[-3000:]}")
+    assert proc.stdout.split() == ["[]", "True", "neuron:0", "12.0"]
+
+
 def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_path) -> None:
-    """Built from a copy of the sources, so the build never writes into the tree other tests import from."""
-    src, wheel_dir, site = tmp_path / "src", tmp_path / "wheel", tmp_path / "site"
-    shutil.copytree(ROOT / "neuron_lab", src / "neuron_lab", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", *STARTUP):
-        shutil.copy(ROOT / name, src / name)
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
-                           "-w", str(wheel_dir)], env={**os.environ, "NEURON_LAB_BUILD_CORE": "0"},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = wheel_dir.glob("neuron_lab-*.whl")
+    """Built from a copy of the sources, so the build never writes into the tree other tests import from; it carries
+    every data file the package reads."""
+    wheel, src = wheel_without_core(tmp_path)
+    site = tmp_path / "site"
+    # the files the package reads at run time (coverage data, the widgets' scripts), not its build inputs
+    data = {p.relative_to(src).as_posix() for p in (src / "neuron_lab").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".cpp", ".h") and "__pycache__" not in p.parts}
+    assert any(name.endswith(".json") for name in data) and any(name.endswith(".js") for name in data)
     with zipfile.ZipFile(wheel) as z:
         assert set(STARTUP) <= set(z.namelist())  # at the top of the wheel: site-packages itself
+        assert sorted(data - set(z.namelist())) == []
         z.extractall(site, members=list(STARTUP))
     assert first_import(run_python, site, {})["emulated"]
 

@@ -96,8 +96,9 @@ class NeuronMagics(Magics):
         return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}", mode=mode, options=options,
                                           device=device)
 
-    def _run_profiled(self, args, line: str, cell: str):
-        """``%%neuron profile``: the cell runs once under torch.profiler; the profile joins the cell's report."""
+    def _run_profiled(self, args, line: str, cell: str) -> profiling.ProfileResult:
+        """``%%neuron profile``: the cell runs once under torch.profiler; the profile joins the cell's report, and the
+        cell's value is the profile, to export or tabulate afterwards (``_.export_chrome_trace(path)``)."""
         __tracebackhide__ = True  # noqa: F841
         try:
             path = profiling.check_export_path(args.export) if args.export else None
@@ -109,11 +110,13 @@ class NeuronMagics(Magics):
             raise UsageError(f"%%neuron profile: {e}\n{_parser.usage(_PARSER, 'profile')}") from None
         tracker = self.session.running
         try:
-            return self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}")
+            self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}")
         finally:
             profiled = p.result(export=path, row_limit=limit)
             if tracker is not None:
                 tracker.attach_profile(profiled)
+            kept = p.keep(tracker.report if tracker is not None else None)  # a failed cell's too: last_profile()
+        return kept
 
     def _check_options(self, args, cell: str) -> ParityOptions | CompareOptions:
         """Options of `%%neuron parity` / `compare`, checked before the cell runs: their bounds by the option

@@ -2,7 +2,7 @@
 
 The executed notebook already holds each cell's report inline: the extension displays it under the
 cell (text/plain and text/html), and nbclient keeps that output like any other, so the HTML export
-shows the reports where Jupyter shows them. Above the first cell the HTML has the run's summary and
+shows the reports where Jupyter shows them. Above the first cell the HTML has the run's summary block and
 gate verdicts (``page.head``); the executed notebook stays as the kernel left it.
 """
 

@@ -36,6 +36,11 @@ class GateResult:
                 "measured": self.measured, "blamed": self.blamed}
 
 
+def said(checked: list[GateResult]) -> list[str]:
+    """The gates' lines of the run's summary block (none when no gate is enabled)."""
+    return ["gates:", *(f"  {g.line}" for g in checked)] if checked else []
+
+
 def evaluate(reports: list[Report], args: argparse.Namespace) -> list[GateResult]:
     """The results of the gates ``args`` enables, in the order of ``--help``."""
     out = []

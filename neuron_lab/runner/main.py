@@ -83,19 +83,20 @@ def run(args: argparse.Namespace) -> int:
     result = summary.summarize(outcome.cells, outcome.seconds)
     checked = gates.evaluate(summary.reports(outcome.cells), args)
     code = exit_code(outcome, checked)
-    _say(*summary.render(result))
+    block = summary.render(result)  # the run's summary block: printed here, and the head of the --html page
     if trace_dir is not None:
-        _say(*traces.said(trace_dir, [Path(c.trace) for c in outcome.cells if c.trace],
-                          sum(c.no_trace is not None for c in outcome.cells)))
-    if checked:
-        _say("gates:", *(f"  {g.line}" for g in checked))
+        block += traces.said(trace_dir, [Path(c.trace) for c in outcome.cells if c.trace],
+                             sum(c.no_trace is not None for c in outcome.cells))
+    block += gates.said(checked)
     if outcome.kernel_error:
-        _say(f"kernel failed: {outcome.kernel_error}")
+        block.append(f"kernel failed: {outcome.kernel_error}")
         if outcome.kernel_stderr:
-            _say("  the kernel's stderr ended with:", *(f"    {line}" for line in outcome.kernel_stderr.splitlines()))
+            block += ["  the kernel's stderr ended with:",
+                      *(f"    {line}" for line in outcome.kernel_stderr.splitlines())]
+    _say(*block)
     wrote = _write(args, program.nb, code, checked,
                    lambda: page.head(f"neuron-lab run {program.path}", f"exit {code}: {_why(code, code, checked)}",
-                                     result, checked),
+                                     block, checked),
                    lambda code: document(args, program, outcome, result, checked, code))
     _say(f"exit {wrote}: {_why(wrote, code, checked)}")
     return wrote
@@ -133,8 +134,7 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
     if trace_dir is not None:
         without = sum(any(rec.no_trace is not None for rec in outcome.cell(k)) for k in range(1, total + 1))
         _say(*traces.said(trace_dir, merged, without, ranks=True))
-    if checked:
-        _say("gates:", *(f"  {g.line}" for g in checked))
+    _say(*gates.said(checked))
     for rank, why in outcome.kernel_errors:
         _say(f"kernel failed on rank {rank}: {why}")
         if outcome.ranks[rank].kernel_stderr:
@@ -225,6 +225,8 @@ def _write(args: argparse.Namespace, nb: Any, code: int, checked: list[gates.Gat
 
 
 def _say(*lines: str) -> None:
+    if not lines:  # nothing to say (no gates enabled): not an empty line
+        return
     try:
         print(*lines, sep="\n", flush=True)
     except BrokenPipeError:  # `neuron-lab run ... | head`: the reader left; the run goes on and still writes its files

@@ -6,8 +6,12 @@ in eager Python, so the lines come from the backend's own op events: while profi
 backend is located with the session's :class:`~neuron_lab.trace.sites.Locator` as it runs, and the k-th call
 of an op is joined to the k-th profiled call of that op (both are in call order). Where the counts of an op
 differ (an op the backend does not report, as the device-to-host copy of ``.item()``), its calls are left
-without a line rather than given a wrong one. The raw profile is kept only until :meth:`OpProfile.result` has
-read it (and exported the trace).
+without a line rather than given a wrong one.
+
+A user's profile (``%%neuron profile``, ``neuron_lab.profile()``) leaves a :class:`ProfileResult`: the cell's value
+and :func:`last_profile`. It keeps torch.profiler's own record of the window, so the Chrome/Perfetto trace and
+torch's tables can be had afterwards, with torch.profiler's names (``export_chrome_trace``, ``key_averages``),
+without running the code again.
 
 Where the device hands torch.profiler nothing of its own (TorchNeuron: NRT writes files for Neuron Explorer
 instead), the result says so (``device_timing`` False) and names those files; it never asks which backend runs.
@@ -23,6 +27,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
@@ -44,9 +49,11 @@ from neuron_lab.report.model import (
     Report,
     Site,
 )
+from neuron_lab.report.text import profiled_lines
 from neuron_lab.trace import profile_timeline
 from neuron_lab.trace.sites import FileLocator, Locator
 from neuron_lab.trace.tracker import Tracker
+from neuron_lab.units import count
 
 # The host-work events the backend adds for off-device calls, by their name's prefix ("CPU fallback: aten::atan2")
 _HOST_WORK = {KINDS[k].call.removesuffix(" call") + ": ": k for k in OFF_DEVICE}
@@ -88,16 +95,18 @@ class _Calls:
             self.by_name.setdefault(event.name, []).append(call)
 
 
-def check_export_path(path: str) -> str:
-    """The absolute path a trace will be written to; ValueError, before anything runs, when it cannot be."""
+def check_export_path(path: str, option: str = "--export") -> str:
+    """The absolute path a trace will be written to; ValueError, before anything runs, when it cannot be (the message
+    names ``option``, how the user gave the path)."""
     full = os.path.abspath(os.path.expanduser(path))
     folder = os.path.dirname(full)
     if os.path.isdir(full):
-        raise ValueError(f"--export {path}: is a directory; give a file name, e.g. {os.path.join(path, 'trace.json')}")
+        raise ValueError(f"{option} {path}: is a directory; give a file name, e.g. "
+                         f"{os.path.join(path, 'trace.json')}")
     if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ValueError(f"--export {path}: {folder} is a file, not a directory")
+        raise ValueError(f"{option} {path}: {folder} is a file, not a directory")
     if not os.path.isdir(folder):
-        raise ValueError(f"--export {path}: no directory {folder}")
+        raise ValueError(f"{option} {path}: no directory {folder}")
     # tried by opening it: root passes os.access everywhere, and some folders take no new files (/proc); torch would
     # only log that it failed, after the profiled code ran
     existed = os.path.exists(full)
@@ -105,7 +114,7 @@ def check_export_path(path: str) -> str:
         with open(full, "a"):
             pass
     except OSError as e:
-        raise ValueError(f"--export {path}: cannot write into {folder}: {e.strerror}") from None
+        raise ValueError(f"{option} {path}: cannot write into {folder}: {e.strerror}") from None
     if not existed:
         os.remove(full)
     return full
@@ -179,6 +188,7 @@ class OpProfile:
         self._unsubscribe: Any = None
         self._running = False
         self._yields = yields
+        self._done: tuple[Profiled, Any] | None = None  # what result() read, and torch.profiler's record
         self.gave_way = False
 
     def start(self) -> OpProfile:
@@ -227,7 +237,63 @@ class OpProfile:
         out.trace_path, out.row_limit, out.device_timing = export, row_limit, self._device_timing
         if self._artefacts_dir is not None:
             out.artefacts_dir, out.artefacts = self._artefacts_dir, _files_in(self._artefacts_dir)
+        self._done = (out, prof)
         return out
+
+    def keep(self, report: Report | None = None) -> ProfileResult:
+        """The read profile (:meth:`result`) as what a user's profile leaves: its value and :func:`last_profile`."""
+        if self._done is None:
+            raise RuntimeError("OpProfile.keep() keeps what result() read: call result() first")
+        profiled, prof = self._done
+        kept = ProfileResult(profiled, prof, report)
+        _LAST[:] = [kept]
+        return kept
+
+
+_LAST: list[ProfileResult] = []  # the newest user profile of this process: last_profile()
+
+
+def last_profile() -> ProfileResult:
+    """The newest profile of this process (a ``%%neuron profile`` cell's, a ``neuron_lab.profile()`` block's)."""
+    if not _LAST:
+        raise RuntimeError("no profile yet: run a `%%neuron profile` cell or a `with neuron_lab.profile():` block "
+                           "first")
+    return _LAST[0]
+
+
+class ProfileResult:
+    """A finished profile, after the fact: its report data (:attr:`profiled`, :attr:`report`) and torch.profiler's
+    record of the window, which it exports and tabulates with torch.profiler's names. It holds that record (its
+    memory) for as long as it lives: in ``Out`` and ``_`` for a cell, and as :func:`last_profile` until the next."""
+
+    def __init__(self, profiled: Profiled, prof: Any, report: Report | None = None) -> None:
+        self.profiled = profiled
+        self.report = report  # the cell's or block's report, the profile on it; None outside one
+        self._prof = prof  # torch.profiler.profile, stopped and read
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Write the window's Chrome/Perfetto trace (https://ui.perfetto.dev) with the device lanes, as
+        ``--export`` does; the Python frames above each op are in it only when the profile ran with ``--export``
+        (they cost the profiled code about a third more). The profile's ``trace_path`` says where it went."""
+        full = check_export_path(path, "export_chrome_trace")
+        self._prof.export_chrome_trace(full)
+        self.profiled.trace_path = full
+
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
+        """torch.profiler's own table of the window (``.key_averages().table(sort_by="self_cpu_time_total")``)."""
+        return self._prof.key_averages(group_by_input_shape=group_by_input_shape, group_by_stack_n=group_by_stack_n)
+
+    def table(self, row_limit: int | None = None) -> str:
+        """neuron_lab's tables of the window (ops by device + host time, time per line), every row unless
+        ``row_limit``: the profile section of the cell's report, as text."""
+        if row_limit is None:
+            return "\n".join(profiled_lines(self.profiled, full=True))
+        return "\n".join(profiled_lines(replace(self.profiled, row_limit=check_row_limit(row_limit))))
+
+    def __repr__(self) -> str:
+        p = self.profiled
+        return (f"<neuron_lab profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}; "
+                ".export_chrome_trace(path), .table(), .key_averages()>")
 
 
 class _Event(NamedTuple):
@@ -485,7 +551,9 @@ def profile(*, export: str | None = None, row_limit: int = DEFAULT_ROW_LIMIT,
         yield t.report
     except BaseException as e:
         t.attach_profile(p.result(export=path, row_limit=row_limit))
+        p.keep(t.report)
         t.stop(e)
         raise
     t.attach_profile(p.result(export=path, row_limit=row_limit))
+    p.keep(t.report)
     t.stop()
