@@ -118,16 +118,18 @@ class Hub:
             for p in self.open_panels():
                 p.set_live(snapshot.live(session))
             if session.config.auto_dashboard and _frontend(session) == "widget":
-                from IPython.display import display
-
                 strip = self._open([snapshot.STRIP])
-                self.strips.append((strip, display(strip, display_id=True)))
+                self.strips.append((strip, strip.display()))
 
     def _cell_done(self, report: Any) -> None:
         if self._free_pending:
             self.free()  # refreshes too
         else:
             self.refresh()
+        strips = {id(strip) for strip, _ in self.strips}
+        for p in self.open_panels():  # the snapshot beside each widget: this cell's end, as the saved notebook keeps it
+            if id(p) not in strips:
+                p.update_displays()
         with self._lock:  # this cell's snapshots are final now
             self.panels = weakref.WeakSet(p for p in self.panels if p.follow)
         for view in self.static:
