@@ -153,7 +153,9 @@ function timeline(ctx, m, live) {
     const i = Math.min(Math.floor(x), spans.length - 1), s = spans[Math.max(i, 0)];
     return s ? s.start_s + (s.end_s - s.start_s) * Math.min(Math.max(x - i, 0), 1) : 0;
   };
-  const xMax = mode === "cell" ? Math.max(spans.length, 1) : Math.max(xs[xs.length - 1], xs[0] + 1e-3);
+  // by time, up to the last sample, cell end or mark (a mark can come after the last sample: an OOM ends its cell)
+  const xMax = mode === "cell" ? Math.max(spans.length, 1)
+    : Math.max(xs[xs.length - 1], xs[0] + 1e-3, ...spans.map((b) => b.end_s), ...(m.marks || []).map((mk) => mk.t_s));
   const overlay = h("div", { class: "nl-chart-overlay" });
   const drawMarks = (u) => {
     const c = u.ctx, top = u.bbox.top, hgt = u.bbox.height;
@@ -426,15 +428,24 @@ function stripView(ctx) {
 }
 
 // -- whether the kernel behind the view is still there ------------------------------------------------------
-// "live"; "restarted": the widget manager marks the model's comm dead when the kernel restarts (the view gets
-// jupyter-widgets-disconnected) or when the view is drawn from a saved notebook's state; "gone": the notebook has
-// no kernel (shut down, dead); "export": a manager with no kernel at all (an HTML export's). Only "live" moves.
-function connection(model, el) {
+// "live"; "restarted": the widget manager marks the model's comm dead (comm_live) when the kernel restarts, and a
+// model drawn from a saved notebook's state has none; "gone": the notebook has no kernel (shut down, dead);
+// "export": a manager with no kernel at all (an HTML export's). Only "live" moves.
+function connection(model, backing) {
   const wm = model.widget_manager;
   if (!wm || !("kernel" in wm)) return "export";
   const k = wm.kernel;
   if (!k || k.isDisposed || k.status === "dead") return "gone";
-  return el.closest(".jupyter-widgets-disconnected") ? "restarted" : "live";
+  return backing && !backing.comm_live ? "restarted" : "live";
+}
+
+// The widget model behind anywidget's proxy, which does not pass comm_live on: the manager's model with our uid.
+async function backingModel(model, uid) {
+  for (const promise of Object.values(model.widget_manager._models || {})) {
+    const m = await promise;
+    if (m.get("uid") === uid) return m;
+  }
+  return null;
 }
 
 // what a view that cannot move says instead of a live status
@@ -458,7 +469,8 @@ function render({ model, el }) {
   let lastBusy = false;
 
   let charts = []; // the uPlot instances drawn last, destroyed before the next draw
-  let state = connection(model, el);
+  let backing = null; // found after the first draw (backingModel)
+  let state = connection(model, backing);
 
   function rerender() {
     const views = model.get("views");
@@ -510,12 +522,13 @@ function render({ model, el }) {
   model.on("change:views", rerender);
   // a restart marks the comm dead (comm_live_update); a kernel shut down says nothing to the model: look each second
   const recheck = () => {
-    const now = connection(model, el);
+    const now = connection(model, backing);
     if (now !== state) { state = now; rerender(); }
   };
   model.on("comm_live_update", recheck);
   const poll = setInterval(recheck, 1000);
   rerender();
+  if (state !== "export") backingModel(model, uid).then((m) => { backing = m; recheck(); }, () => {});
   return () => {
     clearInterval(poll);
     model.off("comm_live_update", recheck);
