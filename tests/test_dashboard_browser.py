@@ -20,6 +20,7 @@ import sys
 import nbformat
 from browser import (
     JS_CELL_RUNNING,
+    JS_KERNEL_STATUS,
     ROOT,
     cell_locator,
     open_notebook,
@@ -208,6 +209,14 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     panel.locator(".nl-tab[data-view=memory]").click()
     assert panel.locator("[data-testid=nl-free]").is_disabled()
     screenshot(page, "dashboard-disconnected")
+    # Kernel > Shut Down, once the restarted kernel is up: no kernel at all
+    wait_for(page, f"() => ({JS_KERNEL_STATUS})() === 'idle'", timeout=60)
+    page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.shutdown(); }")
+    wait_for(page, """() => {
+        const notes = [...document.querySelectorAll('.jp-Notebook [data-testid=nl-disconnected]')];
+        return notes.length === 3 && notes.every((n) => n.dataset.state === 'gone'); }""", timeout=30)
+    assert gone.inner_text().startswith("disconnected — the kernel is gone; run %neuron dashboard again."), (
+        gone.inner_text())
 
 
 RAN = [  # for neuron-lab run: the dashboard is made in In[3], the fallback and the last tensor come after it
