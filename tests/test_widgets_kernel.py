@@ -136,8 +136,9 @@ def test_neuron_lab_run_shows_each_views_own_state(tmp_path: Path) -> None:
     out = _run(tmp_path, TWO_VIEWS)
     first, second = (_bundles(out.cells[i])[0]["text/plain"].splitlines() for i in (2, 4))
     assert first[1] == "device tensors: 1 storages, 1.00 KiB (memory_allocated 1.00 KiB)", first
-    assert first[2].split() == ["1.00", "KiB", "256", "float32", "namespace", "acts,", "Out[2],", "__,", "_2"], first
-    assert second[1:] == ["device tensors: 0 storages, 0 B (memory_allocated 0 B)"], second
+    assert first[2].split() == ["1.00", "KiB", "256", "float32", "namespace", "acts,", "Out[2],", "_,", "_2"], first
+    assert second[1:] == ["device tensors: 0 storages, 0 B (memory_allocated 0 B)",
+                          "snapshot while In[5] ran, not live"], second
 
 
 def test_reports_still_show_under_the_views(nb: Any) -> None:

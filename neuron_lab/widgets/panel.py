@@ -6,8 +6,8 @@ counters (``live``, a few times a second while a cell runs); ``panel.js`` draws 
 while a cell is busy. The one kernel action, "free", therefore runs between cells, and the button says so.
 
 Next to the widget, its display carries a static snapshot (text and HTML) for whatever cannot run the widget: an
-nbconvert export, an untrusted notebook. It is displayed with a display id, and the end of each cell that
-refreshes the view updates that display, so the snapshot (and the saved notebook) is its last state.
+nbconvert export, an untrusted notebook. A view that follows the session is displayed with a display id, and the
+end of each cell updates that display, so the snapshot (and the saved notebook) is its last state.
 """
 
 from __future__ import annotations
@@ -74,11 +74,13 @@ class Panel(anywidget.AnyWidget):
         return bundle
 
     def _ipython_display_(self) -> None:
+        if not self.follow:  # a snapshot is a plain value (its Out[N]), its text the state of the cell it is made in
+            raise NotImplementedError  # IPython's cue to format it the usual way (_repr_mimebundle_)
         self.display()
 
     def display(self) -> Any:
-        """Display the view with a display id (also what showing it as a cell's value does); the handle it returns
-        is kept, so :meth:`update_displays` can bring the snapshot beside the widget up to date."""
+        """Display the view with a display id (also what showing a following view as a cell's value does); the
+        handle it returns is kept, so :meth:`update_displays` can bring the snapshot beside the widget up to date."""
         from IPython.display import display
 
         handle = display(self._bundle(), raw=True, display_id=True)
