@@ -451,7 +451,7 @@ async function backingModel(model, uid) {
 // what a view that cannot move says instead of a live status
 function notLive(state, views, data) {
   const again = `run %neuron ${views.length > 1 ? "dashboard" : views[0]} again`;
-  const stamp = (data.as_of && data.as_of.stamp) || "snapshot, not live";
+  const stamp = (data.as_of || {}).stamp; // snapshot.as_of words it
   if (state === "export") return stamp;
   const why = state === "gone" ? "the kernel is gone" : "kernel restarted";
   return `disconnected — ${why}; ${again}. Below: the ${stamp}`;

@@ -47,7 +47,8 @@ def as_of(session: Any) -> dict[str, Any]:
     """Whose state the data is: the newest cell run (the running one, or the last), when, on the timeline, and
     ``stamp``, the words a copy of it says where it cannot move (a static snapshot, a view whose kernel is gone)."""
     cell = session.locator.newest_cell()
-    when = f"while In[{cell}] ran" if session.running is not None else f"at the end of In[{cell or '?'}]"
+    label = f"In[{cell or '?'}]"  # no cell yet: a view opened from a script
+    when = f"while {label} ran" if session.running is not None else f"at the end of {label}"
     return {"cell": cell, "t": round(session.timeline.now(), 3), "stamp": f"snapshot {when}, not live"}
 
 
