@@ -7,7 +7,8 @@ counts; the memory timeline's samples are the session's own) and a copy of the r
 thread only assigns widget traits, which ipykernel sends as comm messages from any thread. It never prints or
 displays, and it exists only while a view is being updated. What the views do inside a user's cell (opening a
 view, the strip at a cell's start) is the hub's work, not the cell's: it runs outside the cell's report
-(``Tracker.excluded``).
+(``Tracker.excluded``). At each cell's end the hub also updates the displays of the views it refreshed, so the
+static snapshot beside each widget (what an export or an untrusted notebook shows) is its last state.
 """
 
 from __future__ import annotations

@@ -428,20 +428,20 @@ function stripView(ctx) {
 }
 
 // -- whether the kernel behind the view is still there ------------------------------------------------------
-// "live"; "restarted": the widget manager marks the model's comm dead (comm_live) when the kernel restarts, and a
-// model drawn from a saved notebook's state has none; "gone": the notebook has no kernel (shut down, dead);
-// "export": a manager with no kernel at all (an HTML export's). Only "live" moves.
+// "live"; "gone": the notebook has no kernel (shut down, dead); "restarted": the widget manager marks the model's
+// comm dead (comm_live) when the kernel restarts, and a model drawn from a saved notebook's state has none;
+// "export": no comm and a manager with no kernel at all (an HTML export's). Only "live" moves.
 function connection(model, backing) {
   const wm = model.widget_manager;
-  if (!wm || !("kernel" in wm)) return "export";
-  const k = wm.kernel;
-  if (!k || k.isDisposed || k.status === "dead") return "gone";
-  return backing && !backing.comm_live ? "restarted" : "live";
+  const kernelled = !!wm && "kernel" in wm;
+  if (kernelled && (!wm.kernel || wm.kernel.isDisposed || wm.kernel.status === "dead")) return "gone";
+  if (!backing || backing.comm_live) return "live";
+  return kernelled ? "restarted" : "export";
 }
 
 // The widget model behind anywidget's proxy, which does not pass comm_live on: the manager's model with our uid.
 async function backingModel(model, uid) {
-  for (const promise of Object.values(model.widget_manager._models || {})) {
+  for (const promise of Object.values((model.widget_manager || {})._models || {})) {
     const m = await promise;
     if (m.get("uid") === uid) return m;
   }
@@ -528,7 +528,7 @@ function render({ model, el }) {
   model.on("comm_live_update", recheck);
   const poll = setInterval(recheck, 1000);
   rerender();
-  if (state !== "export") backingModel(model, uid).then((m) => { backing = m; recheck(); }, () => {});
+  backingModel(model, uid).then((m) => { backing = m; recheck(); }, () => {});
   return () => {
     clearInterval(poll);
     model.off("comm_live_update", recheck);
