@@ -523,3 +523,19 @@ def test_the_compiles_view_shows_a_check_as_its_one_line_summary(shell):
     assert len(str(check).splitlines()) > 1  # what the tab showed before: the whole result
     text = static.render_text(sh.user_ns["panel"].data, {}, ["compiles"])
     assert f"    {line}" in text.splitlines()
+
+
+def test_the_dashboards_display_is_updated_to_its_last_state_at_each_cell_end(shell):
+    """Issue 28 point 4: the text and HTML beside the widget are not frozen at its creation ("In[2] running")."""
+    sh = widget_shell(shell)
+    run(sh, "import torch\nx = torch.ones(1000, device='neuron')")
+    _, shown = run(sh, "%neuron dashboard")
+    (first,) = [o for o in shown.outputs if "application/vnd.jupyter.widget-view+json" in o.data and not o.update]
+    assert first.transient["display_id"] and first.data["text/plain"].splitlines()[-1].startswith("snapshot while In[")
+    _, later = run(sh, "y = torch.atan2(x, x)")
+    (update,) = [o for o in later.outputs if o.update]
+    assert update.transient == first.transient and update.data.keys() == first.data.keys()
+    n = session_of(sh).locator.newest_cell()
+    assert update.data["text/plain"].splitlines()[-1] == f"snapshot at the end of In[{n}], not live"
+    assert f"In[{n}] line 1: y = torch.atan2(x, x)" in update.data["text/plain"]
+    assert f"snapshot at the end of In[{n}], not live" in update.data["text/html"]
