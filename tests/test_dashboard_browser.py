@@ -2,7 +2,9 @@
 running, its fallback tab follows the running cell, the CPU-fallback inspector
 lists the known op with its cell and line, the memory timeline has axes with units, readable cell labels, a by-cell
 axis and zoom; and the two single tensor views around the training keep their own cells' states (issue 17 points 4,
-5, 8).
+5, 8). The inspector says a reason once for the ops that share it; after Kernel > Restart every view says it is
+disconnected instead of a live status; and the notebook ``neuron-lab run`` wrote, opened untrusted (no widget, HTML
+sanitised), shows the dashboard's last state as a readable snapshot (issue 28 points 4 and 9).
 
 The screenshot it saves (``out/test-artifacts/dashboard-*.png``) is the one in the README; with
 ``NEURON_LAB_UPDATE_SCREENSHOTS=1`` it is also copied to ``docs/``.
@@ -12,15 +14,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
+import nbformat
 from browser import (
     JS_CELL_RUNNING,
+    JS_KERNEL_STATUS,
     ROOT,
     cell_locator,
     open_notebook,
     run_all,
     screenshot,
     wait_for,
+    wait_for_output,
     wait_idle,
 )
 
@@ -33,7 +40,8 @@ CELLS = [
     "import time\nimport torch\n"
     "model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to('neuron')\n"
     "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
-    "x = torch.randn(32, 64).to('neuron')",
+    "x = torch.randn(32, 64).to('neuron')\n"
+    "a = torch.acos(torch.zeros(4, device='neuron'))",  # a CPU fallback with atan2's reason
     "%neuron tensors",  # In[3]: a snapshot, before the training
     "%neuron dashboard",
     # In[5]: the fallback is line 4; 30 steps that keep 16 KiB more device memory each, then the cell stays
@@ -114,8 +122,13 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     row.wait_for(state="visible", timeout=30_000)
     summary = row.locator("summary").inner_text()
     assert "30×" in summary and "source:" not in summary and "EquiformerV3" not in summary, summary
+    # acos (In[2]) and atan2 share their reason: it is said once, over both rows, with its source
+    assert panel.locator("[data-testid=nl-reason]").count() == 1
+    group = panel.locator("[data-testid=nl-reason-group]")
+    assert group.locator("[data-testid=nl-fallback-row]").count() == 2
+    assert "no device kernel for this op" in group.locator("[data-testid=nl-reason]").inner_text()
+    assert group.locator("[data-testid=nl-reason-source]").inner_text().startswith(" (source: "), "the source"
     row.locator("summary").click()
-    assert row.locator("[data-testid=nl-reason-source]").inner_text().startswith("source: "), "the reason's source"
     site = row.locator("[data-testid=nl-site]").first
     cells = [c.strip() for c in site.locator("td").all_inner_texts()]
     assert cells == ["In[5]", "line 4", "loss = torch.atan2(model(x), x).pow(2).mean()", "30×"], cells
@@ -181,3 +194,62 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
         (ROOT / "docs").mkdir(exist_ok=True)
         for name in ("dashboard-fallbacks", "dashboard-memory"):
             shutil.copy(ROOT / "out" / "test-artifacts" / f"{name}.png", ROOT / "docs" / f"{name}.png")
+
+    # Kernel > Restart: every view says it is disconnected and how to get a live one; none reads "idle · N MiB"
+    page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.restartKernel(); }")
+    gone = panel.locator("[data-testid=nl-disconnected]")
+    gone.wait_for(state="visible", timeout=60_000)
+    assert gone.inner_text() == ("disconnected — kernel restarted; run %neuron dashboard again. "
+                                 "Below: the snapshot at the end of In[8], not live")
+    assert panel.locator("[data-testid=nl-status]").inner_text() == "disconnected"
+    assert "nl-disconnected" in (panel.get_attribute("class") or "")
+    single = cell_locator(page, 2).locator("[data-testid=nl-disconnected]")
+    assert single.inner_text().startswith("disconnected — kernel restarted; run %neuron tensors again."), (
+        single.inner_text())
+    panel.locator(".nl-tab[data-view=memory]").click()
+    assert panel.locator("[data-testid=nl-free]").is_disabled()
+    screenshot(page, "dashboard-disconnected")
+    # Kernel > Shut Down, once the restarted kernel is up: no kernel at all
+    wait_for(page, f"() => ({JS_KERNEL_STATUS})() === 'idle'", timeout=60)
+    page.evaluate("() => { window.jupyterapp.shell.currentWidget.sessionContext.shutdown(); }")
+    wait_for(page, """() => {
+        const notes = [...document.querySelectorAll('.jp-Notebook [data-testid=nl-disconnected]')];
+        return notes.length === 3 && notes.every((n) => n.dataset.state === 'gone'); }""", timeout=30)
+    assert gone.inner_text().startswith("disconnected — the kernel is gone; run %neuron dashboard again."), (
+        gone.inner_text())
+
+
+RAN = [  # for neuron-lab run: the dashboard is made in In[3], the fallback and the last tensor come after it
+    "%load_ext neuron_lab",
+    "import torch\nx = torch.ones(100, device='neuron')",
+    "%neuron dashboard",
+    "y = torch.atan2(x, x)",
+    "w = torch.ones(1000, device='neuron')",
+]
+
+
+def test_the_runners_notebook_opened_untrusted_shows_the_last_state_readably(jupyter_lab, lab_page, tmp_path):
+    page = lab_page
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in RAN]
+    nbformat.write(nb, tmp_path / "ran.ipynb")
+    out = jupyter_lab.root_dir / "ran-output.ipynb"  # written unsigned: Jupyter opens it untrusted
+    proc = subprocess.run([sys.executable, "-m", "neuron_lab", "run", "ran.ipynb", "--output", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page.goto(jupyter_lab.notebook_url(out.name), wait_until="domcontentloaded", timeout=60_000)
+    text = wait_for_output(page, 2, "not live", timeout=60)
+    trusted = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets[2].model.trusted")
+    assert trusted is False
+    dashboard = cell_locator(page, 2)
+    assert dashboard.locator("[data-testid=nl-panel]").count() == 0  # no widget: Lab runs no untrusted JS
+    # the snapshot is the last state (after In[5], with In[4]'s fallback), said to be one
+    assert "snapshot at the end of In[5], not live" in text and "running" not in text, text
+    # tables, not mashed text: the fallback's site is a row; the chart is an image, its labels not spilled as text
+    assert dashboard.locator("table").count() >= 3
+    assert dashboard.locator("td", has_text="y = torch.atan2(x, x)").count() == 1
+    assert dashboard.locator("img[alt^='chart: device memory']").count() == 1
+    assert "seconds since the session started" not in text, text
+    dashboard.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-untrusted.png"))

@@ -17,6 +17,7 @@ from shells import loaded_shell, run
 
 from neuron_lab import backend, kinds
 from neuron_lab.extension import session_of
+from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.report.html import op_sections_html
 from neuron_lab.report.model import Memory, OpRow, as_data
 from neuron_lab.report.text import op_sections
@@ -507,3 +508,34 @@ def test_the_memory_timeline_samples_a_cells_climb_with_no_view_open(shell):
     assert _in_cell(shell, res.execution_count) == [base, base]  # only the cell's start and end: as the setting says
     view = str(run(shell, "%neuron memory")[0].result)
     assert "sampled only at each cell's start and end (NeuronLab.memory_sample_ms = 0)" in view
+
+
+def test_the_compiles_view_shows_a_check_as_its_one_line_summary(shell):
+    """Issue 28 point 9: a parity check is one line in the Compiles tab (the verdict), not its full dump."""
+    sh = widget_shell(shell)
+    run(sh, "import torch\nx = torch.ones(4, 4, device='neuron')")
+    run(sh, "%%neuron parity\ny = (x * 2).sum()")
+    run(sh, "panel = %neuron compiles")
+    (row,) = [r for r in sh.user_ns["panel"].data["compiles"]["rows"] if r["checks"]]
+    (line,) = row["checks"]
+    check = session_of(sh).history[row["cell"]].checks[0]
+    assert line == check_summary_line(check) and "\n" not in line and line.startswith("parity neuron:0 vs cpu: ")
+    assert len(str(check).splitlines()) > 1  # what the tab showed before: the whole result
+    text = static.render_text(sh.user_ns["panel"].data, {}, ["compiles"])
+    assert f"    {line}" in text.splitlines()
+
+
+def test_the_dashboards_display_is_updated_to_its_last_state_at_each_cell_end(shell):
+    """Issue 28 point 4: the text and HTML beside the widget are not frozen at its creation ("In[2] running")."""
+    sh = widget_shell(shell)
+    run(sh, "import torch\nx = torch.ones(1000, device='neuron')")
+    _, shown = run(sh, "%neuron dashboard")
+    (first,) = [o for o in shown.outputs if "application/vnd.jupyter.widget-view+json" in o.data and not o.update]
+    assert first.transient["display_id"] and first.data["text/plain"].splitlines()[-1].startswith("snapshot while In[")
+    _, later = run(sh, "y = torch.atan2(x, x)")
+    (update,) = [o for o in later.outputs if o.update]
+    assert update.transient == first.transient and update.data.keys() == first.data.keys()
+    n = session_of(sh).locator.newest_cell()
+    assert update.data["text/plain"].splitlines()[-1] == f"snapshot at the end of In[{n}], not live"
+    assert f"In[{n}] line 1: y = torch.atan2(x, x)" in update.data["text/plain"]
+    assert f"snapshot at the end of In[{n}], not live" in update.data["text/html"]

@@ -4,7 +4,9 @@ nbclient keeps the widgets' last state in the notebook's metadata (``store_widge
 ``update_display_data`` to the outputs it targets: so a saved notebook shows the dashboard's final data,
 a static view asked for ``--live`` (``NeuronLab.display_as = 'static'``) the state after the last cell, and
 a single view without ``--live`` the state at the end of its own cell (issue 17 point 4), in a notebook
-executed by nbclient and in one run by ``neuron-lab run``.
+executed by nbclient and in one run by ``neuron-lab run``. Beside the widget, its display's text and HTML are
+a snapshot of its last state, stamped as one (the end of each cell updates the display), so an nbconvert export
+or an untrusted notebook shows the last state, not the one the view had when it was made (issue 28 point 4).
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ CELLS = [
     "%config NeuronLab.display_as = 'widget'\n%neuron tensors",  # In[10]: a widget snapshot: x, w
     "z = torch.ones(1000, device='neuron')",  # In[11]
 ]
+DASHBOARD_RUN = [
+    "%load_ext neuron_lab",  # In[1]
+    "import torch\nx = torch.ones(100, device='neuron')",  # In[2]
+    "%neuron dashboard",  # In[3]: first displayed while In[3] runs
+    "y = torch.atan2(x, x)",  # In[4]
+    "w = torch.ones(1000, device='neuron')",  # In[5]
+]
 TWO_VIEWS = [  # notebook 03's shape: a tensor view, then a change, then another view
     "%load_ext neuron_lab",
     "import torch\nacts = torch.ones(256, device='neuron')\nacts[:2]",  # Out[2] holds the 1 KiB batch
@@ -66,6 +75,18 @@ def nb(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _bundles(cell: Any) -> list[dict]:
     return [o.data for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+
+
+def _run(tmp_path: Path, cells: list[str], *args: str) -> Any:
+    """``neuron-lab run`` of a notebook of ``cells``, ``--output out.ipynb`` and ``args``: the notebook it wrote."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nbformat.write(notebook, tmp_path / "views.ipynb")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
+    proc = subprocess.run([sys.executable, "-m", "neuron_lab", "run", "views.ipynb", "--output", "out.ipynb", *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return nbformat.read(tmp_path / "out.ipynb", as_version=4)
 
 
 def test_dashboard_is_a_widget_with_text_and_html_fallbacks(nb: Any) -> None:
@@ -112,20 +133,41 @@ def test_single_views_keep_the_state_of_their_cell(nb: Any) -> None:
 
 
 def test_neuron_lab_run_shows_each_views_own_state(tmp_path: Path) -> None:
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(src) for src in TWO_VIEWS]
-    nbformat.write(notebook, tmp_path / "views.ipynb")
-    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
-    proc = subprocess.run([sys.executable, "-m", "neuron_lab", "run", "views.ipynb", "--output", "out.ipynb"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    out = _run(tmp_path, TWO_VIEWS)
     first, second = (_bundles(out.cells[i])[0]["text/plain"].splitlines() for i in (2, 4))
     assert first[1] == "device tensors: 1 storages, 1.00 KiB (memory_allocated 1.00 KiB)", first
     assert first[2].split() == ["1.00", "KiB", "256", "float32", "namespace", "acts,", "Out[2],", "_,", "_2"], first
-    assert second[1:] == ["device tensors: 0 storages, 0 B (memory_allocated 0 B)"], second
+    assert second[1:] == ["device tensors: 0 storages, 0 B (memory_allocated 0 B)",
+                          "snapshot while In[5] ran, not live"], second
 
 
 def test_reports_still_show_under_the_views(nb: Any) -> None:
     texts = [b.get("text/plain", "") for b in _bundles(nb.cells[4])]
     assert any(t.startswith("neuron_lab In[5] · neuron:0 · default · ") for t in texts), texts
+
+
+def test_neuron_lab_run_saves_the_dashboards_last_state_and_a_snapshot_of_it(tmp_path: Path) -> None:
+    out = _run(tmp_path, DASHBOARD_RUN, "--html", "out.html")
+    (bundle,) = [b for b in _bundles(out.cells[2]) if WIDGET in b]
+    # the widget state, as Jupyter saves it: the state after In[5]
+    state = out.metadata["widgets"][STATE]["state"][bundle[WIDGET]["model_id"]]["state"]
+    assert state["data"]["as_of"]["cell"] == 5 and state["live"]["busy"] is False
+    assert state["data"]["tensors"]["total"] == 400 + 400 + 4000
+    # the snapshot beside the widget: the same last state, stamped, not the "In[3] running" it was made with
+    text = bundle["text/plain"].splitlines()
+    assert "· In[5] " in text[0] and "running" not in text[0], text[0]
+    assert "device tensors: 3 storages, 4.69 KiB (memory_allocated 4.69 KiB)" in text
+    assert "In[4] line 1: y = torch.atan2(x, x)" in bundle["text/plain"]
+    assert text[-1] == "snapshot at the end of In[5], not live"
+    html = bundle["text/html"]
+    assert "snapshot at the end of In[5], not live" in html and "In[4] line 1" in html
+    assert "<svg" not in html and '<img src="data:image/svg+xml;base64,' in html  # survives a sanitiser
+    # nbconvert: the runner's HTML shows the snapshot (self-contained: no widget state for a widget library to draw)
+    page = (tmp_path / "out.html").read_text()
+    assert STATE not in page and "snapshot at the end of In[5], not live</div>" in page and "In[3] running" not in page
+    # so does nbconvert's HTML of the notebook as JupyterLab saves it (without widget state, its default)
+    del out.metadata["widgets"]
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(out)
+    assert "snapshot at the end of In[5], not live</div>" in body and "In[3] running" not in body

@@ -114,6 +114,7 @@ class Run:
                 await self._language_info()
                 await self._load()
                 await self._cells()
+                self.client.set_widgets_metadata()  # the widgets' last state, saved as Jupyter saves it
         except KernelFailed as e:
             self.outcome.kernel_error = str(e)
         except DeadKernelError:

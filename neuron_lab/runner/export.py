@@ -30,10 +30,12 @@ def write_notebook(nb: Any, path: str) -> None:
 
 def write_html(nb: Any, path: str, head: str = "") -> None:
     """The notebook as nbconvert's HTML, with ``head`` first in the page's body (inside ``<main>``, where the
-    cells are, so it takes their width)."""
+    cells are, so it takes their width). Without the widgets' saved state, so each widget shows its static
+    snapshot (the views' last state) and the page needs no widget library from the web."""
     from nbconvert import HTMLExporter  # imports jinja2 and the templates: only when asked for
 
-    body, _ = HTMLExporter().from_notebook_node(nb)
+    static = nbformat.from_dict({**nb, "metadata": {k: v for k, v in nb.metadata.items() if k != "widgets"}})
+    body, _ = HTMLExporter().from_notebook_node(static)
     if head:
         at = re.search(r"<main[^>]*>|<body[^>]*>", body)
         end = at.end() if at else 0

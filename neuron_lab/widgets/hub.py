@@ -7,7 +7,8 @@ counts; the memory timeline's samples are the session's own) and a copy of the r
 thread only assigns widget traits, which ipykernel sends as comm messages from any thread. It never prints or
 displays, and it exists only while a view is being updated. What the views do inside a user's cell (opening a
 view, the strip at a cell's start) is the hub's work, not the cell's: it runs outside the cell's report
-(``Tracker.excluded``).
+(``Tracker.excluded``). At each cell's end the hub also updates the displays of the views it refreshed, so the
+static snapshot beside each widget (what an export or an untrusted notebook shows) is its last state.
 """
 
 from __future__ import annotations
@@ -118,16 +119,18 @@ class Hub:
             for p in self.open_panels():
                 p.set_live(snapshot.live(session))
             if session.config.auto_dashboard and _frontend(session) == "widget":
-                from IPython.display import display
-
                 strip = self._open([snapshot.STRIP])
-                self.strips.append((strip, display(strip, display_id=True)))
+                self.strips.append((strip, strip.display()))
 
     def _cell_done(self, report: Any) -> None:
         if self._free_pending:
             self.free()  # refreshes too
         else:
             self.refresh()
+        strips = {id(strip) for strip, _ in self.strips}
+        for p in self.open_panels():  # the snapshot beside each widget: this cell's end, as the saved notebook keeps it
+            if id(p) not in strips:
+                p.update_displays()
         with self._lock:  # this cell's snapshots are final now
             self.panels = weakref.WeakSet(p for p in self.panels if p.follow)
         for view in self.static:

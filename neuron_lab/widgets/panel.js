@@ -153,7 +153,9 @@ function timeline(ctx, m, live) {
     const i = Math.min(Math.floor(x), spans.length - 1), s = spans[Math.max(i, 0)];
     return s ? s.start_s + (s.end_s - s.start_s) * Math.min(Math.max(x - i, 0), 1) : 0;
   };
-  const xMax = mode === "cell" ? Math.max(spans.length, 1) : Math.max(xs[xs.length - 1], xs[0] + 1e-3);
+  // by time, up to the last sample, cell end or mark (a mark can come after the last sample: an OOM ends its cell)
+  const xMax = mode === "cell" ? Math.max(spans.length, 1)
+    : Math.max(xs[xs.length - 1], xs[0] + 1e-3, ...spans.map((b) => b.end_s), ...(m.marks || []).map((mk) => mk.t_s));
   const overlay = h("div", { class: "nl-chart-overlay" });
   const drawMarks = (u) => {
     const c = u.ctx, top = u.bbox.top, hgt = u.bbox.height;
@@ -230,11 +232,11 @@ function timeline(ctx, m, live) {
 }
 
 function memoryView(ctx) {
-  const { data, live, model, ui } = ctx;
+  const { data, live, model, ui, connected } = ctx;
   const m = data.memory || { points: [], cells: [], rows: [] };
   const busy = !!live.busy;
   const button = h("button", {
-    class: "nl-button", "data-testid": "nl-free",
+    class: "nl-button", "data-testid": "nl-free", ...(connected ? {} : { disabled: "" }),
     title: "drops IPython's references to device tensors (Out, _, the last traceback), like %neuron free",
     onclick: () => { ui.freeQueued = true; model.send({ action: "free" }); ctx.rerender(); },
   }, ui.freeQueued && busy ? "Free: queued, runs when the cell finishes" : "Free IPython's references");
@@ -300,7 +302,29 @@ function tensorsView(ctx) {
 }
 
 // -- fallbacks ------------------------------------------------------------------------------------
-function opRow(r, ui, ctx) {
+// a reason is a sentence, then where the fact comes from, after the model's marker (report.model.SOURCE)
+function splitReason(ctx, reason) {
+  const marker = ctx.data.header && ctx.data.header.reason_source;
+  return marker && reason.includes(marker) ? reason.split(marker, 2) : [reason, ""];
+}
+
+// rows grouped by their reason, in the order the reasons first come: many ops share one reason, said once
+function byReason(ctx, rows) {
+  const groups = new Map();
+  for (const r of rows) {
+    if (!groups.has(r.reason)) groups.set(r.reason, []);
+    groups.get(r.reason).push(r);
+  }
+  return [...groups].map(([reason, mine]) => {
+    const [why, source] = splitReason(ctx, reason);
+    return h("div", { class: "nl-reason-group", "data-testid": "nl-reason-group" },
+      h("div", { class: "nl-reason", "data-testid": "nl-reason" }, why,
+        source ? h("span", { class: "nl-muted", "data-testid": "nl-reason-source" }, ` (source: ${source})`) : null),
+      mine.map((r) => opRow(r, ctx.ui)));
+  });
+}
+
+function opRow(r, ui) {
   const key = r.kind + ":" + r.op + ":" + (r.ranks || 0);  // a collective has a row per group size
   const sites = r.sites.map(({ site: s, count }) => h("tr", { "data-testid": "nl-site" },
     h("td", {}, s.cell !== null && s.cell !== undefined ? cellLabel(s.cell) : siteLabel(s)),
@@ -309,17 +333,13 @@ function opRow(r, ui, ctx) {
   if (r.unattributed) sites.push(h("tr", {}, h("td", { colspan: 4, class: "nl-muted" },
     `${fmtInt(r.unattributed)} calls without a user line`)));
   const shapes = r.shapes.map((s) => "(" + s.join(", ") + ")").join(" ");
-  // a reason is a sentence, then where the fact comes from, after the model's marker (report.model.SOURCE)
-  const marker = ctx.data.header && ctx.data.header.reason_source;
-  const [why, source] = marker && r.reason.includes(marker) ? r.reason.split(marker, 2) : [r.reason, ""];
   const d = h("details", {
     class: "nl-op", "data-testid": "nl-fallback-row", "data-op": r.op,
     ontoggle: (e) => { if (e.target.open) ui.open.add(key); else ui.open.delete(key); },
   },
     h("summary", {}, h("code", {}, r.op), h("span", { class: "nl-num" }, ` ${fmtInt(r.count)}×`),
-      h("span", {}, ` ${fmtSec(r.host_ns / 1e9)}`), h("span", { class: "nl-muted" }, ` ${why}`),
+      h("span", {}, ` ${fmtSec(r.host_ns / 1e9)}`),
       h("span", { class: "nl-muted" }, ` · first ${shapes} ${r.dtypes.join(" ")}`)),
-    source ? h("div", { class: "nl-muted", "data-testid": "nl-reason-source" }, `source: ${source}`) : null,
     table(["cell", "line", "source", "calls"], sites));
   if (ui.open.has(key)) d.open = true;
   return d;
@@ -342,7 +362,7 @@ function fallbacksView(ctx) {
   const shown = sections(data, rows).map(([kind, mine]) => h("div", { class: "nl-section", "data-kind": kind },
     h("div", { class: "nl-subtitle" },
       `${kindTitle(data, kind)}: ${mine.length} ops, ${fmtInt(mine.reduce((a, r) => a + r.count, 0))} calls`),
-    mine.map((r) => opRow(r, ui, ctx))));
+    byReason(ctx, mine)));
   const title = (hd.titles || {}).fallbacks || "";
   return h("div", {},
     h("div", { class: "nl-numbers" },
@@ -377,7 +397,8 @@ function compilesView(ctx) {
     for (const x of k.recompiles) details.push(h("div", { class: "nl-recompile" }, `recompile of ${x.code}`,
       x.site ? h("code", {}, " " + siteLabel(x.site)) : null, ": " + x.reason));
     for (const x of k.failures) details.push(h("div", { class: "nl-up" }, "failed: " + x));
-    for (const x of r.checks) details.push(h("pre", { class: "nl-pre" }, x));
+    for (const x of r.checks) details.push(h("div", { class: "nl-check", "data-testid": "nl-check",
+      title: "the full result is in the cell's report" }, x));
     const total = k.compile_s + r.run_s || 1;
     return h("tr", {}, h("td", {}, `In[${r.cell}]`), h("td", {}, r.mode), h("td", { class: "nl-num" }, k.graphs),
       h("td", { class: "nl-num" }, k.breaks.length), h("td", { class: "nl-num" }, k.recompiles.length),
@@ -406,6 +427,36 @@ function stripView(ctx) {
     compiling(live));
 }
 
+// -- whether the kernel behind the view is still there ------------------------------------------------------
+// "live"; "gone": the notebook has no kernel (shut down, dead); "restarted": the widget manager marks the model's
+// comm dead (comm_live) when the kernel restarts, and a model drawn from a saved notebook's state has none;
+// "export": no comm and a manager with no kernel at all (an HTML export's). Only "live" moves.
+function connection(model, backing) {
+  const wm = model.widget_manager;
+  const kernelled = !!wm && "kernel" in wm;
+  if (kernelled && (!wm.kernel || wm.kernel.isDisposed || wm.kernel.status === "dead")) return "gone";
+  if (!backing || backing.comm_live) return "live";
+  return kernelled ? "restarted" : "export";
+}
+
+// The widget model behind anywidget's proxy, which does not pass comm_live on: the manager's model with our uid.
+async function backingModel(model, uid) {
+  for (const promise of Object.values((model.widget_manager || {})._models || {})) {
+    const m = await promise;
+    if (m.get("uid") === uid) return m;
+  }
+  return null;
+}
+
+// what a view that cannot move says instead of a live status
+function notLive(state, views, data) {
+  const again = `run %neuron ${views.length > 1 ? "dashboard" : views[0]} again`;
+  const stamp = (data.as_of || {}).stamp; // snapshot.as_of words it
+  if (state === "export") return stamp;
+  const why = state === "gone" ? "the kernel is gone" : "kernel restarted";
+  return `disconnected — ${why}; ${again}. Below: the ${stamp}`;
+}
+
 const RENDER = { memory: memoryView, tensors: tensorsView, fallbacks: fallbacksView, compiles: compilesView, strip: stripView };
 
 function render({ model, el }) {
@@ -418,17 +469,26 @@ function render({ model, el }) {
   let lastBusy = false;
 
   let charts = []; // the uPlot instances drawn last, destroyed before the next draw
+  let backing = null; // found after the first draw (backingModel)
+  let state = connection(model, backing);
 
   function rerender() {
     const views = model.get("views");
     const data = model.get("data") || {};
     const follow = model.get("follow") !== false;
-    const live = follow ? model.get("live") || {} : { ...(model.get("live") || {}), busy: false };
+    const moving = follow && state === "live";
+    const live = moving ? model.get("live") || {} : { ...(model.get("live") || {}), busy: false };
     if (!ui.tab || !views.includes(ui.tab)) ui.tab = views[0];
     for (const c of charts) c.destroy();
     charts = [];
-    const ctx = { model, data, live, ui, uid, running, rerender, charts, follow, width: root.clientWidth || 640 };
+    const ctx = { model, data, live, ui, uid, running, rerender, charts, follow, connected: state === "live",
+      width: root.clientWidth || 640 };
     const kids = [];
+    root.classList.toggle("nl-disconnected", state !== "live");
+    if (state !== "live") {
+      kids.push(h("div", { class: "nl-stale-note", "data-testid": "nl-disconnected", "data-state": state },
+        notLive(state, views, data)));
+    }
     if (!follow) {
       kids.push(h("div", { class: "nl-muted nl-scope", "data-testid": "nl-scope" },
         `as of the end of ${cellLabel((data.as_of || {}).cell)}: this view keeps its cell's state `
@@ -440,9 +500,10 @@ function render({ model, el }) {
         onclick: () => { ui.tab = v; rerender(); },
       }, ((data.header && data.header.titles) || {})[v] || v)),
       h("span", { class: "nl-status", "data-testid": "nl-status" },
-        live.busy ? `${cellLabel(live.cell)} running · ${fmtBytes(live.allocated || 0)} · `
-          + `${fmtInt(live.fallback_calls)} ${offDeviceCall(data, live.fallback_calls)}`
-          : `idle · ${fmtBytes(live.allocated || 0)}`)));
+        state !== "live" ? (state === "export" ? "snapshot" : "disconnected")
+          : live.busy ? `${cellLabel(live.cell)} running · ${fmtBytes(live.allocated || 0)} · `
+            + `${fmtInt(live.fallback_calls)} ${offDeviceCall(data, live.fallback_calls)}`
+            : `idle · ${fmtBytes(live.allocated || 0)}`)));
     }
     kids.push(h("div", { class: "nl-body", "data-view": ui.tab }, (RENDER[ui.tab] || (() => "?"))(ctx)));
     root.replaceChildren(...kids);
@@ -459,8 +520,18 @@ function render({ model, el }) {
   model.on("change:data", onData);
   model.on("change:live", onLive);
   model.on("change:views", rerender);
+  // a restart marks the comm dead (comm_live_update); a kernel shut down says nothing to the model: look each second
+  const recheck = () => {
+    const now = connection(model, backing);
+    if (now !== state) { state = now; rerender(); }
+  };
+  model.on("comm_live_update", recheck);
+  const poll = setInterval(recheck, 1000);
   rerender();
+  backingModel(model, uid).then((m) => { backing = m; recheck(); }, () => {});
   return () => {
+    clearInterval(poll);
+    model.off("comm_live_update", recheck);
     model.off("change:data", onData);
     model.off("change:live", onLive);
     model.off("change:views", rerender);

@@ -4,6 +4,10 @@ The kernel sends data (``data``, rebuilt after each cell; a snapshot's only unti
 counters (``live``, a few times a second while a cell runs); ``panel.js`` draws them and keeps the UI state
 (tab, sort, filter, expanded rows, the chart's zoom) in the browser, because browser-to-kernel messages wait
 while a cell is busy. The one kernel action, "free", therefore runs between cells, and the button says so.
+
+Next to the widget, its display carries a static snapshot (text and HTML) for whatever cannot run the widget: an
+nbconvert export, an untrusted notebook. A view that follows the session is displayed with a display id, and the
+end of each cell updates that display, so the snapshot (and the saved notebook) is its last state.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Panel(anywidget.AnyWidget):
         self.hub = hub
         self.sync_lock = threading.Lock()  # the refresh thread and the main thread both send
         self.freed: str | None = None
+        self.handles: list[Any] = []  # the DisplayHandles of its displays, updated by ``update_displays``
         self.on_msg(self._on_frontend_msg)
 
     # -- kernel -> browser --------------------------------------------------------------------
@@ -63,10 +68,37 @@ class Panel(anywidget.AnyWidget):
     def _repr_mimebundle_(self, **kwargs: Any):
         bundle = super()._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
-        if data is not None:  # a frontend without widgets shows these instead
-            data["text/plain"] = static.render_text(self.data, self.live, self.views)
-            data["text/html"] = static.render_html(self.data, self.live, self.views)
+        if data is not None:  # a frontend without widgets shows these instead, stamped as a snapshot
+            data["text/plain"] = static.render_text(self.data, self.live, self.views, stamped=True)
+            data["text/html"] = static.render_html(self.data, self.live, self.views, stamped=True)
         return bundle
+
+    def _ipython_display_(self) -> None:
+        if not self.follow:  # a snapshot is a plain value (its Out[N]), its text the state of the cell it is made in
+            raise NotImplementedError  # IPython's cue to format it the usual way (_repr_mimebundle_)
+        self.display()
+
+    def display(self) -> Any:
+        """Display the view with a display id (also what showing a following view as a cell's value does); the
+        handle it returns is kept, so :meth:`update_displays` can bring the snapshot beside the widget up to date."""
+        from IPython.display import display
+
+        handle = display(self._bundle(), raw=True, display_id=True)
+        if handle is not None:  # None outside an IPython shell, where display prints
+            self.handles.append(handle)
+        return handle
+
+    def update_displays(self) -> None:
+        """Put the current state into every display of the view (``update_display_data``)."""
+        if self.handles:
+            bundle = self._bundle()
+            for handle in self.handles:
+                handle.update(bundle, raw=True)
+
+    def _bundle(self) -> dict[str, Any]:
+        """The display data alone (``_repr_mimebundle_`` may pair it with metadata)."""
+        bundle = self._repr_mimebundle_()
+        return bundle[0] if isinstance(bundle, tuple) else bundle
 
     def close(self) -> None:
         """Stop updating this view and drop its model."""

@@ -19,6 +19,7 @@ from neuron_lab import backend as _backend
 from neuron_lab import kinds
 from neuron_lab.backend import coverage
 from neuron_lab.report.aggregate import merge_rows
+from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.report.model import SOURCE, Report, as_data
 from neuron_lab.units import format_capacity
 
@@ -43,8 +44,12 @@ def header(session: Any) -> dict[str, Any]:
 
 
 def as_of(session: Any) -> dict[str, Any]:
-    """Whose state the data is: the newest cell run (the running one, or the last) and when, on the timeline."""
-    return {"cell": session.locator.newest_cell(), "t": round(session.timeline.now(), 3)}
+    """Whose state the data is: the newest cell run (the running one, or the last), when, on the timeline, and
+    ``stamp``, the words a copy of it says where it cannot move (a static snapshot, a view whose kernel is gone)."""
+    cell = session.locator.newest_cell()
+    label = f"In[{cell or '?'}]"  # no cell yet: a view opened from a script
+    when = f"while {label} ran" if session.running is not None else f"at the end of {label}"
+    return {"cell": cell, "t": round(session.timeline.now(), 3), "stamp": f"snapshot {when}, not live"}
 
 
 def live(session: Any) -> dict[str, Any]:
@@ -126,8 +131,9 @@ def fallbacks(session: Any) -> dict[str, Any]:
 
 
 def compiles(session: Any) -> dict[str, Any]:
-    """Each kept cell that compiled or made a check: its ``compiles``, and its checks as their text."""
-    rows = [{**as_data(r, "cell", "mode", "run_s", "compiles"), "checks": [str(x) for x in r.checks]}
+    """Each kept cell that compiled or made a check: its ``compiles``, and its checks in one line each (the full
+    result is the cell's report), so the tab lists compile events, not check dumps."""
+    rows = [{**as_data(r, "cell", "mode", "run_s", "compiles"), "checks": [check_summary_line(x) for x in r.checks]}
             for r in _newest(session) if r.compiles or r.checks]
     return {"rows": rows, "totals": as_data(session.totals)}
 

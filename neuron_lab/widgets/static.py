@@ -9,6 +9,7 @@ into the report model and draws them with the report's renderers: op rows with t
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Callable
 from html import escape
@@ -112,8 +113,9 @@ def _svg(points: list, cells: list, marks: list, peak: int, width: int = 560, he
     def y(b: float) -> float:
         return top + ph - b / scale / y_top * ph
 
-    out = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-           'aria-label="device memory allocated over the session" style="font:10px sans-serif">']
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="device memory allocated over the session" '
+           'style="font:10px sans-serif">']
     right_edge = -1.0
     for c in cells:
         x0, x1 = x(c["start_s"]), x(c["end_s"])
@@ -149,6 +151,15 @@ def _svg(points: list, cells: list, marks: list, peak: int, width: int = 560, he
     return "".join(out)
 
 
+def _chart(svg: str) -> str:
+    """The SVG as an image: sanitised HTML (JupyterLab's for an untrusted notebook) drops ``<svg>`` but keeps its
+    text, mashed into one line; an ``<img>`` of it is kept, or reads as its ``alt``."""
+    if not svg:
+        return ""
+    src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+    return f'<img src="{src}" alt="chart: device memory allocated over the session" style="max-width:100%">'
+
+
 def _memory_text(data: dict, live: dict) -> str:
     m = data["memory"]
     lines = [f"memory: peak {format_size(live.get('peak', 0))} · timeline {_spark(m['points'])}"]
@@ -167,7 +178,7 @@ def _memory_html(data: dict, live: dict) -> str:
              format_size(mem.peak)] for cell, mem in _memories(data)]
     peak = max([live.get("peak", 0), *(mem.peak for _, mem in _memories(data))])
     note = f'<div style="color:#666">{escape(m["sampling"])}</div>' if m.get("sampling") else ""
-    return (_svg(m["points"], m["cells"], m.get("marks", []), peak) + note
+    return (_chart(_svg(m["points"], m["cells"], m.get("marks", []), peak)) + note
             + table(["cell", "before", "after", "delta", "peak"], rows))
 
 
@@ -217,7 +228,7 @@ def _compiles_text(data: dict, live: dict) -> str:
         lines += [f"    break at {_site_text(b['site'])}: {b['reason']}" for b in rc["breaks"]]
         lines += [f"    recompile of {x['code']} ({_site_text(x['site'])}): {x['reason']}" for x in rc["recompiles"]]
         lines += [f"    compile failed: {x}" for x in rc["failures"]]
-        lines += [f"    {x.splitlines()[0]}" for x in r["checks"] if x]
+        lines += [f"    {x}" for x in r["checks"]]
     return "\n".join(lines)
 
 
@@ -239,13 +250,24 @@ def _shown(data: dict, views: list[str]) -> list[str]:
     return [v for v in views if v in RENDERERS and v in data]
 
 
-def render_text(data: dict, live: dict, views: list[str]) -> str:
-    return "\n".join([_strip_line(data, live), *(RENDERERS[v][0](data, live) for v in _shown(data, views))])
+def stamp(data: dict) -> str:
+    """What stands in for a live view where the widget cannot run (an nbconvert export, an untrusted notebook)
+    says it is a snapshot, and of when (:func:`~neuron_lab.widgets.snapshot.as_of`)."""
+    return data["as_of"]["stamp"]
 
 
-def render_html(data: dict, live: dict, views: list[str]) -> str:
+def render_text(data: dict, live: dict, views: list[str], *, stamped: bool = False) -> str:
+    """The views as text; ``stamped``: a last line says it is a snapshot (:func:`stamp`)."""
+    return "\n".join([_strip_line(data, live), *(RENDERERS[v][0](data, live) for v in _shown(data, views)),
+                      *([stamp(data)] if stamped else [])])
+
+
+def render_html(data: dict, live: dict, views: list[str], *, stamped: bool = False) -> str:
+    """The views as one self-contained HTML fragment; ``stamped``: it starts by saying it is a snapshot."""
+    head = (f"<div data-testid='nl-snapshot-stamp' style='color:#777;font-style:italic'>{escape(stamp(data))}"
+            "</div>" if stamped else "")
     strip = f"<div style='font-family:monospace;font-size:12px'>{escape(_strip_line(data, live))}</div>"
-    return ("<div class='neuron-lab-static'>" + strip
+    return ("<div class='neuron-lab-static'>" + head + strip
             + "".join(f"<div>{RENDERERS[v][1](data, live)}</div>" for v in _shown(data, views)) + "</div>")
 
 
