@@ -23,7 +23,7 @@ from typing import Any
 
 from neuron_lab import backend, settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.session import shells
+from neuron_lab.session import rank_group, shells
 from neuron_lab.session.session import Session, banner
 from neuron_lab.trace.tracker import Renaming
 
@@ -154,6 +154,7 @@ def join_ranks(shell: Any, timeout_s: float) -> dict[str, Any]:
     import torch_neuronx  # noqa: F401  (the `neuron` process-group backend, as on a Trn instance)
 
     dist.init_process_group(backend="neuron", timeout=timedelta(seconds=timeout_s))
+    rank_group.keep()  # a cell's own init_process_group/destroy_process_group meet this group
     session = shells.session_of(shell)
     session.config.auto_report = False  # the notebook shows all ranks in one report instead
     session.set_device(torch.device("neuron", torch.neuron.current_device()))
@@ -175,8 +176,9 @@ def ready(shell: Any) -> None:
 
 
 def leave_ranks(shell: Any) -> None:
-    """The rank leaves its process group (``%neuron ranks stop``)."""
+    """The rank leaves its process group (``%neuron ranks stop``), torch's own functions back first."""
     import torch.distributed as dist
 
+    rank_group.release()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -35,9 +36,10 @@ from typing import Any
 
 import psutil
 
-from neuron_lab.report.model import Report
+from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport
 from neuron_lab.session import launch
+from neuron_lab.session.rank_output import HeldOutput, ranks_label
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
@@ -48,6 +50,7 @@ POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+_CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
 STOP_WAIT_S = 5.0  # a process asked to terminate at stop gets this long before it is killed
 
 
@@ -65,8 +68,13 @@ class RanksFailed(Exception):
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows these lines instead of a traceback (each rank's own traceback was streamed already)."""
+        alike: dict[str, list[int]] = {}  # a problem, and the ranks that had it: said once
+        for r in self.report.failed:
+            alike.setdefault(r.problem or "", []).append(r.rank)
         return [f"{type(self).__name__}: {count(len(self.report.failed), 'rank')} of {len(self.report.ranks)} "
-                f"failed in {self.report.title}", *(f"  rank {r.rank}: {r.problem}" for r in self.report.failed)]
+                f"failed in {self.report.title}",
+                *(f"  {'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}: {problem}"
+                  for problem, ranks in alike.items())]
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
@@ -125,6 +133,7 @@ class Ranks(ShownAsText):
         self.store: launch.AgentStore | None = store  # the ranks' rendezvous, until they stop
         self._profile_dir = profile_dir
         self._stopped = False
+        self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
@@ -227,10 +236,10 @@ class Ranks(ShownAsText):
                 if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
                     self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
                 running[e.rank] = e.last = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
+        if cell is not None:
+            self._line_offsets[cell] = line_offset
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        streams = [ar.stream_output() for ar in running.values()]
-        for s in streams:
-            s.__enter__()
+        output = HeldOutput(running).__enter__()
         try:
             self._wait(running, results, deadline, timeout_s, title)
         except KeyboardInterrupt:
@@ -240,8 +249,8 @@ class Ranks(ShownAsText):
             for rank, ar in running.items():
                 if ar.ready() and not self.engines[rank].died:  # a dead engine's output is as complete as it gets
                     ar.wait_for_output(FETCH_TIMEOUT_S)
-            for s in reversed(streams):
-                s.__exit__(None, None, None)
+            output.__exit__()
+            output.show()
         for rank in running:
             if rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
@@ -329,8 +338,23 @@ class Ranks(ShownAsText):
             return RankResult(e.rank, error="no report: neuron_lab did not track the cell", where=e.where)
         report = Report.from_dict(json.loads(data))  # the notebook's copy, titled and named as the notebook's cell
         own = report.cell
-        report.map_sites(lambda s: s if s.cell is None or s.cell != own  # one name on every rank: they merge
-                         else replace(s, filename=title, cell=cell, line=s.line + line_offset))
+
+        def notebook_line(c: int | None, line: int) -> tuple[int | None, int]:
+            """An engine cell's line as the notebook's: this cell's, or an earlier ``%%neuron ranks`` cell's."""
+            if c == own:
+                return cell, line + line_offset
+            return c, line + self._line_offsets.get(c, 0)
+
+        def site(s: Site) -> Site:  # one name on every rank (not the engine's own file), so the ranks' rows merge
+            if s.cell is None:
+                return s
+            c, line = notebook_line(s.cell, s.line)
+            return replace(s, filename=title if s.cell == own else f"In[{c}]", cell=c, line=line)
+
+        def frame(f: str) -> str:
+            return _CELL_FRAME.sub(lambda m: "In[{}] line {}".format(*notebook_line(int(m[1]), int(m[2]))), f)
+
+        report.map_sites(site, frame)
         return RankResult(e.rank, replace(report, title=title), where=e.where)
 
     # -- stop ---------------------------------------------------------------------------------------------------
