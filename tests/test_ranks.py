@@ -10,10 +10,14 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import procs
 import psutil
 import pytest
 from IPython.core.error import UsageError
@@ -407,3 +411,38 @@ def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
     assert f"--- ranks ---\n{USAGE}\n\n" \
            "`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, neuron:RANK each)" in doc
+
+
+NOTEBOOK = """
+import json, os
+from IPython.core.interactiveshell import InteractiveShell
+sh = InteractiveShell.instance()
+sh.run_line_magic("load_ext", "neuron_lab")
+sh.run_line_magic("neuron", "ranks start 2 --timeout 60")
+from neuron_lab.extension import session_of
+r = session_of(sh).ranks
+print(json.dumps([r.cluster.controller.pid, *(e.pid for e in r.engines)]), flush=True)
+input()
+"""
+
+
+def test_ranks_whose_notebook_is_killed_end_with_it(tmp_path: Path) -> None:
+    """A kernel killed without a stop (no atexit runs): its engines and their controller do not outlive it."""
+    proc = subprocess.Popen([sys.executable, "-c", NOTEBOOK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "IPYTHONDIR": str(tmp_path)})
+    started: list[psutil.Process] = []
+    try:
+        out, line = procs.Lines(proc.stdout), ""
+        while not line.startswith("["):  # after the start's progress lines
+            line = out.next(120, "the notebook's ranks to start and print their pids")
+            assert line, "the notebook ended before its ranks started"
+        pids = json.loads(line)
+        started = [psutil.Process(pid) for pid in pids]
+        started += [c for p in started for c in p.children(recursive=True)]  # nannies, schedulers
+        proc.kill()
+        proc.wait(30)
+        _, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, f"still running 15 s after their notebook was killed: {[p.pid for p in alive]}"
+    finally:
+        proc.kill()
+        _kill({p.pid for p in started})

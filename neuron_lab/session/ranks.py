@@ -156,7 +156,7 @@ class Ranks(ShownAsText):
             progress(f"neuron_lab: starting {count(n, 'ipyparallel engine')} (ranks 0..{n - 1})…")
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()
-            client.wait_for_engines(n, timeout=timeout_s)
+            client.wait_for_engines(n, timeout=timeout_s, interactive=False)  # our lines say how far it got
             store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
             port = store.port
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
@@ -166,7 +166,8 @@ class Ranks(ShownAsText):
             pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
             for i in range(n):
                 client[i].execute(_set_env_code(envs[i]), silent=True, block=False)
-            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s) for i in range(n)}
+            ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
+            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
             engines: list[Engine] = []
             for i, ar in pending.items():
                 info = _wait_setup(ar, i, pids[i], started + timeout_s)
@@ -441,12 +442,18 @@ def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]
 
 
 def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
-    """Stop the cluster and make sure its engines and controller are gone (killed if they do not go), then drop
-    its files."""
-    launched = [getattr(cluster.controller, "pid", -1)] if cluster.controller is not None else []
-    launched += [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
-    pids = [pid for pid in launched if pid > 0]
-    procs = _tree(pids)  # the engines' nannies and the controller's schedulers too
+    """End the engines, stop the cluster and make sure its controller is gone (killed if it does not go), then drop
+    its files.
+
+    The engines are killed, not asked: they ran every cell to its end (or are being given up), their ranks left the
+    group, and their namespaces go with them either way; an asked engine takes ipykernel's own shutdown (2-5 s, then
+    ipyparallel kills it), and its nanny waits 3 s more to tell a controller that is gone already."""
+    engines = [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
+    ended = _tree([pid for pid in engines if pid > 0])  # each engine and its nanny
+    _signal(ended, psutil.Process.kill)
+    psutil.wait_procs(ended, timeout=FETCH_TIMEOUT_S)
+    controller = [getattr(cluster.controller, "pid", -1)] if cluster.controller is not None else []
+    procs = _tree([pid for pid in controller if pid > 0])  # the controller's schedulers too
     if client is not None:
         client.close()
     try:
@@ -454,13 +461,17 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     except Exception:
         pass  # an engine already gone; its pid is checked below
     for signal_them, wait_s in ((psutil.Process.terminate, STOP_WAIT_S), (psutil.Process.kill, FETCH_TIMEOUT_S)):
-        for p in procs:  # what the cluster's stop left: an engine's nanny waits for a heartbeat that never comes
-            try:
-                signal_them(p)
-            except psutil.NoSuchProcess:
-                pass
+        _signal(procs, signal_them)  # what the cluster's stop left
         _gone, procs = psutil.wait_procs(procs, timeout=wait_s)
     shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def _signal(procs: list[psutil.Process], signal_them: Callable[[psutil.Process], None]) -> None:
+    for p in procs:
+        try:
+            signal_them(p)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _running(pid: int) -> bool:
