@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
+from neuron_lab.report.ranks import ranks_label
 from neuron_lab.session import rank_group
-from neuron_lab.session.rank_output import collapse, ranks_label
+from neuron_lab.session.rank_output import collapse
 
 
 @pytest.mark.parametrize(("ranks", "label"), [([1], "1"), ([0, 1], "0-1"), ([3, 0, 1, 2], "0-3"), ([0, 2], "0,2"),

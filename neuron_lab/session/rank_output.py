@@ -12,25 +12,15 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
 from typing import Any
+
+from neuron_lab.report.ranks import ranks_label
 
 _OWN_PROCESS = [  # (what differs between ranks in a line that says the same thing on each, what it becomes)
     (re.compile(r"ipykernel_\d+"), "ipykernel_*"),  # ipykernel names a cell's file after the process
     (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ \d+ "), r"[\1 "),  # c10's log prefix: date, time, thread
     (re.compile(r"\[Gloo\] Rank \d+ is connected to"), "[Gloo] Rank * is connected to"),
 ]
-
-
-def ranks_label(ranks: Iterable[int]) -> str:
-    """``0-3``, ``0,2``, ``0-1,4``: ranks as runs of consecutive numbers."""
-    runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def collapse(texts: dict[int, list[str]], one: str, many: str) -> list[str]:

@@ -37,9 +37,9 @@ from typing import Any
 import psutil
 
 from neuron_lab.report.model import Report, Site
-from neuron_lab.report.ranks import RankResult, RanksReport
+from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
 from neuron_lab.session import launch
-from neuron_lab.session.rank_output import HeldOutput, ranks_label
+from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
