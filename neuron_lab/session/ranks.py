@@ -4,10 +4,12 @@ Engine ``i`` is rank ``i``. Each engine gets torchrun's variables (``RANK``, ``L
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) before anything in it imports torch, so the emulator
 installs with ``neuron:{rank}`` as its device; then it loads neuron_lab as a notebook does, imports
 ``torch_neuronx`` and joins ``init_process_group(backend="neuron")``. A cell runs on every engine through
-``view.execute``, the machinery of ``%%px``, with each rank's output prefixed as ``%%px`` prefixes it; each engine's
-own session makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`. What runs on
-an engine besides the cell is the in-kernel agent (``neuron_lab.agent``), called there by name: nothing of
-neuron_lab's code is shipped to it.
+``view.execute``, the machinery of ``%%px``, with each rank's stdout prefixed as ``%%px`` prefixes it, and its stderr
+and traceback shown once for the ranks that printed the same (``session.rank_output``); each engine's own session
+makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`. What runs on an engine
+besides the cell is the in-kernel agent (``neuron_lab.agent``), called there by name: nothing of neuron_lab's code
+is shipped to it. There a cell's own ``init_process_group``/``destroy_process_group`` meet the group the ranks are
+in (``session.rank_group``).
 
 ``%%neuron ranks --profile`` runs the cell on each engine as a ``%%neuron profile`` cell, so each rank's own session
 profiles it and puts the profile on its report, as in a one-rank notebook; the notebook merges the ranks' timelines
@@ -360,8 +362,8 @@ class Ranks(ShownAsText):
 
     # -- stop ---------------------------------------------------------------------------------------------------
     def stop(self) -> list[int]:
-        """Leave the process group on each live rank, stop the cluster and wait until every engine is gone;
-        the pids that were running. Harmless twice."""
+        """Leave the process group on each live rank, end the engines, stop the cluster and wait until every
+        process of it is gone; the pids that were running. Harmless twice."""
         if self._stopped:
             return []
         self._stopped = True
