@@ -1,12 +1,13 @@
-"""What starting a 4-rank notebook cluster costs: ``%neuron ranks start 4`` against the floor any such cluster pays.
+"""What starting and stopping a notebook cluster of ranks costs: ``%neuron ranks start N`` / ``stop`` against a bare
+ipyparallel cluster of N engines (``Cluster(n=N).start_and_connect_sync()`` / ``stop_cluster_sync()``).
 
-The floor is a bare ipyparallel cluster of 4 local engines, each importing torch (what ``%%px`` users start
-by hand before their first distributed cell). ``%neuron ranks start 4`` adds, per engine, the rank's variables,
-loading neuron_lab, ``import torch_neuronx`` and ``init_process_group(backend="neuron")``. The two alternate,
-round by round, in one IPython shell; the figure is the median of the per-round ratios (absolute seconds differ
-between machines; ratios measured in one run do not), with the median seconds for scale.
+The floor is a bare ipyparallel cluster of N local engines, each importing torch (what ``%%px`` users start by hand
+before their first distributed cell). ``%neuron ranks start N`` adds, per engine, the rank's variables, loading
+neuron_lab, ``import torch_neuronx`` and ``init_process_group(backend="neuron")``. The two alternate, round by
+round, in one IPython shell; the figures are the median of the per-round ratios (absolute seconds differ between
+machines; ratios measured in one run do not), with the median seconds for scale.
 
-    .venv/bin/python bench/ranks_start.py [--rounds 3] [--ranks 4]
+    .venv/bin/python bench/ranks_start.py [--rounds 3] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -19,33 +20,36 @@ import ipyparallel
 from IPython.testing.globalipapp import start_ipython
 
 
-def bare(n: int) -> float:
-    """Seconds to a cluster of ``n`` engines that have imported torch; the cluster is stopped afterwards."""
+def bare(n: int) -> tuple[float, float]:
+    """Seconds to start a cluster of ``n`` engines that have imported torch, and to stop it."""
     start = time.perf_counter()
     cluster = ipyparallel.Cluster(n=n, log_level=40)
     client = cluster.start_and_connect_sync(activate=False)
     try:
         client.wait_for_engines(n, timeout=300)
         client[:].execute("import torch", block=True)
-        return time.perf_counter() - start
+        started = time.perf_counter() - start
     finally:
+        stopping = time.perf_counter()
         client.close()
         cluster.stop_cluster_sync()
+    return started, time.perf_counter() - stopping
 
 
-def ranks(shell, n: int) -> float:  # noqa: ANN001  (IPython's shell)
-    """Seconds for ``%neuron ranks start n``; the ranks are stopped afterwards."""
+def ranks(shell, n: int) -> tuple[float, float]:  # noqa: ANN001  (IPython's shell)
+    """Seconds for ``%neuron ranks start n`` and for ``%neuron ranks stop``."""
     start = time.perf_counter()
     shell.run_line_magic("neuron", f"ranks start {n}")
-    took = time.perf_counter() - start
+    started = time.perf_counter() - start
+    stopping = time.perf_counter()
     shell.run_line_magic("neuron", "ranks stop")
-    return took
+    return started, time.perf_counter() - stopping
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--ranks", type=int, default=2)
     args = ap.parse_args()
     shell = start_ipython()
     shell.run_line_magic("load_ext", "neuron_lab")
@@ -53,11 +57,13 @@ def main() -> None:
     for _ in range(args.rounds):
         floor.append(bare(args.ranks))
         ours.append(ranks(shell, args.ranks))
-    ratio = statistics.median(o / f for o, f in zip(ours, floor, strict=True))
-    print(f"starting {args.ranks} ranks, median of {args.rounds} rounds")
-    print("| start | seconds | ratio to the floor |\n|---|---|---|")
-    print(f"| bare ipyparallel, {args.ranks} engines importing torch | {statistics.median(floor):.1f} s | 1.00x |")
-    print(f"| `%neuron ranks start {args.ranks}` | {statistics.median(ours):.1f} s | {ratio:.2f}x |")
+    print(f"{args.ranks} ranks, median of {args.rounds} interleaved rounds")
+    print("| | start | ratio | stop | ratio |\n|---|---|---|---|---|")
+    print(f"| bare ipyparallel, {args.ranks} engines importing torch | {statistics.median(f[0] for f in floor):.1f} s "
+          f"| 1.00x | {statistics.median(f[1] for f in floor):.1f} s | 1.00x |")
+    ratios = [statistics.median(o[i] / f[i] for o, f in zip(ours, floor, strict=True)) for i in (0, 1)]
+    print(f"| `%neuron ranks start {args.ranks}` / `stop` | {statistics.median(o[0] for o in ours):.1f} s | "
+          f"{ratios[0]:.2f}x | {statistics.median(o[1] for o in ours):.1f} s | {ratios[1]:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -17,17 +17,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from neuron_lab import backend, settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.session import shells
+from neuron_lab.session import rank_group, shells
 from neuron_lab.session.session import Session, banner
 from neuron_lab.trace.tracker import Renaming
 
 MIME = "application/vnd.neuron-lab.run.v1+json"
+NOTEBOOK_POLL_S = 1.0  # how often an engine checks that the notebook that started it is still there
 TORCH_FIRST = "_nl_torch_first"  # set by the engine's first code (session.ranks): torch was imported before it ran
 
 
@@ -144,21 +147,45 @@ def _info(said: str) -> dict[str, Any]:
 
 
 # -- %neuron ranks -----------------------------------------------------------------------------------------------------
-def join_ranks(shell: Any, timeout_s: float) -> dict[str, Any]:
+def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
+               controller_pid: int | None = None) -> dict[str, Any]:
     """An engine becomes its rank, once its variables are set: neuron_lab loaded as in a notebook, the process group
-    joined, its device the notebook device; its reports kept for :func:`cell_report` instead of shown."""
+    joined, its device the notebook device; its reports kept for :func:`cell_report` instead of shown. It ends, and
+    ends the controller, when the notebook's process is gone without stopping it (killed, or died)."""
     torch_first = shell.user_ns.pop(TORCH_FIRST, True)
+    if notebook_pid is not None:
+        threading.Thread(target=_end_with, args=(notebook_pid, controller_pid), daemon=True,
+                         name="neuron_lab: end with the notebook").start()
     shell.run_line_magic("load_ext", "neuron_lab")
     import torch
     import torch.distributed as dist
     import torch_neuronx  # noqa: F401  (the `neuron` process-group backend, as on a Trn instance)
 
     dist.init_process_group(backend="neuron", timeout=timedelta(seconds=timeout_s))
+    rank_group.keep()  # a cell's own init_process_group/destroy_process_group meet this group
     session = shells.session_of(shell)
     session.config.auto_report = False  # the notebook shows all ranks in one report instead
     session.set_device(torch.device("neuron", torch.neuron.current_device()))
     Collector.attach(session, text=False)
     return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
+
+
+def _end_with(notebook_pid: int, controller_pid: int | None) -> None:
+    """Once the notebook's process is gone, the controller and this engine go too (a stop would have ended them)."""
+    import psutil
+
+    try:
+        notebook = psutil.Process(notebook_pid)
+        while notebook.is_running() and notebook.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(NOTEBOOK_POLL_S)
+    except psutil.NoSuchProcess:
+        pass
+    if controller_pid is not None:
+        try:
+            psutil.Process(controller_pid).terminate()
+        except psutil.NoSuchProcess:
+            pass
+    os._exit(0)
 
 
 def cell_report(shell: Any, cell: int) -> str | None:
@@ -175,8 +202,9 @@ def ready(shell: Any) -> None:
 
 
 def leave_ranks(shell: Any) -> None:
-    """The rank leaves its process group (``%neuron ranks stop``)."""
+    """The rank leaves its process group (``%neuron ranks stop``), torch's own functions back first."""
     import torch.distributed as dist
 
+    rank_group.release()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -10,10 +10,14 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import procs
 import psutil
 import pytest
 from IPython.core.error import UsageError
@@ -162,6 +166,50 @@ def test_a_cell_on_all_ranks_reports_each_rank_and_all_together(ranks_shell) -> 
     assert f"        at In[{res.execution_count}] line 6: dist.all_reduce(x)  (2×)" in text.splitlines()  # both ranks
     status = str(sh.run_line_magic("neuron", "ranks")).splitlines()  # after a cell: both still up, not busy
     assert [line.split()[-1] for line in status[1:]] == ["up", "up"]
+
+
+def test_a_torchrun_scripts_init_and_destroy_are_skipped_in_one_line_and_the_group_stays(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, cap = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+                       "dist.init_process_group(backend='neuron')\nx = torch.ones(4, device=device)\n"
+                       "dist.all_reduce(x)\ndist.destroy_process_group()\n")
+    assert cap.stderr.splitlines() == [  # once for the cell, not once per rank; no traceback
+        "[ranks 0-1] neuron_lab: the process group already exists (started by %neuron ranks): this call was skipped",
+        "[ranks 0-1] neuron_lab: the process group stays (started by %neuron ranks; `%neuron ranks stop` ends it): "
+        "destroy_process_group() was skipped"]
+    assert [r.collectives()[0] for r in res.result.ranks] == [1, 1]
+    res, cap = run(sh, "%%neuron ranks --timeout 60\ndist.all_reduce(x)\nprint(x[0].item())\n")  # still the group
+    assert "[stdout:0] \n4.0\n" in cap.stdout and "[stdout:1] \n4.0\n" in cap.stdout  # 2 + 2: both still in it
+
+
+def test_a_second_default_group_fails_the_cell_in_one_line_for_all_ranks(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    res, cap = run(sh, "%%neuron ranks\nimport torch.distributed as dist\ndist.init_process_group(backend='gloo')\n",
+                   ok=False)
+    said = ("ProcessGroupExists: the process group already exists (started by %neuron ranks: backend neuron, world "
+            "size 2), not backend 'gloo'; dist.new_group() makes another group on these ranks")
+    assert cap.stderr.splitlines() == ["[ranks 0-1:execute]", said]
+    assert res.error_in_exec._render_traceback_() == [f"RanksFailed: 2 ranks of 2 failed in In[{res.execution_count}]",
+                                                      f"  ranks 0-1: {said}"]
+
+
+def test_stderr_alike_on_all_ranks_is_shown_once_and_a_ranks_own_with_its_rank(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    _, cap = run(sh, "%%neuron ranks\nimport sys, warnings, torch.distributed as dist\n"
+                     "warnings.warn('loss is nan')\nprint('only rank', dist.get_rank(), file=sys.stderr)\n")
+    lines = cap.stderr.splitlines()
+    [warning] = [line for line in lines if "UserWarning" in line]  # each rank's cell file is its own: still alike
+    assert re.fullmatch(r"\[ranks 0-1\] /.*ipykernel_\d+/\d+\.py:\d+: UserWarning: loss is nan", warning), lines
+    assert "[stderr:0] only rank 0" in lines and "[stderr:1] only rank 1" in lines
+    assert "[ranks 0-1]   warnings.warn('loss is nan')" in lines
+
+
+def test_a_helper_from_an_earlier_cell_is_one_row_for_all_ranks_at_the_notebooks_line(ranks_shell) -> None:
+    sh, _ = ranks_shell
+    first, _ = run(sh, "%%neuron ranks\nimport torch\ndef slow(x):\n    return torch.atan2(x, x)\n")
+    res, _ = run(sh, "%%neuron ranks\nx = torch.ones(4, device=device)\ny = slow(x)\n")
+    sites = [line.strip() for line in str(res.result).splitlines() if line.strip().startswith("at ")]
+    assert sites == [f"at In[{first.execution_count}] line 4: return torch.atan2(x, x)  (2×)"]
 
 
 def test_a_profiled_cell_shows_one_timeline_with_the_lanes_of_each_rank_and_exports_one_trace(
@@ -363,3 +411,38 @@ def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
     assert f"--- ranks ---\n{USAGE}\n\n" \
            "`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, neuron:RANK each)" in doc
+
+
+NOTEBOOK = """
+import json, os
+from IPython.core.interactiveshell import InteractiveShell
+sh = InteractiveShell.instance()
+sh.run_line_magic("load_ext", "neuron_lab")
+sh.run_line_magic("neuron", "ranks start 2 --timeout 60")
+from neuron_lab.extension import session_of
+r = session_of(sh).ranks
+print(json.dumps([r.cluster.controller.pid, *(e.pid for e in r.engines)]), flush=True)
+input()
+"""
+
+
+def test_ranks_whose_notebook_is_killed_end_with_it(tmp_path: Path) -> None:
+    """A kernel killed without a stop (no atexit runs): its engines and their controller do not outlive it."""
+    proc = subprocess.Popen([sys.executable, "-c", NOTEBOOK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "IPYTHONDIR": str(tmp_path)})
+    started: list[psutil.Process] = []
+    try:
+        out, line = procs.Lines(proc.stdout), ""
+        while not line.startswith("["):  # after the start's progress lines
+            line = out.next(120, "the notebook's ranks to start and print their pids")
+            assert line, "the notebook ended before its ranks started"
+        pids = json.loads(line)
+        started = [psutil.Process(pid) for pid in pids]
+        started += [c for p in started for c in p.children(recursive=True)]  # nannies, schedulers
+        proc.kill()
+        proc.wait(30)
+        _, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, f"still running 15 s after their notebook was killed: {[p.pid for p in alive]}"
+    finally:
+        proc.kill()
+        _kill({p.pid for p in started})

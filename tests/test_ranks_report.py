@@ -52,3 +52,12 @@ def test_html_and_json_carry_the_same_facts() -> None:
     back = RanksReport.from_dict(data)
     assert str(back) == str(rr)
     assert [r.report.ops_not_native[0].nbytes if r.report else None for r in back.ranks] == [4096, 4096, None]
+
+
+def test_a_site_the_ranks_called_unequally_names_how_often_each_called_it() -> None:
+    text = str(_three_ranks()).splitlines()  # rank 2 died: it reported nothing, and is not counted as 0
+    assert "        at In[7] line 2: y = x.atan2(x) · rank 1: 2×, rank 0: 0×  (2×)" in text
+    assert "        at In[7] line 3: dist.all_reduce(x)  (8×)" in text  # alike on every rank: no note
+    four = RanksReport("In[7]", [RankResult(r, _rank(r, 0.5, MiB, fallbacks=3 if r == 2 else 1)) for r in range(4)])
+    assert "        at In[7] line 2: y = x.atan2(x) · rank 2: 3×, ranks 0-1,3: 1×  (6×)" in str(four).splitlines()
+    assert "rank 2: 3×, ranks 0-1,3: 1×" in four._repr_html_()  # every renderer shows it

@@ -15,10 +15,13 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import nbformat
+import psutil
 import pytest
 from conftest import core, neuron_lab_run
 
@@ -26,6 +29,7 @@ from neuron_lab.runner import main, options
 from neuron_lab.session import launch
 
 RUN_TIMEOUT = 240  # seconds for one whole `neuron-lab run --nproc`
+MARKER = "NEURON_LAB_TEST_RUN"  # set in a run's environment: its processes can be found after it exited
 COMPILED = core() == "compiled"  # the pure-Python core has one device: every rank is on neuron:0 there
 
 
@@ -171,10 +175,31 @@ RAISES = """
 """
 
 
-def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stopped(tmp_path):
+def left_running(marker: str, deadline_s: float) -> list[str]:
+    """The processes that still carry ``marker`` in their environment (the run's kernels inherit it) once
+    ``deadline_s`` has passed, or as soon as there are none."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        left = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if p.environ().get(MARKER) == marker and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"pid {p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stopped(tmp_path, monkeypatch):
     path = script(tmp_path, "bad.py", RAISES)
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)  # neuron-lab run and every process it starts inherit it
     code, text = run(tmp_path, path.name, "--nproc", "2", "--json", "run.json")
     assert code == options.EXIT_CELL_ERROR, text
+    left = left_running(marker, deadline_s=10)
+    assert not left, f"still running 10 s after neuron-lab run exited: {left}"
     stopped = "stopped: rank 1 failed (error in bad.py:5); a collective here would wait for it forever"
     assert re.search(r"^\[2/3\] bad\.py:5 error on rank 1, stopped on rank 0 \S+ \S+ · 2 ranks · .* · "
                      r"2 ranks failed \(0, 1\)$", text, re.M), text
@@ -190,6 +215,22 @@ def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stop
     assert [rec["status"] for rec in doc["cells"][1]["records"]] == ["stopped", "error"]
     assert [rec["status"] for rec in doc["cells"][2]["records"]] == ["not run", "not run"]
     assert doc["cells"][1]["ranks"]["ranks"][1]["report"]["error"] == "ValueError: rank 1 has a bad shard"
+
+
+def test_a_notebook_whose_ranks_cell_fails_exits_with_it_and_leaves_no_engine_or_controller(tmp_path, monkeypatch):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext neuron_lab", "%neuron ranks start 2 --timeout 60",
+        "%%neuron ranks --timeout 60\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n"
+        "    raise ValueError('bad shard')\n", "print('never')")]
+    nbformat.write(nb, tmp_path / "ranks.ipynb")
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)  # the kernel, and the engines and controller it starts, inherit it
+    code, text = run(tmp_path, "ranks.ipynb")
+    assert code == options.EXIT_CELL_ERROR, text
+    assert "\n    RanksFailed: 1 rank of 2 failed in In[3]\n      rank 1: ValueError: bad shard\n" in text, text
+    left = left_running(marker, deadline_s=10)
+    assert not left, f"still running 10 s after neuron-lab run exited: {left}"
 
 
 DIES = """

@@ -8,11 +8,13 @@ each rank's profile on its report and adds the ranks' timelines merged into one,
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from neuron_lab.kinds import COLLECTIVE, UNSUPPORTED
-from neuron_lab.report.model import ProfiledTimeline, Report
+from neuron_lab.report.aggregate import merge_rows
+from neuron_lab.report.model import OpRow, ProfiledTimeline, Report, Site
 from neuron_lab.units import ShownAsText
 
 
@@ -80,10 +82,23 @@ class RanksReport(ShownAsText):
         return next((r for r in self.ranks if r.report is not None and r.report.profiled is not None), None)
 
     def merged(self) -> Report:
-        """The rows of every rank's report in one: counts, bytes and times summed over the ranks."""
-        from neuron_lab.report.aggregate import merge_rows
-
-        return Report(f"{len(self.reports)} ranks", None, "", "", "", ops_not_native=merge_rows(self.reports))
+        """The rows of every rank's report in one, a row per op and a line per call site for all ranks, counts summed;
+        a site the ranks did not all call equally says which ranks called it how often (``· rank 1: 2×, rank 0:
+        1×``), so the rank that differs stands out."""
+        reporting = [r for r in self.ranks if r.report is not None]
+        merged = merge_rows(r.report for r in reporting)
+        calls: dict[tuple, dict[int, int]] = {}  # (op, kind, group size, site): rank -> calls
+        for r in reporting:
+            for row in r.report.ops_not_native:
+                for sc in row.sites:
+                    per_rank = calls.setdefault(_site_key(row, sc.site), {})
+                    per_rank[r.rank] = per_rank.get(r.rank, 0) + sc.count
+        for row in merged:
+            for sc in row.sites:
+                note = _ranks_note(calls[_site_key(row, sc.site)], [r.rank for r in reporting])
+                if note:
+                    sc.site = replace(sc.site, source=f"{sc.site.source} · {note}")
+        return Report(f"{len(reporting)} ranks", None, "", "", "", ops_not_native=merged)
 
     def as_dict(self) -> dict[str, Any]:
         return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
@@ -107,3 +122,30 @@ class RanksReport(ShownAsText):
         from neuron_lab.report.html import render_ranks_html
 
         return render_ranks_html(self)
+
+
+def ranks_label(ranks: Iterable[int]) -> str:
+    """``0-3``, ``0,2``, ``0-1,4``: ranks as runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def _site_key(row: OpRow, site: Site) -> tuple[Any, ...]:
+    """A call site of a row, as :func:`~neuron_lab.report.aggregate.merge_rows` tells rows and sites apart."""
+    return row.op, row.kind, row.ranks, site.filename, site.line, site.cell
+
+
+def _ranks_note(per_rank: dict[int, int], ranks: list[int]) -> str:
+    """"" when every rank made as many calls at the site; else each count with its ranks, the most calls first."""
+    by_count: dict[int, list[int]] = {}
+    for rank in ranks:
+        by_count.setdefault(per_rank.get(rank, 0), []).append(rank)
+    if len(by_count) == 1:
+        return ""
+    return ", ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {ranks_label(rs)}: {n:,}×"
+                     for n, rs in sorted(by_count.items(), reverse=True))

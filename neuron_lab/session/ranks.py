@@ -4,10 +4,12 @@ Engine ``i`` is rank ``i``. Each engine gets torchrun's variables (``RANK``, ``L
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) before anything in it imports torch, so the emulator
 installs with ``neuron:{rank}`` as its device; then it loads neuron_lab as a notebook does, imports
 ``torch_neuronx`` and joins ``init_process_group(backend="neuron")``. A cell runs on every engine through
-``view.execute``, the machinery of ``%%px``, with each rank's output prefixed as ``%%px`` prefixes it; each engine's
-own session makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`. What runs on
-an engine besides the cell is the in-kernel agent (``neuron_lab.agent``), called there by name: nothing of
-neuron_lab's code is shipped to it.
+``view.execute``, the machinery of ``%%px``, with each rank's stdout prefixed as ``%%px`` prefixes it, and its stderr
+and traceback shown once for the ranks that printed the same (``session.rank_output``); each engine's own session
+makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`. What runs on an engine
+besides the cell is the in-kernel agent (``neuron_lab.agent``), called there by name: nothing of neuron_lab's code
+is shipped to it. There a cell's own ``init_process_group``/``destroy_process_group`` meet the group the ranks are
+in (``session.rank_group``).
 
 ``%%neuron ranks --profile`` runs the cell on each engine as a ``%%neuron profile`` cell, so each rank's own session
 profiles it and puts the profile on its report, as in a one-rank notebook; the notebook merges the ranks' timelines
@@ -23,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -35,9 +38,10 @@ from typing import Any
 
 import psutil
 
-from neuron_lab.report.model import Report
-from neuron_lab.report.ranks import RankResult, RanksReport
+from neuron_lab.report.model import Report, Site
+from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
 from neuron_lab.session import launch
+from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
@@ -48,6 +52,7 @@ POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+_CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
 STOP_WAIT_S = 5.0  # a process asked to terminate at stop gets this long before it is killed
 
 
@@ -65,8 +70,13 @@ class RanksFailed(Exception):
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows these lines instead of a traceback (each rank's own traceback was streamed already)."""
+        alike: dict[str, list[int]] = {}  # a problem, and the ranks that had it: said once
+        for r in self.report.failed:
+            alike.setdefault(r.problem or "", []).append(r.rank)
         return [f"{type(self).__name__}: {count(len(self.report.failed), 'rank')} of {len(self.report.ranks)} "
-                f"failed in {self.report.title}", *(f"  rank {r.rank}: {r.problem}" for r in self.report.failed)]
+                f"failed in {self.report.title}",
+                *(f"  {'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}: {problem}"
+                  for problem, ranks in alike.items())]
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
@@ -125,6 +135,7 @@ class Ranks(ShownAsText):
         self.store: launch.AgentStore | None = store  # the ranks' rendezvous, until they stop
         self._profile_dir = profile_dir
         self._stopped = False
+        self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
@@ -147,7 +158,7 @@ class Ranks(ShownAsText):
             progress(f"neuron_lab: starting {count(n, 'ipyparallel engine')} (ranks 0..{n - 1})…")
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()
-            client.wait_for_engines(n, timeout=timeout_s)
+            client.wait_for_engines(n, timeout=timeout_s, interactive=False)  # our lines say how far it got
             store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
             port = store.port
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
@@ -157,7 +168,8 @@ class Ranks(ShownAsText):
             pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
             for i in range(n):
                 client[i].execute(_set_env_code(envs[i]), silent=True, block=False)
-            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s) for i in range(n)}
+            ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
+            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
             engines: list[Engine] = []
             for i, ar in pending.items():
                 info = _wait_setup(ar, i, pids[i], started + timeout_s)
@@ -227,10 +239,10 @@ class Ranks(ShownAsText):
                 if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
                     self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
                 running[e.rank] = e.last = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
+        if cell is not None:
+            self._line_offsets[cell] = line_offset
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        streams = [ar.stream_output() for ar in running.values()]
-        for s in streams:
-            s.__enter__()
+        output = HeldOutput(running).__enter__()
         try:
             self._wait(running, results, deadline, timeout_s, title)
         except KeyboardInterrupt:
@@ -240,8 +252,8 @@ class Ranks(ShownAsText):
             for rank, ar in running.items():
                 if ar.ready() and not self.engines[rank].died:  # a dead engine's output is as complete as it gets
                     ar.wait_for_output(FETCH_TIMEOUT_S)
-            for s in reversed(streams):
-                s.__exit__(None, None, None)
+            output.__exit__()
+            output.show()
         for rank in running:
             if rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
@@ -329,14 +341,29 @@ class Ranks(ShownAsText):
             return RankResult(e.rank, error="no report: neuron_lab did not track the cell", where=e.where)
         report = Report.from_dict(json.loads(data))  # the notebook's copy, titled and named as the notebook's cell
         own = report.cell
-        report.map_sites(lambda s: s if s.cell is None or s.cell != own  # one name on every rank: they merge
-                         else replace(s, filename=title, cell=cell, line=s.line + line_offset))
+
+        def notebook_line(c: int | None, line: int) -> tuple[int | None, int]:
+            """An engine cell's line as the notebook's: this cell's, or an earlier ``%%neuron ranks`` cell's."""
+            if c == own:
+                return cell, line + line_offset
+            return c, line + self._line_offsets.get(c, 0)
+
+        def site(s: Site) -> Site:  # one name on every rank (not the engine's own file), so the ranks' rows merge
+            if s.cell is None:
+                return s
+            c, line = notebook_line(s.cell, s.line)
+            return replace(s, filename=title if s.cell == own else f"In[{c}]", cell=c, line=line)
+
+        def frame(f: str) -> str:
+            return _CELL_FRAME.sub(lambda m: "In[{}] line {}".format(*notebook_line(int(m[1]), int(m[2]))), f)
+
+        report.map_sites(site, frame)
         return RankResult(e.rank, replace(report, title=title), where=e.where)
 
     # -- stop ---------------------------------------------------------------------------------------------------
     def stop(self) -> list[int]:
-        """Leave the process group on each live rank, stop the cluster and wait until every engine is gone;
-        the pids that were running. Harmless twice."""
+        """Leave the process group on each live rank, end the engines, stop the cluster and wait until every
+        process of it is gone; the pids that were running. Harmless twice."""
         if self._stopped:
             return []
         self._stopped = True
@@ -417,12 +444,18 @@ def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]
 
 
 def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
-    """Stop the cluster and make sure its engines and controller are gone (killed if they do not go), then drop
-    its files."""
-    launched = [getattr(cluster.controller, "pid", -1)] if cluster.controller is not None else []
-    launched += [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
-    pids = [pid for pid in launched if pid > 0]
-    procs = _tree(pids)  # the engines' nannies and the controller's schedulers too
+    """End the engines, stop the cluster and make sure its controller is gone (killed if it does not go), then drop
+    its files.
+
+    The engines are killed, not asked: they ran every cell to its end (or are being given up), their ranks left the
+    group, and their namespaces go with them either way; an asked engine takes ipykernel's own shutdown (2-5 s, then
+    ipyparallel kills it), and its nanny waits 3 s more to tell a controller that is gone already."""
+    engines = [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
+    ended = _tree([pid for pid in engines if pid > 0])  # each engine and its nanny
+    _signal(ended, psutil.Process.kill)
+    psutil.wait_procs(ended, timeout=FETCH_TIMEOUT_S)
+    controller = [getattr(cluster.controller, "pid", -1)] if cluster.controller is not None else []
+    procs = _tree([pid for pid in controller if pid > 0])  # the controller's schedulers too
     if client is not None:
         client.close()
     try:
@@ -430,13 +463,17 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     except Exception:
         pass  # an engine already gone; its pid is checked below
     for signal_them, wait_s in ((psutil.Process.terminate, STOP_WAIT_S), (psutil.Process.kill, FETCH_TIMEOUT_S)):
-        for p in procs:  # what the cluster's stop left: an engine's nanny waits for a heartbeat that never comes
-            try:
-                signal_them(p)
-            except psutil.NoSuchProcess:
-                pass
+        _signal(procs, signal_them)  # what the cluster's stop left
         _gone, procs = psutil.wait_procs(procs, timeout=wait_s)
     shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def _signal(procs: list[psutil.Process], signal_them: Callable[[psutil.Process], None]) -> None:
+    for p in procs:
+        try:
+            signal_them(p)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _running(pid: int) -> bool:
