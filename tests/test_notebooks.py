@@ -401,9 +401,15 @@ def check_language_model(r: Ran) -> None:
     (error,) = [o for o in r.cell("oom").outputs if o.output_type == "error"]
     assert error.ename == "OutOfMemoryError"
     assert "neuron_lab" not in ANSI.sub("", "\n".join(error.traceback))
+    answer = _shown(r, "oom", "out of memory: asked 96.00 MiB, ")  # the short answer, above the traceback
+    kinds = [o.output_type for o in r.cell("oom").outputs]
+    assert kinds.index("display_data") < kinds.index("error"), kinds
+    assert "Module._wrapped_call_impl" not in ANSI.sub("", "\n".join(error.traceback))
+    # the biggest holder: attention's projections, named by the module and the user's line they ran under
+    assert any("activation in model.blocks.0.attn at In[" in x and "[32, 4096, 192] float32" in x for x in answer)
+    assert "<locals>.args" not in "\n".join(answer), answer
     oom = r.report("oom")
-    assert any(x.startswith("out of memory: ") and x.endswith(" held when the error unwound, by:") for x in oom)
-    assert any("[32, 4096, 192] float32" in x for x in oom), oom  # the biggest holder: attention's projections
+    assert answer == oom[oom.index(answer[0]):oom.index(answer[0]) + len(answer)]  # the report keeps the answer
     assert any(x.startswith("freed after the error: ") for x in oom)
     before = re.search(r"^memory: (\S+) MiB → ", "\n".join(oom), re.M)[1]
     after = re.fullmatch(r"allocated after the OOM: (\S+) MiB\n", r.stdout("after-oom"))[1]

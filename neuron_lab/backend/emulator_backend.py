@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 from neuron_lab.backend import coverage
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.interface import DeviceSpec, LiveAllocation, NeuronBackend, device_index
+from neuron_lab.units import parse_size
 
 
 class EmulatorBackend(NeuronBackend):
@@ -40,6 +42,11 @@ class EmulatorBackend(NeuronBackend):
     def timing_note(self) -> str:
         """Every op runs on this machine's CPU, so a time says nothing of a NeuronCore's speed."""
         return "emulator: host CPU timings"
+
+    def oom_asked(self, error: BaseException) -> int | None:
+        """The emulator's allocators (both cores) say "tried to allocate 96.00 MiB": the size to two decimals."""
+        m = re.search(r"out of memory \(emulated\): tried to allocate ([\d.]+ \w+);", str(error))
+        return parse_size(m[1]) if m else None
 
     @property
     def core(self) -> str:

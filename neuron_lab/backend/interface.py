@@ -7,6 +7,7 @@ never as an error.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,13 @@ class NeuronBackend(ABC):
     def memory_reading(self, device: DeviceSpec = None, synchronize: bool = True) -> MemoryReading:
         """The one way the workbench reads device memory: ``device``'s counters (see :meth:`memory_stats`)."""
         return MemoryReading.parse(self.memory_stats(synchronize, device))
+
+    def oom_asked(self, error: BaseException) -> int | None:
+        """Bytes the allocation that raised ``error`` asked for, as the device's error says it; None where it does not.
+        TorchNeuron's allocator says "NRT allocation failed for size N (OOM)" (csrc/core/allocator/
+        NeuronCachingAllocator.cpp:82-88)."""
+        m = re.search(r"NRT allocation failed for size (\d+) \(OOM\)", str(error))
+        return int(m[1]) if m else None
 
     def memory_allocated(self, device: DeviceSpec = None) -> int:
         return self.memory_reading(device).allocated

@@ -26,7 +26,7 @@ from neuron_lab.report.checks_rows import (
     timing_table,
     verdict,
 )
-from neuron_lab.report.model import Check, GraphBreak, OpRow, Profiled, Recompile, Report
+from neuron_lab.report.model import Check, GraphBreak, OpRow, OutOfMemory, Profiled, Recompile, Report
 from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
 from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
@@ -135,9 +135,11 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
 
 def oom_html(r: Report) -> str:
     """What held the device when the window ran out of its memory (the same facts as the text's lines)."""
-    o = r.oom
-    if o is None:
-        return ""
+    return "" if r.oom is None else oom_block(r.oom)
+
+
+def oom_block(o: OutOfMemory) -> str:
+    """The out-of-memory answer as HTML: the text's facts, the holders as a table."""
     held = held_table(o)
     rows = escaped(held.rows)
     if o.more:

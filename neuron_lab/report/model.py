@@ -104,13 +104,27 @@ class HeldTensor:
 
 
 @dataclass
-class OutOfMemory:
-    """What held the device when the window ended with its out-of-memory error, and what was given back after."""
+class OutOfMemory(ShownAsText):
+    """What held the device when the window ended with its out-of-memory error, and what was given back after.
+
+    Shown on its own above the error's traceback (the short answer first), and again in the window's report."""
 
     allocated: int  # device bytes allocated once the error unwound
     tensors: list[HeldTensor] = field(default_factory=list)  # the biggest first
     more: int = 0  # bytes of the storages not listed
     freed: int = 0  # bytes the failing frames held, freed once the report was built (0 when they were kept)
+    asked: int | None = None  # bytes the failed allocation asked for, where the device's error says it
+    free: int | None = None  # bytes the device had free then (capacity less reserved), where its capacity is known
+
+    def __str__(self) -> str:
+        from neuron_lab.report.text import oom_text
+
+        return "\n".join(oom_text(self))
+
+    def _repr_html_(self) -> str:
+        from neuron_lab.report.html import oom_block
+
+        return oom_block(self)
 
 
 @dataclass(frozen=True)
@@ -407,7 +421,7 @@ class Report(ShownAsText):
             oom = OutOfMemory(oom["allocated"], [HeldTensor(tuple(t["names"]), None if t["shape"] is None
                                                             else tuple(t["shape"]), t["dtype"], t["bytes"],
                                                             t["storages"], t["held_by"]) for t in oom["tensors"]],
-                              oom["more"], oom["freed"])
+                              oom["more"], oom["freed"], oom.get("asked"), oom.get("free"))
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
                    d["detail"], coverage=d.get("coverage", d.get("profile")), oom=oom,

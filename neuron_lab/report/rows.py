@@ -122,7 +122,10 @@ def compile_timing(r: Report) -> str:
 
 
 def oom_head(o: OutOfMemory) -> str:
-    return f"out of memory: {format_size(o.allocated)} held when the error unwound, by:"
+    """What was asked, what was free, what was held: the short answer's first line."""
+    asked = f"asked {format_size(o.asked)}, " if o.asked is not None else ""
+    free = f"{format_size(o.free)} free; " if o.free is not None else ""
+    return f"out of memory: {asked}{free}{format_size(o.allocated)} held when the error unwound, by:"
 
 
 def held_table(o: OutOfMemory) -> Table:

@@ -24,7 +24,7 @@ from neuron_lab.report.checks_rows import (
     timing_table,
     verdict,
 )
-from neuron_lab.report.model import Check, GraphBreak, OpRow, Profiled, ProfiledTimeline, Recompile, Report
+from neuron_lab.report.model import Check, GraphBreak, OpRow, OutOfMemory, Profiled, ProfiledTimeline, Recompile, Report
 from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
 from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
@@ -109,9 +109,11 @@ def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = Fal
 
 def oom_lines(r: Report) -> list[str]:
     """What held the device when the window ran out of its memory, biggest first, and what was freed after."""
-    o = r.oom
-    if o is None:
-        return []
+    return [] if r.oom is None else oom_text(r.oom)
+
+
+def oom_text(o: OutOfMemory) -> list[str]:
+    """The out-of-memory answer: asked, free, held, then the holders, biggest first, and what was freed after."""
     lines = [oom_head(o)]
     for t, (size, names, shape, _, held_by) in zip(o.tensors, held_table(o).rows):
         what = f"{t.storages} × " if t.storages > 1 else ""
