@@ -43,6 +43,16 @@ class EmulatorBackend(NeuronBackend):
         """Every op runs on this machine's CPU, so a time says nothing of a NeuronCore's speed."""
         return "emulator: host CPU timings"
 
+    @property
+    def device_clock(self) -> str:
+        """The emulator's kernels run on the host CPU: its device lanes are host time."""
+        return "host"
+
+    @property
+    def device_lanes(self) -> str:
+        return ("device lanes: the emulator's own, its kernels run and timed on the host CPU; on a Trn instance the "
+                "device profile is in Neuron Explorer")
+
     def oom_asked(self, error: BaseException) -> int | None:
         """The emulator's allocators (both cores) say "tried to allocate 96.00 MiB": the size to two decimals."""
         m = re.search(r"out of memory \(emulated\): tried to allocate ([\d.]+ \w+);", str(error))

@@ -296,6 +296,18 @@ class NeuronBackend(ABC):
         """Whether the device's work reaches torch.profiler as device events (lanes, per-op device time)."""
         return True
 
+    @property
+    def device_clock(self) -> str:
+        """Whose clock times the work on this backend's device lanes, in one word: "device", or "host" where the
+        device's kernels run on the host CPU (the emulator). A profile's device times carry the word."""
+        return "device"
+
+    @property
+    def device_lanes(self) -> str | None:
+        """What this backend's device lanes in torch.profiler are, in a line a profile shows under its head; None
+        where there is nothing to say."""
+        return None
+
     def profiler_config(self, output_dir: str) -> str | None:
         """The ``custom_profiler_config`` string to pass torch.profiler (through ``experimental_config``) so that
         the device writes its own profile files into ``output_dir``; None where it writes none (no folder is made)."""

@@ -275,6 +275,14 @@ class Profiled:
     device_timing: bool = True
     artefacts_dir: str | None = None  # the folder the device wrote its own profile files into
     artefacts: list[str] = field(default_factory=list)  # those files, relative to artefacts_dir, sorted
+    device_clock: str = "device"  # whose clock timed the device lanes: "host" where the backend runs them there
+    lanes_note: str | None = None  # what the device lanes are, in the backend's words
+
+    @property
+    def device_label(self) -> str:
+        """The words every renderer labels this profile's device times with: "device", or "device (host clock)"
+        where the backend's device kernels ran, and were timed, on the host."""
+        return "device" if self.device_clock == "device" else f"device ({self.device_clock} clock)"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profiled:
@@ -288,7 +296,8 @@ class Profiled:
         return cls(rows, [line(x) for x in d["lines"]], d["device_ns"], d["host_ns"], dict(d["lanes"]),
                    d["unattributed_ns"], d["trace_path"], d["row_limit"],
                    ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline(),
-                   d.get("device_timing", True), d.get("artefacts_dir"), list(d.get("artefacts", [])))
+                   d.get("device_timing", True), d.get("artefacts_dir"), list(d.get("artefacts", [])),
+                   d.get("device_clock", "device"), d.get("lanes_note"))
 
 
 class Check(Protocol):

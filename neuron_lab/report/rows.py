@@ -43,7 +43,7 @@ def summary_line(r: Report) -> str:
                      f"{count(len(c.recompiles), 'recompile')}")
     if r.profiled is not None:
         p = r.profiled
-        device = f"device {format_seconds(p.device_ns / 1e9)}, " if p.device_timing else ""
+        device = f"{p.device_label} {format_seconds(p.device_ns / 1e9)}, " if p.device_timing else ""
         parts.append(f"profiled: {device}host {format_seconds(p.host_ns / 1e9)}")
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
