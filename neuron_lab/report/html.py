@@ -95,7 +95,17 @@ def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -
     return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}",
              *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
              escape(shape_text(r)),
-             f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why), _site_cells(r, full)] for r in rows]
+             (f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why)) + _rewrite(r), _site_cells(r, full)]
+            for r in rows]
+
+
+def _rewrite(r: OpRow) -> str:
+    """The fallback's rewrite in native ops, folded: the hint, then the code to copy and its source."""
+    w = r.rewrite
+    if w is None:
+        return ""
+    return (f"<details><summary>rewrite: {escape(w.hint)}</summary><pre>{escape(w.code)}</pre>"
+            f"<small>source: {escape(w.source)}</small></details>")
 
 
 def op_table(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None,

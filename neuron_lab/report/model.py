@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import FrozenInstanceError, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Protocol
 
+from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
 from neuron_lab.units import ShownAsText
@@ -56,6 +57,7 @@ class OpRow:
     unattributed: int = 0  # calls with no user line (call sites off, or no user frame on the stack)
     nbytes: int = 0  # a collective's payload, all calls together
     ranks: int = 0  # a collective's group size: a collective has a row per group size
+    rewrite: Rewrite | None = None  # how to compute a fallback op from native ones, where the coverage allows one
 
     @property
     def why(self) -> str:
@@ -72,7 +74,8 @@ class OpRow:
         """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
         return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(tuple(s) for s in d["shapes"]),
                    tuple(d["dtypes"]), [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
-                                        for sc in d["sites"]], d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0))
+                                        for sc in d["sites"]], d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0),
+                   _rewrite(d.get("rewrite")))
 
 
 @dataclass
@@ -446,6 +449,10 @@ class Report(ShownAsText):
         from neuron_lab.report.html import render_html
 
         return render_html(self)
+
+
+def _rewrite(d: dict[str, Any] | None) -> Rewrite | None:
+    return None if d is None else Rewrite(**{**d, "uses": tuple(d["uses"])})
 
 
 def _site(d: dict[str, Any] | None) -> Site | None:

@@ -80,6 +80,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
         lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {shape_text(row)}{why}".rstrip())
         if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
+        lines += rewrite_lines(row, full)
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
             lines.append(f"      at {sc.site.label}: {sc.site.source}  ({sc.count:,}×)")
@@ -94,6 +95,17 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
     if len(rows) > len(shown):
         lines.append(f"  … {len(rows) - len(shown)} more ops (`%neuron report --full`)")
     return lines
+
+
+def rewrite_lines(row: OpRow, full: bool) -> list[str]:
+    """The fallback's rewrite in native ops: a hint, or (``full``) the code to copy and its source."""
+    w = row.rewrite
+    if w is None:
+        return []
+    if not full:
+        return [f"      rewrite: {w.hint} (`%neuron report --full` shows the code)"]
+    return [f"      rewrite: {w.hint}", *(f"        {x}".rstrip() for x in w.code.splitlines()),
+            f"        source: {w.source}"]
 
 
 def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = False) -> list[str]:

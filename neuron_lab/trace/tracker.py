@@ -20,7 +20,8 @@ from typing import Any
 import psutil
 
 from neuron_lab import backend as _backend
-from neuron_lab.kinds import REPORTED
+from neuron_lab.backend.coverage import rewrites
+from neuron_lab.kinds import OFF_DEVICE, REPORTED
 from neuron_lab.report.model import Memory, OpRow, OutOfMemory, Profiled, Report, Site
 from neuron_lab.trace.compiles import CompileTrace, with_account
 from neuron_lab.trace.ops import OpTrace
@@ -170,6 +171,9 @@ class Tracker:
         r.d2h_bytes = max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0)
         account = b.end_window()  # after the synchronize: what the device itself says about the window
         r.ops_not_native = reconcile(self._ops.rows(), account)
+        for row in r.ops_not_native:
+            if row.kind in OFF_DEVICE:
+                row.rewrite = rewrites.for_op(row.op, b.coverage)
         r.compiles = with_account(r.compiles, account)
         if error is not None:  # formatted last: str() of an exception may format tensors (device work)
             text = str(error).strip().split("\n")[0]
