@@ -485,3 +485,44 @@ def test_an_oom_in_a_model_answers_first_in_the_users_names_then_a_short_traceba
     tb = text[text.index("Traceback"):text.index("OutOfMemoryError: neuron:0")]
     assert "_call_impl" not in tb and "torch/nn" not in tb, tb  # nn.Module's plumbing and torch's frames cut
     assert tb.rstrip().splitlines()[-1] == "----> 8     return self.body(x)", tb
+
+
+_HANDLED_OOM_SCRIPT = """
+import json, torch
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+from neuron_lab.extension import session_of
+c = Config()
+c.HistoryAccessor.enabled = False
+sh = InteractiveShell.instance(config=c)
+out = []
+with capture_output():
+    sh.run_line_magic("load_ext", "neuron_lab")
+    sh.run_cell("import torch\\ndef big(n):\\n    return torch.ones(n, device='neuron')", store_history=True)
+    for cell in ("n = 1 << 20\\nfor _ in range(3):\\n    try:\\n        x = big(n)\\n        break\\n"
+                 "    except torch.OutOfMemoryError:\\n        n //= 4",  # 4 MiB, then 1 MiB: fits
+                 "del x\\ny = big(1 << 18)",  # no error at all
+                 "z = big(1 << 20)"):  # one that propagates: the cell's error, not a handled one
+        res = sh.run_cell(cell, store_history=True)
+        r = session_of(sh).history[res.execution_count]
+        out.append({"n": res.execution_count, "text": str(r).splitlines(), "html": r._repr_html_(),
+                    "handled": len(r.ooms_handled)})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("core_name", ["compiled", "python"])
+def test_a_handled_out_of_memory_error_leaves_its_line_in_the_cells_report(run_python, core_name: str) -> None:
+    """A retry loop that catches torch.OutOfMemoryError and shrinks the batch: the report says it happened, at the
+    cell's line, with what it asked for and what was free; both cores alike."""
+    if core_name == "compiled" and core() != "compiled":
+        pytest.skip("the compiled core is not built here")
+    retry, clean, failed = run_python(_HANDLED_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "1MiB",
+                                                            "NEURON_LAB_CORE": core_name})
+    line = f"1 out-of-memory error handled at In[{retry['n']}] line 4: asked 4.00 MiB, 1.00 MiB free"
+    assert line in retry["text"], retry["text"]
+    assert f"<div>{line}</div>" in retry["html"]
+    assert clean["handled"] == 0 and not any("handled" in x for x in clean["text"])
+    assert failed["handled"] == 0 and not any("handled" in x for x in failed["text"]), failed["text"]
+    assert any(x.startswith("out of memory: asked 4.00 MiB, ") for x in failed["text"])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 from neuron_lab.backend import coverage
+from neuron_lab.backend.emulator import oom_watch
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.interface import DeviceSpec, LiveAllocation, NeuronBackend, device_index
 from neuron_lab.units import parse_size
@@ -57,6 +59,10 @@ class EmulatorBackend(NeuronBackend):
         """The emulator's allocators (both cores) say "tried to allocate 96.00 MiB": the size to two decimals."""
         m = re.search(r"out of memory \(emulated\): tried to allocate ([\d.]+ \w+);", str(error))
         return parse_size(m[1]) if m else None
+
+    def watch_ooms(self, watcher: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Both cores' allocators raise one ``torch.OutOfMemoryError``: every one is heard (:mod:`oom_watch`)."""
+        return oom_watch.subscribe(watcher)
 
     @property
     def core(self) -> str:

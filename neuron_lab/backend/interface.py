@@ -121,6 +121,13 @@ class NeuronBackend(ABC):
         m = re.search(r"NRT allocation failed for size (\d+) \(OOM\)", str(error))
         return int(m[1]) if m else None
 
+    def watch_ooms(self, watcher: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Call ``watcher`` with each out-of-memory error the device raises, as it happens, caught or not (a retry
+        loop's too); returns the call that stops it. The default hears none: TorchNeuron's allocator raises a plain
+        ``RuntimeError`` (csrc/core/allocator/NeuronCachingAllocator.cpp:82-88) that nothing can watch, so there
+        only its ``num_ooms`` count, where its stats keep one, tells of a handled one."""
+        return lambda: None
+
     def memory_allocated(self, device: DeviceSpec = None) -> int:
         return self.memory_reading(device).allocated
 

@@ -35,6 +35,7 @@ from neuron_lab.report.rows import (
     Table,
     compile_counts,
     compile_timing,
+    handled_oom_lines,
     held_table,
     host_timed,
     memory_table,
@@ -198,7 +199,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
               for c in r.checks]
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
-    parts.append(oom_html(r))
+    parts.append(divs(handled_oom_lines(r)) + oom_html(r))
     return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
 
 

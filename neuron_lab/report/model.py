@@ -131,6 +131,16 @@ class OutOfMemory(ShownAsText):
 
 
 @dataclass(frozen=True)
+class HandledOom:
+    """Out-of-memory errors the window's code caught and went on from (a retry with a smaller batch), by line."""
+
+    site: Site | None  # the user's line the first one reached; None where the device does not say where
+    count: int
+    asked: int | None = None  # bytes the first one asked for, where the device's error says it
+    free: int | None = None  # bytes the device had free then, where its capacity is known
+
+
+@dataclass(frozen=True)
 class GraphBreak:
     reason: str  # in plain words ("Python `if` on a tensor's value ...")
     site: Site | None
@@ -340,6 +350,7 @@ class Report(ShownAsText):
     coverage: str | None = None  # the op coverage that classified the ops (None: the device reported them)
     checks: list[Check] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
     oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
+    ooms_handled: list[HandledOom] = field(default_factory=list)  # out-of-memory errors caught inside the window
     profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
     _final = False  # a class attribute, not a field: True on a report its tracker has stopped
 
@@ -389,7 +400,7 @@ class Report(ShownAsText):
     def touched_device(self) -> bool:
         return bool(self.ops or self.ops_not_native or self.compiles or self.h2d_bytes or self.d2h_bytes
                     or self.memory.delta or self.memory.peak > self.memory.before or self.profiled is not None
-                    or self.oom is not None)  # an allocation the device refused (TorchNeuron reports no op for it)
+                    or self.oom is not None or self.ooms_handled)  # allocations the device refused (no op for it)
 
     def map_sites(self, site: Callable[[Site], Site], frame: Callable[[str], str] | None = None) -> None:
         """Rewrite every user line the report names (op call sites, graph breaks, recompiles) with ``site``,
@@ -407,6 +418,7 @@ class Report(ShownAsText):
         if p is not None:
             for lt in [*p.lines, *(x for r in p.rows for x in r.sites)]:
                 lt.site = site(lt.site)
+        self.ooms_handled = [replace(h, site=fix(h.site)) for h in self.ooms_handled]
         c = self.compiles
         c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
         c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
@@ -437,7 +449,9 @@ class Report(ShownAsText):
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
                    d["detail"], coverage=d.get("coverage", d.get("profile")), oom=oom,
-                   profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None)
+                   profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None,
+                   ooms_handled=[HandledOom(_site(h["site"]), h["count"], h["asked"], h["free"])
+                                 for h in d.get("ooms_handled", [])])
 
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:

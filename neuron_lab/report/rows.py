@@ -128,6 +128,18 @@ def oom_head(o: OutOfMemory) -> str:
     return f"out of memory: {asked}{free}{format_size(o.allocated)} held when the error unwound, by:"
 
 
+def handled_oom_lines(r: Report) -> list[str]:
+    """Out-of-memory errors the window caught: how many, at which line, what the first asked for and found free."""
+    lines = []
+    for h in r.ooms_handled:
+        where = f" at {h.site.label}" if h.site is not None else " (the device does not say where)"
+        sizes = [f"asked {format_size(h.asked)}"] if h.asked is not None else []
+        sizes += [f"{format_size(h.free)} free"] if h.free is not None else []
+        lines.append(f"{count(h.count, 'out-of-memory error')} handled{where}" + (f": {', '.join(sizes)}"
+                                                                                  if sizes else ""))
+    return lines
+
+
 def held_table(o: OutOfMemory) -> Table:
     """What held the device, biggest first: bytes, names, the shape of one storage, storages, who held them."""
     return Table(["bytes", "names", "shape", "storages", "held by"],

@@ -33,6 +33,7 @@ from neuron_lab.report.rows import (
     Table,
     compile_counts,
     compile_timing,
+    handled_oom_lines,
     held_table,
     host_timed,
     memory_table,
@@ -176,7 +177,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
     lines += [render_check_text(c) if full else f"check: {check_summary_line(c)}" for c in r.checks]
     if r.error:
         lines.append(f"raised: {r.error}")
-    lines += oom_lines(r)
+    lines += handled_oom_lines(r) + oom_lines(r)
     return "\n".join(lines)
 
 
