@@ -243,7 +243,8 @@ def check_memory(r: Ran) -> None:
                                                        "(2048x1024 and 2048x512)")
     held = {line.split("IPython traceback    ")[1].split(",")[0]: line.split()[0]
             for line in r.value("check-tensors-tb").splitlines() if "IPython traceback    " in line}
-    assert held == {"evaluate.<locals>.h": "8.00", "evaluate.<locals>.x": "4.00"}, held
+    at = f"in evaluate at In[{r.n('check-traceback')}] line {r.line('check-traceback', 'return h @ x')}"
+    assert held == {f"h {at}": "8.00", f"x {at}": "4.00"}, held
     assert f"IPython output cache Out[{out}], __, _{out}" in r.value("check-tensors-tb")
 
     # %neuron free

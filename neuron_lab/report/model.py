@@ -98,7 +98,7 @@ class HeldTensor:
     """Device storages that one holder kept when the window ran out of device memory (views and the items of one
     list merged): what filled the device."""
 
-    names: tuple[str, ...]  # "parts[0…9]", "model.fc.weight", "grow.<locals>.parts[0…9]"
+    names: tuple[str, ...]  # "parts[…]", "model.fc.weight", "parts[…] in grow at In[5] line 4"
     shape: tuple[int, ...] | None  # of one storage
     dtype: str | None
     bytes: int  # all of them together

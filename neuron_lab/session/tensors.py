@@ -126,6 +126,7 @@ class _Scan:
         self.optimizers: list[tuple[str, torch.optim.Optimizer, str]] = []
         self.fallback_names = False  # walking frames that hide from tracebacks: name only what nothing else names
         self.module_names: dict[int, str] = {}  # id(module) -> its path from a namespace name ("model.blocks.0.attn")
+        self.where = ""  # walking a frame's locals: " in <function> at <line>", after each name
 
     def tensor(self, t: torch.Tensor, name: str, held_by: str, root: bool = True, context: str | None = None) -> None:
         if root and t.grad_fn is not None:
@@ -149,6 +150,7 @@ class _Scan:
         names = s.graph_names if held_by == AUTOGRAD else s.names
         if self.fallback_names and (s.names or s.graph_names):
             return
+        name += self.where if held_by != AUTOGRAD else ""
         if name not in names and (held_by != AUTOGRAD or len(names) < MAX_GRAPH_NAMES):
             names.append(name)
 
@@ -217,13 +219,15 @@ class _Scan:
         """Locals of the last traceback's function frames (the cell's own frame is the namespace); ``tracebacks``:
         these instead of the ones IPython and ``sys`` keep (an error being shown has none of them yet).
 
-        Library frames (torch's, neuron_lab's: the emulator's op dispatch, which also hides from IPython's
-        tracebacks) come last and only name storages that no frame of the user's holds. Their names are the user's:
-        the module running there and the user's line that called it ("activation in model.blocks.0.attn at In[3]
-        line 21"), never a library function's locals.
+        A local of the user's is named with its function and line ("h in Block.forward at In[3] line 21"). Library
+        frames (torch's, neuron_lab's: the emulator's op dispatch, which also hides from IPython's tracebacks) come
+        last and only name storages that no frame of the user's holds, in the user's terms: the module running there
+        and the user's line that called it ("activation in model.blocks.0.attn at In[3] line 21"), never a library
+        function's locals. What their autograd graphs saved is named the same way ("saved for backward by
+        MmBackward0 in ...").
         """
         seen: set[int] = set()
-        frames: list[tuple[Any, tuple[str, str] | None]] = []  # (frame, a library frame's (context, what))
+        frames: list[tuple[bool, Any, str, str]] = []  # (a library's, frame, its place in the user's terms, what)
         locator = CellLocator(shell)
         if tracebacks is None:
             tracebacks = [getattr(sys, "last_traceback", None),
@@ -243,17 +247,19 @@ class _Scan:
                     module = self.module_names[id(owner)]
                 if id(f) not in seen and f.f_code.co_flags & inspect.CO_OPTIMIZED:
                     seen.add(id(f))
-                    frames.append((f, (_context(module or f"{f.f_code.co_name}()", where),
-                                       "activation" if module else "temporary") if library else None))
+                    if library:
+                        frames.append((True, f, _context(module or f"{f.f_code.co_name}()", where),
+                                       "activation" if module else "temporary"))
+                    else:
+                        frames.append((False, f, _context(f.f_code.co_qualname, where), ""))
                 tb = tb.tb_next
-        for f, library in sorted(frames, key=lambda fl: fl[1] is not None):
-            self.fallback_names = library is not None
-            context, what = library or (None, "")
+        for library, f, context, what in sorted(frames, key=lambda frame: frame[0]):
+            self.fallback_names, self.where = library, f" in {context}"
             for n, v in list(f.f_locals.items()):
                 if isinstance(v, torch.nn.Module) and id(v) in self.module_names:
                     continue  # a module of the namespace's (a method's ``self``): its tensors have their names
-                name = f"{f.f_code.co_qualname}.<locals>.{n}" if context is None else f"{what} in {context}"
-                self.walk_safely(v, name, TRACEBACK, context)
+                self.walk_safely(v, what if library else n, TRACEBACK, context)
+        self.where = ""
         self.fallback_names = False
 
 
@@ -291,8 +297,8 @@ def _context(owner: str, where: str | None) -> str:
 
 
 def _saved_name(root: str, fn: Any, top: bool, attr: str, context: str | None) -> str:
-    """What one autograd node saved for backward: "y.grad_fn…MulBackward0._saved_self" from a tensor of the user's;
-    "saved for backward by MmBackward0 in model.blocks.0.attn at In[3] line 21" from a library frame's."""
+    """What one autograd node saved for backward: "y.grad_fn…MulBackward0._saved_self" from a tensor of the
+    namespace's; "saved for backward by MmBackward0 in model.blocks.0.attn at In[3] line 21" from a frame's."""
     if context is not None:
         return f"saved for backward by {type(fn).__name__} in {context}"
     return f"{root}.grad_fn.{attr}" if top else f"{root}.grad_fn…{type(fn).__name__}.{attr}"
