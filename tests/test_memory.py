@@ -468,11 +468,14 @@ print(json.dumps({"cells": [sh.execution_count - 2, sh.execution_count - 1], "te
 """
 
 
-def test_an_oom_in_a_model_answers_first_in_the_users_names_then_a_short_traceback(run_python) -> None:
+@pytest.mark.parametrize("core_name", ["compiled", "python"])
+def test_an_oom_in_a_model_answers_first_in_the_users_names_then_a_short_traceback(run_python, core_name) -> None:
     """The holders of a failed forward are the model's modules and the user's lines, never torch's locals
     (``Module._wrapped_call_impl.<locals>.args[0]``); the answer comes before the traceback, which skips
-    ``nn.Module``'s call plumbing and ends at the user's line."""
-    r = run_python(_MODEL_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "6MiB"})
+    ``nn.Module``'s call plumbing and ends at the user's line; both cores alike."""
+    if core_name == "compiled" and core() != "compiled":
+        pytest.skip("the compiled core is not built here")
+    r = run_python(_MODEL_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "6MiB", "NEURON_LAB_CORE": core_name})
     model_cell, cell = r["cells"]
     text, head = r["text"], r["head"]
     assert head.startswith("out of memory: asked 8.00 MiB, "), head
