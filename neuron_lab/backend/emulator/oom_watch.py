@@ -25,7 +25,10 @@ def _heard(self: BaseException, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
     if args and isinstance(args[0], str) and _OURS in args[0]:
         for watcher in list(_watchers):
-            watcher(self)
+            try:
+                watcher(self)
+            except Exception:  # noqa: BLE001  a watcher never turns the user's error into another one
+                pass
 
 
 def subscribe(watcher: Callable[[BaseException], None]) -> Callable[[], None]:
