@@ -223,8 +223,9 @@ register_config("auto_dashboard", bool, False, "Show a compact live strip (memor
                 "each cell while it runs (widget frontends).")
 register_config("display_as", str, "auto", "How the live views show: widgets (auto: under a kernel) or static "
                 "text/HTML updated after each cell (auto: elsewhere).", choices=("auto", "widget", "static"))
-register_config("oom_traceback", str, "short", "After the device's out-of-memory error: 'short' ends the traceback "
-                "in your code and frees what the failing frames held once the report lists it; 'full' keeps the "
+register_config("oom_traceback", str, "short", "After the device's out-of-memory error: 'short' skips nn.Module's "
+                "call plumbing, ends the traceback in your code and frees what the failing frames held once the "
+                "report lists it; 'full' keeps the "
                 "emulator's frames and their tensors (for %debug; `%neuron free` drops them).",
                 choices=("short", "full"))
 register_config("compile_backend", str, "neuron", "The torch.compile backend of compile mode when none is given.")

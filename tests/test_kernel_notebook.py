@@ -95,6 +95,9 @@ assert (site.cell, site.line, site.source) == (3, 2, "y = torch.atan2(x, x + 1)"
 c = s.history[4].compiles
 assert len(c.breaks) == 1 and (c.breaks[0].site.cell, c.breaks[0].site.line) == (4, 4), c.breaks
 """,
+    # In[7]: a profiled cell (after the history cell, so the history it prints is the cells above)
+    "%%neuron profile\n"
+    "z = torch.atan2(x, x + 1).sum()",
 ]
 
 
@@ -159,9 +162,9 @@ def _report(cell: Any) -> tuple[list[str], str]:
 
 
 def _printed(nb: Any) -> Any:
-    """What the last cell printed (before its own asserts)."""
-    out = _stdout(nb.cells[-1]).strip().splitlines()
-    assert out, "the last cell printed nothing"
+    """What the history cell, In[6], printed (before its own asserts)."""
+    out = _stdout(nb.cells[5]).strip().splitlines()
+    assert out, "the history cell printed nothing"
     return json.loads(out[-1])
 
 
@@ -202,7 +205,8 @@ def test_fallback_report_names_op_cell_and_line(nb: Any) -> None:
     assert sorted(rows) == ["aten::atan2.out", "aten::normal_"], text
     i = rows["aten::atan2.out"]
     assert re.match(r"  aten::atan2\.out +1× .* why \[\d\]$", text[i]), text[i]
-    assert text[i + 1] == f"      at In[{n}] line 2: {FALLBACK_SOURCE}  (1×)"
+    assert text[i + 1].startswith("      rewrite: torch.atan(y / x), its quadrant fixed with torch.where")
+    assert text[i + 2] == f"      at In[{n}] line 2: {FALLBACK_SOURCE}  (1×)"
     j = rows["aten::normal_"]
     assert text[j + 1] == f"      at In[{n}] line 1: x = torch.randn(64, 2, device=device)  (1×)"
     why = text.index("why:")  # each reason once, after the rows, with its source
@@ -210,6 +214,7 @@ def test_fallback_report_names_op_cell_and_line(nb: Any) -> None:
     assert f"neuron_lab In[{n}] · neuron:0 · default · " in html
     assert "<code>aten::atan2.out</code>" in html
     assert f"<code>In[{n}] line 2</code> {FALLBACK_SOURCE} (1×)" in html
+    assert "<summary>rewrite: torch.atan(y / x)" in html and "def atan2_native(" in html  # the code to copy
     assert _of(cell, "execute_result") == []
 
 
@@ -267,3 +272,13 @@ def test_session_history_in_the_kernel(nb: Any) -> None:
     # cells reported, CPU fallback calls (atan2 + normal_), graph breaks, recompiles
     assert printed["totals"] == [2, 2, 1, 0]
     _cell(nb, 6)  # and the kernel's own asserts on the history passed
+
+
+def test_a_profiled_cell_shows_no_kineto_line_and_labels_the_emulators_device_time_as_host_time(nb: Any) -> None:
+    """Kineto writes its session lines to the process's stderr, which a kernel shows in red under the cell."""
+    cell = _cell(nb, 7)
+    assert [o.text for o in _of(cell, "stream") if o.name == "stderr"] == []
+    text, html = _report(cell)
+    assert " · profiled: device (host clock) " in text[0], text[0]
+    assert "ops by device (host clock) + host time:" in text
+    assert "<b>ops by device (host clock) + host time</b>" in html

@@ -368,6 +368,7 @@ for setting in ("short", "full"):
     with capture_output() as freed:
         sh.run_cell("%neuron free", store_history=True)
     runs.append({"error": type(res.error_in_exec).__name__, "traceback": cap.stdout.strip().splitlines(),
+                 "shown": [o.data["text/plain"] for o in cap.outputs],
                  "report": str(report).splitlines(), "oom": as_data(report.oom), "after": after,
                  "free": next(x for x in freed.stdout.splitlines() if x.startswith("freed ")),
                  "last_tb_files": sorted({f.f_code.co_filename.rpartition("neuron_lab/")[2] for f, _ in
@@ -389,20 +390,23 @@ def test_an_oom_cell_names_what_filled_the_device_ends_in_user_code_and_gives_th
                          "      5 return parts", ""], tb
     assert tb[-1].startswith("OutOfMemoryError: neuron:0 out of memory (emulated): tried to allocate 341.80 KiB")
     assert short["last_tb_files"] == []  # %tb and %debug see the same short traceback
-    assert short["oom"] == {"allocated": 824_000, "more": 0, "freed": 700_000, "tensors": [
-        {"names": ["grow.<locals>.parts[…]"], "shape": [87_500], "dtype": "float32", "bytes": 700_000,
+    # asked: the allocator's message, to two decimals; free: 1 MiB less the 824,832 bytes reserved in 512-byte blocks
+    assert short["oom"] == {"allocated": 824_000, "more": 0, "freed": 700_000, "asked": 350_003, "free": 223_744,
+                            "tensors": [
+        {"names": ["parts[…] in grow at In[2] line 4"], "shape": [87_500], "dtype": "float32", "bytes": 700_000,
          "storages": 2, "held_by": "IPython traceback"},
         {"names": ["big"], "shape": [30_000], "dtype": "float32", "bytes": 120_000, "storages": 1,
          "held_by": "namespace"},
         {"names": ["keep"], "shape": [1000], "dtype": "float32", "bytes": 4000, "storages": 1,
          "held_by": "namespace"}]}
-    assert short["report"][-5:] == [
-        "out of memory: 804.69 KiB held when the error unwound, by:",
-        "    683.59 KiB  grow.<locals>.parts[…]  (2 × [87500] float32; IPython traceback)",
+    answer = [
+        "out of memory: asked 341.80 KiB, 218.50 KiB free; 804.69 KiB held when the error unwound, by:",
+        "    683.59 KiB  parts[…] in grow at In[2] line 4  (2 × [87500] float32; IPython traceback)",
         "    117.19 KiB  big  ([30000] float32; namespace)",
-        "      3.91 KiB  keep  ([1000] float32; namespace)",
-        "freed after the error: 683.59 KiB the failing frames held (`%config NeuronLab.oom_traceback = 'full'` "
-        "keeps them for %debug)"]
+        "      3.91 KiB  keep  ([1000] float32; namespace)"]
+    assert short["shown"][0] == "\n".join(answer)  # displayed on its own, before the traceback and the report
+    assert short["report"][-5:] == [*answer, "freed after the error: 683.59 KiB the failing frames held "
+                                    "(`%config NeuronLab.oom_traceback = 'full'` keeps them for %debug)"]
     assert short["after"] == 124_000  # keep and big: what the surviving variables hold
     assert short["free"] == "freed 0 B of device memory; 121.09 KiB still allocated"
     # 'full' keeps the emulator's frames and what the failing frames hold, for %debug, until `%neuron free`
@@ -433,3 +437,96 @@ def test_host_memory_running_out_is_an_oom_that_leaves_nothing_reserved_for_good
     assert message.startswith("neuron:0 out of memory (emulated): the host could not provide 16384.00 GiB for the "
                               "emulated device's bytes")
     assert (reserved, after, allocated) == (1 << 44, 0, 0)
+
+
+_MODEL_OOM_SCRIPT = """
+import contextlib, io, json, re, torch
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+from neuron_lab.extension import session_of
+c = Config()
+c.HistoryAccessor.enabled = False
+sh = InteractiveShell.instance(config=c)
+sh.run_line_magic("load_ext", "neuron_lab")
+sh.run_line_magic("colors", "nocolor")
+sh.run_cell('''import torch
+from torch import nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1024))
+    def forward(self, x):
+        return self.body(x)
+net = Net().to('neuron')''', store_history=True)
+out = io.StringIO()
+with contextlib.redirect_stdout(out):  # the answer, the traceback and the report in the order a notebook shows them
+    res = sh.run_cell("x = torch.ones(2048, 64, device='neuron')\\nloss = net(x).sum()", store_history=True)
+text = re.sub(r"\\x1b\\[[0-9;]*m", "", out.getvalue())
+report = session_of(sh).history[res.execution_count]
+print(json.dumps({"cells": [sh.execution_count - 2, sh.execution_count - 1], "text": text,
+                  "names": [n for t in report.oom.tensors for n in t.names], "head": str(report.oom).splitlines()[0]}))
+"""
+
+
+@pytest.mark.parametrize("core_name", ["compiled", "python"])
+def test_an_oom_in_a_model_answers_first_in_the_users_names_then_a_short_traceback(run_python, core_name) -> None:
+    """The holders of a failed forward are the model's modules and the user's lines, never torch's locals
+    (``Module._wrapped_call_impl.<locals>.args[0]``); the answer comes before the traceback, which skips
+    ``nn.Module``'s call plumbing and ends at the user's line; both cores alike."""
+    if core_name == "compiled" and core() != "compiled":
+        pytest.skip("the compiled core is not built here")
+    r = run_python(_MODEL_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "6MiB", "NEURON_LAB_CORE": core_name})
+    model_cell, cell = r["cells"]
+    text, head = r["text"], r["head"]
+    assert head.startswith("out of memory: asked 8.00 MiB, "), head
+    assert text.index(head) < text.index("Traceback (most recent call last)") < text.index(f"neuron_lab In[{cell}] ")
+    assert not [n for n in r["names"] if "<locals>" in n], r["names"]
+    assert f"x in Net.forward at In[{model_cell}] line 8" in r["names"], r["names"]  # the user's own local
+    assert f"activation in net.body at In[{model_cell}] line 8" in r["names"], r["names"]
+    assert any(n.startswith("saved for backward by ") and n.endswith(f" in net.body at In[{model_cell}] line 8")
+               for n in r["names"]), r["names"]
+    assert "x" in r["names"]
+    tb = text[text.index("Traceback"):text.index("OutOfMemoryError: neuron:0")]
+    assert "_call_impl" not in tb and "torch/nn" not in tb, tb  # nn.Module's plumbing and torch's frames cut
+    assert tb.rstrip().splitlines()[-1] == "----> 8     return self.body(x)", tb
+
+
+_HANDLED_OOM_SCRIPT = """
+import json, torch
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+from neuron_lab.extension import session_of
+c = Config()
+c.HistoryAccessor.enabled = False
+sh = InteractiveShell.instance(config=c)
+out = []
+with capture_output():
+    sh.run_line_magic("load_ext", "neuron_lab")
+    sh.run_cell("import torch\\ndef big(n):\\n    return torch.ones(n, device='neuron')", store_history=True)
+    for cell in ("n = 1 << 20\\nfor _ in range(3):\\n    try:\\n        x = big(n)\\n        break\\n"
+                 "    except torch.OutOfMemoryError:\\n        n //= 4",  # 4 MiB, then 1 MiB: fits
+                 "del x\\ny = big(1 << 18)",  # no error at all
+                 "z = big(1 << 20)"):  # one that propagates: the cell's error, not a handled one
+        res = sh.run_cell(cell, store_history=True)
+        r = session_of(sh).history[res.execution_count]
+        out.append({"n": res.execution_count, "text": str(r).splitlines(), "html": r._repr_html_(),
+                    "handled": len(r.ooms_handled)})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("core_name", ["compiled", "python"])
+def test_a_handled_out_of_memory_error_leaves_its_line_in_the_cells_report(run_python, core_name: str) -> None:
+    """A retry loop that catches torch.OutOfMemoryError and shrinks the batch: the report says it happened, at the
+    cell's line, with what it asked for and what was free; both cores alike."""
+    if core_name == "compiled" and core() != "compiled":
+        pytest.skip("the compiled core is not built here")
+    retry, clean, failed = run_python(_HANDLED_OOM_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "1MiB",
+                                                            "NEURON_LAB_CORE": core_name})
+    line = f"1 out-of-memory error handled at In[{retry['n']}] line 4: asked 4.00 MiB, 1.00 MiB free"
+    assert line in retry["text"], retry["text"]
+    assert f"<div>{line}</div>" in retry["html"]
+    assert clean["handled"] == 0 and not any("handled" in x for x in clean["text"])
+    assert failed["handled"] == 0 and not any("handled" in x for x in failed["text"]), failed["text"]
+    assert any(x.startswith("out of memory: asked 4.00 MiB, ") for x in failed["text"])

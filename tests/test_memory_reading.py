@@ -51,7 +51,9 @@ res, text = cell("big = torch.empty(10**6, device='neuron')")
 r = s.history[res.execution_count]
 out.update(error=f"{type(res.error_in_exec).__name__}: {res.error_in_exec}", oom_allocated=r.oom.allocated,
            oom_held=[list(h.names) for h in r.oom.tensors], marks=[k.kind for k in s.timeline.marks()],
-           report_error=r.error, ooms=str(s.status()).splitlines()[2])
+           report_error=r.error, ooms=str(s.status()).splitlines()[2], propagated_handled=len(r.ooms_handled))
+res, _ = cell("try:\\n    big = torch.empty(10**6, device='neuron')\\nexcept RuntimeError:\\n    pass")
+out.update(handled=str(s.history[res.execution_count]).splitlines())
 print(json.dumps(out))
 """
 
@@ -85,6 +87,12 @@ def test_torchneurons_runtime_error_oom_gets_the_oom_report(stand_in) -> None:
     assert stand_in["oom_allocated"] == 4096 + 8192 and ["y"] in stand_in["oom_held"] and ["x"] in stand_in["oom_held"]
     assert "oom" in stand_in["marks"]
     assert stand_in["ooms"].endswith("OOMs 1")
+    assert stand_in["propagated_handled"] == 0  # the error the cell ended with is not a handled one
+
+
+def test_a_handled_torchneuron_oom_is_counted_without_a_line(stand_in) -> None:
+    """TorchNeuron's RuntimeError cannot be watched as it is raised: its allocator's num_ooms tells of it."""
+    assert "1 out-of-memory error handled (the device does not say where)" in stand_in["handled"], stand_in["handled"]
 
 
 def test_the_oom_predicate_knows_both_errors() -> None:

@@ -244,7 +244,8 @@ def check_memory(r: Ran) -> None:
                                                        "(2048x1024 and 2048x512)")
     held = {line.split("IPython traceback    ")[1].split(",")[0]: line.split()[0]
             for line in r.value("check-tensors-tb").splitlines() if "IPython traceback    " in line}
-    assert held == {"evaluate.<locals>.h": "8.00", "evaluate.<locals>.x": "4.00"}, held
+    at = f"in evaluate at In[{r.n('check-traceback')}] line {r.line('check-traceback', 'return h @ x')}"
+    assert held == {f"h {at}": "8.00", f"x {at}": "4.00"}, held
     assert f"IPython output cache Out[{out}], __, _{out}" in r.value("check-tensors-tb")
 
     # %neuron free
@@ -402,9 +403,15 @@ def check_language_model(r: Ran) -> None:
     (error,) = [o for o in r.cell("oom").outputs if o.output_type == "error"]
     assert error.ename == "OutOfMemoryError"
     assert "neuron_lab" not in ANSI.sub("", "\n".join(error.traceback))
+    answer = _shown(r, "oom", "out of memory: asked 96.00 MiB, ")  # the short answer, above the traceback
+    kinds = [o.output_type for o in r.cell("oom").outputs]
+    assert kinds.index("display_data") < kinds.index("error"), kinds
+    assert "Module._wrapped_call_impl" not in ANSI.sub("", "\n".join(error.traceback))
+    # the biggest holder: attention's projections, named by the module and the user's line they ran under
+    assert any("activation in model.blocks.0.attn at In[" in x and "[32, 4096, 192] float32" in x for x in answer)
+    assert "<locals>.args" not in "\n".join(answer), answer
     oom = r.report("oom")
-    assert any(x.startswith("out of memory: ") and x.endswith(" held when the error unwound, by:") for x in oom)
-    assert any("[32, 4096, 192] float32" in x for x in oom), oom  # the biggest holder: attention's projections
+    assert answer == oom[oom.index(answer[0]):oom.index(answer[0]) + len(answer)]  # the report keeps the answer
     assert any(x.startswith("freed after the error: ") for x in oom)
     before = re.search(r"^memory: (\S+) MiB → ", "\n".join(oom), re.M)[1]
     after = re.fullmatch(r"allocated after the OOM: (\S+) MiB\n", r.stdout("after-oom"))[1]

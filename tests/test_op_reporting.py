@@ -205,8 +205,10 @@ def test_fallback_rows_sort_by_host_time_and_each_reason_shows_once_with_its_sou
     assert sum("87x" in x for x in text) == 1 and sum("TorchNeuron has no device kernel" in x for x in text) == 1
     html = r._repr_html_()
     assert html.count("TorchNeuron has no device kernel") == 1 and html.count("87x EquiformerV3") == 1
+    # both rows refer to the one reason, each followed by its own rewrite in native ops, folded
     assert html.count(f"<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">{refs['aten::atan2.out']}"
-                      "</td>") == 2
+                      "<details><summary>rewrite: ") == 2
+    assert "<summary>rewrite: math.pi / 2 - torch.asin(x)</summary>" in html
 
 
 def test_a_report_with_an_oom_reads_back_from_json() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ from shells import run
 import neuron_lab
 from neuron_lab.extension import session_of
 from neuron_lab.report.model import Report
+from neuron_lab.units import format_seconds
 
 compiled_only = pytest.mark.skipif(core() != "compiled", reason="device time comes from the compiled core's "
                                                                 "profiler hooks (C++ only)")
@@ -87,15 +89,22 @@ def test_native_ops_have_device_time_on_the_device_lane_and_the_report_shows_bot
     assert set(p.lanes) == {"neuron:0"} and 0 < p.lanes["neuron:0"] <= p.device_ns
     assert p.device_ns == sum(r.device_ns for r in p.rows)
     lines = out.splitlines()
-    at = lines.index("ops by device + host time:")
-    assert lines[at + 1].split() == ["op", "ran", "calls", "device", "host", "first", "shapes", "issued", "at"]
+    # the emulator's device lanes are host time, and every device time says so (the backend's word for its clock)
+    assert lines[0].endswith(f"profiled: device (host clock) {format_seconds(p.device_ns / 1e9)}, "
+                             f"host {format_seconds(p.host_ns / 1e9)}"), lines[0]
+    assert any(x.startswith("profile: ") and ", device (host clock) " in x for x in lines), lines
+    at = lines.index("ops by device (host clock) + host time:")
+    assert re.split(r"\s{2,}", lines[at + 1].strip()) == ["op", "ran", "calls", "device (host clock)", "host",
+                                                          "first shapes", "issued at"]
+    assert "  device lanes: the emulator's own, its kernels run and timed on the host CPU" in "\n".join(lines)
     atan2 = next(line for line in lines[at:] if line.startswith("  aten::atan2 "))
     assert "CPU fallback" in atan2 and atan2.endswith(f"In[{n}] line 4")
     assert " 3 " in atan2  # calls
     addmm = next(line for line in lines[at:] if line.startswith("  aten::addmm "))
     assert " native " in addmm and addmm.endswith(f"In[{n}] line 2")
     per_line = lines.index("time per line:")
-    assert lines[per_line + 1].split() == ["line", "calls", "device", "host", "source"]
+    assert re.split(r"\s{2,}", lines[per_line + 1].strip()) == ["line", "calls", "device (host clock)", "host",
+                                                                "source"]
     rows = {line.split("  ")[1]: line for line in lines[per_line + 2:per_line + 5]}  # "  In[2] line 4  3  …"
     assert sorted(rows) == [f"In[{n}] line 2", f"In[{n}] line 4", f"In[{n}] line 5"]
     assert rows[f"In[{n}] line 4"].split()[3] == "3" and rows[f"In[{n}] line 4"].endswith("z = torch.atan2(y, y)")
@@ -132,7 +141,8 @@ def test_the_profile_survives_a_json_round_trip_and_renders_as_html(shell) -> No
     back = Report.from_dict(json.loads(json.dumps(report.as_dict())))
     assert back.profiled == report.profiled
     html = report._repr_html_()
-    assert "<b>ops by device + host time</b>" in html and "<b>time per line</b>" in html
+    assert "<b>ops by device (host clock) + host time</b>" in html and "<b>time per line</b>" in html
+    assert ">device (host clock)</th>" in html and ">device</th>" not in html, html
     assert f"<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">In[{n}] line 4</td>" in html
 
 

@@ -141,8 +141,10 @@ def test_a_local_of_the_last_traceback(shell):
                "    big = torch.zeros(7, device='neuron')\n"
                "    raise ValueError('boom')\n"
                "step()", ok=False)
-    r = row_named(scan(shell), "step.<locals>.big")
-    assert (r.names, r.held_by, r.bytes, r.shape) == (("step.<locals>.big",), "IPython traceback", 28, (7,))
+    n = shell.execution_count - 1
+    r = row_named(scan(shell), f"big in step at In[{n}] line 4")  # the local, its function, the line it stopped at
+    assert (r.names, r.held_by, r.bytes, r.shape) == ((f"big in step at In[{n}] line 4",), "IPython traceback", 28,
+                                                      (7,))
     ptr = r.ptr
     run(shell, "%neuron free")
     assert ptr not in {r.ptr for r in scan(shell).rows}
@@ -161,7 +163,8 @@ def test_an_op_that_raises_on_the_device_shows_and_holds_like_a_native_kernel(sh
     assert "----> 4     return a @ a" in tb and ("skipping hidden 3 frame" in tb or core() == "compiled")
     assert "emulator/ops.py" not in tb
     rows = scan(shell).rows
-    assert [r.names for r in rows if r.held_by == "IPython traceback"] == [("evaluate.<locals>.a",)]
+    n = shell.execution_count - 1
+    assert [r.names for r in rows if r.held_by == "IPython traceback"] == [(f"a in evaluate at In[{n}] line 4",)]
 
 
 def test_what_the_scan_cannot_name_is_unknown_and_the_total_is_memory_allocated(shell):

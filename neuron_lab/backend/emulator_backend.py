@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 
 from neuron_lab.backend import coverage
+from neuron_lab.backend.emulator import oom_watch
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.interface import DeviceSpec, LiveAllocation, NeuronBackend, device_index
+from neuron_lab.units import parse_size
 
 
 class EmulatorBackend(NeuronBackend):
@@ -40,6 +44,25 @@ class EmulatorBackend(NeuronBackend):
     def timing_note(self) -> str:
         """Every op runs on this machine's CPU, so a time says nothing of a NeuronCore's speed."""
         return "emulator: host CPU timings"
+
+    @property
+    def device_clock(self) -> str:
+        """The emulator's kernels run on the host CPU: its device lanes are host time."""
+        return "host"
+
+    @property
+    def device_lanes(self) -> str:
+        return ("device lanes: the emulator's own, its kernels run and timed on the host CPU; on a Trn instance the "
+                "device profile is in Neuron Explorer")
+
+    def oom_asked(self, error: BaseException) -> int | None:
+        """The emulator's allocators (both cores) say "tried to allocate 96.00 MiB": the size to two decimals."""
+        m = re.search(r"out of memory \(emulated\): tried to allocate ([\d.]+ \w+);", str(error))
+        return parse_size(m[1]) if m else None
+
+    def watch_ooms(self, watcher: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Both cores' allocators raise one ``torch.OutOfMemoryError``: every one is heard (:mod:`oom_watch`)."""
+        return oom_watch.subscribe(watcher)
 
     @property
     def core(self) -> str:

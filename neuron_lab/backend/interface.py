@@ -7,6 +7,7 @@ never as an error.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,20 @@ class NeuronBackend(ABC):
     def memory_reading(self, device: DeviceSpec = None, synchronize: bool = True) -> MemoryReading:
         """The one way the workbench reads device memory: ``device``'s counters (see :meth:`memory_stats`)."""
         return MemoryReading.parse(self.memory_stats(synchronize, device))
+
+    def oom_asked(self, error: BaseException) -> int | None:
+        """Bytes the allocation that raised ``error`` asked for, as the device's error says it; None where it does not.
+        TorchNeuron's allocator says "NRT allocation failed for size N (OOM)" (csrc/core/allocator/
+        NeuronCachingAllocator.cpp:82-88)."""
+        m = re.search(r"NRT allocation failed for size (\d+) \(OOM\)", str(error))
+        return int(m[1]) if m else None
+
+    def watch_ooms(self, watcher: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Call ``watcher`` with each out-of-memory error the device raises, as it happens, caught or not (a retry
+        loop's too); returns the call that stops it. The default hears none: TorchNeuron's allocator raises a plain
+        ``RuntimeError`` (csrc/core/allocator/NeuronCachingAllocator.cpp:82-88) that nothing can watch, so there
+        only its ``num_ooms`` count, where its stats keep one, tells of a handled one."""
+        return lambda: None
 
     def memory_allocated(self, device: DeviceSpec = None) -> int:
         return self.memory_reading(device).allocated
@@ -287,6 +302,18 @@ class NeuronBackend(ABC):
     def device_timing(self) -> bool:
         """Whether the device's work reaches torch.profiler as device events (lanes, per-op device time)."""
         return True
+
+    @property
+    def device_clock(self) -> str:
+        """Whose clock times the work on this backend's device lanes, in one word: "device", or "host" where the
+        device's kernels run on the host CPU (the emulator). A profile's device times carry the word."""
+        return "device"
+
+    @property
+    def device_lanes(self) -> str | None:
+        """What this backend's device lanes in torch.profiler are, in a line a profile shows under its head; None
+        where there is nothing to say."""
+        return None
 
     def profiler_config(self, output_dir: str) -> str | None:
         """The ``custom_profiler_config`` string to pass torch.profiler (through ``experimental_config``) so that

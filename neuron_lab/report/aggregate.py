@@ -20,7 +20,8 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
             key = (r.op, r.kind, r.ranks)
             m = rows.get(key)
             if m is None:
-                m = rows[key] = OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes, ranks=r.ranks)
+                m = rows[key] = OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes, ranks=r.ranks,
+                                      rewrite=r.rewrite)
                 sites[key] = {}
             m.count += r.count
             m.host_ns += r.host_ns

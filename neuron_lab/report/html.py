@@ -26,7 +26,7 @@ from neuron_lab.report.checks_rows import (
     timing_table,
     verdict,
 )
-from neuron_lab.report.model import Check, GraphBreak, OpRow, Profiled, Recompile, Report
+from neuron_lab.report.model import Check, GraphBreak, OpRow, OutOfMemory, Profiled, Recompile, Report
 from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
 from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
@@ -35,6 +35,7 @@ from neuron_lab.report.rows import (
     Table,
     compile_counts,
     compile_timing,
+    handled_oom_lines,
     held_table,
     host_timed,
     memory_table,
@@ -95,7 +96,17 @@ def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -
     return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}",
              *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
              escape(shape_text(r)),
-             f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why), _site_cells(r, full)] for r in rows]
+             (f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why)) + _rewrite(r), _site_cells(r, full)]
+            for r in rows]
+
+
+def _rewrite(r: OpRow) -> str:
+    """The fallback's rewrite in native ops, folded: the hint, then the code to copy and its source."""
+    w = r.rewrite
+    if w is None:
+        return ""
+    return (f"<details><summary>rewrite: {escape(w.hint)}</summary><pre>{escape(w.code)}</pre>"
+            f"<small>source: {escape(w.source)}</small></details>")
 
 
 def op_table(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None,
@@ -135,9 +146,11 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
 
 def oom_html(r: Report) -> str:
     """What held the device when the window ran out of its memory (the same facts as the text's lines)."""
-    o = r.oom
-    if o is None:
-        return ""
+    return "" if r.oom is None else oom_block(r.oom)
+
+
+def oom_block(o: OutOfMemory) -> str:
+    """The out-of-memory answer as HTML: the text's facts, the holders as a table."""
     held = held_table(o)
     rows = escaped(held.rows)
     if o.more:
@@ -186,7 +199,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
               for c in r.checks]
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
-    parts.append(oom_html(r))
+    parts.append(divs(handled_oom_lines(r)) + oom_html(r))
     return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import FrozenInstanceError, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Protocol
 
+from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
 from neuron_lab.units import ShownAsText
@@ -56,6 +57,7 @@ class OpRow:
     unattributed: int = 0  # calls with no user line (call sites off, or no user frame on the stack)
     nbytes: int = 0  # a collective's payload, all calls together
     ranks: int = 0  # a collective's group size: a collective has a row per group size
+    rewrite: Rewrite | None = None  # how to compute a fallback op from native ones, where the coverage allows one
 
     @property
     def why(self) -> str:
@@ -72,7 +74,8 @@ class OpRow:
         """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
         return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(tuple(s) for s in d["shapes"]),
                    tuple(d["dtypes"]), [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
-                                        for sc in d["sites"]], d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0))
+                                        for sc in d["sites"]], d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0),
+                   _rewrite(d.get("rewrite")))
 
 
 @dataclass
@@ -95,7 +98,7 @@ class HeldTensor:
     """Device storages that one holder kept when the window ran out of device memory (views and the items of one
     list merged): what filled the device."""
 
-    names: tuple[str, ...]  # "parts[0…9]", "model.fc.weight", "grow.<locals>.parts[0…9]"
+    names: tuple[str, ...]  # "parts[…]", "model.fc.weight", "parts[…] in grow at In[5] line 4"
     shape: tuple[int, ...] | None  # of one storage
     dtype: str | None
     bytes: int  # all of them together
@@ -104,13 +107,37 @@ class HeldTensor:
 
 
 @dataclass
-class OutOfMemory:
-    """What held the device when the window ended with its out-of-memory error, and what was given back after."""
+class OutOfMemory(ShownAsText):
+    """What held the device when the window ended with its out-of-memory error, and what was given back after.
+
+    Shown on its own above the error's traceback (the short answer first), and again in the window's report."""
 
     allocated: int  # device bytes allocated once the error unwound
     tensors: list[HeldTensor] = field(default_factory=list)  # the biggest first
     more: int = 0  # bytes of the storages not listed
     freed: int = 0  # bytes the failing frames held, freed once the report was built (0 when they were kept)
+    asked: int | None = None  # bytes the failed allocation asked for, where the device's error says it
+    free: int | None = None  # bytes the device had free then (capacity less reserved), where its capacity is known
+
+    def __str__(self) -> str:
+        from neuron_lab.report.text import oom_text
+
+        return "\n".join(oom_text(self))
+
+    def _repr_html_(self) -> str:
+        from neuron_lab.report.html import oom_block
+
+        return oom_block(self)
+
+
+@dataclass(frozen=True)
+class HandledOom:
+    """Out-of-memory errors the window's code caught and went on from (a retry with a smaller batch), by line."""
+
+    site: Site | None  # the user's line the first one reached; None where the device does not say where
+    count: int
+    asked: int | None = None  # bytes the first one asked for, where the device's error says it
+    free: int | None = None  # bytes the device had free then, where its capacity is known
 
 
 @dataclass(frozen=True)
@@ -261,6 +288,14 @@ class Profiled:
     device_timing: bool = True
     artefacts_dir: str | None = None  # the folder the device wrote its own profile files into
     artefacts: list[str] = field(default_factory=list)  # those files, relative to artefacts_dir, sorted
+    device_clock: str = "device"  # whose clock timed the device lanes: "host" where the backend runs them there
+    lanes_note: str | None = None  # what the device lanes are, in the backend's words
+
+    @property
+    def device_label(self) -> str:
+        """The words every renderer labels this profile's device times with: "device", or "device (host clock)"
+        where the backend's device kernels ran, and were timed, on the host."""
+        return "device" if self.device_clock == "device" else f"device ({self.device_clock} clock)"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profiled:
@@ -274,7 +309,8 @@ class Profiled:
         return cls(rows, [line(x) for x in d["lines"]], d["device_ns"], d["host_ns"], dict(d["lanes"]),
                    d["unattributed_ns"], d["trace_path"], d["row_limit"],
                    ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline(),
-                   d.get("device_timing", True), d.get("artefacts_dir"), list(d.get("artefacts", [])))
+                   d.get("device_timing", True), d.get("artefacts_dir"), list(d.get("artefacts", [])),
+                   d.get("device_clock", "device"), d.get("lanes_note"))
 
 
 class Check(Protocol):
@@ -314,6 +350,7 @@ class Report(ShownAsText):
     coverage: str | None = None  # the op coverage that classified the ops (None: the device reported them)
     checks: list[Check] = field(default_factory=list)  # %%neuron parity / compare results (report.checks)
     oom: OutOfMemory | None = None  # set when the window ended with the device's out-of-memory error
+    ooms_handled: list[HandledOom] = field(default_factory=list)  # out-of-memory errors caught inside the window
     profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
     _final = False  # a class attribute, not a field: True on a report its tracker has stopped
 
@@ -363,7 +400,7 @@ class Report(ShownAsText):
     def touched_device(self) -> bool:
         return bool(self.ops or self.ops_not_native or self.compiles or self.h2d_bytes or self.d2h_bytes
                     or self.memory.delta or self.memory.peak > self.memory.before or self.profiled is not None
-                    or self.oom is not None)  # an allocation the device refused (TorchNeuron reports no op for it)
+                    or self.oom is not None or self.ooms_handled)  # allocations the device refused (no op for it)
 
     def map_sites(self, site: Callable[[Site], Site], frame: Callable[[str], str] | None = None) -> None:
         """Rewrite every user line the report names (op call sites, graph breaks, recompiles) with ``site``,
@@ -381,6 +418,7 @@ class Report(ShownAsText):
         if p is not None:
             for lt in [*p.lines, *(x for r in p.rows for x in r.sites)]:
                 lt.site = site(lt.site)
+        self.ooms_handled = [replace(h, site=fix(h.site)) for h in self.ooms_handled]
         c = self.compiles
         c.breaks = [replace(b, site=fix(b.site)) for b in c.breaks]
         c.recompiles = [replace(r, site=fix(r.site)) for r in c.recompiles]
@@ -407,11 +445,13 @@ class Report(ShownAsText):
             oom = OutOfMemory(oom["allocated"], [HeldTensor(tuple(t["names"]), None if t["shape"] is None
                                                             else tuple(t["shape"]), t["dtype"], t["bytes"],
                                                             t["storages"], t["held_by"]) for t in oom["tensors"]],
-                              oom["more"], oom["freed"])
+                              oom["more"], oom["freed"], oom.get("asked"), oom.get("free"))
         return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
                    d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
                    d["detail"], coverage=d.get("coverage", d.get("profile")), oom=oom,
-                   profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None)
+                   profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None,
+                   ooms_handled=[HandledOom(_site(h["site"]), h["count"], h["asked"], h["free"])
+                                 for h in d.get("ooms_handled", [])])
 
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:
@@ -423,6 +463,10 @@ class Report(ShownAsText):
         from neuron_lab.report.html import render_html
 
         return render_html(self)
+
+
+def _rewrite(d: dict[str, Any] | None) -> Rewrite | None:
+    return None if d is None else Rewrite(**{**d, "uses": tuple(d["uses"])})
 
 
 def _site(d: dict[str, Any] | None) -> Site | None:

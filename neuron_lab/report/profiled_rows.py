@@ -15,7 +15,6 @@ DEVICE_COLUMN = "device"
 # why a profile without device events has no device time, in one line
 NO_DEVICE_TIMING = ("no device time: the device gives torch.profiler no events of its own (its profile is the files "
                     "below); host times are enqueue times, the device runs asynchronously")
-LANES_NOTE = "device lanes: the emulator's own; on a Trn instance the device profile is in Neuron Explorer"
 # the device profile's files by kind, as NRT names them (tnx:tests/profiler/test_profiler_integration.py:33-40,
 # tnx:torch_neuronx/profiling.py:310-312): (test on the file name, what it holds)
 ARTEFACT_KINDS: list[tuple[str, str]] = [
@@ -38,15 +37,16 @@ def profiled_head(p: Profiled) -> str:
     if not p.device_timing:
         return head + f"host {format_seconds(p.host_ns / 1e9)}"
     lanes = ", ".join(f"{lane} busy {format_seconds(ns / 1e9)}" for lane, ns in p.lanes.items())
-    return (head + f"device {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}"
+    return (head + f"{p.device_label} {format_seconds(p.device_ns / 1e9)}, host {format_seconds(p.host_ns / 1e9)}"
             + (f" ({lanes})" if lanes else " (no device activity in the profile)"))
 
 
 def device_notes(p: Profiled) -> list[str]:
-    """What the profile's device side is: why there is no device time, or whose the device lanes are."""
+    """What the profile's device side is: why there is no device time, or what the device lanes are (the backend's
+    words)."""
     if not p.device_timing:
         return [NO_DEVICE_TIMING]
-    return [LANES_NOTE] if p.lanes else []
+    return [p.lanes_note] if p.lanes and p.lanes_note else []
 
 
 def artefact_kind(name: str) -> str:
@@ -96,20 +96,22 @@ def line_rows(p: Profiled) -> list[list[str]]:
     return [one(x) for x in p.lines]
 
 
-def _without_device(t: Table) -> Table:
-    """The table less its device column (a profile without device events has no device time to show)."""
+def _device_column(p: Profiled, t: Table) -> Table:
+    """The table with its device column labelled as the profile's device times are (:attr:`Profiled.device_label`),
+    or without it where the device gave no events (no device time to show)."""
     i = t.header.index(DEVICE_COLUMN)
+    if p.device_timing:
+        return Table(t.header[:i] + [p.device_label] + t.header[i + 1:], t.rows)
     return Table(t.header[:i] + t.header[i + 1:], [r[:i] + r[i + 1:] for r in t.rows])
 
 
 def profiled_tables(p: Profiled) -> list[tuple[str, str, Table]]:
     """The profile's tables that have rows, each as (title, the noun of its rows, table): ops by device + host time,
     then the time per line (by host time, without the device column, where the device gave no events)."""
-    title = "ops by device + host time" if p.device_timing else "ops by host time"
+    title = f"ops by {p.device_label} + host time" if p.device_timing else "ops by host time"
     tables = [(title, "op", Table(PROFILED_HEADER, profiled_rows(p))),
               ("time per line", "line", Table(LINE_HEADER, line_rows(p)))]
-    if not p.device_timing:
-        tables = [(name, noun, _without_device(t)) for name, noun, t in tables]
+    tables = [(name, noun, _device_column(p, t)) for name, noun, t in tables]
     return [t for t in tables if t[2].rows]
 
 

@@ -43,7 +43,7 @@ def summary_line(r: Report) -> str:
                      f"{count(len(c.recompiles), 'recompile')}")
     if r.profiled is not None:
         p = r.profiled
-        device = f"device {format_seconds(p.device_ns / 1e9)}, " if p.device_timing else ""
+        device = f"{p.device_label} {format_seconds(p.device_ns / 1e9)}, " if p.device_timing else ""
         parts.append(f"profiled: {device}host {format_seconds(p.host_ns / 1e9)}")
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
@@ -122,7 +122,22 @@ def compile_timing(r: Report) -> str:
 
 
 def oom_head(o: OutOfMemory) -> str:
-    return f"out of memory: {format_size(o.allocated)} held when the error unwound, by:"
+    """What was asked, what was free, what was held: the short answer's first line."""
+    asked = f"asked {format_size(o.asked)}, " if o.asked is not None else ""
+    free = f"{format_size(o.free)} free; " if o.free is not None else ""
+    return f"out of memory: {asked}{free}{format_size(o.allocated)} held when the error unwound, by:"
+
+
+def handled_oom_lines(r: Report) -> list[str]:
+    """Out-of-memory errors the window caught: how many, at which line, what the first asked for and found free."""
+    lines = []
+    for h in r.ooms_handled:
+        where = f" at {h.site.label}" if h.site is not None else " (the device does not say where)"
+        sizes = [f"asked {format_size(h.asked)}"] if h.asked is not None else []
+        sizes += [f"{format_size(h.free)} free"] if h.free is not None else []
+        lines.append(f"{count(h.count, 'out-of-memory error')} handled{where}" + (f": {', '.join(sizes)}"
+                                                                                  if sizes else ""))
+    return lines
 
 
 def held_table(o: OutOfMemory) -> Table:

@@ -24,7 +24,7 @@ from neuron_lab.report.checks_rows import (
     timing_table,
     verdict,
 )
-from neuron_lab.report.model import Check, GraphBreak, OpRow, Profiled, ProfiledTimeline, Recompile, Report
+from neuron_lab.report.model import Check, GraphBreak, OpRow, OutOfMemory, Profiled, ProfiledTimeline, Recompile, Report
 from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
 from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
@@ -33,6 +33,7 @@ from neuron_lab.report.rows import (
     Table,
     compile_counts,
     compile_timing,
+    handled_oom_lines,
     held_table,
     host_timed,
     memory_table,
@@ -80,6 +81,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
         lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {shape_text(row)}{why}".rstrip())
         if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
+        lines += rewrite_lines(row, full)
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
             lines.append(f"      at {sc.site.label}: {sc.site.source}  ({sc.count:,}×)")
@@ -96,6 +98,17 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
     return lines
 
 
+def rewrite_lines(row: OpRow, full: bool) -> list[str]:
+    """The fallback's rewrite in native ops: a hint, or (``full``) the code to copy and its source."""
+    w = row.rewrite
+    if w is None:
+        return []
+    if not full:
+        return [f"      rewrite: {w.hint} (`%neuron report --full` shows the code)"]
+    return [f"      rewrite: {w.hint}", *(f"        {x}".rstrip() for x in w.code.splitlines()),
+            f"        source: {w.source}"]
+
+
 def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = False) -> list[str]:
     """Sections of op rows (:meth:`Report.sections`) as every text view shows them: a table each (one line for a kind
     that ``one_line`` folds, unless ``full``), then each reason once."""
@@ -109,9 +122,11 @@ def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = Fal
 
 def oom_lines(r: Report) -> list[str]:
     """What held the device when the window ran out of its memory, biggest first, and what was freed after."""
-    o = r.oom
-    if o is None:
-        return []
+    return [] if r.oom is None else oom_text(r.oom)
+
+
+def oom_text(o: OutOfMemory) -> list[str]:
+    """The out-of-memory answer: asked, free, held, then the holders, biggest first, and what was freed after."""
     lines = [oom_head(o)]
     for t, (size, names, shape, _, held_by) in zip(o.tensors, held_table(o).rows):
         what = f"{t.storages} × " if t.storages > 1 else ""
@@ -162,7 +177,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
     lines += [render_check_text(c) if full else f"check: {check_summary_line(c)}" for c in r.checks]
     if r.error:
         lines.append(f"raised: {r.error}")
-    lines += oom_lines(r)
+    lines += handled_oom_lines(r) + oom_lines(r)
     return "\n".join(lines)
 
 

@@ -257,7 +257,7 @@ class Session:
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after
         if oom.is_oom(error) and _backend.is_active():
             with tracker.excluded():  # before the report reads memory: it counts what the OOM gave back
-                tracker.note_oom(self._oom.after())
+                tracker.note_oom(self._oom.after(error))
         report = tracker.stop(error, cell=n, site_maps=self.site_maps)
         end_s = self.timeline.now()
         self.timeline.sample(report.memory.after, end_s)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from neuron_lab import backend as _backend
+from neuron_lab.session.cells import CellLocator
 from neuron_lab.session.devices import MAX_DEPTH
 from neuron_lab.units import ShownAsText, format_size
 
@@ -124,10 +125,12 @@ class _Scan:
         self.roots: list[tuple[str, Any]] = []  # (name, grad_fn) of every tensor found
         self.optimizers: list[tuple[str, torch.optim.Optimizer, str]] = []
         self.fallback_names = False  # walking frames that hide from tracebacks: name only what nothing else names
+        self.module_names: dict[int, str] = {}  # id(module) -> its path from a namespace name ("model.blocks.0.attn")
+        self.where = ""  # walking a frame's locals: " in <function> at <line>", after each name
 
-    def tensor(self, t: torch.Tensor, name: str, held_by: str, root: bool = True) -> None:
+    def tensor(self, t: torch.Tensor, name: str, held_by: str, root: bool = True, context: str | None = None) -> None:
         if root and t.grad_fn is not None:
-            self.roots.append((name, t.grad_fn))
+            self.roots.append((name, t.grad_fn, context))
         if (t.is_leaf or t.retains_grad) and t.grad is not None:  # .grad of other non-leaves warns
             self.tensor(t.grad, f"{name}.grad", held_by, root)
         if t.device.type != self.device_type:
@@ -147,14 +150,19 @@ class _Scan:
         names = s.graph_names if held_by == AUTOGRAD else s.names
         if self.fallback_names and (s.names or s.graph_names):
             return
+        name += self.where if held_by != AUTOGRAD else ""
         if name not in names and (held_by != AUTOGRAD or len(names) < MAX_GRAPH_NAMES):
             names.append(name)
 
-    def walk(self, obj: Any, name: str, held_by: str, depth: int = MAX_DEPTH) -> None:
-        """Name the tensors ``obj`` holds the way ``devices.tensors_in`` finds them."""
+    def walk(self, obj: Any, name: str, held_by: str, depth: int = MAX_DEPTH, context: str | None = None) -> None:
+        """Name the tensors ``obj`` holds the way ``devices.tensors_in`` finds them (``context``: the user's module and
+        line a library frame's tensors belong to, which names them and what their graphs saved)."""
         if isinstance(obj, torch.Tensor):
-            self.tensor(obj, name, held_by)
+            self.tensor(obj, name, held_by, context=context)
         elif isinstance(obj, torch.nn.Module):
+            if held_by == NAMESPACE:
+                for n, m in obj.named_modules(prefix=name):
+                    self.module_names.setdefault(id(m), n)
             for n, p in obj.named_parameters(prefix=name, remove_duplicate=False):
                 self.param_names.setdefault(id(p), n)
                 self.tensor(p, n, held_by)
@@ -164,14 +172,14 @@ class _Scan:
             self.optimizers.append((name, obj, held_by))  # after every module, so parameters have their names
         elif depth > 0 and isinstance(obj, (list, tuple)):
             for i, x in enumerate(obj):
-                self.walk(x, f"{name}[{i}]", held_by, depth - 1)
+                self.walk(x, f"{name}[{i}]", held_by, depth - 1, context)
         elif depth > 0 and isinstance(obj, Mapping):
             for k, x in list(obj.items()):
-                self.walk(x, f"{name}[{k!r}]", held_by, depth - 1)
+                self.walk(x, f"{name}[{k!r}]", held_by, depth - 1, context)
 
-    def walk_safely(self, obj: Any, name: str, held_by: str) -> None:
+    def walk_safely(self, obj: Any, name: str, held_by: str, context: str | None = None) -> None:
         try:
-            self.walk(obj, name, held_by)
+            self.walk(obj, name, held_by, context=context)
         except Exception:  # noqa: BLE001  a user object that fails to answer (dead weakproxy, odd Mapping)
             pass
 
@@ -193,45 +201,65 @@ class _Scan:
     def walk_graphs(self) -> None:
         """Saved tensors of the autograd graphs behind every tensor found (``_saved_*``, leaves' variables)."""
         seen: dict[int, Any] = {}  # keeps nodes alive while the scan runs, so their ids stay unique
-        queue = deque((name, fn, True) for name, fn in self.roots)
+        queue = deque((name, fn, True, context) for name, fn, context in self.roots)
         while queue and len(seen) < MAX_GRAPH_NODES:
-            root, fn, top = queue.popleft()
+            root, fn, top, context = queue.popleft()
             if fn is None or id(fn) in seen:
                 continue
             seen[id(fn)] = fn
-            at = f"{root}.grad_fn" if top else f"{root}.grad_fn…{type(fn).__name__}"
             for attr, value in _saved(fn):
-                if isinstance(value, torch.Tensor):
-                    self.tensor(value, f"{at}.{attr}", AUTOGRAD, root=False)
-                elif isinstance(value, (list, tuple)):
-                    for i, t in enumerate(value):
-                        if isinstance(t, torch.Tensor):
-                            self.tensor(t, f"{at}.{attr}[{i}]", AUTOGRAD, root=False)
-            queue.extend((root, nxt, False) for nxt, _ in fn.next_functions)
+                tensors = [(attr, value)] if isinstance(value, torch.Tensor) else \
+                    [(f"{attr}[{i}]", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor)] \
+                    if isinstance(value, (list, tuple)) else []
+                for what, t in tensors:
+                    self.tensor(t, _saved_name(root, fn, top, what, context), AUTOGRAD, root=False)
+            queue.extend((root, nxt, False, context) for nxt, _ in fn.next_functions)
 
-    def walk_tracebacks(self, shell: Any) -> None:
-        """Locals of the last traceback's function frames (the cell's own frame is the namespace).
+    def walk_tracebacks(self, shell: Any, tracebacks: list[Any] | None = None) -> None:
+        """Locals of the last traceback's function frames (the cell's own frame is the namespace); ``tracebacks``:
+        these instead of the ones IPython and ``sys`` keep (an error being shown has none of them yet).
 
-        Library frames (torch's, neuron_lab's: the emulator's op dispatch, which also hides from IPython's
-        tracebacks) come last and only name storages that no frame of the user's holds.
+        A local of the user's is named with its function and line ("h in Block.forward at In[3] line 21"). Library
+        frames (torch's, neuron_lab's: the emulator's op dispatch, which also hides from IPython's tracebacks) come
+        last and only name storages that no frame of the user's holds, in the user's terms: the module running there
+        and the user's line that called it ("activation in model.blocks.0.attn at In[3] line 21"), never a library
+        function's locals. What their autograd graphs saved is named the same way ("saved for backward by
+        MmBackward0 in ...").
         """
         seen: set[int] = set()
-        frames: list[Any] = []
-        for tb in (getattr(sys, "last_traceback", None),
-                   getattr(getattr(sys, "last_exc", None), "__traceback__", None),
-                   getattr(shell.InteractiveTB, "tb", None),
-                   getattr(getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
-                           "__traceback__", None)):
+        frames: list[tuple[bool, Any, str, str]] = []  # (a library's, frame, its place in the user's terms, what)
+        locator = CellLocator(shell)
+        if tracebacks is None:
+            tracebacks = [getattr(sys, "last_traceback", None),
+                          getattr(getattr(sys, "last_exc", None), "__traceback__", None),
+                          getattr(shell.InteractiveTB, "tb", None),
+                          getattr(getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
+                                  "__traceback__", None)]
+        for tb in tracebacks:
+            where, module = None, None
             while tb is not None:
                 f = tb.tb_frame
+                library = _library_frame(f)
+                if not library:
+                    where = locator.site(f.f_code.co_filename, tb.tb_lineno).label
+                owner = f.f_locals.get("self")
+                if isinstance(owner, torch.nn.Module) and id(owner) in self.module_names:
+                    module = self.module_names[id(owner)]
                 if id(f) not in seen and f.f_code.co_flags & inspect.CO_OPTIMIZED:
                     seen.add(id(f))
-                    frames.append(f)
+                    if library:
+                        frames.append((True, f, _context(module or f"{f.f_code.co_name}()", where),
+                                       "activation" if module else "temporary"))
+                    else:
+                        frames.append((False, f, _context(f.f_code.co_qualname, where), ""))
                 tb = tb.tb_next
-        for library, f in sorted(((_library_frame(f), f) for f in frames), key=lambda lf: lf[0]):
-            self.fallback_names = library
+        for library, f, context, what in sorted(frames, key=lambda frame: frame[0]):
+            self.fallback_names, self.where = library, f" in {context}"
             for n, v in list(f.f_locals.items()):
-                self.walk_safely(v, f"{f.f_code.co_qualname}.<locals>.{n}", TRACEBACK)
+                if isinstance(v, torch.nn.Module) and id(v) in self.module_names:
+                    continue  # a module of the namespace's (a method's ``self``): its tensors have their names
+                self.walk_safely(v, what if library else n, TRACEBACK, context)
+        self.where = ""
         self.fallback_names = False
 
 
@@ -263,14 +291,27 @@ def _saved(fn: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def _context(owner: str, where: str | None) -> str:
+    """A library frame's place in the user's terms: the module (or function) running and the user's line below it."""
+    return owner if where is None else f"{owner} at {where}"
+
+
+def _saved_name(root: str, fn: Any, top: bool, attr: str, context: str | None) -> str:
+    """What one autograd node saved for backward: "y.grad_fn…MulBackward0._saved_self" from a tensor of the
+    namespace's; "saved for backward by MmBackward0 in model.blocks.0.attn at In[3] line 21" from a frame's."""
+    if context is not None:
+        return f"saved for backward by {type(fn).__name__} in {context}"
+    return f"{root}.grad_fn.{attr}" if top else f"{root}.grad_fn…{type(fn).__name__}.{attr}"
+
+
 def _hidden(ns: dict[str, Any], hidden: dict[str, Any], name: str) -> bool:
     """IPython's own entries, as ``%who`` tells them: a hidden name still bound to the hidden value."""
     return name in hidden and hidden[name] is ns[name]
 
 
-def device_tensors(shell: Any) -> TensorTable:
+def device_tensors(shell: Any, tracebacks: list[Any] | None = None) -> TensorTable:
     """The live storages of the backend's device and who holds them, biggest first; holds no tensor once it
-    returns."""
+    returns. ``tracebacks``: the ones whose frames hold tensors, where not IPython's last ones."""
     b = _backend.active()
     scan = _Scan(b.device_type)
     ns, hidden = shell.user_ns, shell.user_ns_hidden
@@ -288,7 +329,7 @@ def device_tensors(shell: Any) -> TensorTable:
         obj = getattr(shell.displayhook, name, None)
         if obj is not ns.get(name):
             scan.walk_safely(obj, name, OUTPUT_CACHE)
-    scan.walk_tracebacks(shell)
+    scan.walk_tracebacks(shell, tracebacks)
     scan.walk_optimizers()
     scan.walk_graphs()
 

@@ -174,10 +174,12 @@ class OpProfile:
         self._calls = _Calls(locator if locator is not None else FileLocator())
         activities = [ProfilerActivity.CPU]
         self._device_timing, self._artefacts_dir, config = True, None, None
+        self._device_clock, self._lanes_note = "device", None
         if _backend.is_active():
             activities.append(ProfilerActivity.PrivateUse1)
             device = _backend.active()
             self._device_timing = device.device_timing
+            self._device_clock, self._lanes_note = device.device_clock, device.device_lanes
             folder = artefacts_dir(label, export)
             config = device.profiler_config(folder)
             self._artefacts_dir = folder if config is not None else None
@@ -235,6 +237,7 @@ class OpProfile:
             prof.export_chrome_trace(export)
         out = _read(prof.profiler.kineto_results, self._calls, self._baselines)
         out.trace_path, out.row_limit, out.device_timing = export, row_limit, self._device_timing
+        out.device_clock, out.lanes_note = self._device_clock, self._lanes_note
         if self._artefacts_dir is not None:
             out.artefacts_dir, out.artefacts = self._artefacts_dir, _files_in(self._artefacts_dir)
         self._done = (out, prof)

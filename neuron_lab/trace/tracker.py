@@ -11,6 +11,7 @@ sees it.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
+import torch
 
 from neuron_lab import backend as _backend
-from neuron_lab.kinds import REPORTED
-from neuron_lab.report.model import Memory, OpRow, OutOfMemory, Profiled, Report, Site
+from neuron_lab.backend.coverage import rewrites
+from neuron_lab.kinds import OFF_DEVICE, REPORTED
+from neuron_lab.report.model import HandledOom, Memory, OpRow, OutOfMemory, Profiled, Report, Site
 from neuron_lab.trace.compiles import CompileTrace, with_account
 from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.reconcile import reconcile
@@ -55,6 +58,9 @@ class Tracker:
                              detail=detail, coverage=coverage.name if coverage is not None else None)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
         self._compiles = CompileTrace(locator, self.backend.lowering_us, self.backend.dynamo_metrics)
+        self._locator = locator
+        self._ooms: list[tuple[int, Site | None, int | None, int | None]] = []  # (id of the error, line, asked, free)
+        self._unwatch_ooms: Callable[[], None] = lambda: None
         self._unsubscribe = None
         self._running = False
         self._excluded_calls = 0
@@ -120,6 +126,34 @@ class Tracker:
         --trace``) joins its report; before :meth:`stop`, so the site maps name its lines too."""
         self.report.profiled = profiled
 
+    def _heard_oom(self, error: BaseException) -> None:
+        """The device raised its out-of-memory error: the outermost user line running (the cell's own; the inner
+        frames a core still has when it tells differ), what it asked, what was free. Only facts are kept, never
+        the error (its frames hold device memory)."""
+        b = self.backend
+        frame, user = sys._getframe(1), None
+        while frame is not None:
+            user = frame if self._locator.is_user_code(frame.f_code) else user
+            frame = frame.f_back
+        site = None if user is None else self._locator.site(user.f_code.co_filename, user.f_lineno)
+        capacity = b.capacity()
+        free = None if capacity is None else max(capacity - b.memory_reading(synchronize=False).reserved, 0)
+        self._ooms.append((id(error), site, b.oom_asked(error), free))
+
+    def _handled_ooms(self, error: BaseException | None, ooms_after: int) -> list[HandledOom]:
+        """The out-of-memory errors heard in the window but the one it ended with, by line; those the device counted
+        (``num_ooms``) but nobody heard, as one row without a line."""
+        propagated = error is not None and (isinstance(error, torch.OutOfMemoryError)
+                                            or self.backend.oom_asked(error) is not None)
+        handled = [o for o in self._ooms if o[0] != id(error)]
+        by_site: dict[Site | None, list] = {}
+        for o in handled:
+            by_site.setdefault(o[1], []).append(o)
+        rows = [HandledOom(site, len(os), os[0][2], os[0][3]) for site, os in by_site.items()]
+        propagated_unheard = int(propagated and len(handled) == len(self._ooms))
+        unheard = ooms_after - self._ooms_before - len(self._ooms) - propagated_unheard
+        return rows + ([HandledOom(None, unheard)] if unheard > 0 else [])
+
     def note_oom(self, oom: OutOfMemory) -> None:
         """The window ended with the device's out-of-memory error: what held the device, and what was given back."""
         self.report.oom = oom
@@ -140,6 +174,8 @@ class Tracker:
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_totals()
         watched = b.begin_window()  # the device's own account of the window starts here (TorchNeuron: cleared)
+        self._ooms_before = b.memory_reading(self.report.device, synchronize=False).ooms
+        self._unwatch_ooms = b.watch_ooms(self._heard_oom)
         self._unsubscribe = b.subscribe(self._ops, REPORTED | watched)
         self._compiles.start()
         self._running = True
@@ -157,9 +193,12 @@ class Tracker:
         self._running = False
         b = self.backend
         self._unsubscribe()
+        self._unwatch_ooms()
         r = self.report
         r.compiles = self._compiles.stop()
-        after = b.memory_reading(r.device).allocated  # the one synchronize
+        reading = b.memory_reading(r.device)  # the one synchronize
+        after = reading.allocated
+        r.ooms_handled = self._handled_ooms(error, reading.ooms)
         peak = b.close_peak_window(self._peak_window)
         r.memory = Memory(self._mem_before, after, max(peak, after, self._mem_before),
                           b.capacity(), _process.memory_info().rss - self._rss_before)
@@ -170,6 +209,9 @@ class Tracker:
         r.d2h_bytes = max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0)
         account = b.end_window()  # after the synchronize: what the device itself says about the window
         r.ops_not_native = reconcile(self._ops.rows(), account)
+        for row in r.ops_not_native:
+            if row.kind in OFF_DEVICE:
+                row.rewrite = rewrites.for_op(row.op, b.coverage)
         r.compiles = with_account(r.compiles, account)
         if error is not None:  # formatted last: str() of an exception may format tensors (device work)
             text = str(error).strip().split("\n")[0]
