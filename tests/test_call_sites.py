@@ -69,3 +69,4 @@ def test_a_library_fallback_names_the_library_line_and_the_cell_line_that_led_to
     for frame in text.split("stack:")[1:]:
         assert "IPython" not in frame and "neuron_lab/" not in frame and "torch/" not in frame, frame
     assert "t5/modeling_t5.py" in text and "transformers/models/t5/modeling_t5.py" in text
+

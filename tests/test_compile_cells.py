@@ -19,6 +19,7 @@ from shells import run
 from torch._dynamo.variables.tensor import TensorVariable
 
 from neuron_lab.backend.emulator.lowering import LOWERING_ENV
+from neuron_lab.extension import session_of
 from neuron_lab.trace.tracker import Tracker
 
 MODEL = """\
@@ -230,3 +231,25 @@ def test_dynamo_break_reasons_read_in_plain_words(dynamo_text: str, plain: str, 
     from neuron_lab.trace.compiles import explain_break
 
     assert explain_break(dynamo_text) == (plain, dynamo_text.splitlines()[0], hint)
+
+
+def test_a_compiled_fallback_is_reported_at_its_own_line_through_modules_from_several_cells(shell) -> None:
+    """The op's FX node came from In[h] line 4, called from In[n] line 8: each cell is a file of its own, and dynamo's
+    code for ``forward`` reads as its ``def`` line, so only the node's stack says where the op came from."""
+    head, _ = run(shell, "import torch\nclass AngleHead(torch.nn.Module):\n    def forward(self, h, x):\n"
+                         "        return torch.atan2(h, x)")
+    net, _ = run(shell, "class TwoCellNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                        "        self.lin = torch.nn.Linear(8, 8)\n        self.head = AngleHead()\n"
+                        "    def forward(self, idx):\n        h = self.lin(idx)\n"
+                        "        return self.head(h, idx).sum()\n"
+                        "net = TwoCellNet().to('neuron')\nx = torch.randn(4, 8).to('neuron')")
+    res, cap = run(shell, "loss = torch.compile(net, backend='neuron')(x)\nloss.backward()")
+    h, n, c = head.execution_count, net.execution_count, res.execution_count
+    (row,) = next(reversed(session_of(shell).history.values())).fallbacks
+    (sc,) = row.sites
+    assert (row.op, sc.site.cell, sc.site.line, sc.via) == ("aten::atan2.out", h, 4, None)
+    assert f"      at In[{h}] line 4: return torch.atan2(h, x)  (1×)" in cap.stdout
+    (stack,) = sc.stacks
+    assert stack[0] == f"In[{c}] line 1 in <module>: loss = torch.compile(net, backend='neuron')(x)"
+    assert stack[-2:] == (f"In[{n}] line 8 in forward: return self.head(h, idx).sum()",
+                          f"In[{h}] line 4 in forward: return torch.atan2(h, x)")
