@@ -54,7 +54,7 @@ class Locator:
         f = frame
         while f is not None:
             role = self._role_of(f.f_code)
-            if role == _USER:
+            if role == _USER and not _compiled_entry(f):
                 return f, library
             if role == _LIBRARY and library is None:
                 library = f
@@ -97,12 +97,20 @@ class Locator:
         f = frame
         while f is not None and not frames.is_shell(f.f_code.co_filename):  # a cell magic's body: not the magic's line
             role = self._role_of(f.f_code)
-            if role != _INTERNAL:
+            if role != _INTERNAL and not _compiled_entry(f):
                 chain.append(f)
                 if role == _USER:
                     outermost_user = len(chain)
             f = f.f_back
         return chain[:outermost_user] if outermost_user else chain
+
+
+def _compiled_entry(frame: FrameType) -> bool:
+    """Dynamo's code for a compiled function, at its ``def`` line: it calls the compiled graphs, whose ops have
+    lines of their own (or, without them, the line that called the function says more than a ``def``)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    code = frame.f_code
+    return dynamo is not None and frame.f_lineno == code.co_firstlineno and code in dynamo.orig_code_map
 
 
 class FileLocator(Locator):
