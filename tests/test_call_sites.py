@@ -1,7 +1,7 @@
-"""Where a call came from, inside library and compiled code: a row names the innermost library line and the
-cell line that led to it ("generation/utils.py:3280 `next_tokens = torch.multinomial(...)` ← In[3] line 1"), the
-full chain with `%neuron report --full` (no IPython, neuron_lab or PyTorch frames); compiled graphs report at the
-line each FX node came from; graph breaks inside a library say the library line and why, in plain words.
+"""Where a call came from, inside library code: a row names the innermost library line and the cell line that led
+to it ("generation/utils.py:3280 `next_tokens = torch.multinomial(...)` ← In[3] line 2"), and the full chain with
+`%neuron report --full` (no IPython, neuron_lab or PyTorch frames). Compiled graphs and graph breaks inside a
+library are tested in test_compile_cells.py, beside the other compiled cells.
 
 Hugging Face models are tiny configs with random weights: no hub downloads.
 """
@@ -9,6 +9,7 @@ Hugging Face models are tiny configs with random weights: no hub downloads.
 from __future__ import annotations
 
 import inspect
+import json
 
 import pytest
 from shells import run
@@ -16,6 +17,7 @@ from shells import run
 transformers = pytest.importorskip("transformers")
 
 from neuron_lab.extension import session_of  # noqa: E402
+from neuron_lab.report.model import Report  # noqa: E402
 
 T5 = """\
 import torch, transformers
@@ -52,6 +54,8 @@ def test_a_library_fallback_names_the_library_line_and_the_cell_line_that_led_to
     assert (sc.via.short_label, sc.via.line) == (f"generation/utils.py:{sample}", sample)
     assert (f"      at generation/utils.py:{sample} `next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)`"
             f" ← In[{n}] line 2: {GENERATE}  (3×)") in cap.stdout
+    saved = Report.from_dict(json.loads(json.dumps(last_report(shell).as_dict())))  # a saved report keeps both lines
+    assert [s.via for r in saved.fallbacks for s in r.sites] == [sc.via]
     html = last_report(shell)._repr_html_()
     assert f"<code>generation/utils.py:{sample}</code>" in html and f"<code>In[{n}] line 2</code>" in html
 
