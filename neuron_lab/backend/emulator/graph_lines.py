@@ -35,12 +35,12 @@ def _chain(stack_trace: str | None) -> tuple[Line, ...]:
 
 @functools.lru_cache(maxsize=4096)  # chains repeat across a model's layers and its graphs
 def _through(chain: tuple[Line, ...]) -> Callable[..., Any]:
-    """``at(fn, *args, **kwargs)``: calls ``fn`` through one frame per line of ``chain``, each at its line of its
-    file under its function's name."""
+    """``at(fn, args, kwargs)``: calls ``fn(*args, **kwargs)`` through one frame per line of ``chain``, each at its
+    line of its file under its function's name (the arguments passed on as they are: a frame costs one plain call)."""
     (filename, line, name), rest = chain[0], chain[1:]
-    call = "__next(__fn, *a, **k)" if rest else "__fn(*a, **k)"
+    call = "__next(__fn, a, k)" if rest else "__fn(*a, **k)"
     namespace: dict[str, Any] = {"__next": _through(rest) if rest else None}
-    exec(compile("\n" * (line - 1) + f"def at(__fn, *a, **k): return {call}\n", filename, "exec"), namespace)
+    exec(compile("\n" * (line - 1) + f"def at(__fn, a, k): return {call}\n", filename, "exec"), namespace)
     fn = namespace["at"]
     names = {"co_name": name, **({"co_qualname": name} if hasattr(fn.__code__, "co_qualname") else {})}
     fn.__code__ = fn.__code__.replace(**names)
@@ -58,7 +58,8 @@ def located_forward(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
     namespace = dict(gm.forward.__func__.__globals__)
     helpers: dict[tuple[Line, ...], str] = {}
     for stmt in fn.body:
-        if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)):
+        if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)
+                and all(k.arg is not None for k in stmt.value.keywords)):
             continue
         targets = [t.id for t in ast.walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)]
         chain = next((chains[t] for t in targets if chains.get(t)), None)
@@ -69,7 +70,8 @@ def located_forward(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
             name = helpers[chain] = f"_neuron_lab_at_{len(helpers)}"
             namespace[name] = _through(chain)
         call = stmt.value
-        stmt.value = ast.Call(ast.Name(name, ast.Load()), [call.func, *call.args], call.keywords)
+        kwargs = ast.Dict([ast.Constant(k.arg) for k in call.keywords], [k.value for k in call.keywords])
+        stmt.value = ast.Call(ast.Name(name, ast.Load()), [call.func, ast.Tuple(call.args, ast.Load()), kwargs], [])
     ast.fix_missing_locations(tree)
     exec(compile(tree, gm.forward.__code__.co_filename, "exec"), namespace)
     return types.MethodType(namespace["forward"], gm)
