@@ -5,7 +5,9 @@
   reason (the guard that failed) and the reasons it restarted after a graph break; a resumed frame
   (``torch_dynamo_resume_in_<fn>_at_<line>``) marks where a break happened;
 - graphs compiled through :func:`observed` backends also carry dynamo's ``compile_subgraph_reason``
-  with the user stack of the break, which names breaks the metrics leave without a reason;
+  with the user stack of the break, which names breaks the metrics leave without a reason; a break inside a
+  library is shown at its library line under the user line whose call reached it, and a ``step_unsupported``
+  (the caller's graph ended at a call whose own trace broke) with the reason that function restarted for;
 - the backend's own lowering time (``NeuronBackend.lowering_us``, passed in) adds what a backend lowers lazily,
   after dynamo's window closed.
 
