@@ -7,6 +7,7 @@ words, instead of onto the cell's stderr.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import threading
@@ -19,6 +20,7 @@ from shells import run
 from torch._dynamo.variables.tensor import TensorVariable
 
 from neuron_lab.backend.emulator.lowering import LOWERING_ENV
+from neuron_lab.extension import session_of
 from neuron_lab.trace.tracker import Tracker
 
 MODEL = """\
@@ -122,8 +124,8 @@ def test_graph_break_is_reported_in_plain_words_with_a_hint_and_nothing_on_stder
     assert lines[at + 1:at + 4] == [
         "      why: Python `if`/`while` on a tensor's value: which way it goes depends on the data, which the "
         "compiler cannot see while tracing, so the graph ends here and Python decides at run time",
-        "      fix: compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond`), or decide "
-        "outside the compiled code",
+        "      fix: compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond(pred, true_fn, "
+        "false_fn, operands)`), or decide outside the compiled code, on the host",
         "      dynamo: generic_jump TensorVariable()",
     ]
     assert "neuron_lab/" not in cap.stdout
@@ -138,8 +140,9 @@ def test_graph_break_is_reported_in_plain_words_with_a_hint_and_nothing_on_stder
     assert lines[at + 1:at + 4] == [
         "      why: `.item()` (or `int()`, `float()`, `bool()` of a tensor) turns a device value into a Python "
         "number, which a compiled graph cannot hold",
-        "      fix: Set `torch._dynamo.config.capture_scalar_outputs = True` or "
-        "`export TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1` to include these operations in the captured graph.",
+        "      fix: the number decides a Python branch on this line, so `capture_scalar_outputs` would not remove "
+        "this break: compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond(pred, true_fn, "
+        "false_fn, operands)`), or decide outside the compiled code, on the host",
         "      dynamo: Unsupported Tensor.item() call with capture_scalar_outputs=False",
     ]
 
@@ -230,3 +233,70 @@ def test_dynamo_break_reasons_read_in_plain_words(dynamo_text: str, plain: str, 
     from neuron_lab.trace.compiles import explain_break
 
     assert explain_break(dynamo_text) == (plain, dynamo_text.splitlines()[0], hint)
+
+
+def test_a_compiled_fallback_is_reported_at_its_own_line_through_modules_from_several_cells(shell) -> None:
+    """The op's FX node came from In[h] line 4, called from In[n] line 8: each cell is a file of its own, and dynamo's
+    code for ``forward`` reads as its ``def`` line, so only the node's stack says where the op came from."""
+    head, _ = run(shell, "import torch\nclass AngleHead(torch.nn.Module):\n    def forward(self, h, x):\n"
+                         "        return torch.atan2(h, x)")
+    net, _ = run(shell, "class TwoCellNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                        "        self.lin = torch.nn.Linear(8, 8)\n        self.head = AngleHead()\n"
+                        "    def forward(self, idx):\n        h = self.lin(idx)\n"
+                        "        return self.head(h, idx).sum()\n"
+                        "net = TwoCellNet().to('neuron')\nx = torch.randn(4, 8).to('neuron')")
+    res, cap = run(shell, "loss = torch.compile(net, backend='neuron')(x)\nloss.backward()")
+    h, n, c = head.execution_count, net.execution_count, res.execution_count
+    (row,) = next(reversed(session_of(shell).history.values())).fallbacks
+    (sc,) = row.sites
+    assert (row.op, sc.site.cell, sc.site.line, sc.via) == ("aten::atan2.out", h, 4, None)
+    assert f"      at In[{h}] line 4: return torch.atan2(h, x)  (1×)" in cap.stdout
+    assert sc.stacks == [(f"In[{c}] line 1 in <module>: loss = torch.compile(net, backend='neuron')(x)",
+                          f"In[{n}] line 8 in forward: return self.head(h, idx).sum()",
+                          f"In[{h}] line 4 in forward: return torch.atan2(h, x)")]  # not dynamo's `def forward`
+
+
+ITEM_BREAK = ("Unsupported Tensor.item() call with capture_scalar_outputs=False\n  Explanation: Dynamo does not "
+              "support tracing `Tensor.item()` with config.capture_scalar_outputs=False.\n  Hint: Set "
+              "`torch._dynamo.config.capture_scalar_outputs = True` or `export TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1` "
+              "to include these operations in the captured graph.")
+
+
+@pytest.mark.parametrize(("source", "captured_helps"), [
+    ("n = int(t.sum().item())", True),  # the number flows on into tensor ops: capturing it removes the break
+    ("if x.item() > 50:", False),
+    ("while t.max().item() > 1.0:", False),
+    ("y = a if t.sum().item() > 0 else b", False),
+])
+def test_item_advice_says_capture_scalar_outputs_only_where_it_removes_the_break(source: str,
+                                                                                 captured_helps: bool) -> None:
+    from neuron_lab.trace.compiles import explain_break
+
+    _, _, hint = explain_break(ITEM_BREAK, source)
+    assert ("capture_scalar_outputs = True" in hint) is captured_helps, hint
+    assert ("`torch.cond(" in hint and "would not remove this break" in hint) is not captured_helps, hint
+
+
+GPT2 = """\
+import transformers
+gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=100,
+                                                           n_positions=32)).to("neuron")
+ids = torch.randint(0, 100, (1, 8)).to("neuron")
+"""
+
+
+def test_a_graph_break_inside_a_library_names_its_line_the_cell_line_and_why_in_plain_words(shell) -> None:
+    """GPT-2's loss logs a one-time warning (`logger.warning_once`), which dynamo cannot trace: the graph of GPT-2's
+    forward ends at its `loss = self.loss_function(` line, and dynamo's graph calls that `step_unsupported`."""
+    modeling_gpt2 = pytest.importorskip("transformers.models.gpt2.modeling_gpt2")
+    lines, _ = inspect.getsourcelines(modeling_gpt2)
+    (at,) = [i for i, line in enumerate(lines, 1) if "loss = self.loss_function(" in line]
+    run(shell, "import torch\n" + GPT2)
+    res, cap = run(shell, "compiled = torch.compile(gpt, backend='neuron')\nout = compiled(input_ids=ids, labels=ids)")
+    n = res.execution_count
+    (b,) = next(reversed(session_of(shell).history.values())).compiles.breaks
+    assert (b.via.short_label, b.site.label) == (f"gpt2/modeling_gpt2.py:{at}", f"In[{n}] line 2")
+    assert b.reason.startswith("a call to a `logging.Logger` method") and "step_unsupported" not in cap.stdout
+    assert (f"  graph break at gpt2/modeling_gpt2.py:{at} `loss = self.loss_function(` ← In[{n}] line 2: "
+            "out = compiled(input_ids=ids, labels=ids)") in cap.stdout
+    assert "      fix: Add the logging method to `torch._dynamo.config.ignore_logging_functions`." in cap.stdout

@@ -74,6 +74,11 @@ def test_a_notebook_cell_running_the_trainer_reports_its_ops_and_memory(tmp_path
     assert report.memory.peak > 0 and report.h2d_bytes > 0
     assert report.fallbacks == []  # the bundled profile predicts none for GPT-2's training step
     assert {r.kind for r in report.ops_not_native} == {"downcast"}  # int64 token ids, reported as TorchNeuron does
+    # under the cell's line, each row names the library line that issued it: GPT-2's, the Trainer's, accelerate's
+    vias = {s.via.short_label.partition(":")[0] for r in report.ops_not_native for s in r.sites if s.via}
+    assert {"gpt2/modeling_gpt2.py", "transformers/trainer.py", "accelerate/accelerator.py"} <= vias, vias
+    assert {s.site.source for r in report.ops_not_native for s in r.sites} == {"loss, losses, where = train(tmp, "
+                                                                               "use_cpu=False)"}
 
 
 PARITY_SETUP = """

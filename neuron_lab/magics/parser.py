@@ -157,7 +157,7 @@ def build() -> NeuronArgumentParser:
     r.add_argument("cell", nargs="?", metavar="CELL|all", help="a cell number, or all").completer = _reports
     r.add_argument("--last", action="store_true", help="the last report (the default)")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--full", action="store_const", const="full", dest="detail", help="with stacks")
+    g.add_argument("--full", action="store_const", const="full", dest="detail", help="with call chains")
     g.add_argument("--summary", action="store_const", const="summary", dest="detail", help="one line")
     g.add_argument("--json", action="store_const", const="json", dest="detail", help="as JSON")
 

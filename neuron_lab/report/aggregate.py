@@ -28,10 +28,10 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
             m.nbytes += r.nbytes
             m.unattributed += r.unattributed
             for sc in r.sites:
-                where = (sc.site.filename, sc.site.line, sc.site.cell)
+                where = (sc.site, sc.via)
                 into = sites[key].get(where)
                 if into is None:
-                    into = sites[key][where] = SiteCount(sc.site)
+                    into = sites[key][where] = SiteCount(sc.site, via=sc.via)
                     m.sites.append(into)
                 into.count += sc.count
                 into.stacks.extend(st for st in sc.stacks if st not in into.stacks)

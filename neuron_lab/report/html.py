@@ -47,6 +47,7 @@ from neuron_lab.report.rows import (
     shape_text,
     summary_line,
 )
+from neuron_lab.report.sites import called_at_html
 from neuron_lab.report.timeline_html import timeline_html
 from neuron_lab.units import count, format_seconds, format_size
 
@@ -83,7 +84,7 @@ def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
 def _site_cells(row: OpRow, full: bool) -> str:
     parts = []
     for sc in row.sites:
-        s = f"<code>{escape(sc.site.label)}</code> {escape(sc.site.source)} ({sc.count:,}×)"
+        s = f"{called_at_html(sc.site, sc.via)} ({sc.count:,}×)"
         if full and sc.stacks:
             s += "".join("<pre style='margin:0'>" + escape("\n".join(st)) + "</pre>" for st in sc.stacks)
         parts.append(s)
@@ -170,8 +171,7 @@ def _break_why(b: GraphBreak) -> str:
 
 def compile_events_html(breaks: list[GraphBreak], recompiles: list[Recompile], failures: list[str]) -> str:
     """Graph breaks, recompiles and failed compiles in one folded table ("" when there are none)."""
-    rows = [["graph break", escape(b.site.label) if b.site else "?", escape(b.site.source) if b.site else "",
-             _break_why(b)] for b in breaks]
+    rows = [["graph break", called_at_html(b.site, b.via), "", _break_why(b)] for b in breaks]
     rows += [["recompile", escape(x.site.label) if x.site else "?", escape(x.code), escape(x.reason)]
              for x in recompiles]
     rows += [["failure", "", "", escape(f)] for f in failures]

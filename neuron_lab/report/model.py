@@ -7,19 +7,21 @@ numbers and source text only: never a tensor, so keeping reports never keeps dev
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Protocol
 
 from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
+from neuron_lab.frames import shown_path
 from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
 from neuron_lab.units import ShownAsText
 
 
 @dataclass(frozen=True)
 class Site:
-    """A line of user code: a notebook cell's line, or a file's."""
+    """A line of code: a notebook cell's, or a file's (the user's, or a library's such as ``modeling_t5.py``)."""
 
     filename: str
     line: int
@@ -28,18 +30,31 @@ class Site:
 
     @property
     def label(self) -> str:
+        """``In[4] line 3``, or the file and line, an installed package's file from its package
+        (``transformers/models/gpt2/modeling_gpt2.py:703``)."""
         if self.cell is not None:
             return f"In[{self.cell}] line {self.line}"
-        return f"{self.filename}:{self.line}"
+        return f"{shown_path(self.filename)}:{self.line}"
+
+    @property
+    def short_label(self) -> str:
+        """``In[4] line 3``, or the file's folder and name and line (``gpt2/modeling_gpt2.py:703``,
+        ``generation/utils.py:3280``: a name alone is often ``utils.py``)."""
+        if self.cell is not None:
+            return self.label
+        folder, name = os.path.split(shown_path(self.filename))
+        return f"{os.path.join(os.path.basename(folder), name)}:{self.line}"
 
 
 @dataclass
 class SiteCount:
-    """How often one op came from one site, with the distinct stacks of its first captures."""
+    """How often one op came from one user line (through one library line), with the distinct stacks of its first
+    captures."""
 
     site: Site
     count: int = 0
-    stacks: list[tuple[str, ...]] = field(default_factory=list)  # "where in function: source", innermost last
+    stacks: list[tuple[str, ...]] = field(default_factory=list)  # "where in function: source", the user's line first
+    via: Site | None = None  # the innermost library line between the op and the user's line (None: none)
 
 
 @dataclass
@@ -72,9 +87,10 @@ class OpRow:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpRow:
         """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
+        sites = [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]], _site(sc.get("via")))
+                 for sc in d["sites"]]
         return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(tuple(s) for s in d["shapes"]),
-                   tuple(d["dtypes"]), [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]])
-                                        for sc in d["sites"]], d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0),
+                   tuple(d["dtypes"]), sites, d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0),
                    _rewrite(d.get("rewrite")))
 
 
@@ -143,9 +159,10 @@ class HandledOom:
 @dataclass(frozen=True)
 class GraphBreak:
     reason: str  # in plain words ("Python `if` on a tensor's value ...")
-    site: Site | None
+    site: Site | None  # the user's line: the break's own, or the one whose call reached it
     note: str = ""  # dynamo's own words, short ("generic_jump TensorVariable()")
     hint: str = ""  # how to avoid the break, dynamo's own hint where it gives one
+    via: Site | None = None  # the library line where the graph broke, when it broke inside a library
 
 
 @dataclass(frozen=True)
@@ -435,7 +452,8 @@ class Report(ShownAsText):
         rows = [OpRow.from_dict(r) for r in d["ops_not_native"]]
         c = d["compiles"]
         compiles = Compiles(c["frames"], c["graphs"], c["compile_s"],
-                            [GraphBreak(b["reason"], _site(b["site"]), b.get("note", ""), b.get("hint", ""))
+                            [GraphBreak(b["reason"], _site(b["site"]), b.get("note", ""), b.get("hint", ""),
+                                        _site(b.get("via")))
                              for b in c["breaks"]],
                             [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
                             list(c["failures"]), c.get("neff_compile_s", 0.0),

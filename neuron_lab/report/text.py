@@ -45,6 +45,7 @@ from neuron_lab.report.rows import (
     shape_text,
     summary_line,
 )
+from neuron_lab.report.sites import called_at
 from neuron_lab.units import count, format_seconds, format_size
 
 
@@ -84,7 +85,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
         lines += rewrite_lines(row, full)
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
-            lines.append(f"      at {sc.site.label}: {sc.site.source}  ({sc.count:,}×)")
+            lines.append(f"      at {called_at(sc.site, sc.via)}  ({sc.count:,}×)")
             if full:
                 for stack in sc.stacks:
                     lines.append("        stack:")
@@ -141,8 +142,7 @@ def compile_event_lines(breaks: list[GraphBreak], recompiles: list[Recompile], f
     """Graph breaks and recompiles (``limit`` of each at most), where and why, then the compiles that failed."""
     lines = []
     for b in breaks[:limit]:
-        where = f"{b.site.label}: {b.site.source}" if b.site else "unknown line"
-        lines.append(f"  graph break at {where}\n      why: {b.reason}")
+        lines.append(f"  graph break at {called_at(b.site, b.via)}\n      why: {b.reason}")
         if b.hint:
             lines.append(f"      fix: {b.hint}")
         if b.note and b.note != b.reason:

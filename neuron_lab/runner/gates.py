@@ -13,6 +13,7 @@ from typing import Any
 from neuron_lab.kinds import KINDS, OFF_DEVICE, UNSUPPORTED
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Report
+from neuron_lab.report.sites import called_at
 from neuron_lab.runner.options import op_matches
 from neuron_lab.runner.summary import op_line
 from neuron_lab.units import count, format_size
@@ -114,8 +115,7 @@ def graph_break_gate(reports: list[Report]) -> GateResult:
     breaks = [b for r in reports for b in r.compiles.breaks]
     if not breaks:
         return GateResult("--fail-on-graph-break", True, "no graph breaks", "no graph breaks", "0 graph breaks")
-    where = "; ".join((f"{b.site.label}: {b.site.source}" if b.site else "an unknown line") + f" ({b.reason})"
-                      for b in breaks)
+    where = "; ".join(f"{called_at(b.site, b.via)} ({b.reason})" for b in breaks)
     return GateResult("--fail-on-graph-break", False, f"{count(len(breaks), 'graph break')}: {where}",
                       "no graph breaks", count(len(breaks), "graph break"),
                       [r.title for r in reports if r.compiles.breaks])

@@ -5,7 +5,9 @@
   reason (the guard that failed) and the reasons it restarted after a graph break; a resumed frame
   (``torch_dynamo_resume_in_<fn>_at_<line>``) marks where a break happened;
 - graphs compiled through :func:`observed` backends also carry dynamo's ``compile_subgraph_reason``
-  with the user stack of the break, which names breaks the metrics leave without a reason;
+  with the user stack of the break, which names breaks the metrics leave without a reason; a break inside a
+  library is shown at its library line under the user line whose call reached it, and a ``step_unsupported``
+  (the caller's graph ended at a call whose own trace broke) with the reason that function restarted for;
 - the backend's own lowering time (``NeuronBackend.lowering_us``, passed in) adds what a backend lowers lazily,
   after dynamo's window closed.
 
@@ -25,8 +27,10 @@ import time
 import types
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from neuron_lab import frames
 from neuron_lab.backend.events import WindowAccount
 from neuron_lab.report.model import Compiles, GraphBreak, Recompile, Site
 from neuron_lab.trace.sites import Locator
@@ -51,17 +55,20 @@ def short_reason(text: str) -> str:
     return head
 
 
+_DECIDE_ELSEWHERE = ("compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond(pred, true_fn, "
+                     "false_fn, operands)`), or decide outside the compiled code, on the host")
+_ITEM = r"Tensor\.item\(\)"
 # Dynamo's break reasons a newcomer meets most, in plain words: (pattern on dynamo's text, sentence, a hint
 # for when dynamo gives none). ``{name}`` is the first `quoted` name in dynamo's explanation.
 _PLAIN: tuple[tuple[re.Pattern[str], str, str], ...] = tuple((re.compile(p, re.I), text, hint) for p, text, hint in (
     (r"generic_jump|data.dependent (branch|jump|control flow)",
      "Python `if`/`while` on a tensor's value: which way it goes depends on the data, which the compiler cannot "
-     "see while tracing, so the graph ends here and Python decides at run time",
-     "compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond`), or decide outside the "
-     "compiled code"),
-    (r"Tensor\.item\(\)",
+     "see while tracing, so the graph ends here and Python decides at run time", _DECIDE_ELSEWHERE),
+    (_ITEM,
      "`.item()` (or `int()`, `float()`, `bool()` of a tensor) turns a device value into a Python number, "
      "which a compiled graph cannot hold", ""),
+    (r"logging\.Logger", "a call to a `logging.Logger` method (a library's log message, such as "
+     "`logger.warning_once`), which the compiler does not trace", ""),
     (r"tolist\(\)", "`.tolist()` copies a tensor into a Python list, which a compiled graph cannot hold", ""),
     (r"numpy\(\)", "`.numpy()` copies a tensor into a NumPy array, which a compiled graph cannot hold", ""),
     (r"builtin operator", "a call to Python's `{name}`, which cannot be part of a compiled graph", ""),
@@ -70,13 +77,20 @@ _PLAIN: tuple[tuple[re.Pattern[str], str, str], ...] = tuple((re.compile(p, re.I
      "custom op (`torch.library.custom_op`)"),
     (r"Dynamic shape operator", "`{name}` makes a tensor whose shape depends on the data (a boolean mask, "
      "`nonzero`, `unique`): a compiled graph needs its shapes before it runs", ""),
+    (r"^step_unsupported$", "the compiler stopped at a call into a function it could not finish tracing", ""),
 ))
+# A line whose Python decides on the value: capturing the scalar in the graph (capture_scalar_outputs) leaves the
+# decision, and the break, where they are.
+_BRANCHES = re.compile(r"^(if|elif|while|assert)\b|\bif\b.*\belse\b")
+_BRANCH_HINT = ("the number decides a Python branch on this line, so `capture_scalar_outputs` would not remove this "
+                "break: " + _DECIDE_ELSEWHERE)
 _NO_HELP = ("Please report an issue", "please file an issue", "If it is ")  # not a fix, or only maybe one
 _QUOTED = re.compile(r"`([^`]+?)\.?`")
 
 
-def explain_break(text: str) -> tuple[str, str, str]:
-    """(plain reason, dynamo's own words in one short line, a hint) for one of dynamo's break reasons.
+def explain_break(text: str, source: str = "") -> tuple[str, str, str]:
+    """(plain reason, dynamo's own words in one short line, a hint) for one of dynamo's break reasons, at the line
+    whose source is ``source``.
 
     Dynamo's reasons are written for compiler developers ("generic_jump TensorVariable()"); a
     researcher needs what in their line broke the graph and what to write instead.
@@ -95,6 +109,8 @@ def explain_break(text: str) -> tuple[str, str, str]:
                 if quoted is None:
                     continue
                 plain = plain.format(name=quoted.group(1))
+            if pattern.pattern == _ITEM and _BRANCHES.search(source.strip()):
+                hint = _BRANCH_HINT
             return plain, note, hint or own_hint
     return (explanation.rstrip(".") or note), note, hint
 
@@ -221,6 +237,7 @@ class CompileTrace:
         self._lock = threading.Lock()
         self._t0: dict[str, tuple[float, int]] = {}
         self._triggers: dict[str, Site | None] = {}  # compile id -> the user line whose call compiled it
+        self._trigger: Site | None = None  # the user line whose call dynamo compiles now
         self._lowering_at_start = 0
         self._lowering_inside_us = 0
         self._result = Compiles()
@@ -296,7 +313,7 @@ class CompileTrace:
         lowering = self._lowering_us()
         with self._lock:
             self._t0[str(args.compile_id)] = (time.perf_counter(), lowering)
-            self._triggers[str(args.compile_id)] = trigger
+            self._triggers[str(args.compile_id)] = self._trigger = trigger
             # a lazily compiled backward is compile time of the same frame, not another frame
             if getattr(args.callback_trigger, "name", None) != "LAZY_BACKWARD":
                 self._result.frames += 1
@@ -314,13 +331,17 @@ class CompileTrace:
         self._graphs_seen += 1
         if reason is None or not getattr(reason, "graph_break", False):
             return
-        site = None
+        site = via = None
         for fs in reversed(getattr(reason, "user_stack", None) or []):
             if self.locator is None or self.locator.is_user_file(fs.filename):
                 site = self._site(fs.filename, fs.lineno)
                 break
+            if via is None and not frames.is_internal(fs.filename):
+                via = self._site(fs.filename, fs.lineno)  # the library line where the graph broke
+        site = site or self._trigger  # broke inside a library: the user line whose call got there
+        source = (via or site).source if via or site else ""
         with self._lock:
-            self._observed_breaks.append(GraphBreak(**_break_words(reason.reason), site=site))
+            self._observed_breaks.append(GraphBreak(**_break_words(reason.reason, source), site=site, via=via))
 
     # -- metrics ------------------------------------------------------------------------------
     def _site(self, filename: str | None, line: int | None) -> Site | None:
@@ -332,9 +353,12 @@ class CompileTrace:
 
     def _from_metrics(self, metrics: list) -> None:
         res = self._result
-        breaks: dict[tuple[str, int] | None, GraphBreak] = {}
+        inner = _inner_restart(metrics)
+        breaks: dict[tuple[Site | None, Site | None], GraphBreak] = {}
         for b in self._observed_breaks:
-            breaks.setdefault((b.site.filename, b.site.line) if b.site else None, b)
+            if b.note == "step_unsupported" and inner:  # the called function's own break says why
+                b = replace(b, **_break_words(inner, b.via.source if b.via else b.site.source if b.site else ""))
+            breaks.setdefault((b.site, b.via), b)
         last_restart: dict[str, str] = {}  # co_filename -> the latest restart reason seen in it
         for m in metrics:
             res.graphs += 1 if (m.graph_op_count or 0) > 0 else 0
@@ -344,11 +368,12 @@ class CompileTrace:
                 res.failures.append(f"{code}{at}: {short_reason(m.fail_reason)}")
             resumed = _RESUME.match(m.co_name or "")
             if resumed:
-                line = int(resumed["line"])
-                key = (m.co_filename, line)
-                if key not in breaks:
+                at = self._site(m.co_filename, int(resumed["line"]))
+                user = self.locator is None or self.locator.is_user_file(m.co_filename or "")
+                site, via = (at, None) if user else (self._triggers.get(str(m.compile_id)), at)
+                if (site, via) not in breaks:
                     why = last_restart.get(m.co_filename or "", "")
-                    breaks[key] = GraphBreak(**_break_words(why), site=self._site(m.co_filename, line))
+                    breaks[(site, via)] = GraphBreak(**_break_words(why, at.source if at else ""), site=site, via=via)
             if m.restart_reasons:
                 last_restart[m.co_filename or ""] = sorted(m.restart_reasons)[0]
             if m.recompile_reason:
@@ -366,9 +391,16 @@ class CompileTrace:
         return m.co_name or "?", trigger or self._site(m.co_filename, m.co_firstlineno)
 
 
-def _break_words(text: str) -> dict[str, str]:
-    reason, note, hint = explain_break(text)
+def _break_words(text: str, source: str = "") -> dict[str, str]:
+    reason, note, hint = explain_break(text, source)
     return {"reason": reason, "note": note, "hint": hint}
+
+
+def _inner_restart(metrics: list) -> str:
+    """The first reason a frame of the window restarted for that says what broke ("Unknown
+    fail_and_restart_analysis" does not): what a ``step_unsupported`` break in a caller stands for."""
+    reasons = [r for m in metrics for r in sorted(m.restart_reasons or ()) if not r.startswith("Unknown ")]
+    return reasons[0] if reasons else ""
 
 
 def _compiled_frame_name(frame: types.FrameType | None) -> str | None:

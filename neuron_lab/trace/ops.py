@@ -1,4 +1,5 @@
-"""Per-window rows for the ops that did not run natively, each with the user lines that issued it.
+"""Per-window rows for the ops that did not run natively, each with the user lines that issued it (and the
+innermost library line between, when a library issued it).
 
 Only fallback, host and downcast events are delivered here (native ops are counted by the
 backend), so the cost is on calls that are already slow. Looking up the site is a walk up the
@@ -28,7 +29,7 @@ class OpTrace:
         self.stack_depth = stack_depth
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str, int], OpRow] = {}  # (op, kind, group size): a collective per group size
-        self._sites: dict[tuple[str, str, int], dict[tuple[str, int], SiteCount]] = {}
+        self._sites: dict[tuple[str, str, int], dict[tuple, SiteCount]] = {}  # (file, line, library line)
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
         self.fallback_calls = 0  # CPU fallback and host calls so far: live views read it from their thread
 
@@ -51,21 +52,23 @@ class OpTrace:
                 row.unattributed += 1
                 return
         frame = sys._getframe(1)
-        user = self.locator.user_frame(frame)
+        user, library = self.locator.frames(frame)
         with self._lock:
             if user is None:
                 row.unattributed += 1
                 return
             sites = self._sites[key]
-            where = (user.f_code.co_filename, user.f_lineno)
+            via = None if library is None else (library.f_code.co_filename, library.f_lineno)
+            where = (user.f_code.co_filename, user.f_lineno, via)
             sc = sites.get(where)
             if sc is None:
-                sc = sites[where] = SiteCount(self.locator.site(*where))
+                sc = sites[where] = SiteCount(self.locator.site(*where[:2]),
+                                              via=None if via is None else self.locator.site(*via))
                 row.sites.append(sc)
             sc.count += 1
             want_stack = sc.count <= self.stack_limit
         if want_stack:
-            stack = self.locator.stack(user, self.stack_depth)
+            stack = self.locator.stack(frame, self.stack_depth)
             with self._lock:
                 if stack not in sc.stacks:
                     sc.stacks.append(stack)

@@ -1,33 +1,30 @@
-"""Which line of the user's code issued an op: the innermost frame that belongs to the user.
+"""Which lines issued an op: the innermost frame that belongs to the user, and the innermost library frame
+between it and the op (``modeling_t5.py``'s line under the cell's ``model.generate(...)``).
 
-A locator answers "is this code object the user's, and which site is it" from a code object and
-a line, with a cache per code object so the common case is one dict lookup per frame. Backward
-kernels run on autograd's device thread, whose stack has no user frame; their site is the line
-the main thread is blocked on (the ``loss.backward()`` call).
+A locator answers "is this code object the user's, a library's or internal" (:mod:`neuron_lab.frames`:
+PyTorch, the standard library, neuron_lab) from a code object, with a cache per code object so the common
+case is one dict lookup per frame. Backward kernels run on autograd's device thread, whose stack has no
+user frame; their site is the line the main thread is blocked on (the ``loss.backward()`` call).
 """
 
 from __future__ import annotations
 
 import linecache
-import os
 import sys
 import threading
 from types import CodeType, FrameType
 
-import torch
-
+from neuron_lab import frames
 from neuron_lab.report.model import Site
 
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["neuron_lab"]) if m.__file__)
-_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
-_SITE_PACKAGES = os.sep + "site-packages" + os.sep
+_INTERNAL, _LIBRARY, _USER = 0, 1, 2
 
 
 class Locator:
     """Maps frames to user sites. Subclasses decide what counts as user code."""
 
     def __init__(self) -> None:
-        self._is_user: dict[CodeType, bool] = {}
+        self._role: dict[CodeType, int] = {}
 
     def is_user_file(self, filename: str) -> bool:
         raise NotImplementedError
@@ -40,38 +37,80 @@ class Locator:
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The innermost user frame at or above ``frame``; on a non-main thread, the main thread's."""
-        f = self._innermost_user(frame)
-        if f is None and frame is not None and threading.current_thread() is not threading.main_thread():
-            # autograd's device threads run no user code: the op was caused by what the main thread runs
-            f = self._innermost_user(sys._current_frames().get(threading.main_thread().ident))
-        return f
+        return self.frames(frame)[0]
 
-    def _innermost_user(self, frame: FrameType | None) -> FrameType | None:
-        known = self._is_user
+    def frames(self, frame: FrameType | None) -> tuple[FrameType | None, FrameType | None]:
+        """(the innermost user frame, the innermost library frame below it) at or above ``frame``; on a thread
+        with no user frame (autograd's), the main thread's user frame. Either is None when there is none."""
+        user, library = self._walk(frame)
+        if user is None and frame is not None and threading.current_thread() is not threading.main_thread():
+            # autograd's device threads run no user code: the op was caused by what the main thread runs
+            user, main_library = self._walk(sys._current_frames().get(threading.main_thread().ident))
+            library = library or main_library
+        return user, library
+
+    def _walk(self, frame: FrameType | None) -> tuple[FrameType | None, FrameType | None]:
+        library = None
         f = frame
         while f is not None:
-            code = f.f_code
-            user = known.get(code)
-            if user is None:
-                user = known[code] = self.is_user_code(code)
-            if user:
-                return f
+            role = self._role_of(f.f_code)
+            if role == _USER and not _compiled_entry(f):
+                return f, library
+            if role == _LIBRARY and library is None:
+                library = f
             f = f.f_back
-        return None
+        return None, library
+
+    def _role_of(self, code: CodeType) -> int:
+        role = self._role.get(code)
+        if role is None:
+            role = self._role[code] = (_USER if self.is_user_code(code) else
+                                       _INTERNAL if frames.is_internal(code.co_filename) else _LIBRARY)
+        return role
 
     def locate(self, frame: FrameType | None) -> Site | None:
         f = self.user_frame(frame)
         return None if f is None else self.site(f.f_code.co_filename, f.f_lineno)
 
     def stack(self, frame: FrameType, depth: int) -> tuple[str, ...]:
-        """Up to ``depth`` frames ending at the user frame, outermost first, as "where: source"."""
-        out: list[str] = []
-        f: FrameType | None = self.user_frame(frame)
-        while f is not None and len(out) < depth:
+        """The chain from the outermost user line down to the innermost library line at or above ``frame``, as
+        "where in function: source": library and user frames, none internal (PyTorch, neuron_lab), none of the
+        shell's (IPython's) and none above them. Longer than ``depth``: the outermost line and the innermost
+        ``depth - 1``."""
+        chain = self._chain(frame)
+        if not any(self._role_of(f.f_code) == _USER for f in chain):
+            user = self.user_frame(frame)  # autograd's thread: the main thread's line
+            chain += [] if user is None else self._chain(user)
+        if len(chain) > depth:
+            chain = chain[:depth - 1] + chain[-1:]
+        out = []
+        for f in reversed(chain):
             s = self.site(f.f_code.co_filename, f.f_lineno)
             out.append(f"{s.label} in {f.f_code.co_name}: {s.source}")
+        return tuple(out)
+
+    def _chain(self, frame: FrameType | None) -> list[FrameType]:
+        """The library and user frames at or above ``frame``, innermost first, up to the outermost user frame below
+        the shell's."""
+        chain: list[FrameType] = []
+        outermost_user = 0
+        f = frame
+        while f is not None and not frames.is_shell(f.f_code.co_filename):  # a cell magic's body: not the magic's line
+            role = self._role_of(f.f_code)
+            if role != _INTERNAL and not _compiled_entry(f):
+                chain.append(f)
+                if role == _USER:
+                    outermost_user = len(chain)
             f = f.f_back
-        return tuple(reversed(out))
+        return chain[:outermost_user] if outermost_user else chain
+
+
+def _compiled_entry(frame: FrameType) -> bool:
+    """Dynamo's code for a compiled function, at its ``def`` line: it calls the compiled graphs, whose ops have
+    lines of their own (or, without them, the line that called the function says more than a ``def``)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    code = frame.f_code
+    return dynamo is not None and frame.f_lineno == code.co_firstlineno and code in dynamo.orig_code_map
 
 
 class FileLocator(Locator):
@@ -80,4 +119,4 @@ class FileLocator(Locator):
     def is_user_file(self, fn: str) -> bool:
         if fn.startswith("<"):
             return False  # <frozen ...>, <string>, generated code
-        return not (fn.startswith(_LIBRARY_DIRS) or fn.startswith(_STDLIB_DIR) or _SITE_PACKAGES in fn)
+        return not (frames.is_internal(fn) or frames.is_installed(fn))
