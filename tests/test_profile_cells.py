@@ -89,9 +89,10 @@ def test_native_ops_have_device_time_on_the_device_lane_and_the_report_shows_bot
     assert set(p.lanes) == {"neuron:0"} and 0 < p.lanes["neuron:0"] <= p.device_ns
     assert p.device_ns == sum(r.device_ns for r in p.rows)
     lines = out.splitlines()
+    assert lines[0].startswith("Out[") and "<neuron_lab profile: " in lines[0]  # the cell's value, one line
     # the emulator's device lanes are host time, and every device time says so (the backend's word for its clock)
-    assert lines[0].endswith(f"profiled: device (host clock) {format_seconds(p.device_ns / 1e9)}, "
-                             f"host {format_seconds(p.host_ns / 1e9)}"), lines[0]
+    assert lines[1].endswith(f"profiled: device (host clock) {format_seconds(p.device_ns / 1e9)}, "
+                             f"host {format_seconds(p.host_ns / 1e9)}"), lines[1]
     assert any(x.startswith("profile: ") and ", device (host clock) " in x for x in lines), lines
     at = lines.index("ops by device (host clock) + host time:")
     assert re.split(r"\s{2,}", lines[at + 1].strip()) == ["op", "ran", "calls", "device (host clock)", "host",
@@ -162,7 +163,7 @@ def test_the_cell_value_is_the_profile_whose_trace_exports_afterwards(shell, tmp
     kept = shell.user_ns["Out"][n]  # and `_`, but the cell binds `_` itself
     assert kept is neuron_lab.last_profile()
     assert kept.report is report and kept.profiled is report.profiled
-    assert out.count("ops by device + host time:") == 1  # the report; the value is one short line
+    assert out.count("ops by device (host clock) + host time:") == 1  # the report; the value is one short line
     assert f"Out[{n}]: <neuron_lab profile: {len(report.profiled.rows)} ops, 6 calls; " in out
     path = tmp_path / "after.json"
     run(shell, f"Out[{n}].export_chrome_trace({str(path)!r})")
@@ -182,7 +183,7 @@ def test_the_profile_gives_its_tables_afterwards(shell) -> None:
     report, _, n = profiled_cell(shell, "--row-limit 1")
     kept = neuron_lab.last_profile()
     table = kept.table().splitlines()  # every row, whatever the cell showed
-    assert table[0].startswith("profile: ") and "ops by device + host time:" in table
+    assert table[0].startswith("profile: ") and "ops by device (host clock) + host time:" in table
     assert all(any(line.startswith(f"  {r.op} ") for line in table) for r in report.profiled.rows)
     folded = kept.table(row_limit=2).splitlines()
     assert f"  … {len(report.profiled.rows) - 2} more ops (`%neuron report --full`)" in folded

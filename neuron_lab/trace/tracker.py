@@ -143,8 +143,10 @@ class Tracker:
     def _handled_ooms(self, error: BaseException | None, ooms_after: int) -> list[HandledOom]:
         """The out-of-memory errors heard in the window but the one it ended with, by line; those the device counted
         (``num_ooms``) but nobody heard, as one row without a line."""
-        propagated = error is not None and (isinstance(error, torch.OutOfMemoryError)
-                                            or self.backend.oom_asked(error) is not None)
+        # Never str() another error here: its message may hold a device tensor, whose repr runs ops in the window.
+        propagated = isinstance(error, torch.OutOfMemoryError) or (
+            isinstance(error, RuntimeError) and bool(error.args) and isinstance(error.args[0], str)
+            and self.backend.oom_asked(error) is not None)
         handled = [o for o in self._ooms if o[0] != id(error)]
         by_site: dict[Site | None, list] = {}
         for o in handled:
