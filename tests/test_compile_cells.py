@@ -8,6 +8,7 @@ words, instead of onto the cell's stderr.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import warnings
@@ -197,8 +198,12 @@ def test_compiling_says_which_frame_how_many_graphs_and_how_long_from_any_thread
         tracker.stop()
     assert out.tolist() == [4.0, 4.0]
     (snapshot,) = seen
-    assert set(snapshot) == {"frame", "graphs", "elapsed_s"}
-    assert (snapshot["frame"], snapshot["graphs"]) == ("scaled", 1)
+    assert set(snapshot) == {"frame", "graphs", "elapsed_s", "phase", "site"}
+    assert (snapshot["frame"], snapshot["graphs"], snapshot["phase"]) == ("scaled", 1, "lowering")  # in the backend
+    assert snapshot["site"].startswith(f"{__file__}:")  # the line whose call compiled
+    from neuron_lab.report.waits import compiling_line
+
+    assert re.fullmatch(r"compiling scaled: lowering graph 1 to the neuron device — \d+ s", compiling_line(snapshot))
     assert 0 < snapshot["elapsed_s"] < 60
     assert tracker.compiling() is None
 
