@@ -266,3 +266,19 @@ def test_a_report_with_an_oom_reads_back_from_json() -> None:
     assert "<b>out of memory: 804.69 KiB held when the error unwound, by:</b>" in html
     assert ">parts[…]</td>" in html and ">in smaller storages</td>" in html
     assert "freed after the error: 683.59 KiB" in html
+
+
+def test_one_of_anything_is_singular_in_text_and_html() -> None:
+    """Counts go through ``units.count``: "1 call", never "1 calls" (a row's calls without a user line, a section's
+    calls in HTML)."""
+    from neuron_lab.kinds import FALLBACK
+    from neuron_lab.report.html import render_html
+    from neuron_lab.report.model import OpRow, Report
+    from neuron_lab.report.text import render_text
+
+    row = OpRow("aten::atan2.out", FALLBACK, "why", count=1, host_ns=1000, unattributed=1)
+    r = Report("In[1]", 1, "neuron:0", "default", "emulator", ops=1, ops_not_native=[row])
+    text, html = render_text(r), render_html(r)
+    assert "      1 call without a user line" in text.splitlines() and "CPU fallbacks (1 op, 1 call, " in text
+    assert "1 call without a user line" in html and "<b>CPU fallbacks: 1 call</b>" in html
+    assert "1 calls" not in text + html and "1 ops" not in text + html

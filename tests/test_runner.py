@@ -526,7 +526,7 @@ def test_a_reader_that_leaves_early_is_no_traceback_and_the_files_still_come(tmp
 def test_a_long_first_compile_prints_each_step_once_and_leaves_no_progress_output(tmp_path):
     """Headless, the cell's progress line is plain lines on the terminal, one per step, before the cell's own line
     (no carriage returns, no dynamo names); the executed notebook keeps none of it."""
-    path = notebook(tmp_path / "nb.ipynb", SETUP, BREAK)
+    path = notebook(tmp_path / "nb.ipynb", "%config NeuronLab.compile_progress_s = 0\n" + SETUP, BREAK)
     r = run(tmp_path, "nb.ipynb", "--output", "out.ipynb")
     assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
     lines = r.stdout.splitlines()

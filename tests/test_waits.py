@@ -40,7 +40,7 @@ def test_a_cell_that_compiles_nothing_loads_no_compiler_and_a_first_compile_says
         c.HistoryAccessor.enabled = False
         sh = InteractiveShell.instance(config=c)
         outs = []
-        for code in ["%load_ext neuron_lab",
+        for code in ["%load_ext neuron_lab\\n%config NeuronLab.compile_progress_s = 0",
                      "import torch\\nnet = torch.nn.Linear(4, 2).to('neuron')\\nx = torch.ones(3, 4, device='neuron')",
                      "%%neuron compile\\nout = net(x)", "%%neuron compile\\nout = net(x)"]:
             with capture_output() as cap:

@@ -34,6 +34,9 @@ def compiling_step(c: dict[str, Any]) -> str:
     return f"compiling {what}: reading its Python code (graph {c['graphs'] + 1})"
 
 
+COMPILED = "compiled; the cell runs on"  # a shown line once its compiles are over and the cell still runs
+
+
 def compiling_line(c: dict[str, Any]) -> str:
     """The step and the seconds it has taken so far, in whole seconds (a line that changes once a second)."""
     return f"{compiling_step(c)} — {int(c['elapsed_s'])} s"

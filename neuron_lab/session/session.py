@@ -210,7 +210,7 @@ class Session:
             self._cell_start_s = self.timeline.now()
             self._compiled_before = self.locator.newest_cell()
             self.timeline.sample(self._tracker.memory_before, self._cell_start_s)
-            self.progress.cell_started(self._tracker)
+            self.progress.cell_started(self._tracker, c.compile_progress_s)
             if _backend.is_active():
                 device, b = self.device, _backend.active()
                 self.sampler.start(lambda: b.memory_sample(device), c.memory_sample_ms / 1000)

@@ -2,10 +2,10 @@
 says nothing for that long looks hung.
 
 One daemon thread for the session, idle between cells. While a cell runs it reads the cell's compile in progress
-(``Tracker.compiling()``: plain reads) four times a second; only a compile that has run :data:`SHOW_AFTER_S`
-shows a line, so cached and quick compiles show nothing. Under a kernel the line is one display output updated in
-place (``display_id``) and emptied as the cell ends, before its report; elsewhere (a terminal, a captured shell)
-each new step is one printed line, never a carriage return.
+(``Tracker.compiling()``: plain reads) four times a second; only a compile that has run
+``NeuronLab.compile_progress_s`` (0.7 s) shows a line, so cached and quick compiles show nothing. Under a kernel
+the line is one display output updated in place (``display_id``) and emptied as the cell ends, before its report;
+elsewhere (a terminal, a captured shell) each new step is one printed line, never a carriage return.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import threading
 import uuid
 from typing import Any
 
-from neuron_lab.report.waits import compiling_line, compiling_step
+from neuron_lab.report.waits import COMPILED, compiling_line, compiling_step
 
-SHOW_AFTER_S = 0.7  # a compile this long gets a line
 TICK_S = 0.25
 MIME = "application/vnd.neuron-lab.progress+json"  # the line's data: ``neuron-lab run`` prints each step once
 
@@ -36,15 +35,16 @@ class CompileProgress:
         self.error: BaseException | None = None  # the thread's last failure (a thread must not print it)
         self._wake = threading.Condition()
         self._tracker: Any = None  # the running cell's, while one runs
+        self._after_s = 0.0  # how long a compile runs before its line shows
         self._parent: Any = None  # the running cell's request (a kernel's outputs go to the cell that made them)
         self._generation = 0
         self._shown: str | None = None  # the display_id of the cell's line, once shown
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def cell_started(self, tracker: Any) -> None:
+    def cell_started(self, tracker: Any, after_s: float) -> None:
         with self._wake:
-            self._tracker, self._shown = tracker, None
+            self._tracker, self._shown, self._after_s = tracker, None, after_s
             self._parent = getattr(self.shell, "parent_header", None)
             self._generation += 1
             self._wake.notify()
@@ -80,14 +80,16 @@ class CompileProgress:
                     self._wake.wait()
                 if self._closed:
                     return
-                tracker, gen, parent = self._tracker, self._generation, self._parent
+                tracker, gen, parent, after_s = self._tracker, self._generation, self._parent, self._after_s
             if gen != generation:
                 generation, said = gen, ""
                 self._adopt(parent)
             try:
                 c = tracker.compiling()
-                if c is not None and c["elapsed_s"] >= SHOW_AFTER_S:
-                    said = self._say(c, said, gen)
+                if c is not None and (said or c["elapsed_s"] >= after_s):  # once shown, every step shows
+                    said = self._say(compiling_line(c), compiling_step(c), said, gen)
+                elif c is None and said and self.in_place:  # no stale "compiling" while the cell goes on
+                    said = self._say(COMPILED, COMPILED, said, gen)
             except Exception as e:  # noqa: BLE001  (kept for inspection; the cell and its report go on)
                 self.error = e
             with self._wake:
@@ -100,9 +102,8 @@ class CompileProgress:
         if parent and hasattr(pub, "set_thread_parent"):
             pub.set_thread_parent(parent)
 
-    def _say(self, c: dict[str, Any], said: str, gen: int) -> str:
+    def _say(self, text: str, step: str, said: str, gen: int) -> str:
         """Show the line (in place), or print its step when it is a new one (lines); what was said."""
-        text, step = compiling_line(c), compiling_step(c)
         wanted = text if self.in_place else step
         if wanted == said:
             return said
