@@ -14,6 +14,7 @@ from typing import Any
 from neuron_lab.report.rows import INT64_NOTE, expected_downcast
 from neuron_lab.session import shells
 from neuron_lab.session.session import banner
+from neuron_lab.units import ShownAsText
 
 MAGICS = "NeuronMagics"  # the name IPython's magics registry keeps the loaded extension's state under
 
@@ -45,7 +46,7 @@ def load(shell: Any) -> None:
         display(_unshown(report, shell))
         if not said_int64 and any(expected_downcast(r) for r in report.downcasts):
             said_int64.append(True)
-            print(INT64_NOTE)
+            display(_Note(INT64_NOTE))  # shown as the report is, under it: not in the cell's own stdout
 
     session.listeners.append(show)
     session.start()
@@ -74,6 +75,21 @@ def unload(shell: Any) -> None:
     for obj in (config, magics):  # register_magics lists the Magics instance as a configurable too
         if obj in shell.configurables:
             shell.configurables.remove(obj)
+
+
+class _Note(ShownAsText):
+    """A sentence shown under a report, as text or HTML (its `code` as <code>)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        from neuron_lab.report.html import sentence
+
+        return f"<div style='font-family:monospace;font-size:12px'>{sentence(self.text)}</div>"
 
 
 def _unshown(report: Any, shell: Any) -> Any:
