@@ -31,6 +31,8 @@ def compiling_step(c: dict[str, Any]) -> str:
     what = compiled_what(c)
     if phase == "lowering":
         return f"compiling {what}: lowering graph {max(c['graphs'], 1)} to the neuron device"
+    if phase == "backward":
+        return f"compiling {what}: its backward graph, for the gradients"
     return f"compiling {what}: reading its Python code (graph {c['graphs'] + 1})"
 
 

@@ -292,8 +292,9 @@ class CompileTrace:
 
         ``{"frame": the function being compiled ("PolarNet.__call__", "forward (resumed after line 7)"),
         "graphs": graphs compiled so far in this window, "elapsed_s": seconds since this frame's compile began,
-        "phase": "loading" (the compiler itself, at the first compile), "tracing" (dynamo reads the Python code)
-        or "lowering" (the backend compiles the graph), "site": the user line whose call compiles, or None}``.
+        "phase": "loading" (the compiler itself, at the first compile), "tracing" (dynamo reads the Python code),
+        "lowering" (the backend compiles the graph) or "backward" (the backward graph, at the first ``backward()``),
+        "site": the user line whose call compiles, or None}``.
         Plain reads of values the compiling thread replaces whole: safe to call from any thread, several
         times a second.
         """
@@ -318,9 +319,10 @@ class CompileTrace:
         frame = _compiled_frame_name(sys._getframe(1))
         if frame is None and self._compiling is not None:
             frame = self._compiling[0]  # a lazily compiled backward: the same frame's
-        if self._compiling is None:  # a backward compiled right after its forward keeps the forward's start
+        if self._compiling is None:  # a compile inside another keeps the outer one's line
             self._trigger = trigger
-        self._phase = "tracing"
+        lazy = getattr(args.callback_trigger, "name", None) == "LAZY_BACKWARD"
+        self._phase = "backward" if lazy else "tracing"
         self._compiling = (frame or "graph", time.perf_counter(), self._graphs_seen)
         lowering = self._lowering_us()
         with self._lock:
