@@ -531,7 +531,7 @@ def test_a_long_first_compile_prints_each_step_once_and_leaves_no_progress_outpu
     assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     steps = [x for x in lines if x.startswith("[2/2] In[2] … ")]
-    assert steps[0] == "[2/2] In[2] … loading the compiler (torch.compile's first use in this session)", lines
+    assert steps[0] == "[2/2] In[2] … loading PyTorch's compiler (once a session)", lines
     assert len(steps) == len(set(steps)) and "\r" not in r.stdout and "dynamo" not in " ".join(steps), steps
     done = next(i for i, x in enumerate(lines) if x.startswith("[2/2] In[2] ok "))
     assert max(lines.index(x) for x in steps) < done

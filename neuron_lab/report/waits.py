@@ -27,7 +27,7 @@ def compiling_step(c: dict[str, Any]) -> str:
     """What the compile does now, without the time: a line printed once per step (a terminal, ``neuron-lab run``)."""
     phase = c.get("phase")
     if phase == "loading":
-        return "loading the compiler (torch.compile's first use in this session)"
+        return LOADING
     what = compiled_what(c)
     if phase == "lowering":
         return f"compiling {what}: lowering graph {max(c['graphs'], 1)} to the neuron device"
@@ -36,7 +36,15 @@ def compiling_step(c: dict[str, Any]) -> str:
     return f"compiling {what}: reading its Python code (graph {c['graphs'] + 1})"
 
 
-COMPILED = "compiled; the cell runs on"  # a shown line once its compiles are over and the cell still runs
+LOADING = "loading PyTorch's compiler (once a session)"  # torch.compile, or a function torch imports it for
+# a shown line once its compile is over and the cell still runs: no stale step
+COMPILED = "compiled; the cell runs on"
+LOADED = "compiler loaded; the cell runs on"
+
+
+def settled(last_step: str) -> str:
+    """What a shown line says once the wait it showed is over while the cell runs on."""
+    return LOADED if last_step == LOADING else COMPILED
 
 
 def compiling_line(c: dict[str, Any]) -> str:

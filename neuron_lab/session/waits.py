@@ -15,7 +15,7 @@ import threading
 import uuid
 from typing import Any
 
-from neuron_lab.report.waits import COMPILED, compiling_line, compiling_step
+from neuron_lab.report.waits import compiling_line, compiling_step, settled
 
 TICK_S = 0.25
 MIME = "application/vnd.neuron-lab.progress+json"  # the line's data: ``neuron-lab run`` prints each step once
@@ -73,7 +73,7 @@ class CompileProgress:
         self.shell.display_pub.publish(data=data, metadata={}, transient={"display_id": display_id}, update=update)
 
     def _run(self) -> None:
-        generation, said = -1, ""
+        generation, said, step = -1, "", ""
         while True:
             with self._wake:
                 while self._tracker is None and not self._closed:
@@ -82,14 +82,15 @@ class CompileProgress:
                     return
                 tracker, gen, parent, after_s = self._tracker, self._generation, self._parent, self._after_s
             if gen != generation:
-                generation, said = gen, ""
+                generation, said, step = gen, "", ""
                 self._adopt(parent)
             try:
                 c = tracker.compiling()
                 if c is not None and (said or c["elapsed_s"] >= after_s):  # once shown, every step shows
-                    said = self._say(compiling_line(c), compiling_step(c), said, gen)
-                elif c is None and said and self.in_place:  # no stale "compiling" while the cell goes on
-                    said = self._say(COMPILED, COMPILED, said, gen)
+                    step = compiling_step(c)
+                    said = self._say(compiling_line(c), step, said, gen)
+                elif c is None and said and self.in_place:  # no stale step while the cell goes on
+                    said = self._say(settled(step), settled(step), said, gen)
             except Exception as e:  # noqa: BLE001  (kept for inspection; the cell and its report go on)
                 self.error = e
             with self._wake:

@@ -280,6 +280,9 @@ class CompileTrace:
         outside_us = self._lowering_us() - self._lowering_at_start - self._lowering_inside_us
         self._result.compile_s += max(outside_us, 0) / 1e6
         self._compiling = None
+        if not self._result.frames:  # loaded for no compile (torch loads it for some functions): not compile time
+            self._result.compile_s -= self._result.loading_s
+            self._result.loading_s = 0.0
         if self._backend_metrics is not None:  # a graph the backend could not lower as asked is said, not hidden
             for m in self._backend_metrics()[self._metrics_at_start:]:
                 if m.get("lowering_reason"):
