@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuron_lab.report.rows import INT64_NOTE, expected_downcast
 from neuron_lab.session import shells
 from neuron_lab.session.session import banner
+from neuron_lab.units import ShownAsText
 
 MAGICS = "NeuronMagics"  # the name IPython's magics registry keeps the loaded extension's state under
 
@@ -36,9 +38,15 @@ def load(shell: Any) -> None:
     shell.Completer.custom_matchers.append(magics.completer.matcher)
     shells.register(shell, session)  # where the agent, the widgets and the API find it
 
+    said_int64 = []  # the int64 note is said once a session, under the first report with an int64 downcast
+
     def show(report: Any) -> None:
-        if config.auto_report and report.touched_device:
-            display(report)
+        if not (config.auto_report and report.touched_device):
+            return
+        display(_unshown(report, shell))
+        if not said_int64 and any(expected_downcast(r) for r in report.downcasts):
+            said_int64.append(True)
+            display(_Note(INT64_NOTE))  # shown as the report is, under it: not in the cell's own stdout
 
     session.listeners.append(show)
     session.start()
@@ -67,6 +75,32 @@ def unload(shell: Any) -> None:
     for obj in (config, magics):  # register_magics lists the Magics instance as a configurable too
         if obj in shell.configurables:
             shell.configurables.remove(obj)
+
+
+class _Note(ShownAsText):
+    """A sentence shown under a report, as text or HTML (its `code` as <code>)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        from neuron_lab.report.html import sentence
+
+        return f"<div style='font-family:monospace;font-size:12px'>{sentence(self.text)}</div>"
+
+
+def _unshown(report: Any, shell: Any) -> Any:
+    """The report as shown under its cell: a check the cell's ``Out`` already showed in full (``%%neuron parity``
+    returns its result) is left out, so it is said once; the kept report still has it."""
+    out = shell.user_ns.get("Out", {}).get(report.cell) if report.cell is not None else None
+    if not any(c is out for c in report.checks):
+        return report
+    from dataclasses import replace
+
+    return replace(report, checks=[c for c in report.checks if c is not out])
 
 
 def _attach_widgets(session: Any) -> None:

@@ -219,6 +219,9 @@ register_config("widget_refresh_hz", float, 4.0, "How often live widgets refresh
 register_config("memory_sample_ms", float, 20.0, "How often the memory timeline reads the device's allocated bytes "
                 "while a cell runs, views open or not (a counter read on a background thread); 0 reads them only at "
                 "each cell's start and end.", minimum=0, maximum=1000)
+register_config("compile_progress_s", float, 0.7, "A compile running this long shows a line in its cell saying what "
+                "it does (loading the compiler, compiling a module, lowering a graph) and for how long, until the "
+                "report replaces it; 0 shows every compile's, a large value none.", minimum=0)
 register_config("auto_dashboard", bool, False, "Show a compact live strip (memory bar, fallback count, mode) under "
                 "each cell while it runs (widget frontends).")
 register_config("display_as", str, "auto", "How the live views show: widgets (auto: under a kernel) or static "

@@ -26,6 +26,9 @@ from neuron_lab.session.devices import default_device
 def loaded_shell(*, instance: bool = False) -> Iterator[InteractiveShell]:
     c = Config()
     c.HistoryAccessor.enabled = False
+    # A long compile's progress lines would land in the output of whichever test's compile happens to be slow on
+    # the machine (test_waits and the kernel tests check them, with their own setting): none here.
+    c.NeuronLab.compile_progress_s = 1e9
     sh = InteractiveShell.instance(config=c) if instance else InteractiveShell(config=c)
     default_before = default_device()
     with capture_output():

@@ -128,7 +128,8 @@ def test_parity_of_a_training_cell_agrees_and_steps_the_parameters_once(shell):
     r = last_report(shell)
     assert r.checks == [result]  # kept with the cell's report, in the history
     assert "check: parity neuron:0 vs cpu: agree" in str(r)
-    assert "check: parity neuron:0 vs cpu: agree" in cap.stdout  # the automatic report shows it
+    # the result shows once, as the cell's Out; the automatic report under it does not repeat it
+    assert cap.stdout.count("parity neuron:0 vs cpu: agree (") == 1 and "check: " not in cap.stdout
 
 
 def test_namespace_after_parity_is_exactly_a_plain_device_runs(shell):
@@ -209,7 +210,7 @@ def test_a_training_step_with_dropout_passes_with_the_device_runs_draws_replayed
     html = r._repr_html_()
     assert "<details><summary>60 items agree: idx, opt (42), loss, model (14), x, y</summary><table" in html
     assert html.index("randomness: 5 random ops") < html.index("<details>")
-    assert "check: parity neuron:0 vs cpu: agree (60 items, 1 step)" in cap.stdout
+    assert cap.stdout.count("parity neuron:0 vs cpu: agree (60 items, 1 step)") == 1  # Out only, not the report
     assert float(shell.user_ns["opt"].state[shell.user_ns["model"][2].weight]["step"]) == 1.0  # one real step
     res, _ = run(shell, "%%neuron parity --seed 3\n" + DROPOUT_STEP.lstrip())  # seeded too
     assert res.result.passed and res.result.randomness.complete, str(res.result)
@@ -403,7 +404,7 @@ def test_an_op_whose_device_path_differs_is_found_with_the_right_variable(shell)
     assert "first divergence: variable z, line 3" in str(result)
     html = result._repr_html_()
     assert "<table" in html and "FAIL" in html and "first divergence: variable z, line 3" in html
-    assert "check: parity neuron:0 vs cpu: FAIL (2 of 6 items over tolerance)" in cap.stdout
+    assert cap.stdout.count("parity neuron:0 vs cpu: FAIL (2 of 6 items over tolerance)") == 1  # Out only
 
 
 def test_the_first_training_step_that_diverged_is_reported(shell):
@@ -592,7 +593,8 @@ def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(s
     assert "numeric agreement, compiled against eager: agree" in text
     assert "<table" in r._repr_html_()
     assert last_report(shell).checks == [r]
-    assert f"check: {check_summary_line(r)}" in cap.stdout
+    assert cap.stdout.count(check_summary_line(r)) == 1 and "check: " not in cap.stdout  # said once, as Out
+    assert f"check: {check_summary_line(r)}" in str(last_report(shell))  # the kept report has it
     assert not modes.patched() and shell.user_ns["device"] == torch.device("neuron", 0)
     data = json.loads(json.dumps(r.as_dict()))
     assert data["kind"] == "compare" and len(data["eager"]["runs_s"]) == 3 and data["speedup"] == r.speedup

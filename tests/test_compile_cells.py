@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import sys
 import threading
 import warnings
@@ -97,7 +98,7 @@ def test_compiled_cell_reports_ops_and_fallbacks_inside_the_graphs_with_eager_nu
     _, eager = run(shell, "loss = net(x)\nloss.backward()\neager_grad = net.lin.weight.grad.clone()\nnet.zero_grad()")
     _, cap = run(shell, "%%neuron compile\ncompiled_loss = net(x)\ncompiled_loss.backward()")
     out = cap.stdout
-    head = out.splitlines()[0]
+    head = next(x for x in out.splitlines() if x.startswith("neuron_lab In["))  # after any progress lines
     assert " · compile · " in head and "1 CPU fallback call (1 op)" in head and "1 graph, 0 breaks" in head
     assert int(head.split(" ops · ")[0].rsplit(" · ", 1)[1]) >= 10  # the graphs' ops, not 0
     row = "  aten::atan2.out                        1×"
@@ -200,8 +201,12 @@ def test_compiling_says_which_frame_how_many_graphs_and_how_long_from_any_thread
         tracker.stop()
     assert out.tolist() == [4.0, 4.0]
     (snapshot,) = seen
-    assert set(snapshot) == {"frame", "graphs", "elapsed_s"}
-    assert (snapshot["frame"], snapshot["graphs"]) == ("scaled", 1)
+    assert set(snapshot) == {"frame", "graphs", "elapsed_s", "phase", "site"}
+    assert (snapshot["frame"], snapshot["graphs"], snapshot["phase"]) == ("scaled", 1, "lowering")  # in the backend
+    assert snapshot["site"].startswith(f"{__file__}:")  # the line whose call compiled
+    from neuron_lab.report.waits import compiling_line
+
+    assert re.fullmatch(r"compiling scaled: lowering graph 1 to the neuron device — \d+ s", compiling_line(snapshot))
     assert 0 < snapshot["elapsed_s"] < 60
     assert tracker.compiling() is None
 

@@ -26,6 +26,9 @@ import nbformat
 import pytest
 from filelock import FileLock  # a dependency of torch
 
+from neuron_lab.report.waits import COMPILED, LOADED
+from neuron_lab.session.waits import MIME as PROGRESS
+
 ROOT = Path(__file__).resolve().parents[1]
 CELL_TIMEOUT = 300  # seconds per cell; the first torch.compile imports inductor
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -35,8 +38,8 @@ IF_SOURCE = "if t.sum() > 0:"
 
 # Cell N of the notebook runs as In[N]: a fresh kernel counts from 1 and every cell stores history.
 CELLS = [
-    # In[1]
-    "%load_ext neuron_lab",
+    # In[1]: every compile shows its progress line (the default, 0.7 s, would make the test depend on the machine)
+    "%load_ext neuron_lab\n%config NeuronLab.compile_progress_s = 0",
     # In[2]
     "import torch\n"
     "%neuron device neuron\n"
@@ -109,10 +112,22 @@ def _notebook() -> Any:
 
 
 def _execute(tmp: Path) -> Any:
-    """The notebook, executed in a fresh python3 kernel (errors stay in the outputs, for the tests)."""
+    """The notebook, executed in a fresh python3 kernel (errors stay in the outputs, for the tests); every progress
+    line the kernel sent, in order, goes in its metadata (``progress``: cell index, message type, the line's data)."""
     notebook = _notebook()
     client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT, startup_timeout=120, kernel_name="python3",
                                      allow_errors=True, resources={"metadata": {"path": str(ROOT)}})
+    sent: list[dict[str, Any]] = []
+    notebook.metadata["progress"] = sent
+    process_message = client.process_message
+
+    def recording(msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+        data = msg.get("content", {}).get("data", {})
+        if msg["msg_type"] in ("display_data", "update_display_data") and PROGRESS in data:
+            sent.append({"cell": cell_index, "type": msg["msg_type"], **data[PROGRESS]})
+        return process_message(msg, cell, cell_index)
+
+    client.process_message = recording
     # A private IPython profile: no user startup files or config, no writes to ~/.ipython.
     client.execute(env={**os.environ, "IPYTHONDIR": str(tmp / "ipython")})
     return notebook
@@ -153,7 +168,7 @@ def _stdout(cell: Any) -> str:
 
 def _report(cell: Any) -> tuple[list[str], str]:
     """The one auto-report shown after the cell: its text/plain lines and its HTML."""
-    shown = _of(cell, "display_data")
+    shown = [o for o in _of(cell, "display_data") if PROGRESS not in o.data]
     assert len(shown) == 1, f"expected one report display, got {[o.data.keys() for o in shown]}"
     data = shown[0].data
     assert {"text/plain", "text/html"} <= set(data), sorted(data)
@@ -234,6 +249,32 @@ def test_compile_cell_reports_the_graph_break_and_returns_the_value(nb: Any) -> 
     assert text[breaks[0] + 1].startswith("      why: ") and text[breaks[0] + 1].strip() != "why:"
     assert f"<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">In[{n}] line 4</td>" in html
     assert "if t.sum() &gt; 0:" in html and ">graph break<" in html
+    assert "Python <code>if</code>/<code>while</code> on a tensor" in html and "`" not in html  # `code` as <code>
+
+
+def test_a_first_compile_shows_its_progress_in_plain_words_and_the_report_replaces_it(nb: Any) -> None:
+    """In[4] is the kernel's first compile (the compiler loads, then Net compiles): one display in the cell, updated
+    in place through its display_id, in plain words, emptied when the cell ends; its report comes after it."""
+    sent = [p for p in nb.metadata["progress"] if p["cell"] == 3]
+    assert not [p for p in nb.metadata["progress"] if p["cell"] != 3]  # no other cell compiled for long
+    assert [p["type"] for p in sent[:1]] == ["display_data"] and len(sent) >= 2, sent
+    assert {p["type"] for p in sent[1:]} == {"update_display_data"}, sent
+    steps = list(dict.fromkeys(p["step"] for p in sent[:-1]))
+    assert steps[0] == "loading PyTorch's compiler (once a session)", steps
+    for step in steps[1:]:  # which steps a tick catches depends on the machine; each is in these words
+        assert step in (COMPILED, LOADED) or re.fullmatch(
+            r"compiling (Net|forward)( \(resumed after line \d+\))?: (reading its Python code \(graph \d+\)|"
+            r"lowering graph \d+ to the neuron device)", step), steps
+    for p in sent[:-1]:
+        assert p["text"] in (COMPILED, LOADED) or re.fullmatch(re.escape(p["step"]) + r" — \d+ s", p["text"]), p
+        assert "wrapper" not in p["text"] and "dynamo" not in p["text"] and "\r" not in p["text"], p
+    assert (sent[-1]["text"], sent[-1]["step"]) == ("", "")  # emptied for the report
+    cell = _cell(nb, 4)
+    displays = _of(cell, "display_data")
+    assert displays[0].data["text/plain"] == "" and PROGRESS in displays[0].data  # the line, emptied
+    assert displays[-1].data["text/plain"].startswith("neuron_lab In[4] ")  # the report, after it
+    text, _ = _report(cell)
+    assert text[1].startswith("compile: ") and "of it loading PyTorch's compiler, once a session)" in text[1], text
 
 
 def test_report_all_lists_every_reported_cell(nb: Any) -> None:

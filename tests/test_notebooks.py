@@ -303,7 +303,7 @@ def check_eager_vs_compile(r: Ran) -> None:
     assert "(dynamo and backend " in cmp[4] and ", 1 frame compile, 1 graph)" in cmp[4], cmp[4]
     assert "numeric agreement, compiled against eager: agree (14 items)" in cmp
     assert not any(x.startswith("nothing compiled") for x in cmp), cmp
-    assert any(x.startswith("check: compare eager ") for x in r.report("check-compare"))
+    assert not any(x.startswith("check: ") for x in r.report("check-compare"))  # the Out above said it: once
     r.says("14 items", "min of 5", "host CPU timings", "\"it does not use TorchInductor\"")
 
     par = r.value("check-parity").splitlines()
@@ -311,7 +311,7 @@ def check_eager_vs_compile(r: Ran) -> None:
     items = {x.split()[0]: x.split()[1] for x in par if x.startswith("  ") and not x.startswith("  item ")}
     assert items == dict.fromkeys(["y", "model.up.weight", "model.up.bias", "model.down.weight", "model.down.bias",
                                    "x"], "ok"), items
-    assert "check: parity neuron:0 vs cpu: agree (6 items)" in r.report("check-parity")
+    assert not any(x.startswith("check: ") for x in r.report("check-parity"))  # the Out above said it: once
     r.says("6 items, all in agreement")
 
 
@@ -353,8 +353,7 @@ def check_huggingface(r: Ran) -> None:
     assert "trained on neuron:0: loss " in r.stdout("train")
     gpt2 = r.report("train")
     assert "no CPU fallbacks" in gpt2[0] and _calls(gpt2) == {}
-    assert any(x.startswith("64-bit downcasts: ") and x.endswith(" — `%neuron report --full` lists them")
-               for x in gpt2)  # one line in a report's default detail
+    assert not any(x.startswith("64-bit downcasts") for x in gpt2)  # int64 ids: said once a session, not per cell
     t5 = r.report("train-derived")
     assert _calls(t5) == {"aten::minimum": 12}  # 3 per step, 4 steps
     line = r.line("train-derived", "result = trainer.train()")
@@ -372,7 +371,7 @@ def check_language_model(r: Ran) -> None:
     assert "device neuron:0 · 256.00 MiB" in r.stdout("load")
     train = r.report("train")
     assert "no CPU fallbacks" in train[0] and len(train) <= 4, train  # a clean cell: a few lines
-    assert train[-1].startswith("64-bit downcasts: ") and train[-1].endswith(" — `%neuron report --full` lists them")
+    assert not any(x.startswith("64-bit downcasts") for x in train), train  # int64 indices: expected, said once
 
     sample = r.report("sample")
     line = r.line("sample", "nxt = torch.multinomial(probs, 1)")

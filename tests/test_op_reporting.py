@@ -9,6 +9,7 @@ import torch
 
 from neuron_lab import backend
 from neuron_lab.backend import coverage
+from neuron_lab.report.rows import INT64_NOTE
 
 
 @pytest.fixture
@@ -160,26 +161,64 @@ def _report(shell, code: str):
     return session_of(shell).history[res.execution_count]
 
 
-def test_a_training_cell_without_fallbacks_reports_in_three_lines(shell) -> None:
-    """The 64-bit downcasts of int64 indices are one line; their table, with no "0 µs" column, is in --full."""
+def _report_and_output(shell, code: str):
+    from shells import run
+
+    from neuron_lab.extension import session_of
+
+    res, cap = run(shell, code)
+    return session_of(shell).history[res.execution_count], cap.stdout
+
+
+def test_a_training_cell_with_int64_indices_reports_in_two_lines_and_says_int64_once(shell) -> None:
+    """int64 indices compute as int32 on TorchNeuron, expected: no line on every cell with indices, one note a
+    session under the first cell that has them; the downcasts' table, with no "0 µs" column, is in --full."""
     _report(shell, "import torch\nemb = torch.nn.Embedding(100, 16).to('neuron')\n"
                    "ids = torch.arange(32).view(4, 8).to('neuron')")
-    r = _report(shell, "for _ in range(3):\n    emb(ids).sum().backward()")
+    r, out = _report_and_output(shell, "for _ in range(3):\n    emb(ids).sum().backward()")
     text = str(r).splitlines()
-    assert len(text) == 3 and "· no CPU fallbacks · 6 64-bit downcasts ·" in text[0], text
-    assert text[1].startswith("memory: ")
-    assert text[2] == ("64-bit downcasts: 6 int64→int32 (aten::embedding_dense_backward ×3, aten::index_select ×3) "
-                       "— `%neuron report --full` lists them")
-    assert f"<div>{text[2]}</div>" in r._repr_html_() and "<table" not in r._repr_html_().split("</table>", 1)[1]
+    assert len(text) == 2 and "· no CPU fallbacks · mem " in text[0] and "downcast" not in text[0], text
+    assert text[1].startswith("memory: ") and "RSS" not in text[1], text
+    assert "downcast" not in r._repr_html_()
+    assert {x.op: x.count for x in r.downcasts} == {"aten::embedding_dense_backward": 3, "aten::index_select": 3}
+    assert out.count(INT64_NOTE) == 1 and out.rstrip().endswith(INT64_NOTE)
+    _, again = _report_and_output(shell, "emb(ids).sum().backward()")
+    assert INT64_NOTE not in again  # said once a session
     from neuron_lab.report.text import render_text
 
     full = render_text(r, "full").splitlines()
     rows = [x for x in full if x.startswith("  aten::")]
-    assert full[2] == "64-bit downcasts (2 ops, 6 calls):"  # no host time: a downcast is a note on a device call
+    at = full.index("64-bit downcasts (2 ops, 6 calls):")  # no host time: a downcast is a note on a device call
+    assert full[2].startswith("host process memory (RSS) ")  # --full names the host's change too
     assert [x.split()[:2] + x.split()[-2:] for x in rows] == [
         ["aten::embedding_dense_backward", "3×", "why", "[1]"], ["aten::index_select", "3×", "why", "[1]"]]
-    assert not [x for x in full if "µs" in x]
+    assert at > 2 and not [x for x in full if "µs" in x]
     assert full[full.index("why:") + 1].startswith("  [1] int64 on TorchNeuron computes in 32-bit")
+
+
+def test_a_float64_downcast_is_one_line_on_its_cell_with_code_in_html(shell) -> None:
+    """float64 computed in float32 can lose precision: its cell says so in one line (HTML: `code` as <code>)."""
+    r = _report(shell, "import torch\nw = torch.ones(4, dtype=torch.float64, device='neuron') * 3")
+    text = str(r).splitlines()
+    assert "· 2 64-bit downcasts ·" in text[0], text
+    assert text[-1] == ("64-bit downcasts: 2 float64→float32/int64→int32 (aten::fill_.Scalar ×1, aten::mul.Tensor ×1) "
+                        "— `%neuron report --full` lists them")
+    html = r._repr_html_()
+    assert "<code>%neuron report --full</code> lists them" in html and "`" not in html
+
+
+def test_a_big_host_growth_is_named_as_the_host_process_not_as_the_device(shell) -> None:
+    r = _report(shell, "import torch\nkeep = torch.ones(96 * 2**20, dtype=torch.uint8).fill_(1)\n"
+                       "x = torch.ones(2, device='neuron')")
+    assert r.memory.host_rss_delta >= 96 * 2**20
+    small = "host process memory (RSS)" in str(r)
+    assert small == (r.memory.host_rss_delta >= 256 * 2**20)  # named only when material
+    big = _report(shell, "big = torch.ones(300 * 2**20, dtype=torch.uint8).fill_(1)\n"
+                         "y = torch.ones(2, device='neuron')")
+    lines = str(big).splitlines()
+    assert lines[2].startswith("host process memory (RSS) +") and lines[2].endswith(
+        ": CPU tensors, caches, imports (device memory is above)"), lines
+    shell.run_cell("del keep, big")
 
 
 def test_fallback_rows_sort_by_host_time_and_each_reason_shows_once_with_its_source(shell) -> None:
@@ -229,3 +268,19 @@ def test_a_report_with_an_oom_reads_back_from_json() -> None:
     assert "<b>out of memory: 804.69 KiB held when the error unwound, by:</b>" in html
     assert ">parts[…]</td>" in html and ">in smaller storages</td>" in html
     assert "freed after the error: 683.59 KiB" in html
+
+
+def test_one_of_anything_is_singular_in_text_and_html() -> None:
+    """Counts go through ``units.count``: "1 call", never "1 calls" (a row's calls without a user line, a section's
+    calls in HTML)."""
+    from neuron_lab.kinds import FALLBACK
+    from neuron_lab.report.html import render_html
+    from neuron_lab.report.model import OpRow, Report
+    from neuron_lab.report.text import render_text
+
+    row = OpRow("aten::atan2.out", FALLBACK, "why", count=1, host_ns=1000, unattributed=1)
+    r = Report("In[1]", 1, "neuron:0", "default", "emulator", ops=1, ops_not_native=[row])
+    text, html = render_text(r), render_html(r)
+    assert "      1 call without a user line" in text.splitlines() and "CPU fallbacks (1 op, 1 call, " in text
+    assert "1 call without a user line" in html and "<b>CPU fallbacks: 1 call</b>" in html
+    assert "1 calls" not in text + html and "1 ops" not in text + html

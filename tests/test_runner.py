@@ -548,3 +548,21 @@ def test_a_reader_that_leaves_early_is_no_traceback_and_the_files_still_come(tmp
     assert r.stdout.startswith("neuron-lab run ") and r.stdout.count("\n") == 1
     assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
     assert load(tmp_path / "run.json")["exit_code"] == 0
+
+
+def test_a_long_first_compile_prints_each_step_once_and_leaves_no_progress_output(tmp_path):
+    """Headless, the cell's progress line is plain lines on the terminal, one per step, before the cell's own line
+    (no carriage returns, no dynamo names); the executed notebook keeps none of it."""
+    path = notebook(tmp_path / "nb.ipynb", "%config NeuronLab.compile_progress_s = 0\n" + SETUP, BREAK)
+    r = run(tmp_path, "nb.ipynb", "--output", "out.ipynb")
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    steps = [x for x in lines if x.startswith("[2/2] In[2] … ")]
+    assert steps[0] == "[2/2] In[2] … loading PyTorch's compiler (once a session)", lines
+    assert len(steps) == len(set(steps)) and "\r" not in r.stdout and "dynamo" not in " ".join(steps), steps
+    done = next(i for i, x in enumerate(lines) if x.startswith("[2/2] In[2] ok "))
+    assert max(lines.index(x) for x in steps) < done
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert not [o for c in out.cells if c.cell_type == "code" for o in c.outputs
+                if "application/vnd.neuron-lab.progress+json" in o.get("data", {})]
+    assert path.exists()

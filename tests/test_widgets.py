@@ -5,6 +5,7 @@ unloading, and the text fallback where there is no widget frontend."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -454,8 +455,10 @@ t.join()
     seen = sh.user_ns["seen"]
     assert seen, "no compile seen in progress"
     c, text = seen[-1]
-    assert set(c) == {"frame", "graphs", "elapsed_s"} and c["elapsed_s"] >= 0
-    assert f"· compiling {c['frame']}: {c['graphs']} graph" in text
+    assert set(c) == {"frame", "graphs", "elapsed_s", "phase", "site", "text"} and c["elapsed_s"] >= 0
+    # the progress line's words: the module, else the line that called it (never dynamo's "_call_impl")
+    assert re.match(r"compiling (Sequential|the call at In\[\d+\] line \d+): ", c["text"]), c
+    assert f"· {c['text']}" in text
     assert snapshot.live(session_of(sh)).get("compiling") is None
 
 

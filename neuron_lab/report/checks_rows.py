@@ -115,7 +115,7 @@ def check_context(result: CheckResult) -> str:
         parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=1 emulates it)")
     if result.downcasts:
         ops = ", ".join(result.downcast_ops[:4]) + (" …" if len(result.downcast_ops) > 4 else "")
-        parts.append(f"{result.downcasts:,} 64-bit op calls ({ops})")
+        parts.append(f"{count(result.downcasts, '64-bit op call')} ({ops})")
     return " · ".join(parts)
 
 

@@ -8,6 +8,7 @@ profile's timeline (:mod:`~neuron_lab.report.timeline_html`), is an SVG whose sc
 
 from __future__ import annotations
 
+import re
 from html import escape
 
 from neuron_lab.kinds import Kind
@@ -37,6 +38,7 @@ from neuron_lab.report.rows import (
     compile_timing,
     handled_oom_lines,
     held_table,
+    host_growth,
     host_timed,
     memory_table,
     one_line,
@@ -45,12 +47,14 @@ from neuron_lab.report.rows import (
     reasons,
     section_refs,
     shape_text,
+    shown_sections,
     summary_line,
 )
 from neuron_lab.report.sites import called_at_html
 from neuron_lab.report.timeline_html import timeline_html
 from neuron_lab.units import count, format_seconds, format_size
 
+_CODE = re.compile(r"`([^`]+)`")
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
 _CELL = 'style="padding:1px 8px;text-align:left;vertical-align:top"'
 
@@ -62,6 +66,12 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def sentence(text: str) -> str:
+    """A sentence of the renderer-neutral rows as HTML: escaped, its `code` spans (what the text shows between
+    backticks) as <code>. Every sentence an HTML view shows goes through here."""
+    return _CODE.sub(r"<code>\1</code>", escape(text))
+
+
 def escaped(rows: list[list[str]]) -> list[list[str]]:
     """Text cells (the renderer-neutral rows) as HTML cells."""
     return [[escape(c) for c in row] for row in rows]
@@ -69,7 +79,7 @@ def escaped(rows: list[list[str]]) -> list[list[str]]:
 
 def divs(lines: list[str]) -> str:
     """Sentences of text, a <div> each."""
-    return "".join(f"<div>{escape(x)}</div>" for x in lines)
+    return "".join(f"<div>{sentence(x)}</div>" for x in lines)
 
 
 def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -89,7 +99,7 @@ def _site_cells(row: OpRow, full: bool) -> str:
             s += "".join("<pre style='margin:0'>" + escape("\n".join(st)) + "</pre>" for st in sc.stacks)
         parts.append(s)
     if row.unattributed:
-        parts.append(f"{row.unattributed:,} calls without a user line")
+        parts.append(f"{count(row.unattributed, 'call')} without a user line")
     return "<br>".join(parts)
 
 
@@ -97,7 +107,7 @@ def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -
     return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}",
              *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
              escape(shape_text(r)),
-             (f"[{refs[r.reason]}]" if r.reason in refs else escape(r.why)) + _rewrite(r), _site_cells(r, full)]
+             (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
             for r in rows]
 
 
@@ -106,8 +116,8 @@ def _rewrite(r: OpRow) -> str:
     w = r.rewrite
     if w is None:
         return ""
-    return (f"<details><summary>rewrite: {escape(w.hint)}</summary><pre>{escape(w.code)}</pre>"
-            f"<small>source: {escape(w.source)}</small></details>")
+    return (f"<details><summary>rewrite: {sentence(w.hint)}</summary><pre>{escape(w.code)}</pre>"
+            f"<small>source: {sentence(w.source)}</small></details>")
 
 
 def op_table(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, int] | None = None,
@@ -126,8 +136,8 @@ def reasons_html(refs: dict[str, int]) -> str:
         return ""
     items = []
     for n, why, source in reasons(refs):
-        note = f"<br><small>source: {escape(source)}</small>" if source else ""
-        items.append(f"<div>[{n}] {escape(why)}{note}</div>")
+        note = f"<br><small>source: {sentence(source)}</small>" if source else ""
+        items.append(f"<div>[{n}] {sentence(why)}{note}</div>")
     return f"<div><b>why</b>{''.join(items)}</div>"
 
 
@@ -138,9 +148,9 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
     parts = []
     for kind, rows in sections:
         if kind.one_line and not full:
-            parts.append(f"<div>{escape(one_line(kind, rows))}</div>")
+            parts.append(f"<div>{sentence(one_line(kind, rows))}</div>")
             continue
-        title = f"{kind.title}: {sum(x.count for x in rows):,} calls" if kind.off_device else kind.title
+        title = f"{kind.title}: {count(sum(x.count for x in rows), 'call')}" if kind.off_device else kind.title
         parts.append(op_table(title, rows, full, refs, kind.timed_as))
     return "".join(parts) + reasons_html(refs)
 
@@ -161,9 +171,9 @@ def oom_block(o: OutOfMemory) -> str:
 
 def _break_why(b: GraphBreak) -> str:
     """The plain reason, then the fix and dynamo's own words, smaller."""
-    parts = [escape(b.reason)]
+    parts = [sentence(b.reason)]
     if b.hint:
-        parts.append(f"<br><b>fix</b>: {escape(b.hint)}")
+        parts.append(f"<br><b>fix</b>: {sentence(b.hint)}")
     if b.note and b.note != b.reason:
         parts.append(f"<br><small>dynamo: <code>{escape(b.note)}</code></small>")
     return "".join(parts)
@@ -174,7 +184,7 @@ def compile_events_html(breaks: list[GraphBreak], recompiles: list[Recompile], f
     rows = [["graph break", called_at_html(b.site, b.via), "", _break_why(b)] for b in breaks]
     rows += [["recompile", escape(x.site.label) if x.site else "?", escape(x.code), escape(x.reason)]
              for x in recompiles]
-    rows += [["failure", "", "", escape(f)] for f in failures]
+    rows += [["failure", "", "", sentence(f)] for f in failures]
     return folded("", ["event", "where", "code", "why"], rows) if rows else ""
 
 
@@ -184,18 +194,22 @@ def render_html(r: Report, detail: str | None = None) -> str:
     if detail == "summary":
         return head
     full = detail == "full"
-    memory = memory_table(r)
-    parts = [head, table(memory.header, escaped(memory.rows))]
-    parts.append(op_sections_html(r.sections(), full))
-    if r.coverage and r.fallbacks:
-        parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
+    parts = [head]
     c = r.compiles
-    if c:
+    if c:  # what a compile cell is about comes first
         parts.append(f"<div><b>compile</b>: {compile_counts(c)}, {escape(compile_timing(r))}</div>")
         parts.append(compile_events_html(c.breaks, c.recompiles, c.failures))
+    memory = memory_table(r)
+    parts.append(table(memory.header, escaped(memory.rows)))
+    host = host_growth(r, full)
+    if host:
+        parts.append(divs([host]))
+    parts.append(op_sections_html(shown_sections(r, full), full))
+    if r.coverage and r.fallbacks:
+        parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
     if r.profiled is not None:
         parts.append(profiled_html(r.profiled, full))
-    parts += [render_check_html(c) if full else f"<div>check: {escape(check_summary_line(c))}</div>"
+    parts += [render_check_html(c) if full else f"<div>check: {sentence(check_summary_line(c))}</div>"
               for c in r.checks]
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
@@ -253,7 +267,7 @@ def render_check_html(check: Check) -> str:
         body = divs(parity_head(result))
     else:
         t = timing_table(result)
-        body = (f"<div><b>{escape(check_summary_line(result))}</b></div>"
+        body = (f"<div><b>{sentence(check_summary_line(result))}</b></div>"
                 f"{table(t.header, escaped(t.rows))}{divs(compare_facts(result))}"
                 f"{compile_events_html(result.breaks, result.recompiles, result.failures)}"
                 f"<div>numeric agreement, compiled against eager: {escape(verdict(result.agreement))}</div>")

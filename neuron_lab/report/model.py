@@ -186,6 +186,7 @@ class Compiles:
     # dynamo's window), apart from compile_s (tracing, passes, lowering)
     neff_compile_s: float = 0.0
     neff_cache: tuple[int, int] | None = None  # (hits, misses) of the NEFF cache in the window; None: not counted
+    loading_s: float = 0.0  # of compile_s: loading the compiler (torch._dynamo), paid at a session's first compile
 
     def __bool__(self) -> bool:
         return bool(self.frames or self.graphs or self.breaks or self.recompiles or self.failures
@@ -457,7 +458,7 @@ class Report(ShownAsText):
                              for b in c["breaks"]],
                             [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
                             list(c["failures"]), c.get("neff_compile_s", 0.0),
-                            tuple(c["neff_cache"]) if c.get("neff_cache") else None)
+                            tuple(c["neff_cache"]) if c.get("neff_cache") else None, c.get("loading_s", 0.0))
         oom = d.get("oom")
         if oom is not None:
             oom = OutOfMemory(oom["allocated"], [HeldTensor(tuple(t["names"]), None if t["shape"] is None

@@ -14,6 +14,10 @@ from neuron_lab.report.model import Compiles, OpRow, OutOfMemory, Report
 from neuron_lab.units import count, format_capacity, format_delta, format_seconds, format_size
 
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
+HOST_RSS_MATERIAL = 256 * 2**20  # the host process's growth a report names unasked ("full" always names it)
+INT64_NOTE = ("neuron_lab: int64 tensors (indices, counts) compute as int32 on the device, as TorchNeuron's runtime "
+              "does: expected, no action needed, said once; reports name float64 downcasts, which can lose precision "
+              "(`%neuron report --full` lists every downcast)")
 
 
 @dataclass
@@ -34,7 +38,7 @@ def summary_line(r: Report) -> str:
     fb = r.fallbacks
     parts.append(f"{count(r.fallback_calls, kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
                  else "no CPU fallbacks")
-    parts += [count(sum(x.count for x in rows), kind.call) for kind, rows in r.sections() if not kind.off_device]
+    parts += [count(sum(x.count for x in rows), kind.call) for kind, rows in shown_sections(r) if not kind.off_device]
     m = r.memory
     parts.append(f"mem {format_size(m.after)} ({format_delta(m.delta)}, peak {format_size(m.peak)})")
     if r.compiles:
@@ -51,12 +55,20 @@ def summary_line(r: Report) -> str:
 
 
 def memory_table(r: Report) -> Table:
-    """Device memory before, after and at its peak, the host's RSS change and the copies, in one row."""
+    """Device memory before, after and at its peak, and the copies, in one row."""
     m = r.memory
-    return Table(["memory before", "after", "Δ", "peak", "capacity", "host RSS Δ", "host→device", "device→host"],
+    return Table(["memory before", "after", "Δ", "peak", "capacity", "host→device", "device→host"],
                  [[format_size(m.before), format_size(m.after), format_delta(m.delta), format_size(m.peak),
-                   format_capacity(m.capacity), format_delta(m.host_rss_delta), format_size(r.h2d_bytes),
-                   format_size(r.d2h_bytes)]])
+                   format_capacity(m.capacity), format_size(r.h2d_bytes), format_size(r.d2h_bytes)]])
+
+
+def host_growth(r: Report, full: bool = False) -> str | None:
+    """The host process's memory change, when it is material (or ``full``): imports, caches and CPU tensors grow
+    it too, so a small change is no news and is not shown."""
+    rss = r.memory.host_rss_delta
+    if not full and rss < HOST_RSS_MATERIAL:
+        return None
+    return f"host process memory (RSS) {format_delta(rss)}: CPU tensors, caches, imports (device memory is above)"
 
 
 # -- op rows: the sections of ops that did not run natively (Report.sections) -----------------------------------------
@@ -66,6 +78,20 @@ def shape_text(row: OpRow) -> str:
     if not row.shapes:
         return moved.rstrip()
     return moved + ", ".join(f"{list(s)} {d}" for s, d in zip(row.shapes, row.dtypes))
+
+
+def expected_downcast(row: OpRow) -> bool:
+    """A downcast of int64 only (an index, a count): TorchNeuron computes every int64 tensor as int32 and says so
+    once (:data:`INT64_NOTE`); a float64 one can lose precision, so reports name it."""
+    return row.kind == kinds.DOWNCAST and "float64" not in row.dtypes
+
+
+def shown_sections(r: Report, full: bool = False) -> list[tuple[kinds.Kind, list[OpRow]]]:
+    """The report's sections as a view shows them: all rows when ``full``, else without expected downcasts."""
+    if full:
+        return r.sections()
+    out = [(kind, [row for row in rows if not expected_downcast(row)]) for kind, rows in r.sections()]
+    return [(kind, rows) for kind, rows in out if rows]
 
 
 def host_timed(rows: list[OpRow]) -> bool:
@@ -118,7 +144,9 @@ def compile_timing(r: Report) -> str:
     neff = f", {format_seconds(c.neff_compile_s)} NEFF compile" if c.neff_compile_s else ""
     hits, misses = c.neff_cache or (0, 0)
     cache = f" (NEFF cache: {count(hits, 'hit')}, {misses:,} miss{'' if misses == 1 else 'es'})" if c.neff_cache else ""
-    return f"{format_seconds(c.compile_s)} compiling{neff}{cache}, {format_seconds(r.run_s)} running"
+    loading = (f" ({format_seconds(c.loading_s)} of it loading PyTorch's compiler, once a session)" if c.loading_s
+               else "")
+    return f"{format_seconds(c.compile_s)} compiling{loading}{neff}{cache}, {format_seconds(r.run_s)} running"
 
 
 def oom_head(o: OutOfMemory) -> str:

@@ -35,6 +35,7 @@ from neuron_lab.report.rows import (
     compile_timing,
     handled_oom_lines,
     held_table,
+    host_growth,
     host_timed,
     memory_table,
     one_line,
@@ -43,6 +44,7 @@ from neuron_lab.report.rows import (
     reasons,
     section_refs,
     shape_text,
+    shown_sections,
     summary_line,
 )
 from neuron_lab.report.sites import called_at
@@ -93,7 +95,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
         if len(row.sites) > len(sites):
             lines.append(f"      … {len(row.sites) - len(sites)} more sites")
         if row.unattributed:
-            lines.append(f"      {row.unattributed:,} calls without a user line")
+            lines.append(f"      {count(row.unattributed, 'call')} without a user line")
     if len(rows) > len(shown):
         lines.append(f"  … {len(rows) - len(shown)} more ops (`%neuron report --full`)")
     return lines
@@ -159,17 +161,21 @@ def render_text(r: Report, detail: str | None = None) -> str:
     if detail == "summary":
         return head
     full = detail == "full"
-    before, after, delta, peak, capacity, rss, h2d, d2h = memory_table(r).rows[0]
-    lines = [head, f"memory: {before} → {after} ({delta}), peak {peak} of {capacity}; host RSS {rss}"]
-    if r.h2d_bytes or r.d2h_bytes:
-        lines.append(f"copies: host→device {h2d}, device→host {d2h}")
-    lines += op_sections(r.sections(), full)
-    if r.coverage and r.fallbacks:
-        lines.append(f"predicted by the coverage {r.coverage} (`%neuron coverage NAME` switches)")
+    lines = [head]
     c = r.compiles
-    if c:
+    if c:  # what a compile cell is about comes first
         lines.append(f"compile: {compile_counts(c)}, {compile_timing(r)}")
         lines += compile_event_lines(c.breaks, c.recompiles, c.failures, None if full else FOLD)
+    before, after, delta, peak, capacity, h2d, d2h = memory_table(r).rows[0]
+    lines.append(f"memory: {before} → {after} ({delta}), peak {peak} of {capacity}")
+    host = host_growth(r, full)
+    if host:
+        lines.append(host)
+    if r.h2d_bytes or r.d2h_bytes:
+        lines.append(f"copies: host→device {h2d}, device→host {d2h}")
+    lines += op_sections(shown_sections(r, full), full)
+    if r.coverage and r.fallbacks:
+        lines.append(f"predicted by the coverage {r.coverage} (`%neuron coverage NAME` switches)")
     if not r.callsites and r.fallbacks:
         lines.append("call sites are off (`%config NeuronLab.callsites = True` turns them on)")
     if r.profiled is not None:

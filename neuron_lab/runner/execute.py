@@ -29,6 +29,7 @@ from neuron_lab import agent
 from neuron_lab.compat import nbclient as compat
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import DIED, ERROR, INTERRUPTED, OK, STOPPED, TIMEOUT, CellRecord
+from neuron_lab.session.waits import MIME as PROGRESS
 
 STARTUP_TIMEOUT = 120  # seconds: a cold start imports torch
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -60,8 +61,9 @@ class Outcome:
 
 def run(program: Program, env: dict[str, str], timeout: float | None,
         on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None],
-        trace: Callable[[CellRecord], str] | None = None) -> Outcome:
-    return asyncio.run(Run(program, env, timeout, on_cell, on_ready, trace=trace).main())
+        trace: Callable[[CellRecord], str] | None = None,
+        on_progress: Callable[[CellRecord, str], None] | None = None) -> Outcome:
+    return asyncio.run(Run(program, env, timeout, on_cell, on_ready, trace=trace, on_progress=on_progress).main())
 
 
 class Run:
@@ -71,13 +73,16 @@ class Run:
     ``on_start``, called once the kernel started, when nbclient has just put its own Ctrl-C handler in place:
     by default this kernel's :func:`on_ctrl_c` replaces it, the ranks' replaces it with one for every rank.
     ``trace`` (``--trace``) names the file each cell's Chrome trace goes to; the kernel is told just before the cell.
+    ``on_progress`` gets each new step of a long compile's progress line while its cell runs (the line itself, a
+    display the kernel empties as the cell ends, is left out of the executed notebook).
     """
 
     def __init__(self, program: Program, env: dict[str, str], timeout: float | None,
                  on_cell: Callable[[CellRecord], None], on_ready: Callable[[dict[str, Any]], None],
                  pace: Callable[[CellRecord], Awaitable[bool]] | None = None,
                  on_start: Callable[[], None] | None = None,
-                 trace: Callable[[CellRecord], str] | None = None) -> None:
+                 trace: Callable[[CellRecord], str] | None = None,
+                 on_progress: Callable[[CellRecord, str], None] | None = None) -> None:
         self.program, self.env, self.timeout, self.trace = program, env, timeout, trace
         self.on_cell, self.on_ready, self.pace = on_cell, on_ready, pace
         self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
@@ -93,6 +98,23 @@ class Run:
             program.nb, kernel_name="python3", startup_timeout=STARTUP_TIMEOUT,
             timeout=None if timeout is None else math.ceil(timeout), log=_QUIET,
             resources={"metadata": {"path": str(program.path.parent.resolve())}})
+        if on_progress is not None:
+            self._tell_progress(on_progress)
+
+    def _tell_progress(self, on_progress: Callable[[CellRecord, str], None]) -> None:
+        """Each new step of a cell's progress line to ``on_progress``, as the kernel sends it."""
+        records = {rec.index: rec for rec in self.outcome.cells}
+        said: dict[int, str] = {}
+        process_message = self.client.process_message
+
+        def telling(msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+            line = msg.get("content", {}).get("data", {}).get(PROGRESS)
+            if line and line.get("step") and said.get(cell_index) != line["step"] and cell_index in records:
+                said[cell_index] = line["step"]
+                on_progress(records[cell_index], line["step"])
+            return process_message(msg, cell, cell_index)
+
+        self.client.process_message = telling
 
     async def main(self) -> Outcome:
         start = time.monotonic()
@@ -169,6 +191,7 @@ class Run:
         t0 = time.monotonic()
         await self._execute(cell, rec)
         rec.seconds = time.monotonic() - t0
+        cell.outputs = [o for o in cell.get("outputs", []) if PROGRESS not in o.get("data", {})]
         rec.execution_count = cell.get("execution_count")
         if trace is not None and os.path.isfile(trace):  # written as the cell ended, even when it raised
             rec.trace = trace

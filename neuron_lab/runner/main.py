@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                           on_cell=lambda rec: _say(*progress.cell(rec, total), *traces.missing(rec)),
                           on_ready=lambda info: _say(progress.ready(info)),
                           trace=None if trace_dir is None else
-                          lambda rec: traces.fresh(trace_dir, rec.number, total))
+                          lambda rec: traces.fresh(trace_dir, rec.number, total),
+                          on_progress=lambda rec, step: _say(progress.waiting(rec, total, step)))
     result = summary.summarize(outcome.cells, outcome.seconds)
     checked = gates.evaluate(summary.reports(outcome.cells), args)
     code = exit_code(outcome, checked)

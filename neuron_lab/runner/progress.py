@@ -31,6 +31,11 @@ def ready(info: dict[str, Any]) -> str:
     return f"neuron_lab loaded by the notebook · {what}" if info.get("by_notebook") else f"kernel ready · {what}"
 
 
+def waiting(rec: CellRecord, total: int, step: str) -> str:
+    """A step of a long compile while its cell runs, before the cell's line: ``[7/8] In[7] … compiling Net: ...``."""
+    return f"[{rec.number}/{total}] {rec.label} … {step}"
+
+
 def cell(rec: CellRecord, total: int) -> list[str]:
     """``[3/9] In[3] ok 420.0 ms · 6 CPU fallback calls: aten::atan2.out ×5 at In[3] line 7, ...`` and what follows."""
     parts = [f"[{rec.number}/{total}] {rec.label} {rec.status} {format_seconds(rec.seconds)}"]

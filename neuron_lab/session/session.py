@@ -27,6 +27,7 @@ from neuron_lab.session import devices, free, oom
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.session.oom import OomHandler
+from neuron_lab.session.waits import CompileProgress
 from neuron_lab.trace.sampler import MemorySampler
 from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import Renaming, SiteMap, Tracker
@@ -74,6 +75,7 @@ class Session:
         self.finishing: list[Callable[[Tracker], None]] = []  # called as each cell ends, before its report is made
         self.timeline = Timeline()
         self.sampler = MemorySampler(self.timeline)  # the timeline's samples while a cell runs
+        self.progress = CompileProgress(shell)  # a long compile's line in its cell
         self.views: Any = None  # the live views' hub, attached by neuron_lab.widgets; closed with the session
         self.ranks: Any = None  # the engines of `%neuron ranks start N` (session.ranks.Ranks); stopped with it
         self._cell_start_s = 0.0
@@ -154,6 +156,7 @@ class Session:
             self.views.close()
             self.views = None
         self.sampler.close()
+        self.progress.close()
         if self.ranks is not None:
             self.ranks.stop()
             self.ranks = None
@@ -207,6 +210,7 @@ class Session:
             self._cell_start_s = self.timeline.now()
             self._compiled_before = self.locator.newest_cell()
             self.timeline.sample(self._tracker.memory_before, self._cell_start_s)
+            self.progress.cell_started(self._tracker, c.compile_progress_s)
             if _backend.is_active():
                 device, b = self.device, _backend.active()
                 self.sampler.start(lambda: b.memory_sample(device), c.memory_sample_ms / 1000)
@@ -252,6 +256,7 @@ class Session:
         if tracker is None:
             return
         self.sampler.stop()
+        self.progress.cell_ended()
         self._notify(self.finishing, tracker)
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         n = getattr(result, "execution_count", None)  # IPython 9 counts up before the cell, 8 after

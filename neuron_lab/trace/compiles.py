@@ -33,6 +33,7 @@ from typing import Any
 from neuron_lab import frames
 from neuron_lab.backend.events import WindowAccount
 from neuron_lab.report.model import Compiles, GraphBreak, Recompile, Site
+from neuron_lab.trace import compiler_loading
 from neuron_lab.trace.sites import Locator
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
@@ -247,38 +248,58 @@ class CompileTrace:
         self.dynamo_warnings: list[str] = []  # dynamo's graph-break warnings, kept from the cell's output
         self._graphs_seen = 0  # graphs that reached an observed backend in this window
         self._compiling: tuple[str, float, int] | None = None  # (frame, start, graphs before) while dynamo compiles
+        self._phase = ""  # what the compile in progress does: "tracing" (dynamo), "lowering" (the backend)
+        self._trigger: Site | None = None  # the user line whose call is being compiled
+        self._no_wait: Callable[[], None] = lambda: None
 
     def start(self) -> None:
+        """Open the window; dynamo's callbacks join once dynamo is loaded (a cell that compiles nothing does
+        not load it: :mod:`~neuron_lab.trace.compiler_loading`)."""
+        self._lowering_at_start = self._lowering_us()
+        self._metrics_at_start = len(self._backend_metrics()) if self._backend_metrics is not None else 0
+        _open_window(self)
+        if compiler_loading.loaded():
+            self._attach()
+        else:
+            self._no_wait = compiler_loading.when_loaded(lambda: self._attach(loading_s=compiler_loading.load_s))
+
+    def _attach(self, loading_s: float = 0.0) -> None:
+        """Dynamo is loaded: its callbacks time each compile from here on; loading it (``loading_s``, when the window
+        loaded it) is compile time too."""
         from torch._dynamo.callback import callback_handler
         from torch._dynamo.utils import get_compilation_metrics
 
+        self._result.loading_s = loading_s
+        self._result.compile_s += loading_s
+
         self._seen_metrics = {id(m) for m in get_compilation_metrics()}
-        self._lowering_at_start = self._lowering_us()
-        self._metrics_at_start = len(self._backend_metrics()) if self._backend_metrics is not None else 0
         on_start = callback_handler.register_start_callback(self._on_start)
         on_end = callback_handler.register_end_callback(self._on_end)
         self._callbacks = (on_start, on_end)
-        _open_window(self)
 
     def stop(self) -> Compiles:
-        from torch._dynamo.callback import callback_handler
-        from torch._dynamo.utils import get_compilation_metrics
-
         _close_window(self)
+        self._no_wait()
         if self._callbacks is not None:
+            from torch._dynamo.callback import callback_handler
+            from torch._dynamo.utils import get_compilation_metrics
+
             on_start, on_end = self._callbacks
             if on_start in callback_handler.start_callbacks:
                 callback_handler.remove_start_callback(on_start)
             if on_end in callback_handler.end_callbacks:
                 callback_handler.remove_end_callback(on_end)
             self._callbacks = None
-        new = [m for m in get_compilation_metrics() if id(m) not in self._seen_metrics and m.compile_id]
-        self._from_metrics(new)
+            new = [m for m in get_compilation_metrics() if id(m) not in self._seen_metrics and m.compile_id]
+            self._from_metrics(new)
         # Backends may lower a graph at its first call, after dynamo's window closed (the emulator's
         # Inductor does); that time is compile time too. Lowering inside a window is counted once.
         outside_us = self._lowering_us() - self._lowering_at_start - self._lowering_inside_us
         self._result.compile_s += max(outside_us, 0) / 1e6
         self._compiling = None
+        if not self._result.frames:  # loaded for no compile (torch loads it for some functions): not compile time
+            self._result.compile_s -= self._result.loading_s
+            self._result.loading_s = 0.0
         if self._backend_metrics is not None:  # a graph the backend could not lower as asked is said, not hidden
             for m in self._backend_metrics()[self._metrics_at_start:]:
                 if m.get("lowering_reason"):
@@ -287,18 +308,27 @@ class CompileTrace:
         return self._result
 
     def compiling(self) -> dict[str, Any] | None:
-        """What dynamo is compiling right now, for live views; None when it compiles nothing.
+        """What dynamo is compiling right now, for live views and the progress line; None when it compiles nothing.
 
         ``{"frame": the function being compiled ("PolarNet.__call__", "forward (resumed after line 7)"),
-        "graphs": graphs compiled so far in this window, "elapsed_s": seconds since this frame's compile began}``.
+        "graphs": graphs compiled so far in this window, "elapsed_s": seconds since this frame's compile began,
+        "phase": "loading" (the compiler itself, at the first compile), "tracing" (dynamo reads the Python code),
+        "lowering" (the backend compiles the graph) or "backward" (the backward graph, at the first ``backward()``),
+        "site": the user line whose call compiles, or None}``.
         Plain reads of values the compiling thread replaces whole: safe to call from any thread, several
         times a second.
         """
+        since = compiler_loading.loading_since()
+        if since is not None and self._callbacks is None:
+            return {"frame": None, "graphs": 0, "elapsed_s": time.perf_counter() - since, "phase": "loading",
+                    "site": None}
         current = self._compiling
         if current is None:
             return None
         frame, t0, _ = current
-        return {"frame": frame, "graphs": self._graphs_seen, "elapsed_s": time.perf_counter() - t0}
+        site = self._trigger
+        return {"frame": frame, "graphs": self._graphs_seen, "elapsed_s": time.perf_counter() - t0,
+                "phase": self._phase, "site": site.label if site is not None else None}
 
     def _lowering_us(self) -> int:
         return self._backend_lowering_us() if self._backend_lowering_us is not None else 0
@@ -309,6 +339,10 @@ class CompileTrace:
         frame = _compiled_frame_name(sys._getframe(1))
         if frame is None and self._compiling is not None:
             frame = self._compiling[0]  # a lazily compiled backward: the same frame's
+        if self._compiling is None:  # a compile inside another keeps the outer one's line
+            self._trigger = trigger
+        lazy = getattr(args.callback_trigger, "name", None) == "LAZY_BACKWARD"
+        self._phase = "backward" if lazy else "tracing"
         self._compiling = (frame or "graph", time.perf_counter(), self._graphs_seen)
         lowering = self._lowering_us()
         with self._lock:
@@ -329,6 +363,7 @@ class CompileTrace:
 
     def _on_graph(self, reason: Any) -> None:
         self._graphs_seen += 1
+        self._phase = "lowering"
         if reason is None or not getattr(reason, "graph_break", False):
             return
         site = via = None

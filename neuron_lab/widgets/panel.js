@@ -378,10 +378,10 @@ function fallbacksView(ctx) {
     f.callsites ? null : h("div", { class: "nl-muted" }, "call sites are off (%config NeuronLab.callsites = True)"));
 }
 
-// a compile in progress (live.compiling), one line: "compiling forward of MyLM: 2 graphs so far, 3.1 s"
+// a compile in progress (live.compiling), in the progress line's words (its text): "compiling MyLM: lowering graph 1
+// to the neuron device — 3 s"
 const compiling = (live) => (live.busy && live.compiling
-  ? h("span", { class: "nl-running", "data-testid": "nl-compiling" }, `compiling ${live.compiling.frame}: `
-    + `${live.compiling.graphs} ${plural(live.compiling.graphs, "graph")} so far, ${fmtSec(live.compiling.elapsed_s)}`)
+  ? h("span", { class: "nl-running", "data-testid": "nl-compiling" }, live.compiling.text)
   : null);
 
 // -- compiles -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from neuron_lab.backend import coverage
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.report.model import SOURCE, Report, as_data
+from neuron_lab.report.waits import compiling_line
 from neuron_lab.units import format_capacity
 
 TITLES = {"memory": "Memory", "tensors": "Tensors", "fallbacks": kinds.title(kinds.FALLBACK), "compiles": "Compiles"}
@@ -84,9 +85,10 @@ def _rows_so_far(tracker: Any) -> list[dict[str, Any]]:
 
 
 def _compiling(tracker: Any) -> dict[str, Any] | None:
-    """The compile in progress (``{"frame", "graphs", "elapsed_s"}``), elapsed rounded so equal ticks send nothing."""
+    """The compile in progress (``Tracker.compiling()``) with its line in words (``text``: the progress line's), elapsed
+    rounded so equal ticks send nothing."""
     c = tracker.compiling()
-    return None if c is None else {**c, "elapsed_s": round(c["elapsed_s"], 1)}
+    return None if c is None else {**c, "elapsed_s": round(c["elapsed_s"], 1), "text": compiling_line(c)}
 
 
 def _last(session: Any) -> Report | None:

@@ -36,7 +36,7 @@ def _strip_line(data: dict, live: dict) -> str:
     if live.get("busy"):  # the count is the running cell's, so it says whose
         state = f"In[{live.get('cell') or '?'}] running {format_seconds(live.get('elapsed_s', 0))}: {calls} so far"
         if live.get("compiling"):
-            state += f" · {compiling_line(live['compiling'])}"
+            state += f" · {live['compiling']['text']}"
     elif live.get("cell"):
         state = f"In[{live.get('cell')}] {format_seconds(live.get('elapsed_s', 0))}: {calls}"
     else:
@@ -45,10 +45,6 @@ def _strip_line(data: dict, live: dict) -> str:
             f"{format_size(live.get('allocated', 0))} of {live.get('capacity_text') or format_size(cap)}{pct} · "
             f"{state}")
 
-
-def compiling_line(c: dict) -> str:
-    """A compile in progress, as the live strip and the Compiles tab say it."""
-    return f"compiling {c['frame']}: {count(c['graphs'], 'graph')} so far, {format_seconds(c['elapsed_s'])}"
 
 
 def _site_text(site: dict | None) -> str:
