@@ -620,7 +620,7 @@ def test_namespace_after_compare_is_exactly_a_plain_runs_and_the_compile_panel_s
         run(plain, TRAIN)
         assert fingerprint(plain) == with_compare  # copies ran 6 times; the user's model stepped 3 times
     (row,) = [x for x in snapshot.compiles(session_of(shell))["rows"] if x["checks"]]
-    assert row["cell"] == res.execution_count and row["checks"][0].startswith("neuron_lab compare eager ")
+    assert row["cell"] == res.execution_count and row["checks"][0].startswith("compare eager ")  # one line: the verdict
     assert "outputs agree (23 items, 3 steps)" in row["checks"][0]
 
 
