@@ -1,6 +1,7 @@
 """Whose code a source file holds, for the call sites every report shows.
 
-PyTorch's, the standard library's and neuron_lab's own files, and code Python generated (``<frozen ...>``,
+PyTorch's, the standard library's (and its backports': ``typing_extensions``, whose ``@deprecated`` wraps
+``torch.distributed`` calls) and neuron_lab's own files, and code Python generated (``<frozen ...>``,
 FX's ``<eval_with_key>``), are internal: no user asked to see them in a call site. Any other file that is not
 the user's is a library's (``transformers/models/t5/modeling_t5.py``): a call site names its innermost line as
 well as the user's line that led to it. IPython's own frames bound the user's call chain from above. The
@@ -23,6 +24,8 @@ def _package_dir(name: str) -> str:
 
 _OWN_DIRS = (_package_dir("torch"), os.path.dirname(os.path.abspath(__file__)) + os.sep)  # torch's, neuron_lab's
 _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+_BACKPORT_FILES = frozenset(spec.origin for spec in map(importlib.util.find_spec, ("typing_extensions",))
+                            if spec is not None and spec.origin)
 _SHELL_DIRS = tuple(_package_dir(name) for name in ("IPython", "ipykernel"))
 _NOTEBOOK_CELL = "<ipython-input-"  # a terminal IPython's cells: the user's code, though Python did not read a file
 
@@ -31,7 +34,7 @@ def is_internal(filename: str) -> bool:
     """PyTorch, the standard library, neuron_lab, or generated code: never shown as a call site."""
     if filename.startswith("<"):
         return not filename.startswith(_NOTEBOOK_CELL)
-    if filename.startswith(_OWN_DIRS):
+    if filename.startswith(_OWN_DIRS) or filename in _BACKPORT_FILES:
         return True
     return filename.startswith(_STDLIB_DIR) and not is_installed(filename)  # site-packages may sit in the stdlib
 

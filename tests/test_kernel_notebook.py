@@ -247,7 +247,7 @@ def test_compile_cell_reports_the_graph_break_and_returns_the_value(nb: Any) -> 
     assert len(breaks) == 1, text
     assert text[breaks[0]] == f"  graph break at In[{n}] line 4: {IF_SOURCE}"
     assert text[breaks[0] + 1].startswith("      why: ") and text[breaks[0] + 1].strip() != "why:"
-    assert f"<td style=\"padding:1px 8px;text-align:left;vertical-align:top\">In[{n}] line 4</td>" in html
+    assert f"vertical-align:top\"><code>In[{n}] line 4</code> if t.sum() &gt; 0:</td>" in html
     assert "if t.sum() &gt; 0:" in html and ">graph break<" in html
     assert "Python <code>if</code>/<code>while</code> on a tensor" in html and "`" not in html  # `code` as <code>
 
