@@ -236,6 +236,9 @@ class Executor:
         """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
         written: list[tuple[Tensor, Tensor]] = []  # (device tensor, the float32 stand-in the kernel writes)
         write_slots = set(plan.write_args)
+        for i, a in enumerate(op._schema.arguments):
+            if f"{plan.name}.{a.name}" in policy.UNDECLARED_WRITES:
+                write_slots |= {i, a.name}
 
         def down(slot, a):
             if isinstance(a, Tensor) and a.dtype == torch.float64:
@@ -262,9 +265,7 @@ class Executor:
                 return type(r)(up(x) for x in r)
             return r
 
-        if written:
-            return out  # results are the written arguments, mapped back by _results
-        return up(out)
+        return up(out)  # written results are mapped back to their device arguments by _results
 
     def _results(self, out, plan: _Plan, args: tuple, kwargs: dict):
         from_host = self.bridge.from_host
