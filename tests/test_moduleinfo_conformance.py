@@ -16,10 +16,12 @@ import moduleinfo_sweep as sweep
 import opinfo_sweep as common
 import pytest
 import torch
+from conftest import core
 
 FLOOR = 0.99  # of the entries that run on the CPU, the fraction that must agree on `neuron`, per run
 OUT = Path(__file__).resolve().parents[1] / "out"
 KNOWN = common.load_known_failures(sweep.KNOWN_FAILURES)
+COMPILED_ONLY = "compiled:"  # the prefix of a failure on the compiled core alone
 RUNS = {"float32": (torch.float32, False), "float64": (torch.float64, False),
         "float64-64-bit-rule": (torch.float64, True)}
 
@@ -35,21 +37,29 @@ def _run_items(items: list[sweep.Entry], run: str) -> list[sweep.Entry]:
 
 
 def _known(run: str) -> dict[str, str]:
+    """The listed failures of ``run`` (``compiled:`` lines are not among them: see _unsettled)."""
     downcast = RUNS[run][1]
     return {k: v for k, v in KNOWN.items() if k.startswith(f"{sweep.DOWNCAST}:") == downcast}
+
+
+def _unsettled() -> set[str]:
+    """Entries a known compiled-core bug makes fail or pass by chance (uninitialised memory) on that core."""
+    return {k.removeprefix(COMPILED_ONLY) for k in KNOWN if k.startswith(COMPILED_ONLY)} if core() == "compiled" \
+        else set()
 
 
 def test_the_list_names_real_entries(items) -> None:
     keys = {sweep.key_of(e, downcast) for e in items for downcast in (False, True)
             if not downcast or e.dtype == torch.float64}
-    assert sorted(set(KNOWN) - keys) == []
+    assert sorted({k.removeprefix(COMPILED_ONLY) for k in KNOWN} - keys) == []
     assert len({e.key for e in items}) == len(items), "entry keys must be unique for the list to be exact"
 
 
 def _conforming(run: str, passed: int) -> int:
     """Entries that behave as on TorchNeuron: those that agree, plus, under the 64-bit rule, its listed differences
     (float32 rounding TorchNeuron has too, which the emulator reproduces rather than misses)."""
-    return passed + (len(_known(run)) if RUNS[run][1] else 0)
+    expected = [k for k in KNOWN if k.startswith(f"{sweep.DOWNCAST}:")]  # not the compiled core's bug
+    return passed + (len(expected) if RUNS[run][1] else 0)
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -64,7 +74,8 @@ def _check(run: str, results: list[common.EntryResult], wall_seconds: float) -> 
     rate = _conforming(run, report["pass"]) / report["cpu_ok"]
     report.update(run=run, floor=FLOOR, conforming_rate=rate, wall_seconds=round(wall_seconds, 2))
     common.write_json(OUT / "moduleinfo" / f"{run}.json", report)
-    problems = common.problems(results, _known(run), sweep.KNOWN_FAILURES.name)
+    unsettled = _unsettled()
+    problems = common.problems([r for r in results if r.key not in unsettled], _known(run), sweep.KNOWN_FAILURES.name)
     if rate < FLOOR:
         problems.append(f"rate {rate:.4f} is under the floor {FLOOR}")
     assert not problems, "\n".join(problems)
