@@ -143,3 +143,16 @@ def test_batch_norm_running_statistics_under_the_64_bit_rule(run_python) -> None
     """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
     assert got["mean"] < 1e-5 and got["var"] < 1e-5  # was the initial 0 and 1: never updated
     assert got["dtype"] == got["loss_dtype"] == "torch.float64"
+
+
+def test_complex_from_float64_parts_under_the_64_bit_rule(run_python) -> None:
+    """TorchNeuron computes complex on the CPU, so a call with a complex128 out keeps float64 (it raised here)."""
+    got = run_python("""
+        import json, torch, neuron_lab
+        re, im = torch.tensor([1.5, -2.0], dtype=torch.float64), torch.tensor([0.25, 3.0], dtype=torch.float64)
+        z = torch.complex(re.to("neuron"), im.to("neuron"))
+        p = torch.polar(re.abs().to("neuron"), im.to("neuron"))
+        print(json.dumps(dict(dtype=str(z.dtype), z=torch.equal(z.cpu(), torch.complex(re, im)),
+                              polar=torch.equal(p.cpu(), torch.polar(re.abs(), im)))))
+    """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
+    assert got == dict(dtype="torch.complex128", z=True, polar=True)

@@ -170,7 +170,8 @@ class Executor:
         if plan.name in policy.INT_AS_FLOAT and isinstance(hargs[0], Tensor) and not hargs[0].is_floating_point():
             int_input, hargs[0] = hargs[0].dtype, hargs[0].float()
         t0 = time.perf_counter_ns()
-        if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view:
+        if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view and not any(
+                _DTYPE_NAMES[d] in policy.HOST_DTYPES for d in dtypes):
             out = self._run_downcast(op, plan, hargs, hkwargs, args, kwargs)
         else:
             out = self._call(op, plan, hargs, hkwargs, args, kwargs)

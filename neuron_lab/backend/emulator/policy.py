@@ -47,6 +47,9 @@ PLUMBING = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_", "at
 
 # 64-bit dtypes TorchNeuron computes in 32 bits; a call on any of them is also reported as a downcast.
 WIDE_DTYPES = ("float64", "int64")
+# Dtypes TorchNeuron computes on the CPU (the device has no complex numbers): a call holding one keeps float64, so
+# torch.complex(x, y) of float64 parts still writes its complex128 out.
+HOST_DTYPES = ("complex128",)
 DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}=1 computes float64 in float32)"
 
 # A device tensor beside one of another device (or a CPU tensor with dimensions outside MIXED_OK, or a CPU
@@ -72,6 +75,7 @@ def for_core(emulate_downcast: bool) -> dict[str, Any]:
     return dict(mixed_ok=sorted(MIXED_OK), int_as_float=sorted(INT_AS_FLOAT),
                 always_grad_input=sorted(ALWAYS_GRAD_INPUT), implicit_rng=sorted(IMPLICIT_RNG),
                 undeclared_writes=sorted(UNDECLARED_WRITES),
+                host_dtypes=list(HOST_DTYPES),
                 on_device=sorted(ON_DEVICE),
                 downcast_reasons=[(sorted(s), downcast_reason(s, emulate_downcast)) for s in subsets],
                 device_mismatch=DEVICE_MISMATCH, unsupported_layout=UNSUPPORTED_LAYOUT)

@@ -440,7 +440,8 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
   }
   std::vector<Lowered> written;
-  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && downcast(p, orig, hargs, written);
+  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && !(c.mask & rules.host_mask) &&
+                       downcast(p, orig, hargs, written);
 
   const bool traced = profiling();
   const int64_t w0 = traced ? profile_clock() : 0;
