@@ -82,9 +82,10 @@ bench: $(CORE)
 	$(BIN)/python bench/ranks_start.py
 	$(BIN)/python bench/profile_overhead.py
 
-# Regenerates README.md's reference blocks (magics, settings, environment) from the code.
+# Regenerates the reference blocks of docs/notebook.md (magics) and docs/configuration.md (settings,
+# environment) from the code.
 readme: $(STAMP)
-	$(BIN)/python tools/readme_reference.py --write README.md
+	$(BIN)/python tools/readme_reference.py --write docs/notebook.md docs/configuration.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info out neuron_lab/backend/emulator/_core*.so
