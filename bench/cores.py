@@ -5,7 +5,7 @@ The core is fixed per process, so each core runs in a child process of its own
 round, single-threaded, and the median of the per-round ratios is reported: absolute times differ
 2-3x between machines, ratios measured in one run do not.
 
-    python bench/cores.py            # the table for the README
+    python bench/cores.py            # the table for docs/benchmarks.md
     python bench/cores.py --rounds 5 # quicker, noisier
 """
 

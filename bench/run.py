@@ -1,8 +1,8 @@
 """Emulator overhead against CPU eager, measured in one run, single-threaded.
 
 Prints ratios (never absolute targets): per-op overhead of a small op, MLP AdamW training
-steps at two sizes, and compiled against eager inference. `make bench` runs it; the README
-table is its output.
+steps at two sizes, and compiled against eager inference. `make bench` runs it; the
+table in docs/benchmarks.md is its output.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 As ``torch/_logging/_registrations.py`` does for logs, each setting is one registration call below with its type,
 default, meaning and readers. The modules that read a variable get it here (``env("NEURON_LAB_CORE").choice()``),
-``neuron-lab doctor`` and the README reference (``tools/readme_reference.py``) list it from here, and a bad value
-is reported in the words built here, so no list of settings is kept by hand anywhere else.
+``neuron-lab doctor`` and the reference in ``docs/configuration.md`` (``tools/readme_reference.py``) list it from
+here, and a bad value is reported in the words built here, so no list of settings is kept by hand anywhere else.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ class EnvVar:
     """One environment variable: what it means, what it takes, and which modules read it."""
 
     name: str
-    meaning: str  # one line for `neuron-lab doctor` and the README, after the choices when there are any
+    meaning: str  # one line for `neuron-lab doctor` and docs/configuration.md, after the choices when there are any
     readers: tuple[str, ...]  # the modules that read it (setup.py reads NEURON_LAB_BUILD_CORE at install)
     choices: tuple[str, ...] = ()
     default: str | None = None
     fold_case: bool = True  # a choice is read case-insensitively ("AUTO" is auto)
-    listed: bool = True  # shown by doctor and the README; a launcher's own variables (LOCAL_RANK) are not
+    listed: bool = True  # shown by doctor and docs/configuration.md; a launcher's own variables (LOCAL_RANK) are not
     torchneuron: bool = False  # TorchNeuron's own setting: doctor shows it, neuron_lab and the emulator never read it
 
     @property
     def summary(self) -> str:
-        """The doctor/README line: ``auto|emulator|off: which backend serves `neuron```."""
+        """The doctor/docs line: ``auto|emulator|off: which backend serves `neuron```."""
         return f"{'|'.join(self.choices)}: {self.meaning}" if self.choices else self.meaning
 
     def raw(self, env: Mapping[str, str] | None = None) -> str | None:
@@ -119,7 +119,7 @@ def config(name: str) -> ConfigSetting:
 
 
 def listed() -> list[EnvVar]:
-    """The variables ``neuron-lab doctor`` and the README show, in registration order."""
+    """The variables ``neuron-lab doctor`` and ``docs/configuration.md`` show, in registration order."""
     return [v for v in ENV.values() if v.listed]
 
 

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,16 +263,21 @@ def run_entry(op, max_samples: int = MAX_SAMPLES) -> EntryResult:
     return result("pass", "", len(pairs))
 
 
-def sweep(ops: list, max_samples: int = MAX_SAMPLES) -> list[EntryResult]:
-    """Run entries single-threaded (deterministic reductions, no oversubscription under xdist)."""
+def single_threaded(run: Callable[[Any], EntryResult], items: list) -> list[EntryResult]:
+    """``run`` over ``items`` single-threaded (deterministic reductions, no oversubscription under xdist)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return [run_entry(op, max_samples) for op in ops]
+            return [run(item) for item in items]
     finally:
         torch.set_num_threads(threads)
+
+
+def sweep(ops: list, max_samples: int = MAX_SAMPLES) -> list[EntryResult]:
+    """Every entry's verdict, in order."""
+    return single_threaded(lambda op: run_entry(op, max_samples), ops)
 
 
 def summarize(results: list[EntryResult]) -> dict[str, Any]:
@@ -291,6 +296,21 @@ def summarize(results: list[EntryResult]) -> dict[str, Any]:
         "entries": {r.key: {"status": r.status, "detail": r.detail}
                     for r in results if r.status != "pass"},
     }
+
+
+def problems(results: list[EntryResult], known: dict[str, str], known_file: str,
+             expected_cpu_errors: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """Every way ``results`` differ from the lists: an unlisted failure, a listed entry that passes, an unexpected
+    CPU error and an expected one that ran. Only the entries swept are judged, so shards can check their share."""
+    keys = {r.key for r in results}
+    failing = {r.key: f"{r.status}: {r.detail}" for r in results if r.status in ("fail", "error")}
+    cpu_errors = {r.key: r.detail for r in results if r.status == "cpu_error"}
+    found = [f"unexpected {k} -- {v}" for k, v in failing.items() if k not in known]
+    found += [f"listed in {known_file} but passes now: {k}" for k in known if k in keys and k not in failing]
+    found += [f"unexpected CPU error {k} -- {v}" for k, v in cpu_errors.items() if k not in expected_cpu_errors]
+    found += [f"expected a CPU error, but it ran: {k}" for k in expected_cpu_errors
+              if k in keys and k not in cpu_errors]
+    return found
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -316,11 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     known = load_known_failures()
     report["unexpected"] = sorted(k for k, v in report["entries"].items()
                                   if v["status"] in ("fail", "error") and k not in known)
-    write_json(a.out, report)
+    publish(a.out, report)
+    return 0
+
+
+def publish(path: Path, report: dict[str, Any]) -> None:
+    """Write a sweep's report and print its verdicts and counts."""
+    write_json(path, report)
     for k, v in sorted(report["entries"].items()):
         print(f"{v['status']:9} {k}: {v['detail']}")
     print({k: report[k] for k in ("total", "cpu_ok", "pass", "fail", "error", "cpu_error", "rate", "wall_seconds")})
-    return 0
 
 
 if __name__ == "__main__":

@@ -98,3 +98,61 @@ def test_torch_compile_default_backend_is_the_neuron_backend_for_device_tensors(
     assert got.device.type == "neuron"
     torch.testing.assert_close(got.cpu(), x.cpu().sin() + 1)
     assert len(torch_neuronx.get_dynamo_metrics()) == before + 1  # compiled by the neuron backend
+
+
+# Found by the ModuleInfo and out= sweeps (tests/moduleinfo_sweep.py, tests/out_sweep.py).
+
+@pytest.mark.parametrize("cell", [nn.LSTMCell, nn.GRUCell])
+def test_rnn_cells_run_on_the_device_as_on_the_cpu(cell) -> None:
+    """ATen picks CUDA's fused cells (no CPU kernel) for any non-CPU input; the device runs the CPU's arithmetic."""
+    torch.manual_seed(0)
+    cpu = cell(3, 4)
+    dev = cell(3, 4).to("neuron")
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(2, 3)
+    want, got = cpu(x), dev(x.to("neuron"))
+    for w, g in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
+        torch.testing.assert_close(g.cpu(), w)
+    sum(t.sum() for t in torch.utils._pytree.tree_leaves(got)).backward()
+    sum(t.sum() for t in torch.utils._pytree.tree_leaves(want)).backward()
+    torch.testing.assert_close(dev.weight_ih.grad.cpu(), cpu.weight_ih.grad)
+
+
+def test_an_out_a_kernel_restrides_reads_back_with_its_own_shape() -> None:
+    """matmul of a vector into a 1-D out computes into it as [1, n], then squeezes it back in place."""
+    x, w = torch.randn(10), torch.randn(10, 5)
+    out = torch.empty(5, device="neuron")
+    torch.matmul(x.to("neuron"), w.to("neuron"), out=out)
+    assert out.shape == out.cpu().shape == (5,)
+    torch.testing.assert_close(out.cpu(), x @ w)
+
+
+def test_batch_norm_running_statistics_under_the_64_bit_rule(run_python) -> None:
+    """native_batch_norm writes its running statistics though its schema does not say so; float64 ones too."""
+    got = run_python("""
+        import json, torch, neuron_lab
+        x = torch.randn(4, 3, dtype=torch.float64) * 3 + 5
+        cpu, dev = torch.nn.BatchNorm1d(3).double(), torch.nn.BatchNorm1d(3).double().to("neuron")
+        y = dev(x.to("neuron"))
+        cpu(x)
+        # l1_loss on float64: a kernel that grows its float32 stand-in out= (it crashed the compiled core)
+        loss = torch.nn.functional.l1_loss(y, torch.zeros_like(y))
+        print(json.dumps(dict(mean=(dev.running_mean.cpu() - cpu.running_mean).abs().max().item(),
+                              var=(dev.running_var.cpu() - cpu.running_var).abs().max().item(),
+                              dtype=str(y.dtype), loss_dtype=str(loss.dtype))))
+    """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
+    assert got["mean"] < 1e-5 and got["var"] < 1e-5  # was the initial 0 and 1: never updated
+    assert got["dtype"] == got["loss_dtype"] == "torch.float64"
+
+
+def test_complex_from_float64_parts_under_the_64_bit_rule(run_python) -> None:
+    """TorchNeuron computes complex on the CPU, so a call with a complex128 out keeps float64 (it raised here)."""
+    got = run_python("""
+        import json, torch, neuron_lab
+        re, im = torch.tensor([1.5, -2.0], dtype=torch.float64), torch.tensor([0.25, 3.0], dtype=torch.float64)
+        z = torch.complex(re.to("neuron"), im.to("neuron"))
+        p = torch.polar(re.abs().to("neuron"), im.to("neuron"))
+        print(json.dumps(dict(dtype=str(z.dtype), z=torch.equal(z.cpu(), torch.complex(re, im)),
+                              polar=torch.equal(p.cpu(), torch.polar(re.abs(), im)))))
+    """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
+    assert got == dict(dtype="torch.complex128", z=True, polar=True)

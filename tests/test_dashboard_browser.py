@@ -6,7 +6,7 @@ axis and zoom; and the two single tensor views around the training keep their ow
 disconnected instead of a live status; and the notebook ``neuron-lab run`` wrote, opened untrusted (no widget, HTML
 sanitised), shows the dashboard's last state as a readable snapshot (issue 28 points 4 and 9).
 
-The screenshot it saves (``out/test-artifacts/dashboard-*.png``) is the one in the README; with
+The screenshot it saves (``out/test-artifacts/dashboard-*.png``) is the one in the README and docs/notebook.md; with
 ``NEURON_LAB_UPDATE_SCREENSHOTS=1`` it is also copied to ``docs/``.
 """
 

@@ -1,8 +1,10 @@
-"""The README's generated reference blocks match the code, and the generator itself works."""
+"""The docs' generated reference blocks match the code, the generator itself works, and every link between the
+README and the pages under ``docs/`` resolves."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +16,27 @@ from neuron_lab.magics.parser import build, commands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MAGICS = DOCS / "notebook.md"  # the page with the magics' reference block
+PAGES = (README, *sorted(DOCS.glob("*.md")))
 SCRIPT = ROOT / "tools" / "readme_reference.py"  # a tool of the checkout, not part of the installed package
 _spec = importlib.util.spec_from_file_location("readme_reference", SCRIPT)
 reference = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reference)
 
 
-def test_readme_reference_blocks_are_what_the_code_generates():
-    text = README.read_text(encoding="utf-8")
-    assert reference.render(text) == text, "run `make readme` and commit README.md"
+def test_the_reference_blocks_are_what_the_code_generates():
+    held = []
+    for page in reference.PAGES:
+        text = page.read_text(encoding="utf-8")
+        names = reference.present(text)
+        assert reference.render(text, names) == text, f"run `make readme` and commit {page.relative_to(ROOT)}"
+        held += names
+    assert sorted(held) == sorted(reference.BLOCKS)  # every block, once
 
 
-def test_every_magic_and_every_flag_is_in_the_readme():
-    text = README.read_text(encoding="utf-8")
+def test_every_magic_and_every_flag_is_in_the_docs():
+    text = MAGICS.read_text(encoding="utf-8")
     p = build()
     for name, sp, _ in commands(p):
         assert f"**`{reference._usage(sp)}`**" in text, name
@@ -62,3 +72,54 @@ def test_a_file_without_markers_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("command", ["make demo", "make test", "make lab", "make wheel", "make wheel-check"])
 def test_the_readme_names_the_make_targets(command):
     assert f"{command}" in README.read_text(encoding="utf-8")
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target); inline code is dropped before matching
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped, spaces to ``-``."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = CODE.sub(lambda m: m.group(0) if m.group(0).startswith("`") and not m.group(0).startswith("```") else "",
+                    page.read_text(encoding="utf-8"))
+    return {anchor(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def broken_links(pages) -> list[str]:
+    """Every relative link of ``pages`` that names no file, or no heading of the file it names."""
+    broken = []
+    for page in pages:
+        text = CODE.sub("", page.read_text(encoding="utf-8"))
+        for target in LINK.findall(text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not checked here
+                continue
+            path, _, frag = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.is_file():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif frag and dest.suffix == ".md" and frag not in anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading in {dest.name})")
+    return broken
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    assert broken_links(PAGES) == []
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    links = {(ROOT / t.partition("#")[0]).resolve() for t in LINK.findall(README.read_text(encoding="utf-8"))}
+    assert [p.name for p in DOCS.glob("*.md") if p.resolve() not in links] == []
+
+
+def test_a_broken_link_or_anchor_is_found(tmp_path):
+    (tmp_path / "a.md").write_text("# A page: `x`, y!\n\n[ok](b.md#the-b-page) [self](#a-page-x-y) "
+                                   "[img](pic.png) `[not a link](nowhere.md)`\n")
+    (tmp_path / "b.md").write_text("# The B page\n\n[gone](missing.md) [bad anchor](a.md#nothing) [web](https://x.org/y)\n")
+    (tmp_path / "pic.png").write_bytes(b"")
+    assert broken_links([tmp_path / "a.md", tmp_path / "b.md"]) == [
+        "b.md: missing.md (no such file)", "b.md: a.md#nothing (no such heading in a.md)"]

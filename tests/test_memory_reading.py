@@ -77,8 +77,8 @@ def test_status_shows_the_allocators_counters_and_the_peak_reset_once(stand_in) 
     assert lines[1] == "memory:  12.00 KiB allocated on neuron:0, peak 28.00 KiB, capacity 24.00 GiB"
     assert lines[2] == "         0 B reserved, 12.00 KiB active, allocation retries 0, OOMs 0"
     assert lines[3] == f"         {NeuronBackend.peak_note}"
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert readme.count(NeuronBackend.peak_note) == 1  # the same sentence, once
+    page = (Path(__file__).parents[1] / "docs" / "torchneuron.md").read_text()
+    assert page.count(NeuronBackend.peak_note) == 1  # the same sentence, once, in the docs
 
 
 def test_torchneurons_runtime_error_oom_gets_the_oom_report(stand_in) -> None:

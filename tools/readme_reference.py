@@ -1,10 +1,12 @@
-"""The README's reference blocks, generated from the code they describe so the two cannot drift.
+"""The docs' reference blocks, generated from the code they describe so the two cannot drift.
 
 Every magic and flag comes from the ``%neuron`` parser (the same one that parses and prints
 ``%neuron?``), every ``%config`` setting and environment variable from the settings registry
 (``neuron_lab/settings.py``, which ``neuron-lab doctor`` lists too). ``python tools/readme_reference.py
---write README.md`` rewrites the blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->``;
-``--check`` fails when they are stale (the test suite runs the same comparison). A tool of this checkout, not
+--write`` rewrites the blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->`` in the pages that
+hold them (``docs/notebook.md``: the magics; ``docs/configuration.md``: the settings and the environment; other
+files can be named instead, and together they must hold every block once); ``--check`` fails when they are stale
+(the test suite runs the same comparison). A tool of this checkout, not
 part of the installed package: it documents the code beside it.
 """
 
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's neuron_lab, the one README describes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's neuron_lab, the one the docs describe
 
 from neuron_lab import settings as registry  # noqa: E402
 from neuron_lab.compat import argparse as argparse_compat  # noqa: E402
@@ -94,9 +96,20 @@ def _pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- reference:{name} -->\n)(.*?)(<!-- /reference:{name} -->)", re.S)
 
 
-def render(text: str) -> str:
-    """``text`` with every reference block regenerated; a missing marker pair is an error."""
-    for name, make in BLOCKS.items():
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = (ROOT / "docs" / "notebook.md", ROOT / "docs" / "configuration.md")  # where the blocks live
+
+
+def present(text: str) -> list[str]:
+    """The names of the reference blocks ``text`` holds."""
+    return [name for name in BLOCKS if _pattern(name).search(text)]
+
+
+def render(text: str, names: list[str] | None = None) -> str:
+    """``text`` with its reference blocks ``names`` (default: every block) regenerated; a missing marker pair is
+    an error."""
+    for name in BLOCKS if names is None else names:
+        make = BLOCKS[name]
         pat = _pattern(name)
         if not pat.search(text):
             raise ValueError(f"no <!-- reference:{name} --> ... <!-- /reference:{name} --> block")
@@ -106,22 +119,31 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/readme_reference.py", description=__doc__.splitlines()[0])
-    ap.add_argument("file", type=Path, help="the Markdown file with reference blocks (README.md)")
+    ap.add_argument("files", type=Path, nargs="*", default=list(PAGES),
+                    help="the Markdown files that together hold every reference block once "
+                         "(default: docs/notebook.md docs/configuration.md)")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the blocks in place")
     mode.add_argument("--check", action="store_true", help="exit 1 when a block is stale")
     args = ap.parse_args(argv)
-    old = args.file.read_text(encoding="utf-8")
-    try:
-        new = render(old)
-    except ValueError as e:
-        print(f"{args.file}: {e}", file=sys.stderr)
-        return 2
+    olds = {f: f.read_text(encoding="utf-8") for f in args.files}
+    held = {f: present(text) for f, text in olds.items()}
+    where = " ".join(str(f) for f in args.files)
+    for name in BLOCKS:
+        count = sum(name in names for names in held.values())
+        if count != 1:
+            what = "no" if count == 0 else f"{count} files with a"
+            print(f"{where}: {what} <!-- reference:{name} --> ... <!-- /reference:{name} --> block", file=sys.stderr)
+            return 2
+    news = {f: render(text, held[f]) for f, text in olds.items()}
     if args.write:
-        args.file.write_text(new, encoding="utf-8")
+        for f, new in news.items():
+            if new != olds[f]:
+                f.write_text(new, encoding="utf-8")
         return 0
-    if new != old:
-        print(f"{args.file}: reference blocks are stale; run `python tools/readme_reference.py --write {args.file}`",
+    stale = [str(f) for f in args.files if news[f] != olds[f]]
+    if stale:
+        print(f"{' '.join(stale)}: reference blocks are stale; run `python tools/readme_reference.py --write {where}`",
               file=sys.stderr)
         return 1
     return 0

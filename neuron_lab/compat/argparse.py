@@ -1,4 +1,4 @@
-"""argparse's private names: the arguments a parser holds (the README's reference lists each one).
+"""argparse's private names: the arguments a parser holds (the magics reference in docs/notebook.md lists each one).
 
 neuron_lab supports Python 3.10 and later (``pyproject.toml``).
 """

@@ -239,7 +239,7 @@ def build() -> NeuronArgumentParser:
 
 
 def commands(p: NeuronArgumentParser) -> list[tuple[str, NeuronArgumentParser, str]]:
-    """(name, parser, one-line help) of every command, in the parser's order (``%neuron?``, the README)."""
+    """(name, parser, one-line help) of every command, in the parser's order (``%neuron?``, ``docs/notebook.md``)."""
     return [(name, sp, help) for name, (sp, help) in p.subcommands.items()]
 
 

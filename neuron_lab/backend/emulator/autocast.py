@@ -3,7 +3,8 @@
 ``torch.autocast("neuron")`` needs a kernel at AutocastPrivateUse1 for every op: a fallthrough,
 plus CUDA's cast policy for the ops that run in lower precision or must run in float32.
 TorchNeuron registers the same CUDA-style lists. RNN composites pick fused CUDA-only cells for
-any non-CPU device, so their decompositions are registered at AutogradPrivateUse1.
+any non-CPU device, so their decompositions are registered at AutogradPrivateUse1; ``lstm_cell`` and
+``gru_cell`` (nn.LSTMCell, nn.GRUCell), which have none, get the CPU's own cell arithmetic there.
 """
 
 from __future__ import annotations
@@ -40,6 +41,27 @@ def _cast_kernel(op, target: torch.dtype | None):
     return kernel
 
 
+def _lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """ATen's CPU LSTMCell (RNN.cpp), op for op, so results match the CPU bit for bit."""
+    gates = torch.nn.functional.linear(hx[0], w_hh, b_hh) + torch.nn.functional.linear(input, w_ih, b_ih)
+    ingate, forgetgate, cellgate, outgate = gates.unsafe_chunk(4, 1)
+    cy = forgetgate.sigmoid() * hx[1] + ingate.sigmoid() * cellgate.tanh()
+    return outgate.sigmoid() * cy.tanh(), cy
+
+
+def _gru_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """ATen's CPU GRUCell (RNN.cpp), op for op."""
+    igates = torch.nn.functional.linear(input, w_ih, b_ih).unsafe_chunk(3, 1)
+    hgates = torch.nn.functional.linear(hx, w_hh, b_hh).unsafe_chunk(3, 1)
+    reset_gate = (hgates[0] + igates[0]).sigmoid()
+    input_gate = (hgates[1] + igates[1]).sigmoid()
+    new_gate = (igates[2] + hgates[2] * reset_gate).tanh()
+    return (hx - new_gate) * input_gate + new_gate
+
+
+RNN_CELLS = {"lstm_cell": _lstm_cell, "gru_cell": _gru_cell}
+
+
 def _overloads(name: str):
     packet = getattr(torch.ops.aten, name, None)
     if packet is None:
@@ -60,3 +82,5 @@ def install(lib: torch.library.Library, fallback_lib: torch.library.Library) -> 
         op = getattr(getattr(torch.ops.aten, packet), overload)
         if op in table:
             lib.impl(qual, table[op], "AutogradPrivateUse1")
+    for name, cell in RNN_CELLS.items():
+        lib.impl(name, cell, "AutogradPrivateUse1")

@@ -30,12 +30,18 @@ class HostBridge:
         return t
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
-        """The CPU alias of a device tensor's bytes, cached on the tensor while its layout holds."""
+        """The CPU alias of a device tensor's bytes, cached on the tensor while its layout and the alias's hold.
+
+        A kernel may restride an ``out=`` alias in place (mm into a 1-D out), so a cached alias counts only while
+        its own layout is still the one it was made for.
+        """
         st = t.untyped_storage()
         key = (st.data_ptr(), t.storage_offset(), t.shape, t.stride())
         cached = t.__dict__.get(_ALIAS_ATTR)
         if cached is not None and cached[0] == key:
-            return cached[1]
+            h = cached[1]
+            if h.storage_offset() == key[1] and h.shape == key[2] and h.stride() == key[3]:
+                return h
         alloc = self.allocator.lookup(key[0])
         if alloc is None:
             raise RuntimeError(f"neuron emulator: storage at 0x{key[0]:x} is not device memory it allocated")

@@ -170,7 +170,8 @@ class Executor:
         if plan.name in policy.INT_AS_FLOAT and isinstance(hargs[0], Tensor) and not hargs[0].is_floating_point():
             int_input, hargs[0] = hargs[0].dtype, hargs[0].float()
         t0 = time.perf_counter_ns()
-        if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view:
+        if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view and not any(
+                _DTYPE_NAMES[d] in policy.HOST_DTYPES for d in dtypes):
             out = self._run_downcast(op, plan, hargs, hkwargs, args, kwargs)
         else:
             out = self._call(op, plan, hargs, hkwargs, args, kwargs)
@@ -236,6 +237,9 @@ class Executor:
         """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
         written: list[tuple[Tensor, Tensor]] = []  # (device tensor, the float32 stand-in the kernel writes)
         write_slots = set(plan.write_args)
+        for i, a in enumerate(op._schema.arguments):
+            if f"{plan.name}.{a.name}" in policy.UNDECLARED_WRITES:
+                write_slots |= {i, a.name}
 
         def down(slot, a):
             if isinstance(a, Tensor) and a.dtype == torch.float64:
@@ -262,9 +266,7 @@ class Executor:
                 return type(r)(up(x) for x in r)
             return r
 
-        if written:
-            return out  # results are the written arguments, mapped back by _results
-        return up(out)
+        return up(out)  # written results are mapped back to their device arguments by _results
 
     def _results(self, out, plan: _Plan, args: tuple, kwargs: dict):
         from_host = self.bridge.from_host

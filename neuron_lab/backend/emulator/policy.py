@@ -23,6 +23,9 @@ INT_AS_FLOAT = frozenset({"aten::histc"})
 # Backward ops whose CPU kernel crashes when the input gradient is not wanted (torch 2.13's channels-last
 # group_norm backward writes through an undefined grad_input): the input gradient is computed and dropped.
 ALWAYS_GRAD_INPUT = frozenset({"aten::native_group_norm_backward"})
+# Tensor arguments a CPU kernel writes though its schema does not mark them written (native_batch_norm's running
+# statistics, so BatchNorm's and InstanceNorm's): under the 64-bit rule their float32 stand-ins are copied back.
+UNDECLARED_WRITES = frozenset({"aten::native_batch_norm.running_mean", "aten::native_batch_norm.running_var"})
 # Ops whose CPU kernel draws from the default CPU generator (no `generator` argument): they run on the
 # device generator's stream instead.
 IMPLICIT_RNG = frozenset({"aten::native_dropout"})
@@ -44,6 +47,9 @@ PLUMBING = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_", "at
 
 # 64-bit dtypes TorchNeuron computes in 32 bits; a call on any of them is also reported as a downcast.
 WIDE_DTYPES = ("float64", "int64")
+# Dtypes TorchNeuron computes on the CPU (the device has no complex numbers): a call holding one keeps float64, so
+# torch.complex(x, y) of float64 parts still writes its complex128 out.
+HOST_DTYPES = ("complex128",)
 DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}=1 computes float64 in float32)"
 
 # A device tensor beside one of another device (or a CPU tensor with dimensions outside MIXED_OK, or a CPU
@@ -68,6 +74,8 @@ def for_core(emulate_downcast: bool) -> dict[str, Any]:
     subsets = [frozenset(c) for n in range(1, len(WIDE_DTYPES) + 1) for c in combinations(WIDE_DTYPES, n)]
     return dict(mixed_ok=sorted(MIXED_OK), int_as_float=sorted(INT_AS_FLOAT),
                 always_grad_input=sorted(ALWAYS_GRAD_INPUT), implicit_rng=sorted(IMPLICIT_RNG),
+                undeclared_writes=sorted(UNDECLARED_WRITES),
+                host_dtypes=list(HOST_DTYPES),
                 on_device=sorted(ON_DEVICE),
                 downcast_reasons=[(sorted(s), downcast_reason(s, emulate_downcast)) for s in subsets],
                 device_mismatch=DEVICE_MISMATCH, unsupported_layout=UNSUPPORTED_LAYOUT)

@@ -190,6 +190,8 @@ Policy policy_from(const py::dict& d) {
   p.always_grad_input = names("always_grad_input");
   p.implicit_rng = names("implicit_rng");
   p.on_device = names("on_device");
+  p.undeclared_writes = names("undeclared_writes");
+  p.host_mask = mask_of(d["host_dtypes"].cast<std::vector<std::string>>());
   for (const auto& [dtypes, reason] :
        d["downcast_reasons"].cast<std::vector<std::pair<std::vector<std::string>, std::string>>>()) {
     uint64_t mask = mask_of(dtypes);

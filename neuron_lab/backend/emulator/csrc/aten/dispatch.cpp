@@ -216,8 +216,10 @@ struct Call {
 };
 
 // Give written device tensors the layout a CPU kernel gave their aliases (an out= resized in place).
+// A float32 stand-in for a float64 out= (the 64-bit rule) is not an alias: downcast's copy-back settles that one.
 void sync_layout(const at::Tensor& dev, const at::Tensor& h) {
   if (!dev.defined() || !h.defined() || dev.device().type() != c10::DeviceType::PrivateUse1) return;
+  if (dev.scalar_type() != h.scalar_type()) return;
   if (dev.sizes() != h.sizes() || dev.strides() != h.strides() || dev.storage_offset() != h.storage_offset()) {
     dev.unsafeGetTensorImpl()->set_sizes_and_strides(h.sizes(), h.strides(), h.storage_offset());
   }
@@ -272,7 +274,9 @@ bool downcast(const Plan& p, const Stack& orig, Stack& hargs, std::vector<Lowere
   if (!emulate_downcast.load() || p.is_view) return false;
   auto low = [](const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t; };
   for (size_t i = 0; i < hargs.size(); ++i) {
-    bool writes = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end();
+    bool writes = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end() ||
+                  std::find(p.undeclared_writes.begin(), p.undeclared_writes.end(), static_cast<int>(i)) !=
+                      p.undeclared_writes.end();
     auto& v = hargs[i];
     if (v.isTensor()) {
       auto t = v.toTensor();
@@ -341,6 +345,7 @@ Plan& plan_of(const c10::OperatorHandle& op) {
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* a = args[i].alias_info();
     if (a && a->isWrite()) p->write_args.push_back(static_cast<int>(i));
+    if (rules.undeclared_writes.count(p->name + "." + args[i].name())) p->undeclared_writes.push_back(static_cast<int>(i));
     auto type = args[i].type();
     if (type->kind() == c10::TypeKind::OptionalType &&
         type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
@@ -435,7 +440,8 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
   }
   std::vector<Lowered> written;
-  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && downcast(p, orig, hargs, written);
+  const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && !(c.mask & rules.host_mask) &&
+                       downcast(p, orig, hargs, written);
 
   const bool traced = profiling();
   const int64_t w0 = traced ? profile_clock() : 0;
@@ -482,7 +488,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
     if (int_input != c10::ScalarType::Undefined && v.isTensor()) v = v.toTensor().to(int_input);
     if (drop_grad_input && i == 0) v = at::Tensor();
-    if (lowered && written.empty() && v.isTensor() && v.toTensor().defined() &&
+    if (lowered && v.isTensor() && v.toTensor().defined() &&
         v.toTensor().scalar_type() == at::kFloat) {
       v = v.toTensor().to(at::kDouble);
     }

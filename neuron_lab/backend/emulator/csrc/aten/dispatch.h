@@ -60,6 +60,7 @@ struct Plan {
   std::string name, overload;
   std::vector<int> write_returns;  // per return: the argument it aliases when written, or -1
   std::vector<int> write_args;
+  std::vector<int> undeclared_writes;  // written too, not in the schema: copied back from a 64-bit-rule stand-in
   int generator_arg = -1;
   int dtype_arg = -1;
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;

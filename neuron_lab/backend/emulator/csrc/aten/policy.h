@@ -15,6 +15,9 @@ struct Policy {
   // Op names (aten::...) that take a quirk: CPU index tensors allowed, integer inputs computed in float32, the
   // input gradient always computed, drawing from the default CPU generator, the CPU kernel run on the device tensor.
   std::unordered_set<std::string> mixed_ok, int_as_float, always_grad_input, implicit_rng, on_device;
+  // aten::op.argument names a CPU kernel writes though the schema does not say so (native_batch_norm's running stats).
+  std::unordered_set<std::string> undeclared_writes;
+  uint64_t host_mask = 0;  // dtypes TorchNeuron computes on the CPU: a call holding one is not downcast
   uint64_t wide_mask = 0;  // dtypes (one bit per ScalarType) TorchNeuron computes in 32 bits
   std::unordered_map<uint64_t, std::string> downcast_reasons;  // the wide dtypes of a call -> its downcast reason
   std::string device_mismatch;  // with {first}, {second}, {op}
