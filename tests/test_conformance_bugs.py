@@ -156,3 +156,17 @@ def test_complex_from_float64_parts_under_the_64_bit_rule(run_python) -> None:
                               polar=torch.equal(p.cpu(), torch.polar(re.abs(), im)))))
     """, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
     assert got == dict(dtype="torch.complex128", z=True, polar=True)
+
+
+def test_several_float64_results_under_the_64_bit_rule_each_keep_their_own_memory() -> None:
+    """The 64-bit rule's float64 copy of each float32 result is dropped once on the device; the compiled core took a
+    later result's storage, at the freed address, for the earlier one: LayerNorm's weight and bias gradients on an
+    empty batch shared one uninitialised buffer (the CPU gives two zero tensors)."""
+    w = torch.ones(5, dtype=torch.float64, device="neuron")
+    g = torch.empty(0, 5, dtype=torch.float64, device="neuron")
+    stat = torch.empty(0, 1, dtype=torch.float64, device="neuron")
+    for _ in range(4):  # freed addresses are reused on some calls, not all
+        torch.randn(1000, dtype=torch.float64, device="neuron").mul_(7)  # leaves non-zero bytes behind
+        _, dw, db = torch.ops.aten.native_layer_norm_backward(g, g, [5], stat, stat, w, w, [True, True, True])
+        assert dw.untyped_storage().data_ptr() != db.untyped_storage().data_ptr()
+        assert dw.dtype == db.dtype == torch.float64 and dw.cpu().tolist() == db.cpu().tolist() == [0.0] * 5

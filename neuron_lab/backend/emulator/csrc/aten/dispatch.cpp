@@ -73,7 +73,8 @@ Signature signature_of(const Stack& args) {
   Signature s;
   for (const auto& v : args) {
     for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!t.defined()) return;
+      // A wrapped Python number (the 3 of `x * 3`) is no tensor of the user's: the Python core sees a number there.
+      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
       s.shapes.push_back(t.sizes().vec());
       s.dtypes.push_back(dtype_name(t.scalar_type()));
     });
@@ -107,7 +108,9 @@ struct Call {
   c10::DeviceIndex device = -1;
   uint64_t mask = 0;
   std::vector<std::pair<c10::Storage, c10::Storage>> aliases;  // CPU alias -> device storage
-  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> adopted;  // CPU result -> device storage
+  // CPU result -> device storage. The CPU storage is held: a result dropped once adopted (the 64-bit rule's float64
+  // copy of a float32 result) must not free an address the next result's storage could take and be mistaken for.
+  std::vector<std::pair<c10::Storage, c10::Storage>> adopted;
   std::vector<std::pair<c10::Storage, c10::Storage>> growable;  // out= aliases that may move to bigger memory
   std::vector<const c10::StorageImpl*> cpu_inputs;
 
@@ -186,12 +189,12 @@ struct Call {
       if (cpu.unsafeGetStorageImpl() == impl) return on_device(dev, r);
     }
     for (const auto& [cpu, dev] : adopted) {
-      if (cpu == impl) return on_device(dev, r);
+      if (cpu.unsafeGetStorageImpl() == impl) return on_device(dev, r);
     }
     at::Tensor own = r;
     if (std::find(cpu_inputs.begin(), cpu_inputs.end(), impl) != cpu_inputs.end()) own = r.clone();
     auto storage = adopt(own, device < 0 ? current_device() : device);
-    adopted.emplace_back(own.storage().unsafeGetStorageImpl(), storage);
+    adopted.emplace_back(own.storage(), storage);
     return on_device(storage, own);
   }
 
