@@ -42,8 +42,8 @@ class EnvVar:
         return (self.raw(env) or "").strip()
 
     def flag(self, env: Mapping[str, str] | None = None) -> bool:
-        """On unless unset, empty, ``0`` or ``false``."""
-        return (self.raw(env) or "") not in _FALSE
+        """On unless ``0`` or ``false``; unset or empty, as its default says (no default: off)."""
+        return ((self.raw(env) or "").strip() or self.default or "") not in _FALSE
 
     def choice(self, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
         """The chosen value (the default when unset or blank) and, for a value not among the choices, the problem
@@ -149,8 +149,8 @@ register_env("NEURON_RT_VIRTUAL_CORE_SIZE", "the older name of NEURON_LOGICAL_NC
              choices=("1", "2"), listed=False)
 register_env("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the compiled core", "setup.py",
              default="1")
-register_env("NEURON_LAB_EMULATE_DOWNCAST", "1: compute float64 ops in float32, as TorchNeuron does", E,
-             default="0")
+register_env("NEURON_LAB_EMULATE_DOWNCAST", "TorchNeuron's 64-bit rule: 1 (default) computes float64 ops in "
+             "float32 as TorchNeuron does; 0 keeps 64-bit exact", E, default="1")
 register_env("NEURON_LAB_COMPILE_LOWERING", "how the emulator runs compiled graphs (default eager: op by op on the "
              "device, fast compiles, per-op reports; inductor: host Inductor, compiled speed)", f"{E}.lowering",
              "neuron_lab.session.config", choices=("eager", "inductor"), default="eager", fold_case=False)

@@ -7,9 +7,10 @@ module, and compares the forward outputs, then one backward's input and paramete
 seed on both sides. An entry is ``cpu_error`` when no sample runs on the CPU (outside the rate's
 denominator), ``pass`` when every sample agrees, ``fail`` on a mismatch and ``error`` when the device raises.
 
-With TorchNeuron's 64-bit rule on (``NEURON_LAB_EMULATE_DOWNCAST=1``, read when the emulator installs, so in a
-process of its own) float64 modules compute in float32, and are compared at float32's tolerances; their
-expected differences are the ``downcast:`` lines of the known-failures file. For the full report::
+Under TorchNeuron's 64-bit rule (the default; ``NEURON_LAB_EMULATE_DOWNCAST=0``, read when the emulator installs,
+so in a process of its own, keeps 64-bit exact) float64 modules compute in float32, and are compared at float32's
+tolerances; their expected differences are the ``downcast:`` lines of the known-failures file. For the full
+report::
 
     python tests/moduleinfo_sweep.py --out out/moduleinfo.json
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     report = common.summarize(sweep(items, a.samples))
     report["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    report["downcast"] = os.environ.get("NEURON_LAB_EMULATE_DOWNCAST", "")
+    report["downcast"] = emulates_downcast()
     common.publish(a.out, report)
     return 0
 

@@ -209,10 +209,11 @@ def test_32_bit_work_is_not_reported_as_downcast() -> None:
     assert be.op_stats()
 
 
-def test_float64_keeps_full_precision_by_default() -> None:
+def test_float64_computes_in_float32_by_default() -> None:
+    """TorchNeuron's 64-bit rule is the default: the 1e-10 tail is below float32's precision, the dtype stays."""
     x = torch.tensor([1 + 1e-10], dtype=torch.float64, device="neuron")
     y = x * 1.0
-    assert y.dtype == torch.float64 and y.item() == 1 + 1e-10
+    assert y.dtype == torch.float64 and y.item() == 1.0
 
 
 _DOWNCAST_SCRIPT = """
@@ -239,9 +240,16 @@ print(json.dumps({
 
 
 def test_emulated_downcast_computes_float64_in_float32(run_python) -> None:
-    r = run_python(_DOWNCAST_SCRIPT, {"NEURON_LAB_EMULATE_DOWNCAST": "1"})
+    r = run_python(_DOWNCAST_SCRIPT, {"NEURON_LAB_EMULATE_DOWNCAST": ""})  # unset or empty: the default, on
     assert r["stored"] == 1 + 1e-10
     assert r["values"] == [1.0, 1.0, 1.0, 1.0, 1.0, 3.0]  # the 1e-10 tail is below float32 precision
     assert r["dtypes"] == ["torch.float64"]
     assert r["int64"] == 2**40 + 1  # only float64 is emulated; int64 values are reported, not truncated
     assert "computed in 32-bit" in r["reason"]
+
+
+def test_exact_64_bit_as_a_setting(run_python) -> None:
+    r = run_python(_DOWNCAST_SCRIPT, {"NEURON_LAB_EMULATE_DOWNCAST": "0"})
+    assert r["values"] == [1 + 1e-10] * 4 + [(1 + 1e-10) ** 2, 3 + 1e-10]  # x[0] * x[0] in m
+    assert r["int64"] == 2**40 + 1
+    assert "reported only" in r["reason"] and "NEURON_LAB_EMULATE_DOWNCAST=1 computes float64 in float32" in r["reason"]

@@ -29,16 +29,16 @@ class EmulatorBackend(NeuronBackend):
 
     @property
     def computes_64bit_in_32bit(self) -> bool:
-        """Only with NEURON_LAB_EMULATE_DOWNCAST=1 (read once, at install): by default 64-bit stays exact."""
+        """By default, as TorchNeuron does; NEURON_LAB_EMULATE_DOWNCAST=0 (read once, at install) keeps 64-bit exact."""
         return self._rt.emulate_downcast
 
     @property
     def differs_from_trainium(self) -> str:
-        numerics = ("64-bit ops in 32 bits as on Trainium (NEURON_LAB_EMULATE_DOWNCAST=1)" if self._rt.emulate_downcast
-                    else "exact 64-bit numerics (TorchNeuron computes them in 32 bits; NEURON_LAB_EMULATE_DOWNCAST=1 "
-                         "does too)")
+        numerics = ("" if self._rt.emulate_downcast
+                    else ", exact 64-bit numerics (TorchNeuron computes them in 32 bits; NEURON_LAB_EMULATE_DOWNCAST=0 "
+                         "is set)")
         return ("synchronous execution (on Trainium an error or a slow op shows at a later sync), no Adaptive Eager "
-                f"fusion, {numerics}")
+                f"fusion{numerics}")
 
     @property
     def timing_note(self) -> str:

@@ -197,6 +197,9 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
     item.passed = item.mismatched == 0 and actual.dtype == expected.dtype
     if actual.dtype != expected.dtype:
         item.problem = f"dtype {_name(actual.dtype)} vs {_name(expected.dtype)}"
+    elif item.mismatched and actual.dtype == torch.float64:
+        r32, a32 = _TOLERANCES[torch.float32]
+        item.within_float32 = not bool((diff > max(atol, a32) + max(rtol, r32) * scale).any())
     if diff.numel():
         excess = torch.where(bad, diff - allowed, torch.full_like(diff, -1.0)) if item.mismatched else diff
         flat = int(excess.reshape(-1).argmax())

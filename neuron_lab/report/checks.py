@@ -44,6 +44,7 @@ class Item:
     over: float | None = None  # the worst element's difference over what the tolerances allow it (> 1: failed)
     atol_needed: float | None = None  # the smallest atol that, with this rtol, lets every element pass
     unchanged: bool = False  # the run left it as it found it (an input, a parameter nothing stepped)
+    within_float32: bool = False  # float64 over tolerance, but within float32's: what TorchNeuron's 64-bit rule makes
 
 
 @dataclass
@@ -151,9 +152,19 @@ class ParityResult(_Rendered):
     def passed(self) -> bool:
         return self.agreement.passed
 
+    @property
+    def drift_64bit(self) -> bool:
+        """Whether the difference is TorchNeuron's 64-bit rule's: the device computed float64 in float32, and every
+        item over tolerance is a float64 value (no error, no other dtype, no loss step apart)."""
+        a = self.agreement
+        return (self.downcast_emulation and self.downcasts > 0 and bool(a.failed)
+                and all(i.problem is None and i.actual_dtype == "float64" for i in a.failed)
+                and not (a.actual_error or a.expected_error or (a.divergence and a.divergence.step)))
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["passed"] = self.passed
+        d["drift_64bit"] = self.drift_64bit
         return d
 
 

@@ -38,6 +38,15 @@ def verdict(a: Agreement) -> str:
     return f"FAIL (the loss went over tolerance at step {a.divergence.step.step})"
 
 
+def drift_64bit_verdict(a: Agreement) -> str:
+    """A parity difference that TorchNeuron's 64-bit rule explains, named as such and not as a generic mismatch."""
+    how = ("within float32's tolerances" if all(i.within_float32 for i in a.failed)
+           else "past float32's tolerances too: the code magnifies float32's rounding")
+    return (f"64-bit drift ({len(a.failed)} of {count(len(a.items), 'item')}, float64, {how}): TorchNeuron's 64-bit "
+            f"rule computes float64 in float32, so a Trn instance differs alike; NEURON_LAB_EMULATE_DOWNCAST=0 checks "
+            f"exact 64-bit")
+
+
 def divergence_text(d: Divergence) -> str:
     """Where two runs first parted (a :class:`~neuron_lab.report.checks.Divergence`): the step, the variable."""
     parts = []
@@ -66,7 +75,8 @@ def check_summary_line(check: Check) -> str:
 
 def parity_summary(result: ParityResult) -> str:
     a = result.agreement
-    parts = [f"parity {result.device} vs {result.reference}: {verdict(a)}"]
+    said = drift_64bit_verdict(a) if result.drift_64bit else verdict(a)
+    parts = [f"parity {result.device} vs {result.reference}: {said}"]
     if a.divergence is not None and not a.passed and not (a.actual_error or a.expected_error):
         parts.append(f"first: {divergence_text(a.divergence)}")
     r = result.randomness
@@ -110,9 +120,11 @@ def check_context(result: CheckResult) -> str:
     if not result.coverage:  # the real device: no coverage, and it always computes 64-bit ops in 32 bits
         parts.append("float64 computed in float32 by the device")
     elif result.downcast_emulation:
-        parts.append("64-bit downcast emulated (NEURON_LAB_EMULATE_DOWNCAST=1: float64 computed in float32)")
+        parts.append("64-bit downcast emulated (float64 computed in float32, as TorchNeuron; "
+                     "NEURON_LAB_EMULATE_DOWNCAST=0 keeps it exact)")
     else:
-        parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=1 emulates it)")
+        parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=0; TorchNeuron computes float64 in "
+                     "float32)")
     if result.downcasts:
         ops = ", ".join(result.downcast_ops[:4]) + (" …" if len(result.downcast_ops) > 4 else "")
         parts.append(f"{count(result.downcasts, '64-bit op call')} ({ops})")

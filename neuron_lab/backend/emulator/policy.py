@@ -50,7 +50,7 @@ WIDE_DTYPES = ("float64", "int64")
 # Dtypes TorchNeuron computes on the CPU (the device has no complex numbers): a call holding one keeps float64, so
 # torch.complex(x, y) of float64 parts still writes its complex128 out.
 HOST_DTYPES = ("complex128",)
-DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}=1 computes float64 in float32)"
+DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}={flip} {flip_does})"
 
 # A device tensor beside one of another device (or a CPU tensor with dimensions outside MIXED_OK, or a CPU
 # tensor the op writes: an out= or an in-place self).
@@ -65,7 +65,8 @@ def downcast_reason(wide: frozenset[str] | set[str], emulate_downcast: bool) -> 
     """Why a call on the 64-bit dtypes ``wide`` is reported as a downcast, under NEURON_LAB_EMULATE_DOWNCAST."""
     names = sorted(wide)
     how = "computed in 32-bit" if emulate_downcast and "float64" in names else "reported only"
-    return DOWNCAST_REASON.format(names="/".join(names), how=how, env=DOWNCAST_ENV)
+    flip, flip_does = ("0", "keeps float64 exact") if emulate_downcast else ("1", "computes float64 in float32")
+    return DOWNCAST_REASON.format(names="/".join(names), how=how, env=DOWNCAST_ENV, flip=flip, flip_does=flip_does)
 
 
 def for_core(emulate_downcast: bool) -> dict[str, Any]:

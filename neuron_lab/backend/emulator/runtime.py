@@ -76,7 +76,7 @@ class Runtime:
     libraries: list[Any] = field(default_factory=list)  # torch.library registrations, kept alive
     dynamo_metrics: list[NeuronCompilationMetrics] = field(default_factory=list)  # get_dynamo_metrics() records
     problems: list[str] = field(default_factory=list)  # configuration trouble, for doctor and the banner
-    emulate_downcast: bool = False  # NEURON_LAB_EMULATE_DOWNCAST=1: float64/int64 ops compute in 32 bits
+    emulate_downcast: bool = True  # TorchNeuron's 64-bit rule: float64 ops compute in float32 (=0: exact)
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
     trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # cpp_core.CoreTrace: work added to the device lanes
 
