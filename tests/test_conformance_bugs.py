@@ -170,3 +170,13 @@ def test_several_float64_results_under_the_64_bit_rule_each_keep_their_own_memor
         _, dw, db = torch.ops.aten.native_layer_norm_backward(g, g, [5], stat, stat, w, w, [True, True, True])
         assert dw.untyped_storage().data_ptr() != db.untyped_storage().data_ptr()
         assert dw.dtype == db.dtype == torch.float64 and dw.cpu().tolist() == db.cpu().tolist() == [0.0] * 5
+
+
+def test_results_under_the_64_bit_rule_keep_the_dtypes_pytorch_gives() -> None:
+    """float64 computed in float32 still returns what PyTorch returns for float64: an FFT's complex128 (it was
+    complex64), every tensor of a list result (histogramdd's bin edges were float32 on the compiled core)."""
+    x = torch.randn(8, dtype=torch.float64)
+    f = torch.fft.rfft(x.to("neuron"))
+    assert f.dtype == torch.complex128 and torch.allclose(f.cpu(), torch.fft.rfft(x), atol=1e-5)
+    h = torch.histogramdd(torch.rand(10, 2, dtype=torch.float64).to("neuron"), bins=[3, 3])
+    assert h.hist.dtype == torch.float64 and [e.dtype for e in h.bin_edges] == [torch.float64] * 2

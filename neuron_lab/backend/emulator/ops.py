@@ -26,6 +26,7 @@ aten = torch.ops.aten
 _CPU = torch.device("cpu")
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _WIDE = frozenset(getattr(torch, name) for name in policy.WIDE_DTYPES)
+_WIDENED = {torch.float32: torch.float64, torch.complex64: torch.complex128}  # narrow results the 64-bit rule widens
 
 
 @dataclass
@@ -259,9 +260,9 @@ class Executor:
                 dev.resize_(low.shape)
             self.bridge.to_host(dev).copy_(low)
 
-        def up(r):
-            if isinstance(r, Tensor) and r.dtype == torch.float32:
-                return r.to(torch.float64)
+        def up(r):  # complex64 too: an FFT of float64 gives complex128
+            if isinstance(r, Tensor) and r.dtype in _WIDENED:
+                return r.to(_WIDENED[r.dtype])
             if isinstance(r, (list, tuple)):
                 return type(r)(up(x) for x in r)
             return r

@@ -272,6 +272,21 @@ struct Lowered {
   at::Tensor low;
 };
 
+// A result the 64-bit rule computed narrow, in the dtype the caller asked for: float32 as float64, complex64 as
+// complex128 (an FFT of float64), the tensors of a list too (histogramdd's bin edges).
+c10::IValue widened(const c10::IValue& v) {
+  auto wide = [](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.scalar_type() == at::kFloat) return t.to(at::kDouble);
+    return t.scalar_type() == at::kComplexFloat ? t.to(at::kComplexDouble) : t;
+  };
+  if (v.isTensor()) return wide(v.toTensor());
+  if (!v.isTensorList()) return v;
+  c10::List<at::Tensor> out;
+  for (const at::Tensor& t : v.toTensorList()) out.push_back(wide(t));
+  return out;
+}
+
 // float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible.
 bool downcast(const Plan& p, const Stack& orig, Stack& hargs, std::vector<Lowered>& written) {
   if (!emulate_downcast.load() || p.is_view) return false;
@@ -491,10 +506,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
     if (int_input != c10::ScalarType::Undefined && v.isTensor()) v = v.toTensor().to(int_input);
     if (drop_grad_input && i == 0) v = at::Tensor();
-    if (lowered && v.isTensor() && v.toTensor().defined() &&
-        v.toTensor().scalar_type() == at::kFloat) {
-      v = v.toTensor().to(at::kDouble);
-    }
+    if (lowered) v = widened(v);
     v = c.back(v);
   }
 
