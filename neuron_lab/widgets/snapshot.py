@@ -65,13 +65,14 @@ def live(session: Any) -> dict[str, Any]:
                          "t": round(session.timeline.now(), 3), "mode": session.mode, "device": str(session.device)}
     tracker = session.running
     if tracker is not None:  # the running cell's: its counters, its op rows so far, a compile in progress
-        fallback_calls, ops, elapsed = tracker.live()
-        d.update(busy=True, cell=session.running_cell(), fallback_calls=fallback_calls, ops=ops,
+        fallback_calls, syncs, ops, elapsed = tracker.live()
+        d.update(busy=True, cell=session.running_cell(), fallback_calls=fallback_calls, syncs=syncs, ops=ops,
                  elapsed_s=round(elapsed, 3), mode=tracker.report.mode, device=tracker.report.device,
                  rows=_rows_so_far(tracker), compiling=_compiling(tracker))
     elif session.history:
         last = _last(session)
-        d.update(cell=last.cell, fallback_calls=last.fallback_calls, ops=last.ops, elapsed_s=round(last.wall_s, 3))
+        d.update(cell=last.cell, fallback_calls=last.fallback_calls, syncs=last.sync_calls, ops=last.ops,
+                 elapsed_s=round(last.wall_s, 3))
     return d
 
 
@@ -117,7 +118,9 @@ def _sampling(session: Any) -> str | None:
 def tensors(session: Any) -> dict[str, Any]:
     from neuron_lab.session.tensors import device_tensors
 
-    return device_tensors(session.shell).as_dict()
+    # Built between cells: the cell's closing synchronize was the last device work, so a second would only add a
+    # device sync a cell (on TorchNeuron each ends a fusion group); the workbench adds at most one.
+    return device_tensors(session.shell, synchronize=False).as_dict()
 
 
 def fallbacks(session: Any) -> dict[str, Any]:
