@@ -79,3 +79,28 @@ def test_the_workbench_adds_at_most_one_synchronize_a_cell_and_no_reads(shell) -
         assert reads == []
     finally:
         unsubscribe()
+
+
+# -- over the real-TorchNeuron adapter (its dispatch-mode observer sees the same ATen reads), against the fake ---------
+ADAPTER = """
+import json
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from neuron_lab.extension import session_of
+sh = InteractiveShell()
+with capture_output():
+    sh.run_line_magic("load_ext", "neuron_lab")
+    sh.run_cell("import torch\\nx = torch.ones(4, device='neuron')", store_history=True)
+    res = sh.run_cell("for i in range(3):\\n    v = x.sum().item()\\nz = x.cpu()\\nn = torch.nonzero(x)",
+                      store_history=True)
+r = session_of(sh).history[res.execution_count]
+print(json.dumps({row.op: [row.count, [[s.site.line, s.count] for s in row.sites]] for row in r.syncs}))
+"""
+
+
+def test_syncs_over_the_torchneuron_adapter() -> None:
+    from fake_torchneuronx import SITE
+    from fake_torchneuronx import run as run_child
+
+    assert run_child(ADAPTER, site=SITE, timeout=180).json() == {
+        "item": [3, [[2, 3]]], "cpu copy": [1, [[3, 1]]], "data-dependent shape": [1, [[4, 1]]]}

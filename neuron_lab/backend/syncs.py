@@ -13,7 +13,9 @@ import os
 import sys
 from types import CodeType, FrameType
 
-from neuron_lab.backend.events import OpEvent
+from torch import Tensor
+
+from neuron_lab.backend.events import OpEvent, OpRecorder
 from neuron_lab.kinds import SYNC
 
 ITEM = "item"  # aten::_local_scalar_dense: .item(), float(t), int(t), bool(t) (an `if` on a device tensor)
@@ -31,8 +33,14 @@ REASONS = {  # each reason's words, the row's "why"
                     "before it can size the result",
 }
 
+# Ops whose result's shape depends on the values (a mask's count, the distinct values): on a device the host must
+# read the data back before it can size the result, so each call is a sync. Both cores and the TorchNeuron
+# observer read this set.
+DATA_DEPENDENT_OPS = frozenset({"aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
+                                "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive"})
 _OURS = os.path.dirname(__file__)  # the cores' own Python frames, skipped to reach the caller
-_DISPATCH = ("torch/_ops.py", "torch/library.py")  # torch's frames between a Python kernel and its caller
+# torch's frames between a Python kernel (or TorchNeuron's dispatch-mode observer) and its caller
+_DISPATCH = ("torch/_ops.py", "torch/library.py", "torch/utils/_python_dispatch.py")
 _FORMATTER = "_tensor_str.py"  # torch/_tensor_str.py: every print, repr and format of a tensor
 _called: dict[tuple[CodeType, int], str] = {}  # (code, instruction) -> the attribute it calls
 
@@ -72,6 +80,12 @@ def _caller(frame: FrameType | None) -> FrameType | None:
                                  or frame.f_code.co_filename.endswith(_DISPATCH)):
         frame = frame.f_back
     return frame
+
+
+def emit(recorder: OpRecorder, op: str, t: Tensor) -> None:
+    """Hand a read of ``op`` on ``t`` to whoever wants syncs (nothing is made otherwise)."""
+    if recorder.wants(SYNC):
+        recorder.emit(event(op, (tuple(t.shape),), (str(t.dtype).removeprefix("torch."),)))
 
 
 def event(op: str, shapes: tuple = (), dtypes: tuple = ()) -> OpEvent:

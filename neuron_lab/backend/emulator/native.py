@@ -12,7 +12,7 @@ from neuron_lab.backend import syncs
 from neuron_lab.backend.emulator import policy
 from neuron_lab.backend.emulator.ops import Executor, redispatch_to_cpu
 from neuron_lab.backend.emulator.runtime import direct_ops
-from neuron_lab.kinds import NATIVE, SYNC
+from neuron_lab.kinds import NATIVE
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -99,13 +99,8 @@ class _DeviceKernels:
 
     def local_scalar_dense(self, op, t: Tensor):
         self._recorder.record_transfer(d2h=t.element_size())
-        self._sync("aten::_local_scalar_dense", t)
+        syncs.emit(self._recorder, "aten::_local_scalar_dense", t)
         return aten._local_scalar_dense(self._bridge.to_host(t))
-
-    def _sync(self, op: str, t: Tensor) -> None:
-        """A device-to-host read, for whoever wants syncs."""
-        if self._recorder.wants(SYNC):
-            self._recorder.emit(syncs.event(op, (tuple(t.shape),), (str(t.dtype).removeprefix("torch."),)))
 
     # -- copies: native ops, and transfer bytes when they cross host and device ---------------
     def _host(self, t: Tensor) -> Tensor:
@@ -118,7 +113,7 @@ class _DeviceKernels:
             self._recorder.record_transfer(h2d=n if src.is_cpu else 0, d2h=n if dst.is_cpu else 0)
         self._recorder.record("aten::copy_", "", NATIVE, "", (dst, src), {}, 0)
         if dst.is_cpu and not src.is_cpu:
-            self._sync("aten::copy_", src)
+            syncs.emit(self._recorder, "aten::copy_", src)
         return dst
 
     def copy_from(self, op, src: Tensor, dst: Tensor, non_blocking=False) -> Tensor:
@@ -139,7 +134,7 @@ class _DeviceKernels:
         if target.type == "cpu":
             self._recorder.record_transfer(d2h=r.numel() * r.element_size())
             if not t.is_cpu:
-                self._sync("aten::_to_copy", t)
+                syncs.emit(self._recorder, "aten::_to_copy", t)
             return r.pin_memory() if pin_memory else r
         if r.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
             r = r.clone()  # _to_copy must not alias its input

@@ -186,7 +186,7 @@ class Executor:
         if wide:
             reason = policy.downcast_reason({_DTYPE_NAMES[d] for d in wide}, self.emulate_downcast)
             self.recorder.record(plan.name, plan.overload, DOWNCAST, reason, args, kwargs, 0)
-        if plan.name in policy.DATA_DEPENDENT and self.recorder.wants(SYNC):
+        if plan.name in syncs.DATA_DEPENDENT_OPS and self.recorder.wants(SYNC):
             self.recorder.emit(syncs.event(plan.name, *signature_of(args, kwargs)))
         return self._results(out, plan, args, kwargs)
 
