@@ -59,11 +59,6 @@ function offDeviceCall(data, n) {
   const k = kindsOf(data).find((x) => x.off_device);
   return plural(n, k ? k.call : "off-device call");
 }
-// what live.syncs counts: device-to-host reads ("sync")
-function syncCall(data, n) {
-  const k = kindsOf(data).find((x) => x.name === "sync");
-  return plural(n, k ? k.call : "sync");
-}
 // rows in the reports' sections (neuron_lab.kinds.sections: [kind that titles it, member kinds]), the empty left out
 function sections(data, rows) {
   return ((data.header && data.header.sections) || [])
@@ -428,7 +423,7 @@ function stripView(ctx) {
     h("span", {}, `${live.device || ""} · ${live.mode || ""}`), memoryBar(live, "nl-strip-bar"),
     h("span", {}, fmtBytes(live.allocated || 0) + " / " + (live.capacity_text || fmtBytes(live.capacity || 0))),
     h("span", {}, h("b", {}, fmtInt(live.fallback_calls)), " " + offDeviceCall(data, live.fallback_calls)),
-    h("span", {}, h("b", { "data-testid": "nl-live-syncs" }, fmtInt(live.syncs || 0)), " " + syncCall(data, live.syncs || 0)),
+    live.syncs_text ? h("span", { "data-testid": "nl-live-syncs" }, live.syncs_text) : null,
     h("span", { class: "nl-muted" }, live.busy ? `running ${fmtSec(live.elapsed_s || 0)}` : `done in ${fmtSec(live.elapsed_s || 0)}`),
     compiling(live));
 }
