@@ -76,6 +76,7 @@ bench: $(CORE)
 	$(BIN)/python bench/load_ext.py
 	$(BIN)/python bench/extension_overhead.py
 	$(BIN)/python bench/widgets_overhead.py
+	$(BIN)/python bench/workbench_syncs.py
 	$(BIN)/python bench/checks_overhead.py --steps 50
 	$(BIN)/python bench/compile_lm.py
 	$(BIN)/python bench/distributed.py

@@ -19,6 +19,7 @@ DOWNCAST = "downcast"  # a 64-bit dtype computed in 32 bits
 NKI = "nki"  # a custom kernel registered with torch_neuronx.nki_op: it runs on the device
 COLLECTIVE = "collective"  # a torch.distributed call on a `neuron` process group: bytes, ranks, time to completion
 UNSUPPORTED = "unsupported"  # a call TorchNeuron does not support (the emulator still runs it): a note, gateable
+SYNC = "sync"  # a device-to-host read (.item(), print, .tolist(), .cpu(), a data-dependent shape): a note
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Kind:
     one_line: bool = False  # a note on calls that ran on the device: a report sums it up in one line (tables: --full)
     note: bool = False  # a note on a call that is recorded under its own kind as well: not counted as a call
     timed_as: str = "on the host"  # what a row's time measures, as a section's title says it
+    why: str = ""  # one sentence every renderer shows under the section: why these calls cost on Trainium
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -44,6 +46,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(NKI, "NKI kernels", "NKI kernel call", off_device=False, reported=True),
     Kind(COLLECTIVE, "collectives", "collective call", off_device=False, reported=True,
          timed_as="from call to completion"),
+    Kind(SYNC, "device-to-host syncs", "sync", off_device=False, reported=True, note=True,
+         why="On Trainium each read of device data by the host ends the Adaptive Eager fusion group and stalls "
+             "the queue until the device has finished everything before it."),
     Kind(NATIVE, "native ops", "op", off_device=False, reported=False),
 )}
 REPORTED = frozenset(k.name for k in KINDS.values() if k.reported)  # the kinds whose calls a report lists

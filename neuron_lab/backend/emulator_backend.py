@@ -86,7 +86,9 @@ class EmulatorBackend(NeuronBackend):
         return self._rt.devices.device_count()
 
     def synchronize(self, device: DeviceSpec = None) -> None:
-        """Nothing is queued on the emulator; and neuron_lab's own sync is not the user's first device use."""
+        """Nothing is queued on the emulator; and neuron_lab's own sync is not the user's first device use. Counted
+        as TorchNeuron's would be."""
+        self.synchronizes += 1
 
     def capacity(self) -> int:
         return self._rt.memory.capacity_of(self._rt.devices.current_device())

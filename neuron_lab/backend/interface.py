@@ -94,9 +94,12 @@ class NeuronBackend(ABC):
         """Bytes of device memory on device 0; None when it cannot be known without starting the device's runtime
         (TorchNeuron before the user's first device use: reading it would take every NeuronCore)."""
 
+    synchronizes = 0  # the workbench's own synchronize calls (each a sync on TorchNeuron): held to one a cell
+
     def synchronize(self, device: DeviceSpec = None) -> None:
         import torch
 
+        self.synchronizes += 1
         torch.neuron.synchronize(device_index(device))
 
     def memory_stats(self, synchronize: bool = True, device: DeviceSpec = None) -> dict[str, Any]:
@@ -134,10 +137,12 @@ class NeuronBackend(ABC):
     def max_memory_allocated(self, device: DeviceSpec = None) -> int:
         return self.memory_reading(device).peak
 
-    def allocated_everywhere(self) -> int:
-        """Bytes allocated on all devices together, after one synchronize: what a scan of every device tensor
-        (``%neuron tensors``, ``%neuron free``, the OOM report) adds up to."""
-        self.synchronize()
+    def allocated_everywhere(self, synchronize: bool = True) -> int:
+        """Bytes allocated on all devices together, after one synchronize (``synchronize=False``: the caller knows
+        nothing was queued since the last): what a scan of every device tensor (``%neuron tensors``, ``%neuron
+        free``, the OOM report) adds up to."""
+        if synchronize:
+            self.synchronize()
         return sum(self.memory_reading(i, synchronize=False).allocated for i in range(self.device_count()))
 
     def memory_sample(self, device: DeviceSpec = None) -> tuple[int, int]:

@@ -26,7 +26,7 @@ import torch
 from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from neuron_lab.backend import torchneuron_env
+from neuron_lab.backend import syncs, torchneuron_env
 from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, WindowAccount
 from neuron_lab.backend.interface import NeuronBackend
 from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, SOURCE
@@ -154,6 +154,7 @@ class _Observer(TorchDispatchMode):
         if how == SILENT:
             if name == "aten::_local_scalar_dense" and on_device:
                 self.recorder.record_transfer(d2h=args[0].element_size())
+                syncs.emit(self.recorder, name, args[0])
             return out
         if not (on_device or _neuron(out)):
             return out
@@ -163,6 +164,8 @@ class _Observer(TorchDispatchMode):
             _HOST_REASON + HOST_KERNELS[_qualified(func)]
         self.recorder.record(name, overload, kind, reason, args, kwargs, 0 if kind == NATIVE else host_ns)
         self._transfers(name, args, out)
+        if name in syncs.DATA_DEPENDENT_OPS and on_device:
+            syncs.emit(self.recorder, name, args[0])
         wide = sorted({_WIDE[t.dtype] for t in _tensors((args, kwargs)) if t.dtype in _WIDE
                        and t.device.type == "neuron"})
         if wide:
@@ -181,6 +184,8 @@ class _Observer(TorchDispatchMode):
             n = src.numel() * src.element_size()
             self.recorder.record_transfer(h2d=n if dst.device.type == "neuron" else 0,
                                           d2h=n if src.device.type == "neuron" else 0)
+            if src.device.type == "neuron":
+                syncs.emit(self.recorder, name, src)
 
 
 def _as_dict(m: Any) -> dict[str, Any]:

@@ -152,6 +152,8 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
             continue
         title = f"{kind.title}: {count(sum(x.count for x in rows), 'call')}" if kind.off_device else kind.title
         parts.append(op_table(title, rows, full, refs, kind.timed_as))
+        if kind.why:
+            parts.append(f"<div><small>{escape(kind.why)}</small></div>")
     return "".join(parts) + reasons_html(refs)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.frames import shown_path
-from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, Kind, sections
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, SYNC, Kind, sections
 from neuron_lab.units import ShownAsText
 
 
@@ -408,6 +408,15 @@ class Report(ShownAsText):
     @property
     def fallback_calls(self) -> int:
         return sum(r.count for r in self.fallbacks)
+
+    @property
+    def syncs(self) -> list[OpRow]:
+        """The device-to-host reads the window forced, one row per reason, each with its lines."""
+        return [r for r in self.ops_not_native if r.kind == SYNC]
+
+    @property
+    def sync_calls(self) -> int:
+        return sum(r.count for r in self.syncs)
 
     @property
     def run_s(self) -> float:

@@ -118,8 +118,9 @@ def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = Fal
     refs = section_refs(sections, full, None if full else FOLD)
     lines = []
     for kind, rows in sections:
-        lines += ([one_line(kind, rows)] if kind.one_line and not full
-                  else op_lines(kind.title, rows, full, refs, kind.timed_as))
+        section = ([one_line(kind, rows)] if kind.one_line and not full
+                   else op_lines(kind.title, rows, full, refs, kind.timed_as))
+        lines += section[:1] + ([f"  {kind.why}"] if kind.why else []) + section[1:]
     return lines + reason_lines(refs)
 
 

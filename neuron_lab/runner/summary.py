@@ -37,6 +37,8 @@ class Summary:
                 "fallback_calls": self.total.fallback_calls,
                 "fallbacks": [_row_dict(r) for r in self.total.fallbacks],
                 "downcasts": [_row_dict(r) for r in self.total.downcasts],
+                "sync_calls": self.total.sync_calls,
+                "syncs": [_row_dict(r) for r in self.total.syncs],
                 "peak_memory": {"bytes": m.peak, "cell": self.peak_at, "capacity": m.capacity},
                 "compiles": {"graphs": self.total.compiles.graphs, "breaks": len(self.total.compiles.breaks),
                              "recompiles": len(self.total.compiles.recompiles),

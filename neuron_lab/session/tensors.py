@@ -309,9 +309,10 @@ def _hidden(ns: dict[str, Any], hidden: dict[str, Any], name: str) -> bool:
     return name in hidden and hidden[name] is ns[name]
 
 
-def device_tensors(shell: Any, tracebacks: list[Any] | None = None) -> TensorTable:
+def device_tensors(shell: Any, tracebacks: list[Any] | None = None, synchronize: bool = True) -> TensorTable:
     """The live storages of the backend's device and who holds them, biggest first; holds no tensor once it
-    returns. ``tracebacks``: the ones whose frames hold tensors, where not IPython's last ones."""
+    returns. ``tracebacks``: the ones whose frames hold tensors, where not IPython's last ones. ``synchronize``:
+    False where the last cell's closing synchronize is the latest device work (a view rebuilt between cells)."""
     b = _backend.active()
     scan = _Scan(b.device_type)
     ns, hidden = shell.user_ns, shell.user_ns_hidden
@@ -335,7 +336,7 @@ def device_tensors(shell: Any, tracebacks: list[Any] | None = None) -> TensorTab
 
     rows = [TensorRow(tuple(s.names or s.graph_names), s.shape, s.dtype, s.nbytes, s.requires_grad,
                       HELD_BY[s.rank], ptr) for ptr, s in scan.storages.items()]
-    allocated = b.allocated_everywhere()  # the rows are every device's
+    allocated = b.allocated_everywhere(synchronize)  # the rows are every device's
     rows += [TensorRow((), a.shape, a.dtype, a.nbytes, None, UNKNOWN, a.ptr)
              for a in b.live_allocations() if a.ptr not in scan.storages]
     rest = allocated - sum(r.bytes for r in rows)

@@ -1,7 +1,7 @@
 """Per-window rows for the ops that did not run natively, each with the user lines that issued it (and the
 innermost library line between, when a library issued it).
 
-Only fallback, host and downcast events are delivered here (native ops are counted by the
+Only the reported kinds (fallback, host, downcast, sync, ...) are delivered here (native ops are counted by the
 backend), so the cost is on calls that are already slow. Looking up the site is a walk up the
 frame chain with a per-code-object cache (a few microseconds); the full stack is formatted only
 for the first ``stack_limit`` calls of each (op, site), so a training loop pays for stacks a
@@ -32,6 +32,7 @@ class OpTrace:
         self._sites: dict[tuple[str, str, int], dict[tuple, SiteCount]] = {}  # (file, line, library line)
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
         self.fallback_calls = 0  # CPU fallback and host calls so far: live views read it from their thread
+        self.sync_calls = 0  # device-to-host syncs so far, read the same way
 
     def __call__(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
         if self.paused:
@@ -48,6 +49,8 @@ class OpTrace:
             row.nbytes += event.nbytes
             if event.kind in kinds.OFF_DEVICE:
                 self.fallback_calls += 1
+            elif event.kind == kinds.SYNC:
+                self.sync_calls += 1
             if self.locator is None:
                 row.unattributed += 1
                 return

@@ -37,7 +37,7 @@ from torch.profiler import ProfilerActivity
 
 from neuron_lab import backend as _backend
 from neuron_lab import settings
-from neuron_lab.kinds import COLLECTIVE, KINDS, NATIVE, OFF_DEVICE
+from neuron_lab.kinds import COLLECTIVE, KINDS, NATIVE, OFF_DEVICE, SYNC
 from neuron_lab.report.model import (
     COPY,
     HOST_LANE,
@@ -207,7 +207,8 @@ class OpProfile:
         self._prof.__enter__()
         self._running = True
         if _backend.is_active():
-            self._unsubscribe = _backend.active().subscribe(self._calls)
+            # every op call but the syncs: those are reads the calls already are, not calls of their own
+            self._unsubscribe = _backend.active().subscribe(self._calls, frozenset(KINDS) - {SYNC})
         if self._yields:
             _YIELDING.append(self)
         return self

@@ -84,12 +84,13 @@ class Tracker:
             eh, ed = self._excluded_transfers
             self._excluded_transfers = (eh + max(h2d2 - h2d, 0), ed + max(d2h2 - d2h, 0))
 
-    def live(self) -> tuple[int, int, float]:
-        """(CPU fallback calls, ops, seconds) so far: plain counter reads, safe from any thread."""
+    def live(self) -> tuple[int, int, int, float]:
+        """(CPU fallback calls, device-to-host syncs, ops, seconds) so far: plain counter reads, safe from any
+        thread."""
         if not self._running:
-            return self._ops.fallback_calls, self.report.ops, self.report.wall_s
-        return (self._ops.fallback_calls, self.backend.op_calls() - self._calls_before - self._excluded_calls,
-                time.perf_counter() - self._t0)
+            return self._ops.fallback_calls, self._ops.sync_calls, self.report.ops, self.report.wall_s
+        return (self._ops.fallback_calls, self._ops.sync_calls,
+                self.backend.op_calls() - self._calls_before - self._excluded_calls, time.perf_counter() - self._t0)
 
     def rows_so_far(self) -> list[OpRow]:
         """The window's op rows so far (fallbacks, host ops, downcasts), as copies: safe from any thread."""

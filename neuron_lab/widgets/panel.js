@@ -423,6 +423,7 @@ function stripView(ctx) {
     h("span", {}, `${live.device || ""} · ${live.mode || ""}`), memoryBar(live, "nl-strip-bar"),
     h("span", {}, fmtBytes(live.allocated || 0) + " / " + (live.capacity_text || fmtBytes(live.capacity || 0))),
     h("span", {}, h("b", {}, fmtInt(live.fallback_calls)), " " + offDeviceCall(data, live.fallback_calls)),
+    live.syncs_text ? h("span", { "data-testid": "nl-live-syncs" }, live.syncs_text) : null,
     h("span", { class: "nl-muted" }, live.busy ? `running ${fmtSec(live.elapsed_s || 0)}` : `done in ${fmtSec(live.elapsed_s || 0)}`),
     compiling(live));
 }

@@ -22,7 +22,7 @@ from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.report.model import SOURCE, Report, as_data
 from neuron_lab.report.waits import compiling_line
-from neuron_lab.units import format_capacity
+from neuron_lab.units import count, format_capacity
 
 TITLES = {"memory": "Memory", "tensors": "Tensors", "fallbacks": kinds.title(kinds.FALLBACK), "compiles": "Compiles"}
 VIEWS = tuple(TITLES)  # the views, in tab order: the one list (``%neuron dashboard``, ``neuron_lab.show``)
@@ -65,13 +65,16 @@ def live(session: Any) -> dict[str, Any]:
                          "t": round(session.timeline.now(), 3), "mode": session.mode, "device": str(session.device)}
     tracker = session.running
     if tracker is not None:  # the running cell's: its counters, its op rows so far, a compile in progress
-        fallback_calls, ops, elapsed = tracker.live()
-        d.update(busy=True, cell=session.running_cell(), fallback_calls=fallback_calls, ops=ops,
+        fallback_calls, syncs, ops, elapsed = tracker.live()
+        d.update(busy=True, cell=session.running_cell(), fallback_calls=fallback_calls, syncs=syncs,
+                 syncs_text=count(syncs, kinds.KINDS[kinds.SYNC].call), ops=ops,
                  elapsed_s=round(elapsed, 3), mode=tracker.report.mode, device=tracker.report.device,
                  rows=_rows_so_far(tracker), compiling=_compiling(tracker))
     elif session.history:
         last = _last(session)
-        d.update(cell=last.cell, fallback_calls=last.fallback_calls, ops=last.ops, elapsed_s=round(last.wall_s, 3))
+        d.update(cell=last.cell, fallback_calls=last.fallback_calls, syncs=last.sync_calls,
+                 syncs_text=count(last.sync_calls, kinds.KINDS[kinds.SYNC].call), ops=last.ops,
+                 elapsed_s=round(last.wall_s, 3))
     return d
 
 
@@ -117,7 +120,9 @@ def _sampling(session: Any) -> str | None:
 def tensors(session: Any) -> dict[str, Any]:
     from neuron_lab.session.tensors import device_tensors
 
-    return device_tensors(session.shell).as_dict()
+    # Built between cells: the cell's closing synchronize was the last device work, so a second would only add a
+    # device sync a cell (on TorchNeuron each ends a fusion group); the workbench adds at most one.
+    return device_tensors(session.shell, synchronize=False).as_dict()
 
 
 def fallbacks(session: Any) -> dict[str, Any]:

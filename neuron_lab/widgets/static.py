@@ -33,6 +33,7 @@ def _strip_line(data: dict, live: dict) -> str:
     cap = live.get("capacity") or 0
     pct = f" ({100 * live.get('allocated', 0) / cap:.1f}%)" if cap else ""
     calls = count(live.get("fallback_calls", 0), kinds.KINDS[kinds.FALLBACK].call)
+    calls += f", {live['syncs_text']}" if live.get("syncs_text") else ""
     if live.get("busy"):  # the count is the running cell's, so it says whose
         state = f"In[{live.get('cell') or '?'}] running {format_seconds(live.get('elapsed_s', 0))}: {calls} so far"
         if live.get("compiling"):

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from neuron_lab import settings
+from neuron_lab.backend import syncs
 from neuron_lab.backend.emulator import policy
-from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats
-from neuron_lab.kinds import DOWNCAST, KINDS, NATIVE
+from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats, qualified
+from neuron_lab.kinds import DOWNCAST, KINDS, NATIVE, SYNC
 
 _CORE = settings.env("NEURON_LAB_CORE")
 CORE_ENV, CORE_CHOICES = _CORE.name, _CORE.choices
@@ -123,7 +124,8 @@ class CoreRecorder(OpRecorder):
 
     def deliver(self, name: str, overload: str, kind: str, reason: str, shapes: tuple, dtypes: tuple,
                 host_ns: int, args: tuple) -> None:
-        event = OpEvent(name, overload, kind, reason, shapes, dtypes, host_ns)
+        event = (syncs.event(qualified(name, overload), shapes, dtypes) if kind == SYNC
+                 else OpEvent(name, overload, kind, reason, shapes, dtypes, host_ns))
         for fn, kinds in list(self._subscribers):
             if kind in kinds:
                 fn(event, args, {})

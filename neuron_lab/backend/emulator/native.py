@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from neuron_lab.backend import syncs
 from neuron_lab.backend.emulator import policy
 from neuron_lab.backend.emulator.ops import Executor, redispatch_to_cpu
 from neuron_lab.backend.emulator.runtime import direct_ops
@@ -98,6 +99,7 @@ class _DeviceKernels:
 
     def local_scalar_dense(self, op, t: Tensor):
         self._recorder.record_transfer(d2h=t.element_size())
+        syncs.emit(self._recorder, "aten::_local_scalar_dense", t)
         return aten._local_scalar_dense(self._bridge.to_host(t))
 
     # -- copies: native ops, and transfer bytes when they cross host and device ---------------
@@ -110,6 +112,8 @@ class _DeviceKernels:
             n = src.numel() * src.element_size()
             self._recorder.record_transfer(h2d=n if src.is_cpu else 0, d2h=n if dst.is_cpu else 0)
         self._recorder.record("aten::copy_", "", NATIVE, "", (dst, src), {}, 0)
+        if dst.is_cpu and not src.is_cpu:
+            syncs.emit(self._recorder, "aten::copy_", src)
         return dst
 
     def copy_from(self, op, src: Tensor, dst: Tensor, non_blocking=False) -> Tensor:
@@ -129,6 +133,8 @@ class _DeviceKernels:
             self._recorder.record_transfer(h2d=r.numel() * r.element_size())
         if target.type == "cpu":
             self._recorder.record_transfer(d2h=r.numel() * r.element_size())
+            if not t.is_cpu:
+                syncs.emit(self._recorder, "aten::_to_copy", t)
             return r.pin_memory() if pin_memory else r
         if r.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
             r = r.clone()  # _to_copy must not alias its input

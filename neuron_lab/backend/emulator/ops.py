@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from neuron_lab.backend import syncs
 from neuron_lab.backend.emulator import policy
 from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
 from neuron_lab.backend.emulator.memory import Allocator
-from neuron_lab.backend.events import OpRecorder
-from neuron_lab.kinds import DOWNCAST
+from neuron_lab.backend.events import OpRecorder, signature_of
+from neuron_lab.kinds import DOWNCAST, SYNC
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
@@ -186,6 +187,8 @@ class Executor:
         if wide:
             reason = policy.downcast_reason({_DTYPE_NAMES[d] for d in wide}, self.emulate_downcast)
             self.recorder.record(plan.name, plan.overload, DOWNCAST, reason, args, kwargs, 0)
+        if plan.name in syncs.DATA_DEPENDENT_OPS and self.recorder.wants(SYNC):
+            self.recorder.emit(syncs.event(plan.name, *signature_of(args, kwargs)))
         return self._results(out, plan, args, kwargs)
 
     def _call(self, op, plan: _Plan, hargs: list, hkwargs: dict, args: tuple, kwargs: dict):

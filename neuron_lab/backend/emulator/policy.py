@@ -11,6 +11,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Any
 
+from neuron_lab.backend import syncs
 from neuron_lab.backend.emulator import DOWNCAST_ENV
 
 # Ops that may take CPU index tensors beside device tensors, as on CUDA.
@@ -44,7 +45,6 @@ ON_DEVICE = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_"}) -
 PLUMBING = frozenset({*(f"aten::{name}" for name in VIEW_OPS), "aten::set_", "aten::empty", "aten::empty_strided",
                       "aten::_copy_from", "aten::_copy_from_and_resize", "aten::resize_", "aten::_local_scalar_dense",
                       "aten::copy_", "aten::_to_copy"})
-
 # 64-bit dtypes TorchNeuron computes in 32 bits; a call on any of them is also reported as a downcast.
 WIDE_DTYPES = ("float64", "int64")
 # Dtypes TorchNeuron computes on the CPU (the device has no complex numbers): a call holding one keeps float64, so
@@ -77,6 +77,6 @@ def for_core(emulate_downcast: bool) -> dict[str, Any]:
                 always_grad_input=sorted(ALWAYS_GRAD_INPUT), implicit_rng=sorted(IMPLICIT_RNG),
                 undeclared_writes=sorted(UNDECLARED_WRITES),
                 host_dtypes=list(HOST_DTYPES),
-                on_device=sorted(ON_DEVICE),
+                on_device=sorted(ON_DEVICE), data_dependent=sorted(syncs.DATA_DEPENDENT_OPS),
                 downcast_reasons=[(sorted(s), downcast_reason(s, emulate_downcast)) for s in subsets],
                 device_mismatch=DEVICE_MISMATCH, unsupported_layout=UNSUPPORTED_LAYOUT)

@@ -191,6 +191,7 @@ Policy policy_from(const py::dict& d) {
   p.implicit_rng = names("implicit_rng");
   p.on_device = names("on_device");
   p.undeclared_writes = names("undeclared_writes");
+  p.data_dependent = names("data_dependent");
   p.host_mask = mask_of(d["host_dtypes"].cast<std::vector<std::string>>());
   for (const auto& [dtypes, reason] :
        d["downcast_reasons"].cast<std::vector<std::pair<std::vector<std::string>, std::string>>>()) {
@@ -290,6 +291,8 @@ PYBIND11_MODULE(_core, m) {
                         kinds[kDowncast] == "downcast",
                     "neuron emulator: configure() takes 2 to ", kMaxKinds, " kinds, native and downcast first");
         kind_names = kinds;
+        auto sync = std::find(kinds.begin(), kinds.end(), "sync");
+        set_sync_kind(sync == kinds.end() ? -1 : static_cast<int>(sync - kinds.begin()));
         set_callback(classify_fn, classify);
         set_callback(deliver_fn, deliver);
         set_callback(site_fn, site);

@@ -46,6 +46,7 @@ void apply_rules(Plan& p) {
   p.implicit_rng = rules.implicit_rng.count(p.name) > 0;
   p.int_as_float = rules.int_as_float.count(p.name) > 0;
   p.always_grad_input = rules.always_grad_input.count(p.name) > 0;
+  p.data_dependent = rules.data_dependent.count(p.name) > 0;
   // set_() has a kernel of its own (set_empty); its other overloads bind a storage on the device tensor itself.
   p.on_device = rules.on_device.count(p.name) > 0 && !(p.name == "aten::set_" && p.overload.empty());
 }
@@ -511,11 +512,24 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   }
 
   record(p, kind.first, kind.second, host_ns, orig);
+  if (p.data_dependent) sync_point(p, orig);
   if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
 }
 
 Plan& named(const char* name, const char* overload) {
   return plan_of(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload));
+}
+
+std::atomic<int> sync_kind{-1};
+
+void set_sync_kind(int kind) {
+  sync_kind = kind;
+}
+
+void sync_point(Plan& p, const Stack& args) {
+  const int k = sync_kind.load();
+  if (k < 0 || !((wanted.load() >> k) & 1)) return;
+  deliver(&p, p.name, p.overload, k, "", signature_of(args), 0, args);
 }
 
 void count_transfer(int64_t to_device, int64_t to_host) {

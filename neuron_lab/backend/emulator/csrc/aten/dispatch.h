@@ -65,6 +65,7 @@ struct Plan {
   int dtype_arg = -1;
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
   bool always_grad_input = false;
+  bool data_dependent = false;  // a device-to-host read: reported as a sync when somebody wants them
   std::unordered_map<uint64_t, std::pair<int, std::string>> kinds;  // device dtype set -> kind, reason
   OpStat stats[kMaxKinds];
 };
@@ -76,6 +77,10 @@ void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const
 // The fallback itself: run `op` on host aliases of its device arguments, report it, present its results.
 void run(const c10::OperatorHandle& op, Stack* stack);
 void count_transfer(int64_t to_device, int64_t to_host);
+// A device-to-host read of `p`'s call (item, a copy to the CPU, a data-dependent shape): delivered to Python as a
+// call of kind `sync` only while somebody wants that kind; nothing else is kept.
+void sync_point(Plan& p, const Stack& args);
+void set_sync_kind(int kind);  // its index among the kinds; -1: none
 // The rules both cores share, from Python at configure; plans made before take them too.
 void set_policy(Policy policy);
 

@@ -54,6 +54,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/
   if (src.is_cpu() != self.is_cpu()) count_transfer(src.is_cpu() ? n : 0, self.is_cpu() ? n : 0);
   static Plan& plan = named("aten::copy_", "");
   record(plan, kNative, "", 0, {self, src});
+  if (self.is_cpu() && !src.is_cpu()) sync_point(plan, {self, src});
   return self;
 }
 
@@ -85,6 +86,7 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
   if (self.is_cpu()) count_transfer(n, 0);
   if (target.type() != c10::DeviceType::PrivateUse1) {
     count_transfer(0, n);
+    if (!self.is_cpu()) sync_point(plan, {self});
     if (pin_memory.value_or(false)) r = r.pin_memory();
     if (traced) trace_copy(false, true, self.device().index(), n, w0, profile_clock());
     return r;
@@ -128,6 +130,8 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   count_transfer(0, static_cast<int64_t>(self.element_size()));
+  static Plan& plan = named("aten::_local_scalar_dense", "");
+  sync_point(plan, {self});
   const bool traced = profiling();
   const int64_t w0 = traced ? profile_clock() : 0;
   QuietHost quiet;

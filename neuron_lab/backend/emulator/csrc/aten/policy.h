@@ -17,6 +17,8 @@ struct Policy {
   std::unordered_set<std::string> mixed_ok, int_as_float, always_grad_input, implicit_rng, on_device;
   // aten::op.argument names a CPU kernel writes though the schema does not say so (native_batch_norm's running stats).
   std::unordered_set<std::string> undeclared_writes;
+  // Ops whose result's shape depends on the data (nonzero, unique): on a device, a read back to the host.
+  std::unordered_set<std::string> data_dependent;
   uint64_t host_mask = 0;  // dtypes TorchNeuron computes on the CPU: a call holding one is not downcast
   uint64_t wide_mask = 0;  // dtypes (one bit per ScalarType) TorchNeuron computes in 32 bits
   std::unordered_map<uint64_t, std::string> downcast_reasons;  // the wide dtypes of a call -> its downcast reason
