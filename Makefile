@@ -70,18 +70,23 @@ lint: $(STAMP)
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
 
+# Each script prints its own table; those with figures write them into out/bench/, and the last step prints
+# them all as one table (target, holds) and writes out/bench.json: `bench/table.py --compare old.json new.json`.
 bench: $(CORE)
-	$(BIN)/python bench/cores.py
+	mkdir -p out/bench && rm -f out/bench/*.json
+	$(BIN)/python bench/cores.py --figures out/bench/cores.json
+	$(BIN)/python bench/real_models.py --figures out/bench/real_models.json
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/load_ext.py
-	$(BIN)/python bench/extension_overhead.py
-	$(BIN)/python bench/widgets_overhead.py
+	$(BIN)/python bench/extension_overhead.py --figures out/bench/extension_overhead.json
+	$(BIN)/python bench/widgets_overhead.py --figures out/bench/widgets_overhead.json
 	$(BIN)/python bench/workbench_syncs.py
 	$(BIN)/python bench/checks_overhead.py --steps 50
 	$(BIN)/python bench/compile_lm.py
 	$(BIN)/python bench/distributed.py
 	$(BIN)/python bench/ranks_start.py
 	$(BIN)/python bench/profile_overhead.py
+	$(BIN)/python bench/table.py out/bench/*.json --out out/bench.json
 
 # Regenerates the reference blocks of docs/notebook.md (magics) and docs/configuration.md (settings,
 # environment) from the code.

@@ -38,8 +38,9 @@ import re
 import statistics
 import time
 
+import figures  # bench/ is the script directory
 import torch
-from workload import MODEL  # bench/ is the script directory
+from workload import MODEL
 
 import neuron_lab  # noqa: F401  (activates the emulator when autoload is off)
 from neuron_lab import extension
@@ -206,12 +207,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15, help="rounds (each runs every configuration once)")
     ap.add_argument("--steps", type=int, default=50, help="training steps per cell")
     ap.add_argument("--json", help="also write the measurements to this file")
+    ap.add_argument("--figures", help="also write the CPU-time figures here (bench/table.py)")
     ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                     help="the cProfile estimate; its top functions are printed when a target is missed (auto) "
                          "or always")
     args = ap.parse_args()
     t0 = time.perf_counter()
     m = measure(repeat=args.repeat, steps=args.steps)
+    figures.write(args.figures, [
+        *(figures.figure(f"{config}, per tracked cell (CPU time)", m["ratios"][config]["loop_cpu"], "x",
+                         TARGETS[config]) for config in (OFF, ON)),
+        figures.figure("no extension, A/A control (CPU time)", m["ratios"][PLAIN_AGAIN]["loop_cpu"], "x", None)])
     print(f"torch {torch.__version__}, 1 thread, {args.steps} AdamW steps per cell (2 atan2 CPU fallbacks per "
           f"step, {m['fallback_calls']} per cell); medians of {args.repeat} interleaved rounds after a warm-up")
     print("ratio: the cell with the extension loaded (auto-report on) / the same cell without it, by wall clock, "

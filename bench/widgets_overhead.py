@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workload import MODEL  # bench/ is the script directory
+import figures  # bench/ is the script directory
+from workload import MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,9 +242,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.5, help="the training loop's length, without --steps")
     ap.add_argument("--hz", type=float, default=4.0, help="NeuronLab.widget_refresh_hz")
     ap.add_argument("--json", help="also write the measurements to this file")
+    ap.add_argument("--figures", help="also write the CPU-time figures here (bench/table.py)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     m = measure(repeat=args.repeat, steps=args.steps, seconds=args.seconds, hz=args.hz)
+    figures.write(args.figures, [
+        figures.figure("live dashboard, per tracked cell (CPU time)", m["ratios"][DASH]["loop_cpu"], "x", TARGET),
+        figures.figure("no dashboard, A/A control (CPU time)", m["ratios"][NONE_AGAIN]["loop_cpu"], "x", None)])
     dash = m["times"][DASH]
     loop_s = statistics.median(t["loop"] for t in m["times"][NONE] + m["times"][NONE_AGAIN])
     print(f"real kernel, 1 torch thread, {m['steps']} AdamW steps per cell ({loop_s:.2f} s without the dashboard, "

@@ -12,6 +12,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -83,20 +84,27 @@ Signature signature_of(const Stack& args) {
   return s;
 }
 
-std::pair<int, std::string> kind_of(Plan& p, uint64_t mask) {
+const Classified& kind_of(Plan& p, uint64_t mask) {
+  const Classified* last = p.last_kind.load(std::memory_order_acquire);
+  if (last && last->mask == mask) return *last;
   {
     std::lock_guard<std::mutex> g(plans_mu);
     auto it = p.kinds.find(mask);
-    if (it != p.kinds.end()) return it->second;
+    if (it != p.kinds.end()) {
+      p.last_kind.store(it->second, std::memory_order_release);
+      return *it->second;
+    }
   }
   std::vector<std::string> names;
   for (int t = 0; t < 64; ++t) {
     if ((mask >> t) & 1) names.push_back(dtype_name(static_cast<c10::ScalarType>(t)));
   }
-  auto k = classify(p.name, names);
+  auto [kind, reason] = classify(p.name, names);
+  const Classified* k = new Classified{mask, kind, std::move(reason)};  // never freed: see Plan::kinds
   std::lock_guard<std::mutex> g(plans_mu);
   p.kinds[mask] = k;
-  return k;
+  p.last_kind.store(k, std::memory_order_release);
+  return *k;
 }
 
 std::string where(c10::DeviceIndex d) {
@@ -108,12 +116,13 @@ struct Call {
   const Plan& plan;
   c10::DeviceIndex device = -1;
   uint64_t mask = 0;
-  std::vector<std::pair<c10::Storage, c10::Storage>> aliases;  // CPU alias -> device storage
+  // Inline capacity for the usual op (a few tensors): no heap allocation for the bookkeeping itself.
+  c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 4> aliases;  // CPU alias -> device storage
   // CPU result -> device storage. The CPU storage is held: a result dropped once adopted (the 64-bit rule's float64
   // copy of a float32 result) must not free an address the next result's storage could take and be mistaken for.
-  std::vector<std::pair<c10::Storage, c10::Storage>> adopted;
-  std::vector<std::pair<c10::Storage, c10::Storage>> growable;  // out= aliases that may move to bigger memory
-  std::vector<const c10::StorageImpl*> cpu_inputs;
+  c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 2> adopted;
+  c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 1> growable;  // out= aliases that may grow
+  c10::SmallVector<const c10::StorageImpl*, 2> cpu_inputs;
 
   explicit Call(const Plan& p) : plan(p) {}
 
@@ -353,9 +362,13 @@ const std::string& downcast_reason(uint64_t mask) {
 
 Plan& plan_of(const c10::OperatorHandle& op) {
   const auto* key = &op.schema();
+  // Plans are never freed: each thread keeps the ones it has seen, found without the lock.
+  thread_local std::unordered_map<const c10::FunctionSchema*, Plan*> seen;
+  auto hit = seen.find(key);
+  if (hit != seen.end()) return *hit->second;
   std::lock_guard<std::mutex> g(plans_mu);
   auto it = plans.find(key);
-  if (it != plans.end()) return *it->second;
+  if (it != plans.end()) return *(seen[key] = it->second.get());
   auto p = std::make_unique<Plan>();
   const auto& schema = op.schema();
   p->name = schema.name();
@@ -391,7 +404,7 @@ Plan& plan_of(const c10::OperatorHandle& op) {
     p->write_returns.push_back(target);
   }
   apply_rules(*p);
-  return *plans.emplace(key, std::move(p)).first->second;
+  return *(seen[key] = plans.emplace(key, std::move(p)).first->second.get());
 }
 
 void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args) {
@@ -440,7 +453,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   if (p.generator_arg >= 0 && hargs[p.generator_arg].isNone()) {
     hargs[p.generator_arg] = cpu_engine(default_generator(c.device));
   }
-  auto kind = kind_of(p, c.mask);
+  const Classified& kind = kind_of(p, c.mask);
   const bool wide = c.mask & rules.wide_mask;
 
   c10::ScalarType int_input = c10::ScalarType::Undefined;
@@ -490,7 +503,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
   }
   int64_t host_ns = now_ns() - t0;
-  if (traced) trace_kernel(p.name, c.device, kind.first, w0, profile_clock());
+  if (traced) trace_kernel(p.name, c.device, kind.kind, w0, profile_clock());
   for (auto& [dev, low] : written) {  // a kernel may have resized the stand-in (an out= that must grow)
     if (dev.sizes() != low.sizes()) dev.resize_(low.sizes());
     host(dev).copy_(low);
@@ -511,7 +524,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     v = c.back(v);
   }
 
-  record(p, kind.first, kind.second, host_ns, orig);
+  record(p, kind.kind, kind.reason, host_ns, orig);
   if (p.data_dependent) sync_point(p, orig);
   if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
 }
@@ -584,7 +597,10 @@ void clear_op_rows() {
 
 void forget_kinds() {
   std::lock_guard<std::mutex> g(plans_mu);
-  for (auto& [_, p] : plans) p->kinds.clear();
+  for (auto& [_, p] : plans) {
+    p->kinds.clear();
+    p->last_kind.store(nullptr, std::memory_order_release);
+  }
 }
 
 void set_wanted(int kinds_mask) {

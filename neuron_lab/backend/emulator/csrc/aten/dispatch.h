@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,6 +56,13 @@ void set_emulate_downcast(bool on);
 int64_t op_calls();
 std::vector<int64_t> transfers();  // h2d, d2h since the last clear; then the same since the start
 
+// How one op call with a given set of device dtypes is reported.
+struct Classified {
+  uint64_t mask;
+  int kind;
+  std::string reason;
+};
+
 // What the schema says about one overload, and its aggregates per kind; made once per operator.
 struct Plan {
   std::string name, overload;
@@ -66,7 +74,10 @@ struct Plan {
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
   bool always_grad_input = false;
   bool data_dependent = false;  // a device-to-host read: reported as a sync when somebody wants them
-  std::unordered_map<uint64_t, std::pair<int, std::string>> kinds;  // device dtype set -> kind, reason
+  // device dtype set -> kind, reason. Entries are never freed (forget_kinds only unlinks them), so the last one
+  // an op saw is read without a lock.
+  std::unordered_map<uint64_t, const Classified*> kinds;
+  std::atomic<const Classified*> last_kind{nullptr};
   OpStat stats[kMaxKinds];
 };
 

@@ -27,6 +27,10 @@ at::Tensor over(c10::Storage storage, c10::DispatchKeySet keys, const at::Tensor
 // A CPU storage over a device storage's bytes. A growable one is what an out= argument gets: a kernel that
 // resizes it moves it to fresh host memory, and the device storage then grows in place to match.
 c10::Storage cpu_alias_storage(const c10::Storage& device, bool growable) {
+  if (!growable) {  // the block's own host storage already is one over these bytes: no new StorageImpl per op
+    const Block* b = NeuronAllocator::block_of(device.data_ptr());
+    if (b && b->host.data() == device.data() && b->host.nbytes() == device.nbytes()) return b->host;
+  }
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), device.nbytes(),
       c10::DataPtr(const_cast<void*>(device.data()), c10::Device(c10::DeviceType::CPU)),

@@ -1,0 +1,106 @@
+"""Real models' AdamW training steps on `neuron` as ratios to CPU eager, measured in one run, single-threaded.
+
+Issue 31's targets, compiled core: tiny GPT-2, Llama and BERT (transformers) and timm's resnet18, one AdamW
+step each (forward, loss, backward, step, zero_grad), built by bench/model_zoo.py's builders (tiny configs,
+random init, nothing downloaded), plus a small MLP's step and a 64x64 add. The CPU and `neuron` copies of a
+model (same weights, same batch) run alternately, round by round; each round's ratio is the device run's
+process CPU time over the CPU run's, so a busy machine's other processes do not count. Median and
+interquartile range over rounds.
+
+    python bench/real_models.py [--rounds 9] [--figures out/bench/real_models.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import figures
+import model_zoo
+import torch
+
+import neuron_lab  # noqa: F401  (activates the emulator when autoload is off)
+
+MODELS = {"tiny GPT-2 AdamW step": ("gpt2", 1.10), "tiny Llama AdamW step": ("llama", 1.10),
+          "tiny BERT AdamW step": ("bert", 1.10), "timm resnet18 AdamW step": ("timm-resnet18", 1.05)}
+
+
+def _cpu_time(fn, number: int) -> float:
+    t = time.process_time()
+    for _ in range(number):
+        fn()
+    return time.process_time() - t
+
+
+def _ratio_rounds(runs: dict, rounds: int, number: int) -> list[float]:
+    for fn in runs.values():
+        fn()  # warm up: first-call plans, caches, optimizer state
+    out = []
+    for _ in range(rounds):
+        c = _cpu_time(runs["cpu"], number)
+        n = _cpu_time(runs["neuron"], number)
+        out.append(n / c)
+    return out
+
+
+def _trainer(model, batch: dict, loss_fn) -> dict:
+    runs = {}
+    for dev in ("cpu", "neuron"):
+        m = copy.deepcopy(model).to(dev).train()
+        b = {k: v.to(dev) for k, v in batch.items()}
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+        def step(m=m, b=b, opt=opt):
+            loss_fn(m, b).backward()
+            opt.step()
+            opt.zero_grad()
+
+        runs[dev] = step
+    return runs
+
+
+def _mlp():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    x = torch.randn(64, 256)
+    return model, {"x": x, "y": x}, lambda m, b: torch.nn.functional.mse_loss(m(b["x"]), b["y"])
+
+
+def measure(rounds: int) -> list[dict]:
+    torch.set_num_threads(1)
+    out = []
+    xs = {dev: (torch.randn(64, 64, device=dev), torch.randn(64, 64, device=dev)) for dev in ("cpu", "neuron")}
+    adds = {dev: (lambda x=x, y=y: [x + y for _ in range(500)]) for dev, (x, y) in xs.items()}
+    out.append(figures.figure("64x64 add", _ratio_rounds(adds, rounds, 4), "x", 1.3))
+    torch.manual_seed(0)
+    out.append(figures.figure("small MLP AdamW step (64x256, 3 layers)", _ratio_rounds(_trainer(*_mlp()), rounds, 10),
+                              "x", 1.10))
+    for name, (model, target) in MODELS.items():
+        torch.manual_seed(0)
+        try:
+            built = model_zoo.ZOO[model][1]()
+        except ImportError as e:  # timm needs torchvision; a missing library is said, not a failure
+            print(f"{name}: skipped ({e})")
+            continue
+        out.append(figures.figure(name, _ratio_rounds(_trainer(*built), rounds, 2), "x", target))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--figures", help="also write the figures here (bench/table.py reads them)")
+    args = ap.parse_args()
+    rows = measure(args.rounds)
+    print("| workload (compiled core, ratio to CPU eager by CPU time) | median | IQR | target | holds |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        lo, hi = r["spread"]
+        print(f"| {r['name']} | {r['value']:.2f}x | {lo:.2f}-{hi:.2f} | <= {r['target']:.2f}x | "
+              f"{'yes' if r['holds'] else 'NO'} |")
+    figures.write(args.figures, rows)
+
+
+if __name__ == "__main__":
+    main()

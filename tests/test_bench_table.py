@@ -1,0 +1,38 @@
+"""bench/table.py gathers the bench scripts' figures into one table and sets two runs side by side."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import figures  # noqa: E402  (bench/ is a script directory, not a package)
+
+
+def _table(*args: str) -> str:
+    return subprocess.run([sys.executable, str(BENCH / "table.py"), *args], check=True, capture_output=True,
+                          text=True, timeout=60).stdout
+
+
+def test_figure_is_the_median_against_its_target():
+    f = figures.figure("add", [1.2, 1.4, 1.3], "x", 1.3)
+    assert (f["value"], f["holds"]) == (1.3, True)
+    assert figures.figure("add", [1.5], "x", 1.3)["holds"] is False
+    assert figures.figure("a/a", [1.0, 1.1], "x", None)["holds"] is None
+
+
+def test_one_table_one_json_and_a_comparison(tmp_path):
+    figures.write(str(tmp_path / "a.json"), [figures.figure("64x64 add", [2.0, 2.0], "x", 1.3),
+                                             figures.figure("fallback, added", [2.5, 2.5], "us", 3.0)])
+    figures.write(str(tmp_path / "b.json"), [figures.figure("64x64 add", [1.0, 1.0], "x", 1.3)])
+    out = _table(str(tmp_path / "a.json"), "--out", str(tmp_path / "old.json"))
+    assert "| 64x64 add | 2.00x | 2.00-2.00 | <= 1.3x | NO |" in out
+    assert "| fallback, added | +2.5 us | 2.50-2.50 | <= 3 us | yes |" in out
+    assert [f["source"] for f in json.loads((tmp_path / "old.json").read_text())["figures"]] == ["a", "a"]
+    _table(str(tmp_path / "b.json"), "--out", str(tmp_path / "new.json"))
+    out = _table("--compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"))
+    assert "| 64x64 add | 2.00x | 1.00x | -50% | <= 1.3x | yes |" in out
