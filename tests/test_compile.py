@@ -181,6 +181,23 @@ def test_with_fallback_execution_a_graph_that_would_not_lower_runs_eagerly_with_
     assert (m["lowering"], m["fallback_execution"]) == ("failed", True)
 
 
+def test_a_host_op_inside_a_lowered_graph_is_no_fallback_but_is_one_in_eager_mode() -> None:
+    """TorchNeuron runs linalg_inv_ex on the host in eager mode; inside a graph it lowers, the op is the graph's."""
+    rt = runtime.get()
+    seen: list[str] = []
+    unsubscribe = rt.recorder.subscribe(lambda e, *_: seen.append(e.kind), kinds={"fallback", "host"})
+    try:
+        a = torch.eye(3, device="neuron") * 2
+        compiled = torch.compile(lambda t: torch.linalg.inv(t).sum() * 2, backend="neuron")
+        assert compiled(a).item() == 3.0 and seen == []
+        torch.linalg.inv(a)
+        assert seen == ["host"]
+    finally:
+        unsubscribe()
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert (m["lowering"], m["unlowered"]) == ("eager", [])
+
+
 def test_ops_of_a_lowered_graph_never_fall_back() -> None:
     """TorchNeuron lowers a graph as a whole: an op that falls back in eager mode runs on the device inside one."""
     rt = runtime.get()
