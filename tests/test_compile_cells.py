@@ -141,6 +141,20 @@ def test_a_graph_torchneuron_would_not_lower_reports_its_op_and_line_and_raises_
         {("failed", True)}
 
 
+def test_a_shape_change_recompiles_and_runs_as_the_2_33_docs_say(shell) -> None:
+    """A ragged last batch: 2.33 recompiles per new shape (the April 2026 build rejected the symbolic graph)."""
+    run(shell, "import torch\nlin = torch.nn.Linear(4, 2).to('neuron')\n"
+               "full, ragged = torch.randn(8, 4).to('neuron'), torch.randn(3, 4).to('neuron')")
+    _, cap = run(shell, "%%neuron compile\na = lin(full)\nb = lin(ragged)")
+    head = next(x for x in cap.stdout.splitlines() if x.startswith("neuron_lab In["))
+    assert " · no CPU fallbacks · " in head and head.endswith(" · 2 graphs, 0 breaks, 1 recompile"), cap.stdout
+    assert "      guard: 0/0: tensor 'args[0]' size mismatch at index 0. expected 8, actual 3" in cap.stdout
+    ns = shell.user_ns
+    for out, x in ((ns["a"], ns["full"]), (ns["b"], ns["ragged"])):
+        torch.testing.assert_close(out.cpu(), ns["lin"](x).cpu())
+    assert all(m["unlowered"] == [] for m in torch.neuron.get_dynamo_metrics())
+
+
 def test_graph_break_is_reported_in_plain_words_with_a_hint_and_nothing_on_stderr(shell, dynamo_log_in_cell) -> None:
     run(shell, MODEL)
     _, cap = run(shell, BRANCHY)
