@@ -26,7 +26,7 @@ class EnvVar:
     default: str | None = None
     fold_case: bool = True  # a choice is read case-insensitively ("AUTO" is auto)
     listed: bool = True  # shown by doctor and docs/configuration.md; a launcher's own variables (LOCAL_RANK) are not
-    torchneuron: bool = False  # TorchNeuron's own setting: doctor shows it, neuron_lab and the emulator never read it
+    torchneuron: bool = False  # TorchNeuron's own setting, shown apart by doctor; the emulator mirrors some
 
     @property
     def summary(self) -> str:
@@ -174,8 +174,9 @@ register_env("TORCH_NEURONX_DEBUG_DIR", "where torch.compile(backend='neuron') w
              "(default /tmp/neuron_backend_<uuid>)", **_tnx)
 register_env("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1: keep those compile artefacts after execution",
              **_tnx)
-register_env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1: a compiled graph that fails on the device raises "
-             "instead of running eagerly", **_tnx)
+register_env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1 (unset: TorchNeuron 2.33's default): a compiled graph "
+             "that fails to compile raises; 0: it runs eagerly instead (the emulator does the same for a graph with "
+             "an op TorchNeuron would not lower)", f"{E}.unlowered", **_tnx)
 register_env("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1: an op TorchNeuron implements raises when its "
              "implementations fail or cannot take the arguments, instead of running on the CPU; ops it has no kernel "
              "for still fall back (torch_neuronx sets it at import: DEV builds 1, RELEASE 0)", **_tnx)

@@ -7,6 +7,7 @@ checks everything one compile shows.
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 
@@ -23,7 +24,7 @@ from neuron_lab.backend.emulator.lowering import DYNAMIC_ERROR, LOWERING_ENV, se
 NEURON = torch.device("neuron", 0)
 METRIC_KEYS = {"graph_id", "graph_name", "model_name", "has_collectives", "graph_node_count", "timestamp",
                "torch_neuronx_fx_passes_us", "torch_neuronx_lower_us", "torch_neuronx_compile_us",
-               "graph_type", "lowering", "lowering_reason", "fallback_nodes"}
+               "graph_type", "lowering", "lowering_reason", "unlowered", "fallback_execution"}
 
 
 class TinyMLP(nn.Module):
@@ -99,7 +100,7 @@ def test_inference_matches_eager_runs_on_device_and_records_metrics(inductor) ->
     assert m["graph_name"] == f"TinyMLP_{aot_id}_inference_0"
     assert (m["model_name"], m["graph_type"], m["lowering"], m["lowering_reason"]) == \
         ("TinyMLP", "inference", "inductor", None)
-    assert m["has_collectives"] is False and m["fallback_nodes"] == []
+    assert m["has_collectives"] is False and m["unlowered"] == [] and m["fallback_execution"] is False
     assert m["graph_node_count"] > 0 and re.fullmatch(r"[0-9a-f]{16}", m["graph_id"])
     assert 0 < m["torch_neuronx_fx_passes_us"] and 0 < m["torch_neuronx_lower_us"]
     assert m["torch_neuronx_compile_us"] == m["torch_neuronx_fx_passes_us"] + m["torch_neuronx_lower_us"]
@@ -145,18 +146,65 @@ def test_graph_break_on_item_compiles_two_graphs_with_correct_results() -> None:
     assert all(re.fullmatch(r"Branchy_\d+_inference_0", m["graph_name"]) for m in metrics)
 
 
-def test_atan2_is_listed_in_fallback_nodes_and_options_name_the_model() -> None:
-    def f(y, x):
-        return torch.atan2(y, x) * 2
+def _angle(y, x):
+    return torch.atan2(y, x) * 2  # the line an unlowered atan2 is reported at
 
-    compiled = torch.compile(f, backend="neuron", options={"model_name": "equiformer"})
-    y, x = torch.randn(3, 3), torch.randn(3, 3)
-    out = compiled(y.to("neuron"), x.to("neuron"))
-    torch.testing.assert_close(out.cpu(), f(y, x))
+
+def test_a_graph_torchneuron_would_not_lower_raises_its_setup_error_by_default(monkeypatch) -> None:
+    """2.33's default (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION unset or 1): the graph's setup fails and raises."""
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
+    compiled = torch.compile(_angle, backend="neuron", options={"model_name": "equiformer"})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                       match="Neuron backend NEFF execution setup failed with unexpected error: no lowering to "
+                             "StableHLO for aten::atan2 at .*test_compile.py:[0-9]+ `return torch.atan2"):
+        compiled(torch.randn(3, 3, device="neuron"), torch.randn(3, 3, device="neuron"))
     (m,) = torch.neuron.get_dynamo_metrics()
     assert m["model_name"] == "equiformer" and m["graph_name"].startswith("equiformer_")
+    assert (m["lowering"], m["fallback_execution"]) == ("failed", False)
     reason = runtime.get().coverage.classify("aten::atan2", frozenset({"float32"}))[1]
-    assert m["fallback_nodes"] == [{"node": "atan2", "op": "aten::atan2", "kind": "fallback", "reason": reason}]
+    line = _angle.__code__.co_firstlineno + 1
+    assert m["unlowered"] == [{"node": "atan2", "op": "aten::atan2", "file": __file__, "line": line,
+                               "reason": reason}]
+
+
+def test_with_fallback_execution_a_graph_that_would_not_lower_runs_eagerly_with_torchneurons_log(
+        monkeypatch, caplog) -> None:
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    compiled = torch.compile(_angle, backend="neuron")
+    y, x = torch.randn(3, 3), torch.randn(3, 3)
+    with caplog.at_level(logging.WARNING, logger="torch_neuronx.neuron_dynamo_backend"):
+        out = compiled(y.to("neuron"), x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), _angle(y, x))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == \
+        ["Execution failed", "Falling back to original GraphModule execution"]
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert (m["lowering"], m["fallback_execution"]) == ("failed", True)
+
+
+def test_a_host_op_inside_a_lowered_graph_is_no_fallback_but_is_one_in_eager_mode() -> None:
+    """TorchNeuron runs linalg_inv_ex on the host in eager mode; inside a graph it lowers, the op is the graph's."""
+    rt = runtime.get()
+    seen: list[str] = []
+    unsubscribe = rt.recorder.subscribe(lambda e, *_: seen.append(e.kind), kinds={"fallback", "host"})
+    try:
+        a = torch.eye(3, device="neuron") * 2
+        compiled = torch.compile(lambda t: torch.linalg.inv(t).sum() * 2, backend="neuron")
+        assert compiled(a).item() == 3.0 and seen == []
+        torch.linalg.inv(a)
+        assert seen == ["host"]
+    finally:
+        unsubscribe()
+    (m,) = torch.neuron.get_dynamo_metrics()
+    assert (m["lowering"], m["unlowered"]) == ("eager", [])
+
+
+def test_ops_of_a_lowered_graph_never_fall_back() -> None:
+    """TorchNeuron lowers a graph as a whole: an op that falls back in eager mode runs on the device inside one."""
+    rt = runtime.get()
+    assert rt.classify("aten::atan2", frozenset({"float32"}))[0] == "fallback"
+    with rt.compiled_graph():
+        assert rt.classify("aten::atan2", frozenset({"float32"}))[0] == "native"
+    assert rt.classify("aten::atan2", frozenset({"float32"}))[0] == "fallback"
 
 
 def test_plain_function_without_module_is_named_model() -> None:

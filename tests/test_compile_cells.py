@@ -93,14 +93,40 @@ def dynamo_log_in_cell():
     logger.removeHandler(handler)
 
 
-def test_compiled_cell_reports_ops_and_fallbacks_inside_the_graphs_with_eager_numerics(shell) -> None:
+GRAPH_FAILS = ("  compile failed: graph Net_{aot}_forward_0 would fail to compile on TorchNeuron: no lowering for "
+               "aten::atan2 at In[1] line 10: return torch.atan2(h, x).sum(); ")
+
+
+def test_a_graph_torchneuron_would_not_lower_reports_its_op_and_line_and_raises_or_runs_eagerly_per_the_setting(
+        shell, monkeypatch) -> None:
+    """TorchNeuron lowers a graph as a whole: an op it cannot lower fails the graph's setup, which raises under
+    TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION's 2.33 default (no op of it a CPU fallback row), and with 0 runs the
+    graph eagerly, its ops falling back at their own lines as in eager mode. One shell: dynamo keeps the first
+    shell's ``__main__`` for its guards (``_import_module`` is cached), which a second shell's same model trips on."""
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
     run(shell, MODEL)
+    res, _ = run(shell, "%%neuron compile\ncompiled_loss = net(x)", ok=False)
+    assert isinstance(res.error_in_exec, torch._dynamo.exc.BackendCompilerFailed)
+    assert "Neuron backend NEFF execution setup failed with unexpected error: no lowering to StableHLO for " \
+           "aten::atan2" in str(res.error_in_exec)
+    _, cap = run(shell, "%neuron report --last")  # a cell that raised shows its traceback, its report on asking
+    (failure,) = [line for line in cap.stdout.splitlines() if line.startswith("  compile failed: graph ")]
+    assert re.fullmatch(re.escape(GRAPH_FAILS).replace(r"\{aot\}", r"\d+") + re.escape(
+        "it raised (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1, the 2.33 default; 0 runs the graph eagerly, its ops "
+        "falling back as in eager mode)"), failure), cap.stdout
+    assert not next(reversed(session_of(shell).history.values())).fallbacks
+    assert " · no CPU fallbacks · " in cap.stdout, cap.stdout
+
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    torch._dynamo.reset()
+    torch.neuron.reset_dynamo_metrics()
     _, eager = run(shell, "loss = net(x)\nloss.backward()\neager_grad = net.lin.weight.grad.clone()\nnet.zero_grad()")
     _, cap = run(shell, "%%neuron compile\ncompiled_loss = net(x)\ncompiled_loss.backward()")
     out = cap.stdout
-    head = next(x for x in out.splitlines() if x.startswith("neuron_lab In["))  # after any progress lines
-    assert " · compile · " in head and "1 CPU fallback call (1 op)" in head and "1 graph, 0 breaks" in head
-    assert int(head.split(" ops · ")[0].rsplit(" · ", 1)[1]) >= 10  # the graphs' ops, not 0
+    (failure,) = [line for line in out.splitlines() if line.startswith("  compile failed: graph ")]
+    assert re.fullmatch(re.escape(GRAPH_FAILS).replace(r"\{aot\}", r"\d+") + re.escape(
+        "it ran eagerly, its ops falling back as in eager mode (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0; 1, the "
+        "2.33 default, raises)"), failure), out
     row = "  aten::atan2.out                        1×"
     site = "      at In[1] line 10: return torch.atan2(h, x).sum()  (1×)"  # the node's line, as in eager mode
     for text in (eager.stdout, out):
@@ -111,8 +137,22 @@ def test_compiled_cell_reports_ops_and_fallbacks_inside_the_graphs_with_eager_nu
     torch.testing.assert_close(ns["compiled_loss"].cpu(), ns["loss"].cpu(), rtol=0, atol=0)
     torch.testing.assert_close(ns["net"].lin.weight.grad.cpu(), ns["eager_grad"].cpu(), rtol=0, atol=0)
     metrics = torch.neuron.get_dynamo_metrics()
-    assert {m["lowering"] for m in metrics} == {"eager"}
-    assert {"forward", "backward"} <= {m["graph_type"] for m in metrics}
+    assert {(m["lowering"], m["fallback_execution"]) for m in metrics if m["graph_type"] == "forward"} == \
+        {("failed", True)}
+
+
+def test_a_shape_change_recompiles_and_runs_as_the_2_33_docs_say(shell) -> None:
+    """A ragged last batch: 2.33 recompiles per new shape (the April 2026 build rejected the symbolic graph)."""
+    run(shell, "import torch\nlin = torch.nn.Linear(4, 2).to('neuron')\n"
+               "full, ragged = torch.randn(8, 4).to('neuron'), torch.randn(3, 4).to('neuron')")
+    _, cap = run(shell, "%%neuron compile\na = lin(full)\nb = lin(ragged)")
+    head = next(x for x in cap.stdout.splitlines() if x.startswith("neuron_lab In["))
+    assert " · no CPU fallbacks · " in head and head.endswith(" · 2 graphs, 0 breaks, 1 recompile"), cap.stdout
+    assert "      guard: 0/0: tensor 'args[0]' size mismatch at index 0. expected 8, actual 3" in cap.stdout
+    ns = shell.user_ns
+    for out, x in ((ns["a"], ns["full"]), (ns["b"], ns["ragged"])):
+        torch.testing.assert_close(out.cpu(), ns["lin"](x).cpu())
+    assert all(m["unlowered"] == [] for m in torch.neuron.get_dynamo_metrics())
 
 
 def test_graph_break_is_reported_in_plain_words_with_a_hint_and_nothing_on_stderr(shell, dynamo_log_in_cell) -> None:
@@ -240,9 +280,11 @@ def test_dynamo_break_reasons_read_in_plain_words(dynamo_text: str, plain: str, 
     assert explain_break(dynamo_text) == (plain, dynamo_text.splitlines()[0], hint)
 
 
-def test_a_compiled_fallback_is_reported_at_its_own_line_through_modules_from_several_cells(shell) -> None:
+def test_a_graph_that_fails_and_runs_eagerly_reports_its_fallback_at_its_own_line_through_modules_from_several_cells(
+        shell, monkeypatch) -> None:
     """The op's FX node came from In[h] line 4, called from In[n] line 8: each cell is a file of its own, and dynamo's
     code for ``forward`` reads as its ``def`` line, so only the node's stack says where the op came from."""
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")  # the graph fails, then runs eagerly
     head, _ = run(shell, "import torch\nclass AngleHead(torch.nn.Module):\n    def forward(self, h, x):\n"
                          "        return torch.atan2(h, x)")
     net, _ = run(shell, "class TwoCellNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"

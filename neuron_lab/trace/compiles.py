@@ -302,10 +302,25 @@ class CompileTrace:
             self._result.loading_s = 0.0
         if self._backend_metrics is not None:  # a graph the backend could not lower as asked is said, not hidden
             for m in self._backend_metrics()[self._metrics_at_start:]:
-                if m.get("lowering_reason"):
+                if m.get("unlowered"):
+                    self._result.failures.append(self._would_fail(m))
+                elif m.get("lowering_reason"):
                     self._result.failures.append(f"graph {m.get('graph_name', '?')} runs eagerly on the device: "
                                                  f"{m['lowering_reason']}")
         return self._result
+
+    def _would_fail(self, m: Any) -> str:
+        """A graph TorchNeuron would not lower: its ops and lines, and what each fallback-execution setting does."""
+        ops = []
+        for node in m["unlowered"]:
+            site = self._site(node.get("file"), node.get("line"))
+            ops.append(f"{node['op']} at {site.label}: {site.source}" if site is not None else node["op"])
+        then = ("it ran eagerly, its ops falling back as in eager mode (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0; "
+                "1, the 2.33 default, raises)" if m.get("fallback_execution") else
+                "it raised (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1, the 2.33 default; 0 runs the graph eagerly, "
+                "its ops falling back as in eager mode)")
+        return (f"graph {m.get('graph_name', '?')} would fail to compile on TorchNeuron: no lowering for "
+                f"{'; '.join(ops)}; {then}")
 
     def compiling(self) -> dict[str, Any] | None:
         """What dynamo is compiling right now, for live views and the progress line; None when it compiles nothing.

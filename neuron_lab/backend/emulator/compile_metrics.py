@@ -2,7 +2,7 @@
 
 TorchNeuron's is a dataclass (tnx ``neuron_dynamo_backend/metrics.py``): code reads ``m.graph_name``, and on
 hardware ``m["graph_name"]`` is a TypeError. The emulator's record has the same fields, then what the emulator
-adds (how the graph was lowered, and why; the nodes that would fall back). Item access is kept too, for code
+adds (how the graph was lowered, and why; the nodes TorchNeuron would not lower). Item access is kept too, for code
 written against the dict records earlier versions returned.
 """
 
@@ -28,7 +28,8 @@ class NeuronCompilationMetrics:
     graph_type: str = ""
     lowering: str = ""
     lowering_reason: str | None = None
-    fallback_nodes: list[Any] = field(default_factory=list)
+    unlowered: list[Any] = field(default_factory=list)  # nodes TorchNeuron would not lower: the graph fails
+    fallback_execution: bool = False  # it failed, and ran eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0)
 
     def keys(self) -> list[str]:
         """The field names, so ``dict(record)`` works."""

@@ -5,18 +5,21 @@ backward graphs on ``neuron`` fake tensors, which is what TorchNeuron's own back
 graph is then lowered one of two ways (:func:`set_lowering`, else ``NEURON_LAB_COMPILE_LOWERING``):
 
 - ``eager`` (default): the aten graph runs op by op on the device, through the emulator's fallback,
-  so every op inside a compiled graph is recorded (and reported as a CPU fallback where the op
-  coverage says so) as in eager mode, with eager's numerics. What the emulator must show about a
-  compile is the graph structure and what would not run natively on Trainium, not host speed; and a
-  compile costs aot_autograd's tracing only, no code generation.
+  so every op inside a compiled graph is counted, with eager's numerics, and none is a CPU fallback:
+  TorchNeuron lowers a graph as a whole. What the emulator must show about a compile is the graph
+  structure and whether TorchNeuron could lower it (:mod:`unlowered`), not host speed; and a compile
+  costs aot_autograd's tracing only, no code generation.
 - ``inductor``: a copy of the graph with ``device=neuron`` rewritten to ``cpu`` is compiled
   by host Inductor on first call, on zero-copy CPU aliases of the device inputs, and its results are
   adopted back as device tensors: about CPU-Inductor speed, after an Inductor compile (seconds to
   minutes). A graph Inductor cannot lower runs eagerly instead, with the reason in its metrics record.
 
 As in TorchNeuron, ``dynamic=True`` is rejected, a non-default ``mode`` warns and is ignored, and
-each graph appends a ``get_dynamo_metrics()`` record, plus the nodes the op coverage says
-would fall back to the CPU on a real device.
+each graph appends a ``get_dynamo_metrics()`` record, plus the nodes TorchNeuron would not lower. A graph
+with such a node fails its setup, as TorchNeuron's: it raises, or with
+``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0`` runs eagerly, its ops then falling back one by one as in eager mode.
+Shapes that vary between calls recompile per shape, as the 2.33 docs say (the April 2026 source rejected any
+symbolic graph).
 
 Dynamo and aot_autograd load at the first compile, not with this module: ``%load_ext`` reads and sets the
 lowering here, and importing ``torch._dynamo`` costs about a second.
@@ -25,6 +28,7 @@ lowering here, and importing ``torch._dynamo`` costs about a second.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 import time
 import warnings
@@ -36,10 +40,9 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab import settings
-from neuron_lab.backend.emulator import policy, runtime
+from neuron_lab.backend.emulator import runtime, unlowered
 from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
 from neuron_lab.backend.emulator.graph_lines import located_forward
-from neuron_lab.kinds import NATIVE
 
 Tensor = torch.Tensor
 _LOWERING = settings.env("NEURON_LAB_COMPILE_LOWERING")
@@ -146,12 +149,32 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     metrics = NeuronCompilationMetrics(
         graph_id=_graph_id(gm, example_inputs), graph_name=f"{prefix}_{nth}", model_name=model_name,
         graph_node_count=len(gm.graph.nodes), timestamp=time.time(), graph_type=graph_type, lowering=lowering,
-        fallback_nodes=_fallback_nodes(gm, rt.coverage))
+        unlowered=unlowered.unlowered_nodes(gm, rt.coverage.classify, _on_device))
+    if metrics.unlowered:
+        return _failed(gm, example_inputs, metrics, rt)
     graph = NeuronGraph(gm, example_inputs, metrics, rt.bridge)
     fx_us = (time.perf_counter_ns() - t0) // 1000
     metrics.torch_neuronx_fx_passes_us = metrics.torch_neuronx_compile_us = fx_us
     rt.dynamo_metrics.append(metrics)
     counters["neuron"]["compiled_graphs"] += 1
+    return graph
+
+
+def _failed(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], metrics: NeuronCompilationMetrics,
+            rt: runtime.Runtime) -> Callable[..., Any]:
+    """A graph TorchNeuron would not lower: raise its setup error, or (fallback execution allowed) log it as
+    TorchNeuron does and run the graph eagerly, its ops reported as eager ones."""
+    why = unlowered.describe(metrics.unlowered)
+    fallback = not unlowered.disable_fallback_execution()
+    graph = NeuronGraph(gm, example_inputs, metrics, rt.bridge) if fallback else None
+    metrics.lowering, metrics.lowering_reason, metrics.fallback_execution = "failed", why, fallback
+    rt.dynamo_metrics.append(metrics)  # the report says which graph failed, and why, whichever way it ends
+    if graph is None:
+        raise RuntimeError(unlowered.SETUP_FAILED + why)
+    log = logging.getLogger(unlowered.LOGGER)
+    log.error(unlowered.EXECUTION_FAILED + why)
+    log.warning(unlowered.EAGER_MESSAGE)
+    graph.eager, graph.lowered = True, False
     return graph
 
 
@@ -166,25 +189,6 @@ def _on_device(v: Any) -> bool:
     if isinstance(v, (list, tuple)):
         return any(_on_device(x) for x in v)
     return isinstance(v, Tensor) and v.device.type != "cpu"
-
-
-def _fallback_nodes(gm: torch.fx.GraphModule, coverage) -> list[dict[str, str]]:
-    """Graph nodes the op coverage reports as non-native, classified as eager ops are."""
-    found = []
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        name = n.target._schema.name
-        if name in policy.PLUMBING:
-            continue
-        inputs = [a.meta.get("val") for a in n.all_input_nodes]
-        dtypes = frozenset(str(v.dtype).removeprefix("torch.") for v in inputs if _on_device(v))
-        if not dtypes and not _on_device(n.meta.get("val")):
-            continue  # runs on the host in the original program too
-        kind, reason = coverage.classify(name, dtypes)
-        if kind != NATIVE:
-            found.append({"node": n.name, "op": name, "kind": kind, "reason": reason})
-    return found
 
 
 def _no_host_kernel(gm: torch.fx.GraphModule) -> list[str]:
@@ -256,6 +260,7 @@ class NeuronGraph:
         self._out_on_device = tuple(_on_device(o.meta.get("val")) if isinstance(o, torch.fx.Node) else False
                                     for o in outputs)
         self.eager = metrics.lowering == "eager"
+        self.lowered = True  # TorchNeuron lowered it: its ops run on the device, none falls back
         self._run_eagerly: Callable[..., Any] | None = None
         missing = [] if self.eager else _no_host_kernel(gm)
         if missing:
@@ -296,7 +301,10 @@ class NeuronGraph:
                 self._run_eagerly = located_forward(self.gm) or self.gm.forward
             except Exception:  # the lines are a nicety: the graph runs as generated rather than not at all
                 self._run_eagerly = self.gm.forward
-        return self._run_eagerly(*inputs)
+        if not self.lowered:
+            return self._run_eagerly(*inputs)
+        with runtime.get().compiled_graph():
+            return self._run_eagerly(*inputs)
 
     def _lower(self, host: list[Any], key: tuple | None) -> Callable[..., Any] | None:
         import torch._inductor

@@ -8,11 +8,12 @@ Everything above reads these and never asks which core it got, except to say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from neuron_lab.kinds import NKI
+from neuron_lab.kinds import FALLBACK, HOST, NATIVE, NKI
 
 if TYPE_CHECKING:
     from neuron_lab.backend.coverage import Coverage
@@ -79,14 +80,31 @@ class Runtime:
     emulate_downcast: bool = True  # TorchNeuron's 64-bit rule: float64 ops compute in float32 (=0: exact)
     nki_ops: dict[str, str] = field(default_factory=dict)  # custom ops registered by torch_neuronx.nki_op -> reason
     trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # cpp_core.CoreTrace: work added to the device lanes
+    in_graph: int = 0  # compiled graphs running now (nested): their ops are lowered, none falls back
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the coverage
-        says."""
+        says; inside a compiled graph TorchNeuron lowered, a CPU fallback or host op runs on the device."""
         reason = self.nki_ops.get(name)
         if reason is not None:
             return NKI, reason
-        return self.coverage.classify(name, dtypes)
+        kind, reason = self.coverage.classify(name, dtypes)
+        if self.in_graph and kind in (FALLBACK, HOST):
+            return NATIVE, ""
+        return kind, reason
+
+    @contextmanager
+    def compiled_graph(self) -> Iterator[None]:
+        """Run a lowered graph's ops: the cores forget the kinds they cached on entering and leaving it."""
+        self.in_graph += 1
+        if self.in_graph == 1:
+            self.on_coverage(self.coverage)
+        try:
+            yield
+        finally:
+            self.in_graph -= 1
+            if not self.in_graph:
+                self.on_coverage(self.coverage)
 
     def set_coverage(self, coverage: Coverage) -> None:
         self.coverage = coverage
