@@ -73,7 +73,8 @@ def test_a_notebook_cell_running_the_trainer_reports_its_ops_and_memory(tmp_path
     assert report.device == "neuron:0" and report.ops > 500
     assert report.memory.peak > 0 and report.h2d_bytes > 0
     assert report.fallbacks == []  # the bundled profile predicts none for GPT-2's training step
-    assert {r.kind for r in report.ops_not_native} == {"downcast"}  # int64 token ids, reported as TorchNeuron does
+    # int64 token ids, reported as TorchNeuron does; and the Trainer's loss logging reads the device (syncs)
+    assert "downcast" in {r.kind for r in report.ops_not_native} <= {"downcast", "sync"}
     # under the cell's line, each row names the library line that issued it: GPT-2's, the Trainer's, accelerate's
     vias = {s.via.short_label.partition(":")[0] for r in report.ops_not_native for s in r.sites if s.via}
     assert {"gpt2/modeling_gpt2.py", "transformers/trainer.py", "accelerate/accelerator.py"} <= vias, vias

@@ -305,7 +305,8 @@ def test_session_history_in_the_kernel(nb: Any) -> None:
         ["aten::normal_", "fallback", 1, [[3, 1, "x = torch.randn(64, 2, device=device)", 1]]],
     ], history["3"]["ops_not_native"]
     compiled = history["4"]
-    assert compiled["ops_not_native"] == []
+    # the compiled cell's only rows are syncs: the graph break's `if` and the last line's `.item()` read the device
+    assert {(o[0], o[1]) for o in compiled["ops_not_native"]} <= {("item", "sync")}, compiled["ops_not_native"]
     assert compiled["breaks"] == [[4, 4, IF_SOURCE]]
     assert compiled["break_reasons"][0], compiled["break_reasons"]
     assert (compiled["graphs"], compiled["recompiles"]) == (2, 0)

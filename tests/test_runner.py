@@ -118,7 +118,10 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
         (1, "In[1]", "ok"), (2, "In[2]", "ok"), (3, "In[3]", "ok")]
     row = doc["cells"][1]["report"]["ops_not_native"]
     assert [(o["op"], o["count"], [(s["site"]["cell"], s["site"]["line"], s["count"]) for s in o["sites"]])
-            for o in row] == [("aten::atan2.out", 3, [(2, 2, 3)])]
+            for o in row] == [("aten::atan2.out", 3, [(2, 2, 3)]), ("item", 1, [(2, 3, 1)])]  # the .item() a sync
+    assert [(f["op"], f["count"], [(s["at"], s["count"]) for s in f["sites"]]) for f in doc["summary"]["syncs"]] \
+        == [("item", 2, [("In[2] line 3", 1), ("In[3] line 4", 1)])]  # and the graph break's `if t.sum() > 0`
+    assert doc["summary"]["sync_calls"] == 2
     assert [(f["op"], f["count"], [(s["at"], s["count"]) for s in f["sites"]]) for f in doc["summary"]["fallbacks"]] \
         == [("aten::atan2.out", 3, [("In[2] line 2", 3)])]
     assert doc["summary"]["compiles"]["breaks"] == 1 and doc["summary"]["errors"] == []

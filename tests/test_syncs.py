@@ -51,6 +51,14 @@ def test_a_cell_without_reads_reports_no_syncs(shell) -> None:
     assert r.syncs == [] and "sync" not in str(r)
 
 
+def test_the_workbenchs_own_reads_are_not_the_users(shell) -> None:
+    """A tensors view and the cell's value shown in Out[] read the device for the workbench and IPython, not for the
+    cell's code: no sync rows."""
+    run(shell, "import torch\nx = torch.arange(4.0, device='neuron')")
+    r = _report(shell, "y = x * 2\nv = %neuron tensors\ny")
+    assert r.syncs == [], [(row.op, row.count) for row in r.syncs]
+
+
 def test_the_dashboard_strip_counts_the_last_cells_syncs(shell) -> None:
     from neuron_lab.widgets import snapshot, static
 
