@@ -42,7 +42,8 @@ def free_port() -> int:
 
 def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1) -> list[dict[str, str]]:
     """``base`` plus torchrun's variables for each of ``nproc`` ranks on each of ``nnodes`` nodes, in rank order,
-    whose rendezvous is an :class:`AgentStore` listening on ``port``.
+    whose rendezvous is an :class:`AgentStore` listening on ``port``. Several nodes are hosts emulated on this
+    machine: each rank is told its host's name (``NEURON_LAB_HOST``); the rendezvous stays on this machine.
 
     Like torchrun, ``OMP_NUM_THREADS`` becomes 1 when several ranks share the machine and it is not set.
     """
@@ -52,4 +53,6 @@ def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1) -> l
               "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:12], "TORCHELASTIC_USE_AGENT_STORE": "True"}
     if len(places) > 1 and "OMP_NUM_THREADS" not in base:
         common["OMP_NUM_THREADS"] = "1"
-    return [{**base, **common, **placement.rank_env(p, MASTER_ADDR, port, root_comm_port)} for p in places]
+    hosts = [{placement.HOST_ENV: placement.emulated_host(p.node)} if nnodes > 1 else {} for p in places]
+    return [{**base, **common, **placement.rank_env(p, MASTER_ADDR, port, root_comm_port), **host}
+            for p, host in zip(places, hosts, strict=True)]

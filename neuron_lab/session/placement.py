@@ -13,8 +13,14 @@ bootstrap) set alike on every rank.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from neuron_lab import settings
+
+_HOST = settings.env("NEURON_LAB_HOST")
+HOST_ENV = _HOST.name
 
 SLURM, MPI, TORCHRUN, HOSTS = "slurm", "mpi", "torchrun", "hosts"  # who numbered the ranks
 _SLURM_NODE_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")  # one item of SLURM_STEP_TASKS_PER_NODE: "2" or "2(x3)"
@@ -132,6 +138,16 @@ def one_host(nproc: int, host: str = "127.0.0.1", nnodes: int = 1) -> list[Place
     (all on ``host`` unless the hosts are emulated)."""
     world = nproc * nnodes
     return [Place(r, r % nproc, world, nproc, r // nproc, nnodes, host, TORCHRUN) for r in range(world)]
+
+
+def emulated_host(node: int) -> str:
+    """The name of emulated host ``node`` of a cluster emulated on one machine (``--nnodes``, ``--hosts``)."""
+    return f"host{node}"
+
+
+def host_name(env: Mapping[str, str] | None = None) -> str:
+    """The host a rank is on: its emulated host's name where the launcher gave it one, else the machine's."""
+    return _HOST.text(env) or socket.gethostname()
 
 
 def core_of(p: Place, host_cores: Sequence[int] | None = None) -> int:
