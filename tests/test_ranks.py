@@ -43,8 +43,8 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 """
 
 
-USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--profile] [--export PATH]\n"
-         "                     [--row-limit N]\n                     [{start,stop}] [N]")
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--hosts M] [--profile]\n"
+         "                     [--export PATH] [--row-limit N]\n                     [{start,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -368,6 +368,8 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks start 2 --timeout 0", "%neuron ranks: --timeout must be a number of seconds > 0, not 0"),
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
+    ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
+    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts goes with start: `%neuron ranks start 4 --hosts 2`"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),
@@ -402,6 +404,33 @@ def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell
         assert msg == ("%neuron ranks start: the engines did not start within 0.01 s (--timeout S waits longer); "
                        "nothing is left running")
         assert _gone(_children() - before) and session_of(plain_shell).ranks is None
+    finally:
+        _kill(_children() - before)
+
+
+def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_first_device(
+        plain_shell: InteractiveShell) -> None:
+    sh, before = plain_shell, _children()
+    try:
+        _, cap = run(sh, START.format(n=2) + " --hosts 2")
+        pids = [e.pid for e in session_of(sh).ranks.engines]
+        assert f"neuron_lab: rank 0 ready: pid {pids[0]}, neuron:0 on host0" in cap.stdout
+        assert f"neuron_lab: rank 1 ready: pid {pids[1]}, neuron:0 on host1" in cap.stdout
+        status = str(run(sh, "%neuron ranks")[0].result).splitlines()
+        assert [line.split()[:5] for line in status[1:]] == [["rank", "0", "host0", "pid", str(pids[0])],
+                                                             ["rank", "1", "host1", "pid", str(pids[1])]]
+        res, cap = run(sh, "%%neuron ranks --timeout 60\nimport os, torch, torch.distributed as dist\n"
+                           "x = torch.ones(2, device='neuron')\ndist.all_reduce(x)\n"
+                           "print(os.environ['GROUP_RANK'], os.environ['NEURON_RT_ROOT_COMM_ID'].split(':')[0])\n")
+        for rank in (0, 1):
+            assert f"[stdout:{rank}] \n{rank} 127.0.0.1\n" in cap.stdout
+        rr = res.result
+        assert [(r.rank, r.host, r.report.device) for r in rr.ranks] == [(0, "host0", "neuron:0"),
+                                                                          (1, "host1", "neuron:0")]
+        assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
+            ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
     finally:
         _kill(_children() - before)
 

@@ -255,7 +255,7 @@ class NeuronMagics(Magics):
             if running:
                 self._stop_ranks()
             try:
-                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S)
+                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1)
             except RanksError as e:
                 raise UsageError(f"%neuron ranks start: {e}; nothing is left running") from None
             return None

@@ -40,7 +40,7 @@ import psutil
 
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
-from neuron_lab.session import launch
+from neuron_lab.session import launch, placement
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
@@ -103,6 +103,7 @@ class Engine:
     rank: int
     pid: int
     device: str
+    host: str = ""
     died: bool = False
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
@@ -140,9 +141,11 @@ class Ranks(ShownAsText):
 
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print) -> Ranks:
-        """Start ``n`` local engines and make them ranks 0..n-1 of one process group; on any failure every
-        process started is stopped again and :class:`RanksError` says why."""
+    def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
+              hosts: int = 1) -> Ranks:
+        """Start ``n`` local engines and make them ranks 0..n-1 of one process group (on ``hosts`` hosts emulated
+        on this machine, ``n // hosts`` ranks each); on any failure every process started is stopped again and
+        :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -162,7 +165,8 @@ class Ranks(ShownAsText):
             store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
             port = store.port
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
-            envs = launch.rank_envs({k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}, n, port)
+            envs = launch.rank_envs({k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}, n // hosts, port,
+                                    hosts)
             progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
                      f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
             pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
@@ -176,8 +180,10 @@ class Ranks(ShownAsText):
                 if info["torch_first"]:
                     raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
                                      f"(an IPython startup file?), so its device is not neuron:{i}")
-                engines.append(Engine(i, info["pid"], info["device"]))
-                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}")
+                host = placement.host_name(envs[i])
+                engines.append(Engine(i, info["pid"], info["device"], host))
+                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
+                         + (f" on {host}" if hosts > 1 else ""))
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if isinstance(e, (RanksError, KeyboardInterrupt)):
@@ -257,7 +263,7 @@ class Ranks(ShownAsText):
         for rank in running:
             if rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
-        return [results[e.rank] for e in self.engines]
+        return [replace(results[e.rank], host=e.host) for e in self.engines]
 
     def _wait(self, running: dict[int, Any], results: dict[int, RankResult], deadline: float | None,
               timeout_s: float | None, title: str) -> None:
@@ -392,7 +398,8 @@ class Ranks(ShownAsText):
                  f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
         for e in self.engines:
             state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
-            lines.append(f"  rank {e.rank}  pid {e.pid:<8} {e.device:<10} {state}")
+            host = f"{e.host:<8} " if len({e.host for e in self.engines}) > 1 else ""
+            lines.append(f"  rank {e.rank}  {host}pid {e.pid:<8} {e.device:<10} {state}")
         return "\n".join(lines)
 
 
