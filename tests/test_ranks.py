@@ -279,6 +279,23 @@ def test_a_rank_that_raises_is_reported_with_its_rank(ranks_shell) -> None:
     assert "1 rank failed (1)" in str(rr)
 
 
+def test_an_all_reduce_of_different_shapes_fails_on_every_rank_with_both_shapes_and_the_group_stays(
+        ranks_shell) -> None:
+    sh, _ = ranks_shell
+    pids = _pids(sh)
+    res, _cap = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+                        "x = torch.ones(4 + dist.get_rank(), device=device)\ndist.all_reduce(x)\n", ok=False)
+    err = res.error_in_exec
+    assert isinstance(err, RanksFailed), repr(err)
+    said = ("CollectiveMismatch: all_reduce: the ranks' tensors differ (rank 0: [4] float32; rank 1: [5] float32); "
+            "every rank must pass the same shape and dtype")
+    assert err._render_traceback_() == [f"RanksFailed: 2 ranks of 2 failed in In[{res.execution_count}]",
+                                        f"  ranks 0-1: {said}"]
+    assert _pids(sh) == pids and all(e.alive() for e in session_of(sh).ranks.engines)
+    res, _ = run(sh, "%%neuron ranks --timeout 60\nx = torch.ones(2, device=device)\ndist.all_reduce(x)\n")
+    assert not res.result.failed
+
+
 def test_a_profiled_rank_that_raises_keeps_its_profile_and_its_lanes(ranks_shell) -> None:
     sh, _ = ranks_shell
     res, _cap = run(sh, "%%neuron ranks --profile --timeout 60\nimport torch, torch.distributed as dist\n"
