@@ -452,6 +452,28 @@ def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_fir
         _kill(_children() - before)
 
 
+def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and_nothing_running(
+        plain_shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_lab.session import launch
+
+    def planted(*args: object, **kwargs: object) -> list[dict[str, str]]:  # rank 1's host set up another way
+        envs = rank_envs(*args, **kwargs)
+        return [{**env, "FI_PROVIDER": "tcp" if r else "efa"} for r, env in enumerate(envs)]
+
+    rank_envs = launch.rank_envs
+    monkeypatch.setattr(launch, "rank_envs", planted)
+    before = _children()
+    try:
+        msg = ranks_error(plain_shell, START.format(n=2)).splitlines()
+        assert msg[0] == ("%neuron ranks start: the ranks differ, so none joined the process group; nothing is left "
+                          "running")
+        assert msg[1] == "neuron_lab preflight: 2 ranks differ in FI_PROVIDER"
+        assert [line.split()[0::6] for line in msg[2:]] == [["rank", "FI_PROVIDER"], ["0", "efa"], ["1", "tcp"]]
+        assert _gone(_children() - before) and session_of(plain_shell).ranks is None
+    finally:
+        _kill(_children() - before)
+
+
 def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     doc = plain_shell.find_line_magic("neuron").__doc__
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc

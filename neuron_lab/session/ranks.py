@@ -41,6 +41,7 @@ import psutil
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
 from neuron_lab.session import launch, placement
+from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
@@ -447,6 +448,8 @@ def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]
     try:
         return ar.get()
     except Exception as e:
+        if getattr(e, "ename", "") == PreflightMismatch.__name__:  # the table, whole: it is the message
+            raise RanksError(f"the ranks differ, so none joined the process group\n{e.evalue}") from None
         raise RanksError(f"rank {rank} failed to start: {_one_line(e)}") from None
 
 
