@@ -474,6 +474,28 @@ def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and
         _kill(_children() - before)
 
 
+def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in_one_line(
+        plain_shell: InteractiveShell) -> None:
+    """gloo closes the group's connections once a collective times out; the next cells used to fail one by one."""
+    sh, before = plain_shell, _children()
+    try:
+        run(sh, "%neuron ranks start 2 --timeout 15")
+        res, _ = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+                         "x = torch.ones(2, device=device)\nif dist.get_rank() == 0:\n    dist.all_reduce(x)\n",
+                     ok=False)
+        assert isinstance(res.error_in_exec, RanksFailed), repr(res.error_in_exec)
+        first = res.execution_count
+        msg = ranks_error(sh, "%%neuron ranks --timeout 60\ndist.all_reduce(x)\n")
+        assert re.fullmatch(rf"%%neuron ranks: the process group broke in In\[{first}\]: rank 0's collective outlived "
+                            r"the group's timeout \(15 s; gloo: Timed out waiting 15000ms for \w+ operation to "
+                            r"complete\), so no collective can run again; `%neuron ranks start 2 --restart` starts "
+                            r"the group afresh", msg), msg
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        _kill(_children() - before)
+
+
 def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     doc = plain_shell.find_line_magic("neuron").__doc__
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc

@@ -53,6 +53,8 @@ POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+# what gloo raises once a collective outlived the group's timeout: the group's pairs are closed for good after it
+_GROUP_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Application timeout caused pair closure")
 _CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
 STOP_WAIT_S = 5.0  # a process asked to terminate at stop gets this long before it is killed
 
@@ -137,6 +139,7 @@ class Ranks(ShownAsText):
         self.store: launch.AgentStore | None = store  # the ranks' rendezvous, until they stop
         self._profile_dir = profile_dir
         self._stopped = False
+        self.broken: str | None = None  # what broke the process group (a collective past its timeout), once it did
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
@@ -207,8 +210,11 @@ class Ranks(ShownAsText):
 
         ``profile``: each rank runs it under torch.profiler (``row_limit`` rows shown), and the report gets their
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
+        if self.broken is not None:
+            raise RanksError(self.broken)
         if not profile:
-            return RanksReport(title, self._run(lambda rank: body, title, cell, line_offset, timeout_s))
+            return self._check_group(RanksReport(title, self._run(lambda rank: body, title, cell, line_offset,
+                                                                  timeout_s)))
         folder = tempfile.mkdtemp(prefix="neuron-lab-ranks-traces-") if export else None
         try:
             # one line more on the engine: its reports' lines already count the `%%neuron profile` line
@@ -219,10 +225,23 @@ class Ranks(ShownAsText):
             for p in profiles.values():  # the notebook's copies, read back from the engines' data
                 p.trace_path = None  # the engine's file, merged below and removed
             merged = None if folder is None else _merge_traces(folder, export, [e.rank for e in self.engines])
-            return RanksReport(title, results, merge_ranks({rank: p.timeline for rank, p in profiles.items()}), merged)
+            return self._check_group(RanksReport(title, results, merge_ranks({rank: p.timeline
+                                                                                for rank, p in profiles.items()}),
+                                                 merged))
         finally:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+
+    def _check_group(self, rr: RanksReport) -> RanksReport:
+        """Once a rank's collective outlived the group's timeout, gloo has closed the group's connections: every later
+        collective fails. Say so once, with what to run, instead of letting each next cell fail on its own."""
+        timed_out = [(r.rank, m) for r in rr.failed if (m := _GROUP_TIMEOUT.search(r.problem or ""))]
+        if timed_out:
+            rank, m = timed_out[0]
+            self.broken = (f"the process group broke in {rr.title}: rank {rank}'s collective outlived the group's "
+                           f"timeout ({self.timeout_s:g} s; gloo: {m.string[m.start():]}), so no collective can run "
+                           f"again; `%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
+        return rr
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
              timeout_s: float | None) -> list[RankResult]:
