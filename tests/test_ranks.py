@@ -9,9 +9,11 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,8 +45,9 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 """
 
 
-USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--hosts M] [--profile]\n"
-         "                     [--export PATH] [--row-limit N]\n                     [{start,stop}] [N]")
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi}]\n"
+         "                     [--hosts M] [--profile] [--export PATH] [--row-limit N]\n"
+         "                     [{start,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -386,7 +389,9 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
     ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
-    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts goes with start: `%neuron ranks start 4 --hosts 2`"),
+    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts and --engines go with start"),
+    ("%neuron ranks start 2 --hosts 2 --engines mpi", "%neuron ranks: --hosts emulates hosts with local engines; mpi "
+                                                      "engines are where it puts them"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),
@@ -490,6 +495,25 @@ def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in
                             r"the group's timeout \(15 s; gloo: Timed out waiting 15000ms for \w+ operation to "
                             r"complete\), so no collective can run again; `%neuron ranks start 2 --restart` starts "
                             r"the group afresh", msg), msg
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        _kill(_children() - before)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="--engines mpi needs Open MPI's mpiexec and mpi4py (.ci/run installs both)")
+def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plain_shell: InteractiveShell) -> None:
+    sh, before = plain_shell, _children()
+    try:
+        _, cap = run(sh, START.format(n=2) + " --engines mpi")
+        assert "neuron_lab: 2 ranks ready in" in cap.stdout
+        res, cap = run(sh, "%%neuron ranks --timeout 60\nimport os, torch, torch.distributed as dist\n"
+                           "x = torch.ones(2, device=device)\ndist.all_reduce(x)\n"
+                           "print(os.environ['OMPI_COMM_WORLD_RANK'], dist.get_rank(), int(x[0]))\n")
+        for rank in (0, 1):  # the group's rank is the one mpiexec gave the engine
+            assert f"[stdout:{rank}] \n{rank} {rank} 2\n" in cap.stdout
+        assert [(r.rank, r.report.device) for r in res.result.ranks] == [(0, "neuron:0"), (1, "neuron:1")]
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:

@@ -255,7 +255,8 @@ class NeuronMagics(Magics):
             if running:
                 self._stop_ranks()
             try:
-                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1)
+                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
+                                      engines=args.engines or "local")
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"

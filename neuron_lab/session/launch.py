@@ -47,12 +47,19 @@ def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1) -> l
 
     Like torchrun, ``OMP_NUM_THREADS`` becomes 1 when several ranks share the machine and it is not set.
     """
-    places = placement.one_host(nproc, MASTER_ADDR, nnodes)
+    emulated = nnodes > 1
+    return place_envs(base, placement.one_host(nproc, MASTER_ADDR, nnodes), port, emulated)
+
+
+def place_envs(base: dict[str, str], places: list[placement.Place], port: int,
+               emulated: bool = False) -> list[dict[str, str]]:
+    """:func:`rank_envs` for ranks the scheduler placed (in the order of ``places``); ``emulated``: their hosts
+    are emulated on this machine, and each rank is told its host's name."""
     root_comm_port = free_port()
     common = {"ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
               "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:12], "TORCHELASTIC_USE_AGENT_STORE": "True"}
     if len(places) > 1 and "OMP_NUM_THREADS" not in base:
         common["OMP_NUM_THREADS"] = "1"
-    hosts = [{placement.HOST_ENV: placement.emulated_host(p.node)} if nnodes > 1 else {} for p in places]
+    hosts = [{placement.HOST_ENV: placement.emulated_host(p.node)} if emulated else {} for p in places]
     return [{**base, **common, **placement.rank_env(p, MASTER_ADDR, port, root_comm_port), **host}
             for p, host in zip(places, hosts, strict=True)]

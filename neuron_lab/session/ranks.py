@@ -47,6 +47,7 @@ from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
+ENGINES = {"local": "local", "mpi": "mpi"}  # --engines: ipyparallel's engine launcher of that name
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
@@ -98,6 +99,10 @@ def _agent(call: str) -> Any:
     return Reference(f"lambda *args: __import__('neuron_lab.agent', fromlist=['agent']).{call}(get_ipython(), *args)")
 
 
+# where an engine is: its host and the variables its launcher gave it (nothing imported that would import torch)
+_WHERE = "lambda: (__import__('socket').gethostname(), dict(__import__('os').environ))"
+
+
 # -- in the notebook ------------------------------------------------------------------------------------------------
 @dataclass
 class Engine:
@@ -107,6 +112,7 @@ class Engine:
     pid: int
     device: str
     host: str = ""
+    engine_id: int = -1  # ipyparallel's id for it, which its launcher chose (not its rank)
     died: bool = False
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
@@ -146,10 +152,11 @@ class Ranks(ShownAsText):
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
-              hosts: int = 1) -> Ranks:
-        """Start ``n`` local engines and make them ranks 0..n-1 of one process group (on ``hosts`` hosts emulated
-        on this machine, ``n // hosts`` ranks each); on any failure every process started is stopped again and
-        :class:`RanksError` says why."""
+              hosts: int = 1, engines: str = "local") -> Ranks:
+        """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
+        group, each rank where its scheduler placed it (local engines: on ``hosts`` hosts emulated on this machine,
+        ``n // hosts`` ranks each); on any failure every process started is stopped again and :class:`RanksError`
+        says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -158,7 +165,8 @@ class Ranks(ShownAsText):
             raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
 
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
-        cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True)
+        cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
+                              engine_launcher_class=ENGINES[engines])
         client = None
         started = time.monotonic()
         try:
@@ -168,16 +176,27 @@ class Ranks(ShownAsText):
             client.wait_for_engines(n, timeout=timeout_s, interactive=False)  # our lines say how far it got
             store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
             port = store.port
+            ids = sorted(client.ids)
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
-            envs = launch.rank_envs({k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}, n // hosts, port,
-                                    hosts)
+            base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
+            if hosts > 1:
+                envs = launch.rank_envs(base, n // hosts, port, hosts)
+            else:  # each engine's rank from its scheduler's variables (mpiexec's), or host by host
+                from ipyparallel import Reference
+
+                seen = [placement.Seen(host, env) for host, env in
+                        client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
+                places = placement.place(seen)
+                by_rank = sorted(range(n), key=lambda i: places[i].rank)
+                envs = launch.place_envs(base, [places[i] for i in by_rank], port)
+                ids = [ids[i] for i in by_rank]
             progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
                      f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
-            pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
+            pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
             for i in range(n):
-                client[i].execute(_set_env_code(envs[i]), silent=True, block=False)
+                client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
             ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
-            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
+            pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
             engines: list[Engine] = []
             for i, ar in pending.items():
                 info = _wait_setup(ar, i, pids[i], started + timeout_s)
@@ -185,13 +204,15 @@ class Ranks(ShownAsText):
                     raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
                                      f"(an IPython startup file?), so its device is not neuron:{i}")
                 host = placement.host_name(envs[i])
-                engines.append(Engine(i, info["pid"], info["device"], host))
+                engines.append(Engine(i, info["pid"], info["device"], host, ids[i]))
                 progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
                          + (f" on {host}" if hosts > 1 else ""))
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if isinstance(e, (RanksError, KeyboardInterrupt)):
                 raise
+            if isinstance(e, placement.PlacementError):
+                raise RanksError(f"the engines do not make one world: {e}") from None
             if isinstance(e, (TimeoutError, ipp.error.TimeoutError)):
                 raise RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)") \
                     from None
@@ -263,8 +284,9 @@ class Ranks(ShownAsText):
         for e in self.engines:  # sent back to back: the ranks start together
             if e.rank not in results:
                 if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
-                    self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
-                running[e.rank] = e.last = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
+                    self.client[e.engine_id].execute(f"get_ipython().execution_count = {cell}", silent=True,
+                                                     block=False)
+                running[e.rank] = e.last = self.client[e.engine_id].execute(code(e.rank), silent=False, block=False)
         if cell is not None:
             self._line_offsets[cell] = line_offset
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -347,7 +369,7 @@ class Ranks(ShownAsText):
 
         for _ in range(SETTLE_TRIES):
             try:
-                self.client[e.rank].apply_async(_agent("ready")).get(timeout=FETCH_TIMEOUT_S)
+                self.client[e.engine_id].apply_async(_agent("ready")).get(timeout=FETCH_TIMEOUT_S)
                 return
             except TaskAborted:
                 continue
@@ -358,7 +380,7 @@ class Ranks(ShownAsText):
         """The engine's report of the cell, its lines renamed to the notebook cell's."""
         self._settle(e)
         try:
-            data = self.client[e.rank].apply_async(_agent("cell_report"), cell).get(timeout=FETCH_TIMEOUT_S)
+            data = self.client[e.engine_id].apply_async(_agent("cell_report"), cell).get(timeout=FETCH_TIMEOUT_S)
         except Exception as err:
             if not e.alive():
                 return RankResult(e.rank, error=f"engine {e.rank} died (pid {e.pid})", where=e.where)
@@ -397,7 +419,7 @@ class Ranks(ShownAsText):
         live = [e for e in self.engines if e.alive() and e.free()]
         if live:
             try:
-                self.client[[e.rank for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
+                self.client[[e.engine_id for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
             except Exception:
                 pass  # the engines are stopped below all the same
         pids = [e.pid for e in self.engines if e.alive()]
@@ -479,7 +501,9 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     The engines are killed, not asked: they ran every cell to its end (or are being given up), their ranks left the
     group, and their namespaces go with them either way; an asked engine takes ipykernel's own shutdown (2-5 s, then
     ipyparallel kills it), and its nanny waits 3 s more to tell a controller that is gone already."""
-    engines = [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
+    # a local engine set's launcher per engine; mpiexec's one launcher, whose process tree holds the engines
+    engines = [proc.pid for es in cluster.engines.values()
+               for proc in (getattr(es, "launchers", None) or {0: es}).values() if getattr(proc, "pid", None)]
     ended = _tree([pid for pid in engines if pid > 0])  # each engine and its nanny
     _signal(ended, psutil.Process.kill)
     psutil.wait_procs(ended, timeout=FETCH_TIMEOUT_S)
