@@ -462,11 +462,11 @@ def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and
     from neuron_lab.session import launch
 
     def planted(*args: object, **kwargs: object) -> list[dict[str, str]]:  # rank 1's host set up another way
-        envs = rank_envs(*args, **kwargs)
+        envs = place_envs(*args, **kwargs)
         return [{**env, "FI_PROVIDER": "tcp" if r else "efa"} for r, env in enumerate(envs)]
 
-    rank_envs = launch.rank_envs
-    monkeypatch.setattr(launch, "rank_envs", planted)
+    place_envs = launch.place_envs
+    monkeypatch.setattr(launch, "place_envs", planted)
     before = _children()
     try:
         msg = ranks_error(plain_shell, START.format(n=2)).splitlines()
