@@ -306,7 +306,7 @@ def test_nproc_must_be_a_whole_number_of_ranks(tmp_path, capsys, value):
         main.main([str(path), "--nproc", value])
     assert e.value.code == options.EXIT_USAGE
     err = capsys.readouterr().err
-    assert f"argument --nproc: {value!r} is not a number of ranks (a whole number, at least 1)" in err
+    assert f"argument --nproc/--nproc-per-node: {value!r} is not a number of ranks (a whole number, at least 1)" in err
 
 
 def test_each_rank_gets_torchruns_variables_and_the_launchers_store():
