@@ -1,5 +1,6 @@
-"""What starting and stopping a notebook cluster of ranks costs: ``%neuron ranks start N`` / ``stop`` against a bare
-ipyparallel cluster of N engines (``Cluster(n=N).start_and_connect_sync()`` / ``stop_cluster_sync()``).
+"""What starting and stopping a notebook cluster of ranks costs, per engine kind: ``%neuron ranks start N --engines
+KIND`` / ``stop`` against a bare ipyparallel cluster of N engines of the same kind
+(``Cluster(n=N, engines=KIND).start_and_connect_sync()`` / ``stop_cluster_sync()``).
 
 The floor is a bare ipyparallel cluster of N local engines, each importing torch (what ``%%px`` users start by hand
 before their first distributed cell). ``%neuron ranks start N`` adds, per engine, the rank's variables, loading
@@ -7,7 +8,7 @@ neuron_lab, ``import torch_neuronx`` and ``init_process_group(backend="neuron")`
 round, in one IPython shell; the figures are the median of the per-round ratios (absolute seconds differ between
 machines; ratios measured in one run do not), with the median seconds for scale.
 
-    .venv/bin/python bench/ranks_start.py [--rounds 3] [--ranks 2]
+    .venv/bin/python bench/ranks_start.py [--rounds 3] [--ranks 2] [--engines local mpi]
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import ipyparallel
 from IPython.testing.globalipapp import start_ipython
 
 
-def bare(n: int) -> tuple[float, float]:
-    """Seconds to start a cluster of ``n`` engines that have imported torch, and to stop it."""
+def bare(n: int, engines: str) -> tuple[float, float]:
+    """Seconds to start a cluster of ``n`` engines of kind ``engines`` that have imported torch, and to stop it."""
     start = time.perf_counter()
-    cluster = ipyparallel.Cluster(n=n, log_level=40)
+    cluster = ipyparallel.Cluster(n=n, log_level=40, engine_launcher_class=engines)
     client = cluster.start_and_connect_sync(activate=False)
     try:
         client.wait_for_engines(n, timeout=300)
@@ -36,10 +37,10 @@ def bare(n: int) -> tuple[float, float]:
     return started, time.perf_counter() - stopping
 
 
-def ranks(shell, n: int) -> tuple[float, float]:  # noqa: ANN001  (IPython's shell)
-    """Seconds for ``%neuron ranks start n`` and for ``%neuron ranks stop``."""
+def ranks(shell, n: int, engines: str) -> tuple[float, float]:  # noqa: ANN001  (IPython's shell)
+    """Seconds for ``%neuron ranks start n --engines engines`` and for ``%neuron ranks stop``."""
     start = time.perf_counter()
-    shell.run_line_magic("neuron", f"ranks start {n}")
+    shell.run_line_magic("neuron", f"ranks start {n} --engines {engines}")
     started = time.perf_counter() - start
     stopping = time.perf_counter()
     shell.run_line_magic("neuron", "ranks stop")
@@ -50,21 +51,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--engines", nargs="+", default=["local"], choices=("local", "mpi"))
     args = ap.parse_args()
     shell = start_ipython()
     shell.run_line_magic("load_ext", "neuron_lab")
-    ours, floor = [], []
-    for _ in range(args.rounds):
-        floor.append(bare(args.ranks))
-        ours.append(ranks(shell, args.ranks))
     print(f"{args.ranks} ranks, median of {args.rounds} interleaved rounds")
-    print("| | start | ratio | stop | ratio |\n|---|---|---|---|---|")
-    print(f"| bare ipyparallel, {args.ranks} engines importing torch | {statistics.median(f[0] for f in floor):.1f} s "
-          f"| 1.00x | {statistics.median(f[1] for f in floor):.1f} s | 1.00x |")
-    ratios = [statistics.median(o[i] / f[i] for o, f in zip(ours, floor, strict=True)) for i in (0, 1)]
-    print(f"| `%neuron ranks start {args.ranks}` / `stop` | {statistics.median(o[0] for o in ours):.1f} s | "
-          f"{ratios[0]:.2f}x | {statistics.median(o[1] for o in ours):.1f} s | {ratios[1]:.2f}x |")
-
+    print("| engines | | start | ratio | stop | ratio |\n|---|---|---|---|---|---|")
+    for kind in args.engines:
+        ours, floor = [], []
+        for _ in range(args.rounds):
+            floor.append(bare(args.ranks, kind))
+            ours.append(ranks(shell, args.ranks, kind))
+        print(f"| {kind} | bare ipyparallel, {args.ranks} engines importing torch | "
+              f"{statistics.median(f[0] for f in floor):.1f} s | 1.00x | "
+              f"{statistics.median(f[1] for f in floor):.1f} s | 1.00x |")
+        ratios = [statistics.median(o[i] / f[i] for o, f in zip(ours, floor, strict=True)) for i in (0, 1)]
+        print(f"| {kind} | `%neuron ranks start {args.ranks} --engines {kind}` / `stop` | "
+              f"{statistics.median(o[0] for o in ours):.1f} s | {ratios[0]:.2f}x | "
+              f"{statistics.median(o[1] for o in ours):.1f} s | {ratios[1]:.2f}x |")
 
 if __name__ == "__main__":
     main()

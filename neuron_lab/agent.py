@@ -25,7 +25,7 @@ from typing import Any
 
 from neuron_lab import backend, settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.session import rank_group, shells
+from neuron_lab.session import preflight, rank_group, shells
 from neuron_lab.session.session import Session, banner
 from neuron_lab.trace.tracker import Renaming
 
@@ -149,8 +149,9 @@ def _info(said: str) -> dict[str, Any]:
 # -- %neuron ranks -----------------------------------------------------------------------------------------------------
 def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
                controller_pid: int | None = None) -> dict[str, Any]:
-    """An engine becomes its rank, once its variables are set: neuron_lab loaded as in a notebook, the process group
-    joined, its device the notebook device; its reports kept for :func:`cell_report` instead of shown. It ends, and
+    """An engine becomes its rank, once its variables are set: neuron_lab loaded as in a notebook, the preflight
+    passed, the process group joined, its device the notebook device; its reports kept for :func:`cell_report`
+    instead of shown. It ends, and
     ends the controller, when the notebook's process is gone without stopping it (killed, or died)."""
     torch_first = shell.user_ns.pop(TORCH_FIRST, True)
     if notebook_pid is not None:
@@ -161,6 +162,7 @@ def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
     import torch.distributed as dist
     import torch_neuronx  # noqa: F401  (the `neuron` process-group backend, as on a Trn instance)
 
+    preflight.check(timeout_s)  # ranks that differ stop here, every one with the same table, not in a hang
     dist.init_process_group(backend="neuron", timeout=timedelta(seconds=timeout_s))
     rank_group.keep()  # a cell's own init_process_group/destroy_process_group meet this group
     session = shells.session_of(shell)

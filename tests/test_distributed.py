@@ -562,3 +562,24 @@ def test_the_runtime_is_up_after_init_process_group(tmp_path: Path) -> None:
         report(up=torch_neuronx.is_neuron_runtime_initialized(), init=torch.neuron.is_initialized())
     """)
     assert ranks == [{"up": True, "init": True}] * RANKS
+
+
+def test_an_all_reduce_whose_shapes_differ_raises_on_every_rank_with_each_ranks_shape(tmp_path: Path) -> None:
+    """Gloo handed different sizes aborted rank 0's process; now every rank raises the same error, and the group
+    still works after it."""
+    ranks = _run_ranks(tmp_path, """
+        import json
+        from neuron_lab.backend.emulator.mismatch import CollectiveMismatch
+        rank = dist.get_rank()
+        x = torch.ones(4 + rank, device="neuron")
+        try:
+            dist.all_reduce(x)
+            error = None
+        except CollectiveMismatch as e:
+            error = str(e)
+        y = torch.ones(3, device="neuron")
+        dist.all_reduce(y)
+        print(json.dumps({"error": error, "after": y.tolist()}), flush=True)
+    """)
+    assert ranks == [{"error": "all_reduce: the ranks' tensors differ (rank 0: [4] float32; rank 1: [5] float32); "
+                               "every rank must pass the same shape and dtype", "after": [2.0] * 3}] * 2

@@ -9,9 +9,11 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,8 +45,9 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 """
 
 
-USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--profile] [--export PATH]\n"
-         "                     [--row-limit N]\n                     [{start,stop}] [N]")
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi}]\n"
+         "                     [--hosts M] [--profile] [--export PATH] [--row-limit N]\n"
+         "                     [{start,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -279,6 +282,23 @@ def test_a_rank_that_raises_is_reported_with_its_rank(ranks_shell) -> None:
     assert "1 rank failed (1)" in str(rr)
 
 
+def test_an_all_reduce_of_different_shapes_fails_on_every_rank_with_both_shapes_and_the_group_stays(
+        ranks_shell) -> None:
+    sh, _ = ranks_shell
+    pids = _pids(sh)
+    res, _cap = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+                        "x = torch.ones(4 + dist.get_rank(), device=device)\ndist.all_reduce(x)\n", ok=False)
+    err = res.error_in_exec
+    assert isinstance(err, RanksFailed), repr(err)
+    said = ("CollectiveMismatch: all_reduce: the ranks' tensors differ (rank 0: [4] float32; rank 1: [5] float32); "
+            "every rank must pass the same shape and dtype")
+    assert err._render_traceback_() == [f"RanksFailed: 2 ranks of 2 failed in In[{res.execution_count}]",
+                                        f"  ranks 0-1: {said}"]
+    assert _pids(sh) == pids and all(e.alive() for e in session_of(sh).ranks.engines)
+    res, _ = run(sh, "%%neuron ranks --timeout 60\nx = torch.ones(2, device=device)\ndist.all_reduce(x)\n")
+    assert not res.result.failed
+
+
 def test_a_profiled_rank_that_raises_keeps_its_profile_and_its_lanes(ranks_shell) -> None:
     sh, _ = ranks_shell
     res, _cap = run(sh, "%%neuron ranks --profile --timeout 60\nimport torch, torch.distributed as dist\n"
@@ -368,6 +388,10 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks start 2 --timeout 0", "%neuron ranks: --timeout must be a number of seconds > 0, not 0"),
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
+    ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
+    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts and --engines go with start"),
+    ("%neuron ranks start 2 --hosts 2 --engines mpi", "%neuron ranks: --hosts emulates hosts with local engines; mpi "
+                                                      "engines are where it puts them"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),
@@ -402,6 +426,96 @@ def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell
         assert msg == ("%neuron ranks start: the engines did not start within 0.01 s (--timeout S waits longer); "
                        "nothing is left running")
         assert _gone(_children() - before) and session_of(plain_shell).ranks is None
+    finally:
+        _kill(_children() - before)
+
+
+def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_first_device(
+        plain_shell: InteractiveShell) -> None:
+    sh, before = plain_shell, _children()
+    try:
+        _, cap = run(sh, START.format(n=2) + " --hosts 2")
+        pids = [e.pid for e in session_of(sh).ranks.engines]
+        assert f"neuron_lab: rank 0 ready: pid {pids[0]}, neuron:0 on host0" in cap.stdout
+        assert f"neuron_lab: rank 1 ready: pid {pids[1]}, neuron:0 on host1" in cap.stdout
+        status = str(run(sh, "%neuron ranks")[0].result).splitlines()
+        assert [line.split()[:5] for line in status[1:]] == [["rank", "0", "host0", "pid", str(pids[0])],
+                                                             ["rank", "1", "host1", "pid", str(pids[1])]]
+        res, cap = run(sh, "%%neuron ranks --timeout 60\nimport os, torch, torch.distributed as dist\n"
+                           "x = torch.ones(2, device='neuron')\ndist.all_reduce(x)\n"
+                           "print(os.environ['GROUP_RANK'], os.environ['NEURON_RT_ROOT_COMM_ID'].split(':')[0])\n")
+        for rank in (0, 1):
+            assert f"[stdout:{rank}] \n{rank} 127.0.0.1\n" in cap.stdout
+        rr = res.result
+        assert [(r.rank, r.host, r.report.device) for r in rr.ranks] == [(0, "host0", "neuron:0"),
+                                                                          (1, "host1", "neuron:0")]
+        assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
+            ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        _kill(_children() - before)
+
+
+def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and_nothing_running(
+        plain_shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_lab.session import launch
+
+    def planted(*args: object, **kwargs: object) -> list[dict[str, str]]:  # rank 1's host set up another way
+        envs = place_envs(*args, **kwargs)
+        return [{**env, "FI_PROVIDER": "tcp" if r else "efa"} for r, env in enumerate(envs)]
+
+    place_envs = launch.place_envs
+    monkeypatch.setattr(launch, "place_envs", planted)
+    before = _children()
+    try:
+        msg = ranks_error(plain_shell, START.format(n=2)).splitlines()
+        assert msg[0] == ("%neuron ranks start: the ranks differ, so none joined the process group; nothing is left "
+                          "running")
+        assert msg[1] == "neuron_lab preflight: 2 ranks differ in FI_PROVIDER"
+        assert [line.split()[0::6] for line in msg[2:]] == [["rank", "FI_PROVIDER"], ["0", "efa"], ["1", "tcp"]]
+        assert _gone(_children() - before) and session_of(plain_shell).ranks is None
+    finally:
+        _kill(_children() - before)
+
+
+def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in_one_line(
+        plain_shell: InteractiveShell) -> None:
+    """gloo closes the group's connections once a collective times out; the next cells used to fail one by one."""
+    sh, before = plain_shell, _children()
+    try:
+        run(sh, "%neuron ranks start 2 --timeout 15")
+        res, _ = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+                         "x = torch.ones(2, device=device)\nif dist.get_rank() == 0:\n    dist.all_reduce(x)\n",
+                     ok=False)
+        assert isinstance(res.error_in_exec, RanksFailed), repr(res.error_in_exec)
+        first = res.execution_count
+        msg = ranks_error(sh, "%%neuron ranks --timeout 60\ndist.all_reduce(x)\n")
+        assert re.fullmatch(rf"%%neuron ranks: the process group broke in In\[{first}\]: rank 0's collective outlived "
+                            r"the group's timeout \(15 s; gloo: Timed out waiting 15000ms for \w+ operation to "
+                            r"complete\), so no collective can run again; `%neuron ranks start 2 --restart` starts "
+                            r"the group afresh", msg), msg
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        _kill(_children() - before)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="--engines mpi needs Open MPI's mpiexec and mpi4py (.ci/run installs both)")
+def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plain_shell: InteractiveShell) -> None:
+    sh, before = plain_shell, _children()
+    try:
+        _, cap = run(sh, START.format(n=2) + " --engines mpi")
+        assert "neuron_lab: 2 ranks ready in" in cap.stdout
+        res, cap = run(sh, "%%neuron ranks --timeout 60\nimport os, torch, torch.distributed as dist\n"
+                           "x = torch.ones(2, device=device)\ndist.all_reduce(x)\n"
+                           "print(os.environ['OMPI_COMM_WORLD_RANK'], dist.get_rank(), int(x[0]))\n")
+        for rank in (0, 1):  # the group's rank is the one mpiexec gave the engine
+            assert f"[stdout:{rank}] \n{rank} {rank} 2\n" in cap.stdout
+        assert [(r.rank, r.report.device) for r in res.result.ranks] == [(0, "neuron:0"), (1, "neuron:1")]
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
     finally:
         _kill(_children() - before)
 

@@ -306,7 +306,7 @@ def test_nproc_must_be_a_whole_number_of_ranks(tmp_path, capsys, value):
         main.main([str(path), "--nproc", value])
     assert e.value.code == options.EXIT_USAGE
     err = capsys.readouterr().err
-    assert f"argument --nproc: {value!r} is not a number of ranks (a whole number, at least 1)" in err
+    assert f"argument --nproc/--nproc-per-node: {value!r} is not a number of ranks (a whole number, at least 1)" in err
 
 
 def test_each_rank_gets_torchruns_variables_and_the_launchers_store():
@@ -337,3 +337,28 @@ def test_the_launchers_store_listens_before_any_rank_starts_and_every_rank_is_it
              for env in launch.rank_envs(dict(os.environ), 2, port=store.port)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and [o.split() for o in outs] == [["0", "2"], ["1", "2"]]
+
+
+HOSTS = """
+    import os
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group(backend="neuron")
+    x = torch.ones(2, device="neuron") * (dist.get_rank() + 1)
+    dist.all_reduce(x)
+    print("placed", dist.get_rank(), os.environ["LOCAL_RANK"], os.environ["GROUP_RANK"], os.environ["NEURON_LAB_HOST"],
+          os.environ["NEURON_RT_VISIBLE_CORES"], os.environ["NEURON_RT_ROOT_COMM_ID"], x.device, int(x[0]))
+"""
+
+
+def test_two_emulated_hosts_of_two_ranks_get_torchruns_multi_node_ranks_and_the_report_names_each_host(tmp_path):
+    path = script(tmp_path, "hosts.py", HOSTS)
+    code, text = run(tmp_path, path.name, "--nnodes", "2", "--nproc-per-node", "2", "--json", "run.json")
+    assert code == 0, text
+    assert "on 4 ranks (2 emulated hosts × 2): starting 4 kernels" in text
+    for r in range(4):
+        assert re.search(rf"^    {r}     host{r // 2}  {dev(r % 2)}  .* 1 call, 8 B, ", text, re.M), text
+    doc = load(tmp_path / "run.json")
+    assert [(r["rank"], r["host"]) for r in doc["cells"][0]["ranks"]["ranks"]] == [(r, f"host{r // 2}")
+                                                                                   for r in range(4)]
+    assert doc["nproc"] == 4

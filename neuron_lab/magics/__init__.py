@@ -255,9 +255,12 @@ class NeuronMagics(Magics):
             if running:
                 self._stop_ranks()
             try:
-                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S)
+                s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
+                                      engines=args.engines or "local")
             except RanksError as e:
-                raise UsageError(f"%neuron ranks start: {e}; nothing is left running") from None
+                first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
+                raise UsageError(f"%neuron ranks start: {first}; nothing is left running"
+                                 + (f"\n{table}" if table else "")) from None
             return None
         if args.action == "stop":
             if not running:

@@ -19,7 +19,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from neuron_lab.backend import coverage
 from neuron_lab.checks import limits
 from neuron_lab.session import Session
-from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, MAX_RANKS
+from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, ENGINES, MAX_RANKS
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
@@ -221,6 +221,11 @@ def build() -> NeuronArgumentParser:
                     help="start: seconds to wait for the engines and, at a collective, for the other ranks "
                          f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
+    ra.add_argument("--engines", choices=tuple(ENGINES), default=None,
+                    help="start: ipyparallel's engine launcher (default local; mpi: mpiexec, each rank as it numbers "
+                         "them)")
+    ra.add_argument("--hosts", type=int, metavar="M",
+                    help="start: emulate M hosts on this machine, N/M ranks each (torchrun's multi-node ranks)")
     ra.add_argument("--profile", action="store_true",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
     ra.add_argument("--export", metavar="PATH",
@@ -335,9 +340,15 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             raise refuse("start needs N, how many ranks: `%neuron ranks start 2`")
         if not 1 <= args.n <= MAX_RANKS:
             raise refuse(f"N must be from 1 to {MAX_RANKS}, not {args.n}")
+        if args.hosts is not None and args.engines not in (None, "local"):
+            raise refuse(f"--hosts emulates hosts with local engines; {args.engines} engines are where it puts them")
+        if args.hosts is not None and not (1 <= args.hosts <= args.n and args.n % args.hosts == 0):
+            raise refuse(f"--hosts {args.hosts} must divide the {args.n} ranks evenly (as many ranks on each host)")
         return
     if args.n is not None:
         raise refuse(f"N goes with start: `%neuron ranks start {args.n}`")
+    if args.hosts is not None or args.engines is not None:
+        raise refuse("--hosts and --engines go with start: `%neuron ranks start 4 --hosts 2`")
     if args.timeout is not None or args.restart:
         raise refuse("--timeout and --restart go with start (`%neuron ranks start N --timeout S`); a cell's "
                      "deadline is `%%neuron ranks --timeout S`")

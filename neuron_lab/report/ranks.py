@@ -26,6 +26,7 @@ class RankResult:
     report: Report | None = None
     error: str | None = None  # "exit code -9 (killed)", "ValueError: bad shape", "no answer after 60 s"
     where: str = ""  # the process: "engine 2 (pid 4242)", "pid 4242"
+    host: str = ""  # the host it ran on (an emulated host's name on an emulated cluster)
 
     @property
     def failed(self) -> bool:
@@ -103,13 +104,13 @@ class RanksReport(ShownAsText):
     def as_dict(self) -> dict[str, Any]:
         return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
                 "timeline": None if self.timeline is None else asdict(self.timeline), "trace_path": self.trace_path,
-                "ranks": [{"rank": r.rank, "where": r.where, "error": r.error,
+                "ranks": [{"rank": r.rank, "where": r.where, "error": r.error, "host": r.host,
                            "report": None if r.report is None else r.report.as_dict()} for r in self.ranks]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RanksReport:
         return cls(d["title"], [RankResult(r["rank"], None if r["report"] is None else Report.from_dict(r["report"]),
-                                           r["error"], r["where"]) for r in d["ranks"]],
+                                           r["error"], r["where"], r.get("host", "")) for r in d["ranks"]],
                    None if d.get("timeline") is None else ProfiledTimeline.from_dict(d["timeline"]),
                    d.get("trace_path"))
 

@@ -44,18 +44,21 @@ def ranks_summary_line(rr: RanksReport) -> str:
 
 
 def rank_table(rr: RanksReport) -> Table:
-    """A row per rank: its device, time, memory, fallbacks, collectives, or its error."""
+    """A row per rank: its device, time, memory, fallbacks, collectives, or its error; its host too when the ranks
+    are on several."""
+    several = len({r.host for r in rr.ranks}) > 1
     out = []
     for r in rr.ranks:
         rep = r.report
+        host = [r.host] if several else []
         if rep is None:
-            out.append([str(r.rank), "", "", "", "", "", "", r.problem or ""])
+            out.append([str(r.rank), *host, "", "", "", "", "", "", r.problem or ""])
             continue
         calls, nbytes, ns = r.collectives()
         coll = f"{count(calls, 'call')}, {format_size(nbytes)}, {format_seconds(ns / 1e9)}" if calls else ""
-        out.append([str(r.rank), rep.device, format_seconds(rep.wall_s), format_size(rep.memory.after),
+        out.append([str(r.rank), *host, rep.device, format_seconds(rep.wall_s), format_size(rep.memory.after),
                     format_size(rep.memory.peak), f"{rep.fallback_calls:,}", coll, r.problem or ""])
-    return Table(RANK_HEADER, out)
+    return Table([RANK_HEADER[0], *(["host"] if several else []), *RANK_HEADER[1:]], out)
 
 
 def ranks_profile_heads(rr: RanksReport) -> list[str]:

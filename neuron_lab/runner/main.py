@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except inputs.InputError as e:
         print(f"neuron-lab run: {e}", file=sys.stderr)
         return options.EXIT_USAGE
-    if args.nproc is not None:
+    if args.nproc is not None or args.nnodes > 1:
         return run_ranks(args, program, env, trace_dir)
     total = len(program.code_cells)
     _say(progress.starting(program))
@@ -105,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, str], trace_dir: Path | None) -> int:
     """``--nproc N``: the program on N ranks at once (``runner.ranks``), shown across ranks (``runner.ranks_view``);
-    with ``--trace`` each cell's ranks' traces are merged into one as soon as every rank is past the cell."""
+    with ``--trace`` each cell's ranks' traces are merged into one as soon as every rank is past the cell.
+    ``--nnodes M``: N ranks on each of M hosts emulated on this machine."""
     total = len(program.code_cells)
+    store = launch.AgentStore()  # the ranks' rendezvous, for the run's length
+    envs = launch.rank_envs(env, args.nproc or 1, store.port, args.nnodes)
+    world = len(envs)
     merged: list[Path] = []
 
     def on_cell(so_far: ranks.RanksOutcome, number: int) -> None:
@@ -115,7 +119,7 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
             for rank, rec in enumerate(so_far.cell(number)):
                 if rec.no_trace is not None:
                     _say(*traces.missing(rec, rank))
-            path, why = traces.merge_cell(trace_dir, number, total, args.nproc)
+            path, why = traces.merge_cell(trace_dir, number, total, world)
             if why is not None:
                 print(f"neuron-lab run: --trace: {why}", file=sys.stderr)
             if path is not None:
@@ -124,11 +128,10 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
     def trace(rank: int) -> Callable[[CellRecord], str] | None:
         return None if trace_dir is None else lambda rec: traces.fresh(trace_dir, rec.number, total, rank)
 
-    _say(ranks_view.starting(program, args.nproc))
-    store = launch.AgentStore()  # the ranks' rendezvous, for the run's length
-    outcome = ranks.run(program, launch.rank_envs(env, args.nproc, store.port), args.timeout, on_cell=on_cell,
+    _say(ranks_view.starting(program, world, args.nnodes))
+    outcome = ranks.run(program, envs, args.timeout, on_cell=on_cell,
                         on_ready=lambda rank, info: _say(ranks_view.ready(rank, info)),
-                        traces=[trace(r) for r in range(args.nproc)])
+                        traces=[trace(r) for r in range(world)])
     checked = gates.evaluate(ranks_view.gate_reports(outcome), args)
     code = ranks_exit_code(outcome, checked)
     _say(*ranks_view.summary(program, outcome))
@@ -142,7 +145,7 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
             _say("  the kernel's stderr ended with:",
                  *(f"    {line}" for line in outcome.ranks[rank].kernel_stderr.splitlines()))
     wrote = _write(args, outcome.notebook, code, checked,
-                   lambda: ranks_view.head(f"neuron-lab run --nproc {args.nproc} {program.path}",
+                   lambda: ranks_view.head(f"neuron-lab run {ranks_view.layout(world, args.nnodes)} {program.path}",
                                            f"exit {code}: {_why(code, code, checked)}", program, outcome, checked),
                    lambda code: {**ranks_view.document(args, program, outcome, checked, code),
                                  "traces": [str(p) for p in merged]})

@@ -138,8 +138,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", dest="coverage", action=Renamed, new="--coverage", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=seconds, metavar="S", default=None,
                    help=f"seconds each cell may run (more than 0, at most {MAX_TIMEOUT_S:g})")
-    p.add_argument("--nproc", type=ranks, metavar="N", default=None,
+    p.add_argument("--nproc", "--nproc-per-node", type=ranks, metavar="N", default=None,
                    help="run N ranks as torchrun --nproc-per-node N does, one kernel each, and merge their reports")
+    p.add_argument("--nnodes", type=ranks, metavar="M", default=1,
+                   help="emulate M hosts on this machine, each with --nproc-per-node ranks (torchrun's multi-node "
+                        "ranks; each rank is told its host)")
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")

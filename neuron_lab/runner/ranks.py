@@ -16,12 +16,13 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_lab.runner.execute import Outcome, Run, on_ctrl_c
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import NOT_RUN, OK, STOPPED, CellRecord
+from neuron_lab.session import placement
 
 
 @dataclass
@@ -30,6 +31,7 @@ class RanksOutcome:
     notebook: Any = None  # rank 0's executed notebook (what --output and --html write)
     failure: str | None = None  # the first failure, which stopped the other ranks: "rank 1 failed (error in t.py:5)"
     seconds: float = 0.0
+    hosts: list[str] = field(default_factory=list)  # each rank's host, in rank order
 
     @property
     def interrupted(self) -> bool:
@@ -67,7 +69,8 @@ class _Ranks:
                          trace=None if traces is None else traces[r])
                      for r, env in enumerate(envs)]
         self.cells = len(program.code_cells)
-        self.outcome = RanksOutcome([run.outcome for run in self.runs], self.runs[0].program.nb)
+        self.outcome = RanksOutcome([run.outcome for run in self.runs], self.runs[0].program.nb,
+                                    hosts=[placement.host_name(env) for env in envs])
         self.finished, self.running, self.ended = [0] * n, [False] * n, [False] * n
         self.done = [asyncio.Event() for _ in range(self.cells + 1)]  # done[k]: every rank is past cell k
         self.done[0].set()

@@ -32,10 +32,16 @@ INDENT = progress.INDENT
 TROUBLE = (*FAILED, DIED, STOPPED)  # a rank's cell that did not finish
 
 
-def starting(program: Program, nproc: int) -> str:
+def layout(world: int, nnodes: int) -> str:
+    """The command line's ranks: ``--nproc 4``, or ``--nnodes 2 --nproc-per-node 2``."""
+    return f"--nproc {world}" if nnodes == 1 else f"--nnodes {nnodes} --nproc-per-node {world // nnodes}"
+
+
+def starting(program: Program, nproc: int, nnodes: int = 1) -> str:
     n = len(program.code_cells)
-    return (f"neuron-lab run {program.path} ({program.kind}, {count(n, 'code cell')}) on {count(nproc, 'rank')}: "
-            f"starting {count(nproc, 'kernel')}")
+    hosts = f" ({count(nnodes, 'emulated host')} × {nproc // nnodes})" if nnodes > 1 else ""
+    return (f"neuron-lab run {program.path} ({program.kind}, {count(n, 'code cell')}) on {count(nproc, 'rank')}"
+            f"{hosts}: starting {count(nproc, 'kernel')}")
 
 
 def ready(rank: int, info: dict[str, Any]) -> str:
@@ -67,7 +73,7 @@ def window(outcome: RanksOutcome, number: int) -> RanksReport:
     """Cell ``number`` on every rank as one RanksReport, titled as the cell's reports are."""
     records = outcome.cell(number)
     title = next((rec.label for rec in records if rec.report is not None), records[0].label)
-    return RanksReport(title, [RankResult(r, rec.as_report(), _problem(rec), _where(o))
+    return RanksReport(title, [RankResult(r, rec.as_report(), _problem(rec), _where(o), outcome.hosts[r])
                                for r, (rec, o) in enumerate(zip(records, outcome.ranks, strict=True))])
 
 
@@ -103,7 +109,7 @@ def whole_run(program: Program, outcome: RanksOutcome) -> RanksReport:
         error = o.kernel_error
         if bad is not None and bad.error:
             error = f"{bad.error['ename']} in {bad.label}" + (f": {bad.error['evalue']}" if bad.error["evalue"] else "")
-        results.append(RankResult(r, merge_reports(reports) if reports else None, error, _where(o)))
+        results.append(RankResult(r, merge_reports(reports) if reports else None, error, _where(o), outcome.hosts[r]))
     return RanksReport(str(program.path), results)
 
 

@@ -3,14 +3,18 @@
 
 torchrun (``torch.distributed.run``, one node, ``--nproc-per-node N``) starts N workers with these; a script
 reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, ``init_process_group`` the ``MASTER_*`` rendezvous, and the
-emulator ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` to give each rank its own ``neuron:{LOCAL_RANK}``. As torchrun's
+emulator ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` to give each rank its own ``neuron:{LOCAL_RANK}``; each rank also gets
+its one NeuronCore and the group's ``NEURON_RT_ROOT_COMM_ID`` (``session.placement``). As torchrun's
 elastic agent does, the launcher hosts the rendezvous store (:class:`AgentStore`) and every rank is its client
 (``TORCHELASTIC_USE_AGENT_STORE=True``).
 """
 
 from __future__ import annotations
 
+import socket
 import uuid
+
+from neuron_lab.session import placement
 
 MASTER_ADDR = "127.0.0.1"
 
@@ -28,17 +32,34 @@ class AgentStore:
         self.port: int = self._store.port
 
 
-def rank_envs(base: dict[str, str], nproc: int, port: int) -> list[dict[str, str]]:
-    """``base`` plus torchrun's variables for each of ``nproc`` ranks on one node, in rank order, whose rendezvous is
-    an :class:`AgentStore` listening on ``port``.
+def free_port() -> int:
+    """A port nothing listens on now, for ``NEURON_RT_ROOT_COMM_ID``: the Neuron runtime binds it later, as
+    TorchNeuron's process group picks one on rank 0 when the variable is unset."""
+    with socket.socket() as s:
+        s.bind((MASTER_ADDR, 0))
+        return int(s.getsockname()[1])
+
+
+def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1) -> list[dict[str, str]]:
+    """``base`` plus torchrun's variables for each of ``nproc`` ranks on each of ``nnodes`` nodes, in rank order,
+    whose rendezvous is an :class:`AgentStore` listening on ``port``. Several nodes are hosts emulated on this
+    machine: each rank is told its host's name (``NEURON_LAB_HOST``); the rendezvous stays on this machine.
 
     Like torchrun, ``OMP_NUM_THREADS`` becomes 1 when several ranks share the machine and it is not set.
     """
-    run_id = uuid.uuid4().hex[:12]
-    common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
-              "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": MASTER_ADDR,
-              "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-              "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    if nproc > 1 and "OMP_NUM_THREADS" not in base:
+    emulated = nnodes > 1
+    return place_envs(base, placement.one_host(nproc, MASTER_ADDR, nnodes), port, emulated)
+
+
+def place_envs(base: dict[str, str], places: list[placement.Place], port: int,
+               emulated: bool = False) -> list[dict[str, str]]:
+    """:func:`rank_envs` for ranks the scheduler placed (in the order of ``places``); ``emulated``: their hosts
+    are emulated on this machine, and each rank is told its host's name."""
+    root_comm_port = free_port()
+    common = {"ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+              "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:12], "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    if len(places) > 1 and "OMP_NUM_THREADS" not in base:
         common["OMP_NUM_THREADS"] = "1"
-    return [{**base, **common, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(nproc)]
+    hosts = [{placement.HOST_ENV: placement.emulated_host(p.node)} if emulated else {} for p in places]
+    return [{**base, **common, **placement.rank_env(p, MASTER_ADDR, port, root_comm_port), **host}
+            for p, host in zip(places, hosts, strict=True)]

@@ -40,18 +40,22 @@ import psutil
 
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
-from neuron_lab.session import launch
+from neuron_lab.session import launch, placement
+from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
+ENGINES = {"local": "local", "mpi": "mpi"}  # --engines: ipyparallel's engine launcher of that name
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+# what gloo raises once a collective outlived the group's timeout: the group's pairs are closed for good after it
+_GROUP_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Application timeout caused pair closure")
 _CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
 STOP_WAIT_S = 5.0  # a process asked to terminate at stop gets this long before it is killed
 
@@ -95,6 +99,10 @@ def _agent(call: str) -> Any:
     return Reference(f"lambda *args: __import__('neuron_lab.agent', fromlist=['agent']).{call}(get_ipython(), *args)")
 
 
+# where an engine is: its host and the variables its launcher gave it (nothing imported that would import torch)
+_WHERE = "lambda: (__import__('socket').gethostname(), dict(__import__('os').environ))"
+
+
 # -- in the notebook ------------------------------------------------------------------------------------------------
 @dataclass
 class Engine:
@@ -103,6 +111,8 @@ class Engine:
     rank: int
     pid: int
     device: str
+    host: str = ""
+    engine_id: int = -1  # ipyparallel's id for it, which its launcher chose (not its rank)
     died: bool = False
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
@@ -135,14 +145,18 @@ class Ranks(ShownAsText):
         self.store: launch.AgentStore | None = store  # the ranks' rendezvous, until they stop
         self._profile_dir = profile_dir
         self._stopped = False
+        self.broken: str | None = None  # what broke the process group (a collective past its timeout), once it did
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print) -> Ranks:
-        """Start ``n`` local engines and make them ranks 0..n-1 of one process group; on any failure every
-        process started is stopped again and :class:`RanksError` says why."""
+    def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
+              hosts: int = 1, engines: str = "local") -> Ranks:
+        """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
+        group, each rank where its scheduler placed it (local engines: on ``hosts`` hosts emulated on this machine,
+        ``n // hosts`` ranks each); on any failure every process started is stopped again and :class:`RanksError`
+        says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -151,7 +165,8 @@ class Ranks(ShownAsText):
             raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
 
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
-        cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True)
+        cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
+                              engine_launcher_class=ENGINES[engines])
         client = None
         started = time.monotonic()
         try:
@@ -161,27 +176,43 @@ class Ranks(ShownAsText):
             client.wait_for_engines(n, timeout=timeout_s, interactive=False)  # our lines say how far it got
             store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
             port = store.port
+            ids = sorted(client.ids)
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
-            envs = launch.rank_envs({k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}, n, port)
+            base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
+            if hosts > 1:
+                envs = launch.rank_envs(base, n // hosts, port, hosts)
+            else:  # each engine's rank from its scheduler's variables (mpiexec's), or host by host
+                from ipyparallel import Reference
+
+                seen = [placement.Seen(host, env) for host, env in
+                        client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
+                places = placement.place(seen)
+                by_rank = sorted(range(n), key=lambda i: places[i].rank)
+                envs = launch.place_envs(base, [places[i] for i in by_rank], port)
+                ids = [ids[i] for i in by_rank]
             progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
                      f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
-            pids = client[:].apply_async(os.getpid).get(timeout=timeout_s)
+            pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
             for i in range(n):
-                client[i].execute(_set_env_code(envs[i]), silent=True, block=False)
+                client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
             ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
-            pending = {i: client[i].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
+            pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
             engines: list[Engine] = []
             for i, ar in pending.items():
                 info = _wait_setup(ar, i, pids[i], started + timeout_s)
                 if info["torch_first"]:
                     raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
                                      f"(an IPython startup file?), so its device is not neuron:{i}")
-                engines.append(Engine(i, info["pid"], info["device"]))
-                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}")
+                host = placement.host_name(envs[i])
+                engines.append(Engine(i, info["pid"], info["device"], host, ids[i]))
+                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
+                         + (f" on {host}" if hosts > 1 else ""))
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if isinstance(e, (RanksError, KeyboardInterrupt)):
                 raise
+            if isinstance(e, placement.PlacementError):
+                raise RanksError(f"the engines do not make one world: {e}") from None
             if isinstance(e, (TimeoutError, ipp.error.TimeoutError)):
                 raise RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)") \
                     from None
@@ -200,8 +231,11 @@ class Ranks(ShownAsText):
 
         ``profile``: each rank runs it under torch.profiler (``row_limit`` rows shown), and the report gets their
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
+        if self.broken is not None:
+            raise RanksError(self.broken)
         if not profile:
-            return RanksReport(title, self._run(lambda rank: body, title, cell, line_offset, timeout_s))
+            return self._check_group(RanksReport(title, self._run(lambda rank: body, title, cell, line_offset,
+                                                                  timeout_s)))
         folder = tempfile.mkdtemp(prefix="neuron-lab-ranks-traces-") if export else None
         try:
             # one line more on the engine: its reports' lines already count the `%%neuron profile` line
@@ -212,10 +246,23 @@ class Ranks(ShownAsText):
             for p in profiles.values():  # the notebook's copies, read back from the engines' data
                 p.trace_path = None  # the engine's file, merged below and removed
             merged = None if folder is None else _merge_traces(folder, export, [e.rank for e in self.engines])
-            return RanksReport(title, results, merge_ranks({rank: p.timeline for rank, p in profiles.items()}), merged)
+            return self._check_group(RanksReport(title, results, merge_ranks({rank: p.timeline
+                                                                                for rank, p in profiles.items()}),
+                                                 merged))
         finally:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+
+    def _check_group(self, rr: RanksReport) -> RanksReport:
+        """Once a rank's collective outlived the group's timeout, gloo has closed the group's connections: every later
+        collective fails. Say so once, with what to run, instead of letting each next cell fail on its own."""
+        timed_out = [(r.rank, m) for r in rr.failed if (m := _GROUP_TIMEOUT.search(r.problem or ""))]
+        if timed_out:
+            rank, m = timed_out[0]
+            self.broken = (f"the process group broke in {rr.title}: rank {rank}'s collective outlived the group's "
+                           f"timeout ({self.timeout_s:g} s; gloo: {m.string[m.start():]}), so no collective can run "
+                           f"again; `%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
+        return rr
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
              timeout_s: float | None) -> list[RankResult]:
@@ -237,8 +284,9 @@ class Ranks(ShownAsText):
         for e in self.engines:  # sent back to back: the ranks start together
             if e.rank not in results:
                 if cell is not None:  # the engine numbers the cell as the notebook does: tracebacks say In[cell]
-                    self.client[e.rank].execute(f"get_ipython().execution_count = {cell}", silent=True, block=False)
-                running[e.rank] = e.last = self.client[e.rank].execute(code(e.rank), silent=False, block=False)
+                    self.client[e.engine_id].execute(f"get_ipython().execution_count = {cell}", silent=True,
+                                                     block=False)
+                running[e.rank] = e.last = self.client[e.engine_id].execute(code(e.rank), silent=False, block=False)
         if cell is not None:
             self._line_offsets[cell] = line_offset
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -257,7 +305,7 @@ class Ranks(ShownAsText):
         for rank in running:
             if rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
-        return [results[e.rank] for e in self.engines]
+        return [replace(results[e.rank], host=e.host) for e in self.engines]
 
     def _wait(self, running: dict[int, Any], results: dict[int, RankResult], deadline: float | None,
               timeout_s: float | None, title: str) -> None:
@@ -321,7 +369,7 @@ class Ranks(ShownAsText):
 
         for _ in range(SETTLE_TRIES):
             try:
-                self.client[e.rank].apply_async(_agent("ready")).get(timeout=FETCH_TIMEOUT_S)
+                self.client[e.engine_id].apply_async(_agent("ready")).get(timeout=FETCH_TIMEOUT_S)
                 return
             except TaskAborted:
                 continue
@@ -332,7 +380,7 @@ class Ranks(ShownAsText):
         """The engine's report of the cell, its lines renamed to the notebook cell's."""
         self._settle(e)
         try:
-            data = self.client[e.rank].apply_async(_agent("cell_report"), cell).get(timeout=FETCH_TIMEOUT_S)
+            data = self.client[e.engine_id].apply_async(_agent("cell_report"), cell).get(timeout=FETCH_TIMEOUT_S)
         except Exception as err:
             if not e.alive():
                 return RankResult(e.rank, error=f"engine {e.rank} died (pid {e.pid})", where=e.where)
@@ -371,7 +419,7 @@ class Ranks(ShownAsText):
         live = [e for e in self.engines if e.alive() and e.free()]
         if live:
             try:
-                self.client[[e.rank for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
+                self.client[[e.engine_id for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
             except Exception:
                 pass  # the engines are stopped below all the same
         pids = [e.pid for e in self.engines if e.alive()]
@@ -392,7 +440,8 @@ class Ranks(ShownAsText):
                  f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
         for e in self.engines:
             state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
-            lines.append(f"  rank {e.rank}  pid {e.pid:<8} {e.device:<10} {state}")
+            host = f"{e.host:<8} " if len({e.host for e in self.engines}) > 1 else ""
+            lines.append(f"  rank {e.rank}  {host}pid {e.pid:<8} {e.device:<10} {state}")
         return "\n".join(lines)
 
 
@@ -440,6 +489,8 @@ def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]
     try:
         return ar.get()
     except Exception as e:
+        if getattr(e, "ename", "") == PreflightMismatch.__name__:  # the table, whole: it is the message
+            raise RanksError(f"the ranks differ, so none joined the process group\n{e.evalue}") from None
         raise RanksError(f"rank {rank} failed to start: {_one_line(e)}") from None
 
 
@@ -450,7 +501,9 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     The engines are killed, not asked: they ran every cell to its end (or are being given up), their ranks left the
     group, and their namespaces go with them either way; an asked engine takes ipykernel's own shutdown (2-5 s, then
     ipyparallel kills it), and its nanny waits 3 s more to tell a controller that is gone already."""
-    engines = [proc.pid for es in cluster.engines.values() for proc in getattr(es, "launchers", {}).values()]
+    # a local engine set's launcher per engine; mpiexec's one launcher, whose process tree holds the engines
+    engines = [proc.pid for es in cluster.engines.values()
+               for proc in (getattr(es, "launchers", None) or {0: es}).values() if getattr(proc, "pid", None)]
     ended = _tree([pid for pid in engines if pid > 0])  # each engine and its nanny
     _signal(ended, psutil.Process.kill)
     psutil.wait_procs(ended, timeout=FETCH_TIMEOUT_S)

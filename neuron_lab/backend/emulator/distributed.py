@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from neuron_lab import settings
-from neuron_lab.backend.emulator import lifecycle
+from neuron_lab.backend.emulator import lifecycle, mismatch
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.events import OpEvent, signature_of
 from neuron_lab.kinds import COLLECTIVE, SOURCE, UNSUPPORTED
@@ -314,6 +314,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceOptions()
         hosts = _host(tensors)
+        mismatch.check(self._gloo, self.size(), "all_reduce", hosts)
         opts, hosts, after = _sum_instead(opts, self.size(), hosts, hosts, in_place=True)
         return _done([self._gloo.allreduce(hosts, opts)], tensors, after, group=self)
 
