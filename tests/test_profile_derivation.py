@@ -8,6 +8,7 @@ one, a decoy method that is not can_handle, and two expectation files; the bundl
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -78,3 +79,17 @@ def test_bundled_evidence_matches_the_mirror_files():
     assert per_class == {"TestLikeTensorCreation": 1, "TestNNDeviceType": 495, "TestRandomTensorCreation": 11,
                          "TestScatterGather": 40, "TestTensorCreation": 115, "TestViewOps": 46}
     assert sum(1 for e in data["expectations"] if "float64" in e["dtypes"]) >= 36
+
+
+def test_prediction_agreement_floor(tmp_path):
+    """bench/prediction_agreement.py run as a script: the share of TorchNeuron's 708 expected upstream failures that
+    either bundled coverage predicts (fallback/host op or 64-bit downcast for the test's op and dtypes) keeps its
+    floor. The issue's target is 80%; today's figure is far below it (see docs/benchmarks.md)."""
+    out = tmp_path / "agreement.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "prediction_agreement.py"), "--json", str(out)],
+                   check=True, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                   timeout=240)
+    data = json.loads(out.read_text())
+    assert data["tests"] == 708
+    assert data["coverages"]["either"]["share"] >= 0.23
+    assert data["coverages"]["either"]["why"]["downcast"] == 51  # float64/int64 in the test name
