@@ -7,6 +7,11 @@ tests lists the tests it expects to fail (``tests/pytorch_tests/failing_test_met
 script reads both statically (stdlib only) and writes one evidence file::
 
     python tools/derive_profile.py SOURCE_DIR --commit SHA -o OUT.json
+    python tools/derive_profile.py --combine CERTAIN.json DERIVED.json EVIDENCE.json -o COMBINED.json
+
+``--combine`` writes one coverage from the three: what the documented coverage (2.33's table) says does not run on
+the device stays certain (``fallback``/``host``); an op the derived coverage says falls back, or that only gated
+implementations serve for some dtypes (a gate naming the dtypes it accepts), becomes ``possible`` with its reason.
 
 Each gate is ``{"op", "class", "path", "line", "dtypes", "conditions"}``: the ops the class registers under
 TorchNeuron's overload names (``None`` when the class is registered elsewhere), the dtypes its ``can_handle``
@@ -95,13 +100,63 @@ def derive(root: Path, *, commit: str, repo: str = DEFAULT_REPO) -> dict:
     }
 
 
+POSSIBLE = "possible"
+_NOT_REGISTERED = "not registered in TorchNeuron's {date} source ({name}), so it may fall back"
+_GATED = ("gated for {dtypes} in TorchNeuron's {date} source: {cls}.can_handle ({path}:{line}) accepts only "
+          "{accepts}, so a call with another dtype may fall back")
+
+
+def _key(name: str) -> str:
+    base = name.removeprefix("aten::").split(".", 1)[0]
+    return "aten::" + (base[:-1] if base.endswith("_") and not base.endswith("__") else base)
+
+
+def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
+    """One coverage: ``certain``'s off-device ops as they are, ``derived``'s fallbacks and ``evidence``'s dtype gates
+    (on ops ``certain`` calls native) as ``possible``."""
+    ops = dict(certain.get("ops", {}))
+    date = derived["date"]
+    for op, rule in derived["ops"].items():
+        if rule["kind"] == "native":
+            ops.setdefault(op, rule)
+        elif ops.get(op, {}).get("kind", "native") == "native":
+            ops[op] = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
+    for gate in evidence["gates"]:
+        accepts = [d for d in gate["dtypes"] if d.startswith(("float", "bfloat"))]
+        if not gate["ops"] or len(accepts) < 2 or "legacy/" in gate["path"]:
+            continue  # only a gate naming the floating dtypes it accepts is a dtype rule
+        # Only the floating and complex dtypes it turns away: an int64 tensor in the call is often an index output.
+        others = sorted(d for d in DTYPES if d.startswith(("float", "complex")) and d not in gate["dtypes"]
+                        and d != "complex32")
+        for op in {_key(o) for o in gate["ops"]}:
+            if ops.get(op, {}).get("kind", "native") == "native":
+                ops[op] = {"kind": POSSIBLE, "dtypes": others, "otherwise": "native", "reason": _GATED.format(
+                    dtypes=", ".join(others), date=date, cls=gate["class"], path=gate["path"], line=gate["line"],
+                    accepts=", ".join(accepts))}
+    default = derived["default"] if certain.get("default", {}).get("kind", "native") == "native" else certain["default"]
+    if default["kind"] != "native":
+        default = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
+    out = {k: v for k, v in certain.items() if k not in ("ops", "default", "provenance")}
+    out.update(name=name, default=default, ops=dict(sorted(ops.items())), provenance={
+        "certain": certain["name"], "possible": derived["name"], "evidence": evidence["provenance"]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("source", type=Path, help="TorchNeuron files at their repository paths")
-    ap.add_argument("--commit", required=True)
+    ap.add_argument("source", type=Path, nargs="?", help="TorchNeuron files at their repository paths")
+    ap.add_argument("--commit")
+    ap.add_argument("--combine", nargs=3, type=Path, metavar=("CERTAIN", "DERIVED", "EVIDENCE"))
+    ap.add_argument("--name", default="torchneuron-combined")
     ap.add_argument("--repo", default=DEFAULT_REPO)
     ap.add_argument("-o", "--output", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.combine:
+        certain, derived, evidence = (json.loads(p.read_text()) for p in args.combine)
+        args.output.write_text(json.dumps(combine(certain, derived, evidence, args.name), indent=1) + "\n")
+        return 0
+    if args.source is None or args.commit is None:
+        ap.error("SOURCE and --commit are needed unless --combine is given")
     data = derive(args.source, commit=args.commit, repo=args.repo)
     args.output.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(data['gates'])} gates, {len(data['expectations'])} expectations -> {args.output}")
