@@ -23,7 +23,7 @@ from neuron_lab.backend import coverage
 from neuron_lab.kinds import NATIVE
 
 EVIDENCE = "evidence/torchneuron-src-2026-04.json"
-COVERAGES = ("torchneuron-2.33", "torchneuron-src-2026-04")
+COVERAGES = ("torchneuron-2.33", "torchneuron-src-2026-04", "torchneuron-combined")
 _STEM = re.compile(r"^test_(.*?)_neuron(?:_\w+)?$")
 
 

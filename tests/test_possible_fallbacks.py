@@ -7,6 +7,8 @@ what the April 2026 source suggests as ``possible``: ``aten::topk`` has one impl
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from neuron_lab.backend import coverage
@@ -46,3 +48,34 @@ def test_a_real_call_is_native_in_float32_and_may_fall_back_in_float64(run_pytho
     assert out["counts64"] == [0, 1]
     assert "no CPU fallbacks · 1 possible fallback call" in out["summary64"]
     assert out["json"][0] >= 1  # complex64 falls back for certain under 2.33's table
+
+
+def test_a_cells_report_counts_certain_and_possible_fallbacks_apart(shell):
+    """In a real IPython shell under the combined coverage: float32 atan2 falls back for certain (2.33's table),
+    float64 topk may fall back; text, HTML and JSON each show both, under their own titles and counts."""
+    from shells import run
+
+    from neuron_lab import backend
+    from neuron_lab.extension import session_of
+
+    b = backend.active()
+    before = b.coverage.name
+    try:
+        run(shell, "%neuron coverage torchneuron-combined")
+        run(shell, "import torch\nx = torch.randn(8, device='neuron', dtype=torch.float64)\n"
+                   "y = torch.randn(4, device='neuron')")
+        res, _ = run(shell, "x.topk(2)\ntorch.atan2(y, y)")
+        r = session_of(shell).history[res.execution_count]
+        head = str(r).splitlines()[0]
+        assert "1 CPU fallback call" in head and "1 possible fallback call" in head, head
+        assert r.possible_calls == 1 and r.fallback_calls == 1
+        text, html = str(r), r._repr_html_()
+        for shown in (text, html):
+            assert "may fall back on TorchNeuron" in shown and "CPU fallbacks" in shown
+            assert "TopKXLAImpl.can_handle" in shown
+        data = json.loads(json.dumps(r.as_dict()))  # the JSON renderer's data
+        assert data["possible_calls"] == 1 and data["fallback_calls"] == r.fallback_calls
+        assert {"aten::topk.values": POSSIBLE}.items() <= {o["op"]: o["kind"] for o in data["ops_not_native"]
+                                                           if o["kind"] == POSSIBLE}.items()
+    finally:
+        b.set_coverage(before)
