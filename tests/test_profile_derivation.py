@@ -93,3 +93,19 @@ def test_prediction_agreement_floor(tmp_path):
     assert data["tests"] == 708
     assert data["coverages"]["either"]["share"] >= 0.23
     assert data["coverages"]["either"]["why"]["downcast"] == 51  # float64/int64 in the test name
+
+
+def test_the_bundled_combined_coverage_is_what_combine_writes(tmp_path):
+    """torchneuron-combined.json is reproducible from the three bundled files, and keeps 2.33's certain rows."""
+    cov = ROOT / "neuron_lab" / "backend" / "coverage"
+    out = tmp_path / "combined.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--combine", str(cov / "torchneuron-2.33.json"),
+                    str(cov / "torchneuron-src-2026-04.json"), str(cov / "evidence" / "torchneuron-src-2026-04.json"),
+                    "-o", str(out)], check=True, capture_output=True, text=True)
+    combined = json.loads(out.read_text())
+    assert combined == json.loads((cov / "torchneuron-combined.json").read_text())
+    certain = json.loads((cov / "torchneuron-2.33.json").read_text())["ops"]
+    assert all(combined["ops"][op] == rule for op, rule in certain.items() if rule["kind"] != "native")
+    kinds = [r["kind"] for r in combined["ops"].values()]
+    assert (kinds.count("fallback"), kinds.count("host"), kinds.count("possible")) == (19, 22, 4)
+    assert combined["default"]["kind"] == "possible"
