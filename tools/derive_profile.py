@@ -27,6 +27,7 @@ import ast
 import json
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,6 +107,24 @@ _GATED = ("gated for {dtypes} in TorchNeuron's {date} source: {cls}.can_handle (
           "{accepts}, so a call with another dtype may fall back")
 
 
+_XFAILS = ("fails in {n} of TorchNeuron's own runs of PyTorch's upstream tests ({tests}), so it may fall back or "
+           "differ from the CPU")
+# A model's everyday dtypes: an upstream failure in one of them is rarely a fallback, and would flood every report.
+_EVERYDAY = frozenset({"float32", "bfloat16", "float16", "int32", "int64", "bool", "complex32"})
+_STEM = re.compile(r"^test_(.*?)_neuron(?:_\w+)?$")
+
+
+def op_of(test: str, ops: Iterable[str]) -> str | None:
+    """The op an upstream test exercises, read from its name: the longest op (``aten::name``) whose name starts the
+    snake-cased test stem (``test_ReflectionPad_empty_neuron`` -> ``aten::reflection_pad`` if it is one)."""
+    m = _STEM.match(test)
+    stem = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", m.group(1)).lower() if m else ""
+    best = max((op.removeprefix("aten::") for op in ops
+                if stem == op.removeprefix("aten::") or stem.startswith(op.removeprefix("aten::") + "_")),
+               key=len, default=None)
+    return f"aten::{best}" if best else None
+
+
 def _key(name: str) -> str:
     base = name.removeprefix("aten::").split(".", 1)[0]
     return "aten::" + (base[:-1] if base.endswith("_") and not base.endswith("__") else base)
@@ -133,6 +152,20 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
                 ops[op] = {"kind": POSSIBLE, "dtypes": others, "otherwise": "native", "reason": _GATED.format(
                     dtypes=", ".join(others), date=date, cls=gate["class"], path=gate["path"], line=gate["line"],
                     accepts=", ".join(accepts))}
+    failing: dict[str, list[dict]] = {}
+    for row in evidence["expectations"]:
+        op = op_of(row["test"], ops)
+        # Only a test that names its dtypes: one that fails for every dtype (an error message, an edge case) would
+        # mark a plumbing op (view, empty, cat) possible in every cell.
+        if op is not None and row["dtypes"] and ops[op]["kind"] == "native":
+            failing.setdefault(op, []).append(row)
+    for op, rows in sorted(failing.items()):
+        dtypes = sorted({d for r in rows for d in r["dtypes"]} - _EVERYDAY)
+        if not dtypes:
+            continue
+        tests = ", ".join(r["test"] for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
+        ops[op] = {"kind": POSSIBLE, "reason": _XFAILS.format(n=len(rows), tests=tests), "otherwise": "native",
+                   "dtypes": dtypes}
     default = derived["default"] if certain.get("default", {}).get("kind", "native") == "native" else certain["default"]
     if default["kind"] != "native":
         default = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
