@@ -170,8 +170,13 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
     if default["kind"] != "native":
         default = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
     out = {k: v for k, v in certain.items() if k not in ("ops", "default", "provenance")}
-    out.update(name=name, default=default, ops=dict(sorted(ops.items())), provenance={
-        "certain": certain["name"], "possible": derived["name"], "evidence": evidence["provenance"]})
+    method = (f"tools/derive_profile.py --combine: certain from {certain['name']}, possible from {derived['name']}, "
+              "its can_handle gates and its expected upstream test failures")
+    out.update(name=name, default=default, ops=dict(sorted(ops.items())),
+               source=(f"{certain['name']} (certain: TorchNeuron's documented fallbacks) combined with what "
+                       f"TorchNeuron's {date} source and its upstream test expectations suggest (possible)."),
+               provenance={"repo": evidence["provenance"]["repo"], "commit": evidence["provenance"]["commit"],
+                           "method": method, "certain": certain["name"], "possible": derived["name"]})
     return out
 
 
