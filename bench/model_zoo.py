@@ -3,7 +3,8 @@
 Each model of the zoo (real architectures from transformers, diffusers and timm, randomly initialised from tiny
 configs: nothing is downloaded) runs one training step on `neuron` (forward, loss, backward, ``AdamW.step``,
 ``zero_grad``) inside ``neuron_lab.track()``. The report gives the step's device op calls (``Report.ops``) and the
-ops that did not run on the device (``Report.fallbacks``: CPU fallbacks and host ops; host ops are marked ``†``).
+ops that did not run on the device (``Report.fallbacks``: CPU fallbacks and host ops; host ops are marked ``†``),
+and under a coverage with ``possible`` ops, those that may fall back (marked ``?``).
 Model and inputs are built on the CPU under ``torch.manual_seed(0)`` and then moved to `neuron`, so input
 creation is not measured; the model is in ``train()`` mode, so dropout runs.
 
@@ -372,7 +373,8 @@ def child(name: str, warmup: int) -> dict[str, Any]:
         out["step_s"] = round(time.perf_counter() - t0, 3)
         out["loss"] = float(loss.cpu())
         out["ops"] = report.ops
-        out["fallbacks"] = [{"op": r.op, "kind": r.kind, "count": r.count} for r in report.fallbacks]
+        rows = report.fallbacks + [r for r in report.ops_not_native if r.kind == "possible"]
+        out["fallbacks"] = [{"op": r.op, "kind": r.kind, "count": r.count} for r in rows]
         out["downcasts"] = [{"op": r.op, "count": r.count} for r in report.downcasts]
     except Exception as e:  # the parent lists the model with its error
         out["error"] = f"{phase}: {_first_line(e)}"
@@ -402,7 +404,7 @@ def run_one(name: str, coverage: str, timeout: float, warmup: int) -> dict[str, 
 def fallback_counts(result: dict[str, Any]) -> Counter[str]:
     counts: Counter[str] = Counter()
     for row in result.get("fallbacks", []):
-        counts[_base(row["op"]) + ("†" if row["kind"] == "host" else "")] += row["count"]
+        counts[_base(row["op"]) + {"host": "†", "possible": "?"}.get(row["kind"], "")] += row["count"]
     return counts
 
 
@@ -468,7 +470,8 @@ def table(results: list[dict[str, Any]], coverages: list[str], models: list[str]
     if errors:
         out += "\n\nFailed:\n" + "\n".join(errors)
     return (out + "\n\n**n**: distinct ops (overloads merged) that ran on the CPU; ×n: their calls in the step; "
-            "† a host op (TorchNeuron runs it on the CPU by design); ‡ the ops that fall back in every model under "
+            "† a host op (TorchNeuron runs it on the CPU by design); ? an op that may fall back (``possible``: "
+            "evidence short of TorchNeuron's documentation); ‡ the ops that fall back in every model under "
             "that coverage, listed above.\n")
 
 

@@ -18,6 +18,7 @@ HOST = "host"  # explicit host kernels TorchNeuron runs on the CPU without repor
 DOWNCAST = "downcast"  # a 64-bit dtype computed in 32 bits
 NKI = "nki"  # a custom kernel registered with torch_neuronx.nki_op: it runs on the device
 COLLECTIVE = "collective"  # a torch.distributed call on a `neuron` process group: bytes, ranks, time to completion
+POSSIBLE = "possible"  # may fall back on TorchNeuron: evidence short of its documentation (source, gates, xfails)
 UNSUPPORTED = "unsupported"  # a call TorchNeuron does not support (the emulator still runs it): a note, gateable
 SYNC = "sync"  # a device-to-host read (.item(), print, .tolist(), .cpu(), a data-dependent shape): a note
 
@@ -40,6 +41,7 @@ class Kind:
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(FALLBACK, "CPU fallbacks", "CPU fallback call", off_device=True, reported=True),
     Kind(HOST, "host ops", "host op call", off_device=True, reported=True),
+    Kind(POSSIBLE, "may fall back on TorchNeuron", "possible fallback call", off_device=False, reported=True),
     Kind(UNSUPPORTED, "not supported on TorchNeuron", "unsupported call", off_device=False, reported=True, note=True,
          timed_as="from call to completion"),
     Kind(DOWNCAST, "64-bit downcasts", "64-bit downcast", off_device=False, reported=True, one_line=True, note=True),

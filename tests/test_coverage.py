@@ -44,10 +44,11 @@ BAD = [
     (with_(ops=[1]), "ops: expected an object mapping op names (such as \"aten::add\") to rules, got a list"),
     (with_(ops={"add": {"kind": "native"}}), "ops['add']: not an op name (such as \"aten::add\")"),
     (with_(ops={OP: "native"}), "ops['aten::add']: expected an object {\"kind\": one of native, fallback, host, "
-                                "\"reason\": ...}, got 'native'"),
+                                "possible, \"reason\": ...}, got 'native'"),
     (with_(ops={OP: {"kind": "sometimes"}}), "ops['aten::add'].kind: expected one of native, fallback, host, "
-                                             "got 'sometimes'"),
-    (with_(ops={OP: {"reason": "x"}}), "ops['aten::add'].kind: expected one of native, fallback, host, got nothing"),
+                                             "possible, got 'sometimes'"),
+    (with_(ops={OP: {"reason": "x"}}), "ops['aten::add'].kind: expected one of native, fallback, host, possible, "
+                                       "got nothing"),
     (with_(ops={OP: {"kind": "native", "reason": 3}}), "ops['aten::add'].reason: expected a string, got 3"),
     (with_(ops={OP: {"kind": "native", "dtypes": "float32"}}),
      "ops['aten::add'].dtypes: expected a list of dtype names (such as [\"float64\"]), got 'float32'"),
@@ -58,7 +59,7 @@ BAD = [
     (with_(ops={OP: {"kind": "native", "dtypes": [[[[[[1]]]]]]}}),
      "ops['aten::add'].dtypes[0]: expected a dtype name such as \"float64\", got a list"),
     (with_(ops={OP: {"kind": "native", "when": "always"}}),
-     "ops['aten::add']: unknown field 'when' (a rule has kind, reason, dtypes)"),
+     "ops['aten::add']: unknown field 'when' (a rule has kind, reason, dtypes, otherwise)"),
     (with_(dtypes="x"), "dtypes: expected an object mapping dtype names (such as \"complex64\") to rules, got 'x'"),
     (with_(dtypes={"cplx": {"kind": "fallback"}}), "dtypes['cplx']: not a dtype name (such as \"complex64\")"),
     (with_(dtypes={"complex64": {"kind": "fallback", "dtypes": ["float32"]}}),
@@ -66,8 +67,8 @@ BAD = [
     (with_(downcast_dtypes=5), "downcast_dtypes: expected a list of dtype names (such as [\"float64\"]), got 5"),
     (with_(downcast_dtypes=[64]), "downcast_dtypes[0]: expected a dtype name such as \"float64\", got 64"),
     (with_(downcast_dtypes=["double"]), "downcast_dtypes[0]: expected a dtype name such as \"float64\", got 'double'"),
-    (with_(default="native"), "default: expected an object {\"kind\": one of native, fallback, host, \"reason\": ...}, "
-                              "got 'native'"),
+    (with_(default="native"), "default: expected an object {\"kind\": one of native, fallback, host, possible, "
+                              "\"reason\": ...}, got 'native'"),
     (with_(default={"kind": "native", "dtypes": ["float32"]}),
      "default: unknown field 'dtypes' (a rule has kind, reason)"),
 ]

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.frames import shown_path
-from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SOURCE, SYNC, Kind, sections
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SOURCE, SYNC, Kind, sections
 from neuron_lab.units import ShownAsText
 
 
@@ -419,6 +419,11 @@ class Report(ShownAsText):
         return sum(r.count for r in self.syncs)
 
     @property
+    def possible_calls(self) -> int:
+        """Calls that may fall back on TorchNeuron (evidence short of its documentation), counted apart."""
+        return sum(r.count for r in self.ops_not_native if r.kind == POSSIBLE)
+
+    @property
     def run_s(self) -> float:
         """Wall time not spent compiling."""
         return max(self.wall_s - self.compiles.compile_s - self.compiles.neff_compile_s, 0.0)
@@ -454,6 +459,7 @@ class Report(ShownAsText):
         """Plain JSON-ready data (the JSON renderer)."""
         d = asdict(self)
         d["run_s"] = self.run_s
+        d["fallback_calls"], d["possible_calls"] = self.fallback_calls, self.possible_calls
         return d
 
     @classmethod

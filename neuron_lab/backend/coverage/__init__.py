@@ -20,12 +20,12 @@ from typing import Any
 from neuron_lab import settings
 from neuron_lab.backend.coverage import schema
 from neuron_lab.deprecation import renamed
-from neuron_lab.kinds import FALLBACK, HOST, NATIVE
+from neuron_lab.kinds import FALLBACK, HOST, NATIVE, POSSIBLE
 
 SCHEMA_VERSION = 1
 _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
 DEFAULT_COVERAGE, ENV_VAR, OLD_ENV_VAR = _COVERAGE.default, _COVERAGE.name, _OLD.name
-_OP_KINDS = (NATIVE, FALLBACK, HOST)
+_OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)
 
 
 class CoverageError(ValueError):
@@ -42,6 +42,7 @@ class OpRule:
     kind: str
     reason: str
     dtypes: frozenset[str] | None = None  # only these dtypes take `kind`; others use the default
+    otherwise: str | None = None  # the kind of the op's other dtypes, instead of the default (a dtype gate)
 
 
 @dataclass
@@ -64,6 +65,8 @@ class Coverage:
         rule = self.ops.get(_key(name))
         if rule is not None and (rule.dtypes is None or rule.dtypes & dtypes):
             return rule.kind, rule.reason
+        if rule is not None and rule.otherwise is not None:
+            return rule.otherwise, ""
         for dt in dtypes:
             drule = self.dtype_rules.get(dt)
             if drule is not None:
@@ -78,6 +81,8 @@ class Coverage:
             d: dict[str, Any] = {"kind": r.kind, "reason": r.reason}
             if r.dtypes is not None:
                 d["dtypes"] = sorted(r.dtypes)
+            if r.otherwise is not None:
+                d["otherwise"] = r.otherwise
             return d
 
         return {
@@ -97,7 +102,7 @@ class Coverage:
 
 def _rule(d: dict[str, Any]) -> OpRule:
     dtypes = d.get("dtypes")
-    return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None)
+    return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None, d.get("otherwise"))
 
 
 def from_dict(d: Any, path: str = "") -> Coverage:

@@ -41,7 +41,7 @@ def _dtype_list(field: str, value: Any) -> None:
 
 
 def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
-    allowed = ("kind", "reason", "dtypes") if dtypes else ("kind", "reason")
+    allowed = ("kind", "reason", "dtypes", "otherwise") if dtypes else ("kind", "reason")
     if not isinstance(value, dict):
         raise ValueError(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
                          f"got {shown(value)}")
@@ -55,6 +55,8 @@ def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
         raise ValueError(f"{field}.reason: expected a string, got {shown(value['reason'])}")
     if "dtypes" in value and value["dtypes"] is not None:
         _dtype_list(f"{field}.dtypes", value["dtypes"])
+    if "otherwise" in value and value["otherwise"] not in kinds:
+        raise ValueError(f"{field}.otherwise: expected one of {', '.join(kinds)}, got {shown(value['otherwise'])}")
 
 
 def _table(field: str, value: Any, noun: tuple[str, str], example: str, key_ok, kinds: tuple[str, ...],

@@ -1,0 +1,205 @@
+"""Derive the evidence behind fallback predictions from TorchNeuron's source tree.
+
+``derive_coverage.py`` says which ops TorchNeuron registers. A registered op can still fall back per call: each
+Python implementation's ``can_handle`` gates it on dtype, shape or empty tensors, and when none accepts the
+arguments TorchNeuron runs the op on the CPU (``python_ops/base.py``). TorchNeuron's own run of PyTorch's upstream
+tests lists the tests it expects to fail (``tests/pytorch_tests/failing_test_methods/<TestClass>.json``). This
+script reads both statically (stdlib only) and writes one evidence file::
+
+    python tools/derive_profile.py SOURCE_DIR --commit SHA -o OUT.json
+    python tools/derive_profile.py --combine CERTAIN.json DERIVED.json EVIDENCE.json -o COMBINED.json
+
+``--combine`` writes one coverage from the three: what the documented coverage (2.33's table) says does not run on
+the device stays certain (``fallback``/``host``); an op the derived coverage says falls back, or that only gated
+implementations serve for some dtypes (a gate naming the dtypes it accepts), becomes ``possible`` with its reason.
+
+Each gate is ``{"op", "class", "path", "line", "dtypes", "conditions"}``: the ops the class registers under
+TorchNeuron's overload names (``None`` when the class is registered elsewhere), the dtypes its ``can_handle``
+names (``is_complex()`` counts as complex64 and complex128) and the other conditions it tests (``empty``,
+``shape``). Each expectation is ``{"class", "test", "dtypes"}``, the dtypes parsed from the test name's
+``_neuron_<dtype>`` suffix (empty when the test runs for no dtype).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from derive_coverage import DEFAULT_REPO, NEURON_OP_DECORATORS, _call_name, _dotted, _first_arg, _strings  # noqa: E402
+
+SCHEMA_VERSION = 1
+OPS_DIR = "torch_neuronx/python_ops"
+EXPECTATIONS_DIR = "tests/pytorch_tests/failing_test_methods"
+DTYPES = ("float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32", "int64", "int32",
+          "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool")
+COMPLEX = ("complex64", "complex128")
+_SUFFIX = re.compile(r"_neuron((?:_(?:" + "|".join(DTYPES) + r"))*)$")
+_CONDITIONS = {"numel": "empty", "dim": "shape", "ndim": "shape", "shape": "shape", "size": "shape"}
+
+
+def _gate(cls: ast.ClassDef, fn: ast.FunctionDef, rel: str) -> dict:
+    ops = [name for dec in cls.decorator_list if isinstance(dec, ast.Call) and _call_name(dec) in NEURON_OP_DECORATORS
+           for name in _strings(_first_arg(dec, "aten_name", "operations") or ast.Constant(None))]
+    dtypes: set[str] = set()
+    conditions: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted.startswith("torch.") and dotted.removeprefix("torch.") in DTYPES:
+                dtypes.add(dotted.removeprefix("torch."))
+            elif node.attr == "is_complex":
+                dtypes.update(COMPLEX)
+            elif node.attr in _CONDITIONS:
+                conditions.add(_CONDITIONS[node.attr])
+    return {"ops": ops or None, "class": cls.name, "path": rel, "line": fn.lineno, "dtypes": sorted(dtypes),
+            "conditions": sorted(conditions)}
+
+
+def extract_gates(root: Path) -> list[dict]:
+    """Every ``can_handle`` override in TorchNeuron's Python ops (the base class's own definition included)."""
+    gates = []
+    for path in sorted((root / OPS_DIR).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        try:
+            tree = ast.parse(path.read_text(errors="replace"), filename=rel)
+        except SyntaxError as e:
+            print(f"derive_profile: skipping {rel}: {e}", file=sys.stderr)
+            continue
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            gates += [_gate(cls, fn, rel) for fn in cls.body
+                      if isinstance(fn, ast.FunctionDef) and fn.name == "can_handle"]
+    return gates
+
+
+def test_dtypes(test: str) -> list[str]:
+    """``test_foo_neuron_complex64_float32`` -> ``["complex64", "float32"]``."""
+    m = _SUFFIX.search(test)
+    return [d for d in m.group(1).split("_") if d] if m else []
+
+
+def extract_expectations(root: Path) -> list[dict]:
+    """TorchNeuron's expected upstream failures, one row per test."""
+    rows = []
+    for path in sorted((root / EXPECTATIONS_DIR).glob("*.json")):
+        for test in json.loads(path.read_text())["failed_tests"]:
+            rows.append({"class": path.stem, "test": test, "dtypes": test_dtypes(test)})
+    return rows
+
+
+def derive(root: Path, *, commit: str, repo: str = DEFAULT_REPO) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "provenance": {"repo": repo, "commit": commit, "gates_from": OPS_DIR, "expectations_from": EXPECTATIONS_DIR},
+        "gates": extract_gates(root),
+        "expectations": extract_expectations(root),
+    }
+
+
+POSSIBLE = "possible"
+_NOT_REGISTERED = "not registered in TorchNeuron's {date} source ({name}), so it may fall back"
+_GATED = ("gated for {dtypes} in TorchNeuron's {date} source: {cls}.can_handle ({path}:{line}) accepts only "
+          "{accepts}, so a call with another dtype may fall back")
+
+
+_XFAILS = ("fails in {n} of TorchNeuron's own runs of PyTorch's upstream tests ({tests}), so it may fall back or "
+           "differ from the CPU")
+# A model's everyday dtypes: an upstream failure in one of them is rarely a fallback, and would flood every report.
+_EVERYDAY = frozenset({"float32", "bfloat16", "float16", "int32", "int64", "bool", "complex32"})
+_STEM = re.compile(r"^test_(.*?)_neuron(?:_\w+)?$")
+
+
+def op_of(test: str, ops: Iterable[str]) -> str | None:
+    """The op an upstream test exercises, read from its name: the longest op (``aten::name``) whose name starts the
+    snake-cased test stem (``test_ReflectionPad_empty_neuron`` -> ``aten::reflection_pad`` if it is one)."""
+    m = _STEM.match(test)
+    stem = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", m.group(1)).lower() if m else ""
+    best = max((op.removeprefix("aten::") for op in ops
+                if stem == op.removeprefix("aten::") or stem.startswith(op.removeprefix("aten::") + "_")),
+               key=len, default=None)
+    return f"aten::{best}" if best else None
+
+
+def _key(name: str) -> str:
+    base = name.removeprefix("aten::").split(".", 1)[0]
+    return "aten::" + (base[:-1] if base.endswith("_") and not base.endswith("__") else base)
+
+
+def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
+    """One coverage: ``certain``'s off-device ops as they are, ``derived``'s fallbacks and ``evidence``'s dtype gates
+    (on ops ``certain`` calls native) as ``possible``."""
+    ops = dict(certain.get("ops", {}))
+    date = derived["date"]
+    for op, rule in derived["ops"].items():
+        if rule["kind"] == "native":
+            ops.setdefault(op, rule)
+        elif ops.get(op, {}).get("kind", "native") == "native":
+            ops[op] = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
+    for gate in evidence["gates"]:
+        accepts = [d for d in gate["dtypes"] if d.startswith(("float", "bfloat"))]
+        if not gate["ops"] or len(accepts) < 2 or "legacy/" in gate["path"]:
+            continue  # only a gate naming the floating dtypes it accepts is a dtype rule
+        # Only the floating and complex dtypes it turns away: an int64 tensor in the call is often an index output.
+        others = sorted(d for d in DTYPES if d.startswith(("float", "complex")) and d not in gate["dtypes"]
+                        and d != "complex32")
+        for op in {_key(o) for o in gate["ops"]}:
+            if ops.get(op, {}).get("kind", "native") == "native":
+                ops[op] = {"kind": POSSIBLE, "dtypes": others, "otherwise": "native", "reason": _GATED.format(
+                    dtypes=", ".join(others), date=date, cls=gate["class"], path=gate["path"], line=gate["line"],
+                    accepts=", ".join(accepts))}
+    failing: dict[str, list[dict]] = {}
+    for row in evidence["expectations"]:
+        op = op_of(row["test"], ops)
+        # Only a test that names its dtypes: one that fails for every dtype (an error message, an edge case) would
+        # mark a plumbing op (view, empty, cat) possible in every cell.
+        if op is not None and row["dtypes"] and ops[op]["kind"] == "native":
+            failing.setdefault(op, []).append(row)
+    for op, rows in sorted(failing.items()):
+        dtypes = sorted({d for r in rows for d in r["dtypes"]} - _EVERYDAY)
+        if not dtypes:
+            continue
+        tests = ", ".join(r["test"] for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
+        ops[op] = {"kind": POSSIBLE, "reason": _XFAILS.format(n=len(rows), tests=tests), "otherwise": "native",
+                   "dtypes": dtypes}
+    default = derived["default"] if certain.get("default", {}).get("kind", "native") == "native" else certain["default"]
+    if default["kind"] != "native":
+        default = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
+    out = {k: v for k, v in certain.items() if k not in ("ops", "default", "provenance")}
+    method = (f"tools/derive_profile.py --combine: certain from {certain['name']}, possible from {derived['name']}, "
+              "its can_handle gates and its expected upstream test failures")
+    out.update(name=name, default=default, ops=dict(sorted(ops.items())),
+               source=(f"{certain['name']} (certain: TorchNeuron's documented fallbacks) combined with what "
+                       f"TorchNeuron's {date} source and its upstream test expectations suggest (possible)."),
+               provenance={"repo": evidence["provenance"]["repo"], "commit": evidence["provenance"]["commit"],
+                           "method": method, "certain": certain["name"], "possible": derived["name"]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("source", type=Path, nargs="?", help="TorchNeuron files at their repository paths")
+    ap.add_argument("--commit")
+    ap.add_argument("--combine", nargs=3, type=Path, metavar=("CERTAIN", "DERIVED", "EVIDENCE"))
+    ap.add_argument("--name", default="torchneuron-combined")
+    ap.add_argument("--repo", default=DEFAULT_REPO)
+    ap.add_argument("-o", "--output", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.combine:
+        certain, derived, evidence = (json.loads(p.read_text()) for p in args.combine)
+        args.output.write_text(json.dumps(combine(certain, derived, evidence, args.name), indent=1) + "\n")
+        return 0
+    if args.source is None or args.commit is None:
+        ap.error("SOURCE and --commit are needed unless --combine is given")
+    data = derive(args.source, commit=args.commit, repo=args.repo)
+    args.output.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['gates'])} gates, {len(data['expectations'])} expectations -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
