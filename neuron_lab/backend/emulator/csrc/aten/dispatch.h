@@ -22,7 +22,7 @@ using Stack = std::vector<c10::IValue>;
 
 // Kinds of op call are named by Python (neuron_lab.kinds) at configure time; the core itself makes only the
 // first two, and numbers the others in the order it was given.
-enum Kind : int { kNative = 0, kDowncast = 1, kMaxKinds = 8 };
+enum Kind : int { kNative = 0, kDowncast = 1, kMaxKinds = 16 };
 
 struct Signature {
   std::vector<std::vector<int64_t>> shapes;
