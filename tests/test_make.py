@@ -66,9 +66,14 @@ def test_jupyterlab_is_the_lab_extra_which_the_venv_installs():
 
 
 def test_make_test_reports_its_slowest_tests():
-    """Both pytest runs of `make test` end with the 15 slowest tests, so a slow one is seen where it is added."""
-    runs = [x for x in _dry_run("test").splitlines() if " -m pytest " in x]
+    """Both pytest runs of `make test` end with the 15 slowest tests, so a slow one is seen where it is added; they
+    run side by side, one per core, each waiting on kernels and subprocesses while the other computes."""
+    lines = _dry_run("test").replace("\\\n", " ").splitlines()
+    runs = [x for x in lines if " -m pytest " in x]
     assert len(runs) == 2 and all("--durations=15" in shlex.split(x) for x in runs), runs
+    assert sorted("NEURON_LAB_CORE=python" in x for x in runs) == [False, True], runs
+    (passes,) = [shlex.split(x) for x in lines if "test-compiled-core" in x]
+    assert "-j2" in passes and "test-python-core" in passes, passes
 
 
 def test_make_wheel_builds_against_the_venvs_torch_and_wheel_check_checks_that_wheel():
