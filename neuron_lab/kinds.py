@@ -48,7 +48,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(NKI, "NKI kernels", "NKI kernel call", off_device=False, reported=True),
     Kind(COLLECTIVE, "collectives", "collective call", off_device=False, reported=True,
          timed_as="from call to completion"),
-    Kind(SYNC, "device-to-host syncs", "sync", off_device=False, reported=True, note=True,
+    Kind(SYNC, "device-to-host syncs", "sync", off_device=False, reported=True, one_line=True, note=True,
          why="On Trainium each read of device data by the host ends the Adaptive Eager fusion group and stalls "
              "the queue until the device has finished everything before it."),
     Kind(NATIVE, "native ops", "op", off_device=False, reported=False),

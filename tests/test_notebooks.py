@@ -157,7 +157,9 @@ def check_quickstart(r: Ran) -> None:
                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     text = shown.data["text/plain"]
     assert text.startswith("neuron_lab · neuron:0 · mode default · "), text
-    assert "running" not in text.splitlines()[0] and text.splitlines()[0].endswith(": 0 CPU fallback calls"), text
+    # the compile cell's: no fallbacks, and its one .item()
+    assert "running" not in text.splitlines()[0] and text.splitlines()[0].endswith(": 0 CPU fallback calls, 1 sync"), \
+        text
     assert text.splitlines()[-1] == f"snapshot at the end of In[{dash}], not live"
     assert "CPU fallbacks, all cells" in text and f"In[{model}] line {line}: return torch.atan2(" in text
     assert "  model.inp.weight" in text and f"  In[{r.n('check-compile')}] 1 graph, compile " in text, text

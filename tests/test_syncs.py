@@ -7,6 +7,7 @@ from shells import run
 
 from neuron_lab import backend, kinds
 from neuron_lab.extension import session_of
+from neuron_lab.report.text import render_text
 
 
 def _report(shell, code: str):
@@ -25,8 +26,11 @@ def test_an_item_per_step_is_one_line_with_its_count(shell) -> None:
     assert _syncs(r) == {"item": (7, [(3, 7)])}
     text = str(r).splitlines()
     assert "· 7 syncs ·" in text[0], text
-    assert text.count(kinds.KINDS[kinds.SYNC].why.join(["  ", ""])) == 1, text
-    assert any(line.startswith("      at In[") and "line 3: " in line and "(7×)" in line for line in text), text
+    assert text[-1] == (f"device-to-host syncs: 7 (item ×7 at In[{r.cell}] line 3) — `%neuron report --full` lists "
+                        "them"), text  # one line, as a clean cell's report stays short
+    full = render_text(r, "full").splitlines()
+    assert full.count(kinds.KINDS[kinds.SYNC].why.join(["  ", ""])) == 1, full
+    assert any(line.startswith("      at In[") and "line 3: " in line and "(7×)" in line for line in full), full
     html = r._repr_html_()
     assert "device-to-host syncs" in html and "Adaptive Eager" in html
     (row,) = r.as_dict()["ops_not_native"]

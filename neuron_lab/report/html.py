@@ -148,7 +148,8 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
     parts = []
     for kind, rows in sections:
         if kind.one_line and not full:
-            parts.append(f"<div>{sentence(one_line(kind, rows))}</div>")
+            why = f"<br><small>{escape(kind.why)}</small>" if kind.why else ""
+            parts.append(f"<div>{sentence(one_line(kind, rows))}{why}</div>")
             continue
         title = f"{kind.title}: {count(sum(x.count for x in rows), 'call')}" if kind.off_device else kind.title
         parts.append(op_table(title, rows, full, refs, kind.timed_as))

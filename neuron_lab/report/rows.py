@@ -127,7 +127,8 @@ def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
     wide = sorted({d for r in rows for d in r.dtypes if d.endswith("64") and not d.startswith("complex")})
     dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
     busiest = sorted(rows, key=lambda r: (-r.count, r.op))
-    ops = ", ".join(f"{r.op} ×{r.count:,}" for r in busiest[:3])
+    at = {r.op: f" at {r.sites[0].site.label}" if kind.why and r.sites else "" for r in busiest}  # a sync: its line
+    ops = ", ".join(f"{r.op} ×{r.count:,}{at[r.op]}" for r in busiest[:3])
     if len(rows) > 3:
         ops += f", … {count(len(rows) - 3, 'more op')}"
     return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"
