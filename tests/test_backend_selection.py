@@ -44,7 +44,7 @@ print(_json.dumps({
 EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
 FAKE_MODULE = "torch_neuronx.neuron"
 INSTALL_FAILURE = ("the emulator failed to install: CoverageError: no coverage '/nonexistent/p.json': not a bundled "
-                   "coverage (torchneuron-2.33, torchneuron-src-2026-04) nor a file")
+                   "coverage (torchneuron-2.33, torchneuron-combined, torchneuron-src-2026-04) nor a file")
 
 
 def probe_after(*scenario: str, **extra: str) -> str:

@@ -110,10 +110,12 @@ def test_memory_stats_have_torchneuron_nested_keys() -> None:
         assert set(stats[group]) == {"current", "peak", "allocated", "freed"}
         for metric in ("current", "peak", "allocated", "freed"):
             assert isinstance(stats[group][metric], int)
-    assert stats["num_alloc_retries"] == 0
-    assert isinstance(stats["num_ooms"], int)
+    assert isinstance(stats["num_ooms"], int) and isinstance(stats["num_alloc_retries"], int)
     assert stats["allocated_bytes"]["current"] == torch.neuron.memory_allocated()
     assert stats["reserved_bytes"]["current"] == torch.neuron.memory_reserved()
+    kept = torch.empty(1024, device="neuron")  # an allocation that fits retries nothing (earlier tests may have)
+    assert torch.neuron.memory_stats()["num_alloc_retries"] == stats["num_alloc_retries"]
+    del kept
 
 
 def test_memory_functions_agree_and_reset_peak() -> None:

@@ -15,6 +15,7 @@ import tempfile
 
 import pytest
 from fake_torchneuronx import SITE, child_env, run
+from torch.distributed import TCPStore
 
 PROGRAM = """
 import json
@@ -150,7 +151,7 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("launcher", ["ranks", "runner"])
 def test_two_ranks_load_the_extension_then_init_process_group(launcher):
-    procs = _ranks(launcher)
+    procs, _store = _ranks(launcher)
     results = [p.communicate(timeout=180) for p in procs]
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err[-3000:]
@@ -161,20 +162,23 @@ def test_two_ranks_load_the_extension_then_init_process_group(launcher):
 
 
 def test_a_device_use_before_init_process_group_fails_torchneurons_check():
-    procs = _ranks("device first")
+    procs, _ = _ranks("device first")
     errs = [p.communicate(timeout=180)[1] for p in procs]
     assert all(p.returncode != 0 for p in procs)
     assert any("AssertionError: Neuron runtime should not be initialized before the init_process_group." in e
                for e in errs), errs[0][-3000:]
 
 
-def _ranks(launcher: str) -> list[subprocess.Popen]:
-    """Two ranks on one host, each running RANK with ``launcher``, as torchrun would start them."""
-    port = _free_port()
+def _ranks(launcher: str) -> tuple[list[subprocess.Popen], TCPStore | None]:
+    """Two ranks on one host, each running RANK with ``launcher``, as torchrun would start them; %neuron ranks
+    engines also find the rendezvous store the notebook hosts (their preflight meets there), kept while it is held."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if launcher == "ranks" else None
+    port = store.port if store is not None else _free_port()
+    agent_store = {"TORCHELASTIC_USE_AGENT_STORE": "True"} if store is not None else {}  # as %neuron ranks sets
     envs = [child_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, SITE) for r in range(2)]
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **agent_store}, SITE) for r in range(2)]
     return [subprocess.Popen([sys.executable, "-c", RANK, launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=tempfile.gettempdir(), env=env) for env in envs]
+                             text=True, cwd=tempfile.gettempdir(), env=env) for env in envs], store
 
 
 def _free_port() -> int:

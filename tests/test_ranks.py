@@ -503,7 +503,11 @@ def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None,
                     reason="--engines mpi needs Open MPI's mpiexec and mpi4py (.ci/run installs both)")
-def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plain_shell: InteractiveShell) -> None:
+def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plain_shell: InteractiveShell,
+                                                                           monkeypatch) -> None:
+    if os.geteuid() == 0:  # CI's containers run as root, which mpiexec refuses unless told
+        monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     sh, before = plain_shell, _children()
     try:
         _, cap = run(sh, START.format(n=2) + " --engines mpi")

@@ -222,10 +222,9 @@ def build() -> NeuronArgumentParser:
                          f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     ra.add_argument("--engines", choices=tuple(ENGINES), default=None,
-                    help="start: ipyparallel's engine launcher (default local; mpi: mpiexec, each rank as it numbers "
-                         "them)")
+                    help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them)")
     ra.add_argument("--hosts", type=int, metavar="M",
-                    help="start: emulate M hosts on this machine, N/M ranks each (torchrun's multi-node ranks)")
+                    help="start: emulate M hosts here, N/M ranks each")
     ra.add_argument("--profile", action="store_true",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
     ra.add_argument("--export", metavar="PATH",

@@ -156,13 +156,15 @@ def _open_window(trace: CompileTrace) -> None:
     with _active_lock:
         first = not _active
         _active.append(trace)
+    held = _held.setdefault("handlers", [])
+    for h in (h for name in ("torch._dynamo", "torch") for h in logging.getLogger(name).handlers):
+        if h not in held:  # also a handler added since an earlier window opened (one still open elsewhere)
+            h.addFilter(_quiet)
+            held.append(h)
     if not first:
         return
     from neuron_lab.backend import dynamo
 
-    _held["handlers"] = [h for name in ("torch._dynamo", "torch") for h in logging.getLogger(name).handlers]
-    for h in _held["handlers"]:
-        h.addFilter(_quiet)
     _held["showwarning"] = warnings.showwarning
     warnings.showwarning = _show_unless_dynamo
     _held["unsubscribe"] = dynamo.on_graph(_report_graph)
