@@ -92,8 +92,8 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
         with downcasts.watching():
             eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, locator, exclude)
         trace = CompileTrace(locator, _backend.active().lowering_us if _backend.is_active() else None)
-        trace.start()
         try:
+            trace.start()  # inside: a Ctrl-C that lands in it still closes the window
             with subject.compiled(opts):
                 compiled, compiled_t = _series(subject, fresh, device, modes.COMPILE, opts, options, start, locator,
                                                        exclude)

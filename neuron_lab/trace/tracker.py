@@ -180,7 +180,11 @@ class Tracker:
         self._ooms_before = b.memory_reading(self.report.device, synchronize=False).ooms
         self._unwatch_ooms = b.watch_ooms(self._heard_oom)
         self._unsubscribe = b.subscribe(self._ops, REPORTED | watched)
-        self._compiles.start()
+        try:
+            self._compiles.start()
+        except BaseException:  # a Ctrl-C that lands here leaves no compile window open (dynamo's log filters)
+            self._compiles.stop()
+            raise
         self._running = True
         self._t0 = time.perf_counter()
         return self
