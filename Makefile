@@ -25,11 +25,17 @@ $(CORE): $(STAMP) setup.py $(wildcard neuron_lab/backend/emulator/csrc/*.cpp neu
 core: $(CORE)
 
 # A wheel that carries the compiled core, built against this venv's pinned torch (no build isolation: pip would fetch
-# a second torch to build against), into dist/. wheel-check installs it into a fresh venv with no compiler on PATH
-# (the dependencies lent by this venv) and smoke-tests it: %load_ext, an op on neuron, the compiled core serving it.
+# a second torch to build against) and requiring that torch minor, then given its manylinux tag by `auditwheel repair`
+# into dist/: torch's own libraries are excluded, never vendored (they come from the torch wheel the pin requires).
+# wheel-check installs it into a fresh venv with no compiler on PATH (the dependencies lent by this venv) and checks
+# it: `auditwheel show`, %load_ext, an op on neuron served by the compiled core, `neuron-lab doctor` there, and
+# the pure-Python core under a core record naming another torch minor.
+WHEEL_BUILD := build/wheel
 wheel: $(STAMP)
-	rm -f dist/neuron_lab-*.whl
-	MAX_JOBS=2 $(BIN)/pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w dist .
+	rm -f dist/neuron_lab-*.whl $(WHEEL_BUILD)/neuron_lab-*.whl
+	MAX_JOBS=2 $(BIN)/pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w $(WHEEL_BUILD) .
+	PATH=$(BIN):$$PATH $(BIN)/auditwheel repair --exclude 'libtorch*.so' --exclude libc10.so -w dist \
+		$(WHEEL_BUILD)/neuron_lab-*.whl
 
 wheel-check: wheel
 	PYTHON=$(BIN)/python tools/check_wheel.sh dist/neuron_lab-*.whl

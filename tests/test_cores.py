@@ -6,9 +6,12 @@ caching-allocator statistics), and how the pure-Python core refuses the same req
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -243,6 +246,29 @@ def test_doctor_says_which_core_runs_and_why() -> None:
     line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("core "))
     want = "compiled: compiled core loaded" if COMPILED else "python: NEURON_LAB_CORE=python"
     assert line.split(None, 1)[1] == want, out.stdout
+
+
+def test_a_core_built_for_another_torch_minor_is_not_loaded(tmp_path) -> None:
+    """A copy of the package whose core record (setup.py writes it with the core) names another torch minor: doctor
+    says so and what to do, the pure-Python core serves, and the compiled core is never imported (another libtorch's
+    C++ ABI can crash the process). The real loader reads the real file; `make wheel-check` does it on a wheel."""
+    shutil.copytree(Path(neuron_lab.__file__).parent, tmp_path / "neuron_lab",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    other, this = f"{major}.{minor - 1}", f"{major}.{minor}"
+    (tmp_path / "neuron_lab/backend/emulator/_core_torch.py").write_text(f'TORCH_VERSION = "{other}.0"\n')
+    code = ("import sys, neuron_lab; from neuron_lab import cli; cli.main(['doctor']); "
+            "print(neuron_lab.__file__, 'neuron_lab.backend.emulator._core' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_LAB_CORE"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**env, "PYTHONPATH": os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])})
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("core "))
+    assert line.split(None, 1)[1] == (
+        f"python: built for torch {other}, this is torch {this}: running the pure-Python core; install the neuron_lab "
+        f"wheel built for torch {this}, or build from source with "
+        "`pip install --no-build-isolation --force-reinstall neuron_lab`"), out.stdout
+    assert out.stdout.strip().splitlines()[-1] == f"{tmp_path / 'neuron_lab/__init__.py'} False"
 
 
 @compiled_only

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shlex
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import nbformat
@@ -58,7 +60,10 @@ def test_jupyterlab_is_the_lab_extra_which_the_venv_installs():
     """A kernel-only install (VS Code on a Trn instance) gets no JupyterLab; `make` installs it for `make lab`."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert not [d for d in project["dependencies"] if d.lower().startswith("jupyterlab")]
+    setup_py = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))  # the dependencies live there (the torch pin)
+    (deps,) = [ast.literal_eval(n.value) for n in setup_py.body
+               if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "DEPENDENCIES"]
+    assert deps and not [d for d in deps if d.lower().startswith("jupyterlab")]
     assert project["optional-dependencies"]["lab"] == ["jupyterlab"]
     install = _dry_run(".venv/.installed", assume=("-W", "pyproject.toml"))  # as after an edit of pyproject.toml
     (line,) = [x for x in install.splitlines() if " -e " in x]
@@ -77,17 +82,29 @@ def test_make_test_reports_its_slowest_tests():
 
 
 def test_make_wheel_builds_against_the_venvs_torch_and_wheel_check_checks_that_wheel():
-    (build,) = [shlex.split(x) for x in _dry_run("wheel").splitlines() if " wheel " in x]
+    """Built into build/wheel, then tagged manylinux into dist/ by `auditwheel repair`, torch's libraries excluded."""
+    lines = _dry_run("wheel").replace("\\\n", " ").splitlines()
+    (build,) = [shlex.split(x) for x in lines if " wheel " in x and "auditwheel" not in x]
     assert build[:3] == ["MAX_JOBS=2", ".venv/bin/pip", "wheel"] and build[-1] == "."
-    assert {"--no-build-isolation", "--no-deps"} <= set(build) and build[build.index("-w") + 1] == "dist"
+    assert {"--no-build-isolation", "--no-deps"} <= set(build) and build[build.index("-w") + 1] == "build/wheel"
+    (repair,) = [shlex.split(x) for x in lines if "auditwheel" in x]
+    assert repair[1:3] == [".venv/bin/auditwheel", "repair"] and repair[-1] == "build/wheel/neuron_lab-*.whl"
+    assert repair[repair.index("-w") + 1] == "dist"
+    assert [repair[i + 1] for i, a in enumerate(repair) if a == "--exclude"] == ["libtorch*.so", "libc10.so"]
     (check,) = [x for x in _dry_run("wheel-check").splitlines() if "check_wheel" in x]
     assert shlex.split(check) == ["PYTHON=.venv/bin/python", "tools/check_wheel.sh", "dist/neuron_lab-*.whl"]
 
 
 def test_the_wheel_check_fails_a_wheel_without_the_compiled_core(tmp_path):
     """`make wheel-check`'s script on a wheel built without the core (NEURON_LAB_BUILD_CORE=0): installed where no
-    compiler is, it loads and runs on the pure-Python core, and the check says so and fails."""
+    compiler is, it loads and runs on the pure-Python core, and the check says so and fails. Such a wheel is pure,
+    requires the torch range the pure-Python core supports and carries no core record."""
     wheel, _ = wheel_without_core(tmp_path)
+    assert wheel.name == "neuron_lab-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read("neuron_lab-0.1.0.dist-info/METADATA").decode()
+        assert not [n for n in z.namelist() if "emulator/_core" in n]
+    assert "Requires-Dist: torch<2.15,>=2.13" in meta.splitlines()
     check = subprocess.run([str(ROOT / "tools" / "check_wheel.sh"), str(wheel)], cwd=tmp_path, capture_output=True,
                            text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
     assert check.returncode != 0, check.stdout

@@ -10,6 +10,7 @@ dtype set.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,20 +36,41 @@ def choice(env: dict[str, str] | None = None) -> tuple[str, str | None]:
     return _CORE.choice(env)
 
 
-def load() -> tuple[ModuleType | None, str]:
-    """The compiled core module, or None with the reason it cannot be used."""
+_MODULE = "neuron_lab.backend.emulator._core"
+_RECORD = "neuron_lab.backend.emulator._core_torch"  # setup.py writes it beside the core it builds
+_REBUILD = "pip install --no-build-isolation --force-reinstall neuron_lab"  # builds the core against this torch
+
+
+def built_for() -> str | None:
+    """The torch version the installed core was built against, from its record; None for a core without one."""
     try:
-        return importlib.import_module("neuron_lab.backend.emulator._core"), "compiled core loaded"
+        return importlib.import_module(_RECORD).TORCH_VERSION
+    except ImportError:
+        return None
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def load() -> tuple[ModuleType | None, str]:
+    """The compiled core module, or None with the reason it cannot be used.
+
+    A core built for another torch minor is not imported at all: its C++ ABI against this libtorch can crash the
+    process, not just fail the import."""
+    if importlib.util.find_spec(_MODULE) is None:
+        return None, ("the compiled core is not built in this install (no compiler at install time, or "
+                      f"NEURON_LAB_BUILD_CORE=0); build it for this torch with `{_REBUILD}`")
+    built, running = built_for(), _minor(torch.__version__)
+    if built is not None and _minor(built) != running:
+        return None, (f"built for torch {_minor(built)}, this is torch {running}: running the pure-Python core; "
+                      f"install the neuron_lab wheel built for torch {running}, or build from source with "
+                      f"`{_REBUILD}`")
+    try:
+        return importlib.import_module(_MODULE), "compiled core loaded"
     except ImportError as e:
-        text = str(e)
-        if "No module named" in text:
-            why = ("the compiled core is not built in this install (no compiler at install time, or "
-                   "NEURON_LAB_BUILD_CORE=0); reinstall with `pip install --no-build-isolation neuron_lab` "
-                   "after torch to build it")
-        else:
-            why = (f"the compiled core does not load against torch {torch.__version__} ({text.splitlines()[0]}); "
-                   "rebuild it for this torch with `pip install --no-build-isolation --force-reinstall neuron_lab`")
-        return None, why
+        return None, (f"the compiled core does not load against torch {torch.__version__} "
+                      f"({str(e).splitlines()[0]}); build it for this torch with `{_REBUILD}`")
 
 
 @dataclass(frozen=True)
