@@ -99,11 +99,14 @@ def _core():
                 self.extensions.remove(ext)  # nothing to copy into the package
                 print(f"neuron_lab: the compiled core was not built ({e}); the emulator will use its "
                       "pure-Python core", file=sys.stderr)
-                return
-            record = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), CORE_RECORD)
-            with open(record, "w", encoding="utf-8") as f:
-                f.write(f'"""Written by setup.py with the compiled core: the torch it was built against."""\n\n'
-                        f'TORCH_VERSION = "{torch.__version__}"\n')
+
+        def run(self) -> None:
+            super().run()  # builds, and with --inplace then copies the core into the sources
+            for ext in self.extensions:  # the core, if it was built
+                record = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), CORE_RECORD)
+                with open(record, "w", encoding="utf-8") as f:
+                    f.write(f'"""Written by setup.py with the compiled core: the torch it was built against."""\n\n'
+                            f'TORCH_VERSION = "{torch.__version__}"\n')
 
     ext = CppExtension(
         "neuron_lab.backend.emulator._core",
