@@ -26,7 +26,7 @@ import torch
 from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from neuron_lab.backend import syncs, torchneuron_env
+from neuron_lab.backend import compile_failures, syncs, torchneuron_env
 from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, WindowAccount
 from neuron_lab.backend.interface import NeuronBackend
 from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, SOURCE
@@ -56,10 +56,6 @@ _HOST_REASON = ("TorchNeuron runs it on the CPU with a host kernel of its own (c
 # tnx:torch_neuronx/csrc/core/compilation/CompilationCache.cpp:149-215,566 (a compile is a miss of both caches)
 _CACHE_HITS = ("CompilationCache.InMemoryHits", "CompilationCache.PersistentHits")
 _CACHE_MISSES = ("CompilationCache.TotalCompilations",)
-# tnx:torch_neuronx/neuron_dynamo_backend/backend.py:236-242: a compiled graph that fails runs gm.forward eagerly
-_DYNAMO_LOGGER = "torch_neuronx.neuron_dynamo_backend"
-_EAGER_MESSAGE = "Falling back to original GraphModule execution"
-_FAILED_PREFIX = "Execution failed: "
 
 
 def _qualified(func: torch._ops.OpOverload) -> str:
@@ -377,18 +373,18 @@ class _Window(logging.Handler):
         self.cache, self.metrics = cache, metrics
         self.eager: list[str] = []
         self._failed = ""
-        logging.getLogger(_DYNAMO_LOGGER).addHandler(self)
+        logging.getLogger(compile_failures.LOGGER).addHandler(self)
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
-        if text.startswith(_FAILED_PREFIX):
-            self._failed = text.removeprefix(_FAILED_PREFIX).strip().split("\n")[0][:200]
-        elif text.startswith(_EAGER_MESSAGE):
+        if text.startswith(compile_failures.EXECUTION_FAILED):
+            self._failed = text.removeprefix(compile_failures.EXECUTION_FAILED).strip().split("\n")[0][:200]
+        elif text.startswith(compile_failures.EAGER_MESSAGE):
             why = f": {self._failed}" if self._failed else ""
             self.eager.append(f"a compiled graph failed on the device and ran eagerly (TorchNeuron: execution "
                               f"failed{why}; TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1 raises instead)")
             self._failed = ""
 
     def close(self) -> None:
-        logging.getLogger(_DYNAMO_LOGGER).removeHandler(self)
+        logging.getLogger(compile_failures.LOGGER).removeHandler(self)
         super().close()

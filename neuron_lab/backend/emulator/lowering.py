@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab import settings
+from neuron_lab.backend import compile_failures
 from neuron_lab.backend.emulator import runtime, unlowered
 from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
 from neuron_lab.backend.emulator.graph_lines import located_forward
@@ -170,10 +171,10 @@ def _failed(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], metrics: Ne
     metrics.lowering, metrics.lowering_reason, metrics.fallback_execution = "failed", why, fallback
     rt.dynamo_metrics.append(metrics)  # the report says which graph failed, and why, whichever way it ends
     if graph is None:
-        raise RuntimeError(unlowered.SETUP_FAILED + why)
-    log = logging.getLogger(unlowered.LOGGER)
-    log.error(unlowered.EXECUTION_FAILED + why)
-    log.warning(unlowered.EAGER_MESSAGE)
+        raise RuntimeError(compile_failures.SETUP_FAILED + why)
+    log = logging.getLogger(compile_failures.LOGGER)
+    log.error(compile_failures.EXECUTION_FAILED + why)
+    log.warning(compile_failures.EAGER_MESSAGE)
     graph.eager, graph.lowered = True, False
     return graph
 

@@ -21,10 +21,6 @@ from neuron_lab import frames, settings
 from neuron_lab.kinds import FALLBACK
 
 _FALLBACK_EXECUTION = settings.env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")
-LOGGER = "torch_neuronx.neuron_dynamo_backend"  # TorchNeuron's logger, whose two lines the adapter reads too
-SETUP_FAILED = "Neuron backend NEFF execution setup failed with unexpected error: "
-EXECUTION_FAILED = "Execution failed: "
-EAGER_MESSAGE = "Falling back to original GraphModule execution"
 
 # Ops TorchNeuron's compile decomposition table rewrites before lowering (tnx neuron_dynamo_backend/
 # decompositions.py at 98154b8: its get_decompositions list and its own registrations), by schema name.
