@@ -110,7 +110,7 @@ readme: $(STAMP)
 DOCS_RUN := out/docs/notebooks
 DOCS_NOTEBOOKS := $(patsubst notebooks/%,$(DOCS_RUN)/%,$(wildcard notebooks/*.ipynb))
 
-$(DOCS_RUN)/%.ipynb: notebooks/%.ipynb $(CORE)
+$(DOCS_RUN)/%.ipynb: notebooks/%.ipynb  # made by `docs` below, once the venv and the core are
 	@mkdir -p $(@D)
 	@$(BIN)/neuron-lab run $< --output $@ > $(DOCS_RUN)/$*.log 2>&1 \
 		&& echo "$<: $$(grep -m1 '^summary:' $(DOCS_RUN)/$*.log)" \
@@ -118,7 +118,7 @@ $(DOCS_RUN)/%.ipynb: notebooks/%.ipynb $(CORE)
 
 docs: $(CORE)
 	rm -rf out/docs out/site
-	$(MAKE) --no-print-directory -j2 $(DOCS_NOTEBOOKS)
+	$(MAKE) --no-print-directory -j2 --always-make $(DOCS_NOTEBOOKS)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
