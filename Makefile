@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo lab test test-fast lint bench readme core wheel wheel-check clean
+.PHONY: demo lab test test-fast lint bench readme docs core wheel wheel-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(BIN)/python:
 # without build isolation, so the compiled core is built against this torch (never a second one).
 $(STAMP): $(BIN)/python pyproject.toml setup.py
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 ninja 'setuptools>=68' wheel
-	NEURON_LAB_BUILD_CORE=0 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e '.[test,lab]'
+	NEURON_LAB_BUILD_CORE=0 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e '.[test,lab,docs]'
 	touch $(STAMP)
 
 # The emulator's compiled core, built in place by the package's own setup.py (ninja, both cores of the machine).
@@ -109,6 +109,23 @@ bench: $(CORE)
 # environment) from the code.
 readme: $(STAMP)
 	$(BIN)/python tools/readme_reference.py --write docs/notebook.md docs/configuration.md
+
+# The documentation site (mkdocs.yml), into out/site: every notebook executed afresh by `neuron-lab run` (two at a
+# time; each one's log in out/docs/notebooks/), then `mkdocs build --strict`, which fails on an internal link or
+# anchor that resolves nowhere and on a page missing from the nav. tools/docs_site.py reads the executed copies there.
+DOCS_RUN := out/docs/notebooks
+DOCS_NOTEBOOKS := $(patsubst notebooks/%,$(DOCS_RUN)/%,$(wildcard notebooks/*.ipynb))
+
+$(DOCS_RUN)/%.ipynb: notebooks/%.ipynb  # made by `docs` below, once the venv and the core are
+	@mkdir -p $(@D)
+	@$(BIN)/neuron-lab run $< --output $@ > $(DOCS_RUN)/$*.log 2>&1 \
+		&& echo "$<: $$(grep -m1 '^summary:' $(DOCS_RUN)/$*.log)" \
+		|| { cat $(DOCS_RUN)/$*.log; rm -f $@; exit 1; }
+
+docs: $(CORE)
+	rm -rf out/docs out/site
+	$(MAKE) --no-print-directory -j2 --always-make $(DOCS_NOTEBOOKS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info out neuron_lab/backend/emulator/_core*.so

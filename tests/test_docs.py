@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from neuron_lab.compat import argparse as argparse_compat
 from neuron_lab.magics.parser import build, commands
@@ -19,10 +20,15 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MAGICS = DOCS / "notebook.md"  # the page with the magics' reference block
 PAGES = (README, *sorted(DOCS.glob("*.md")))
+SITE = ROOT / "mkdocs.yml"  # the documentation site `make docs` builds
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SCRIPT = ROOT / "tools" / "readme_reference.py"  # a tool of the checkout, not part of the installed package
 _spec = importlib.util.spec_from_file_location("readme_reference", SCRIPT)
 reference = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reference)
+_spec = importlib.util.spec_from_file_location("docs_site", ROOT / "tools" / "docs_site.py")  # mkdocs.yml's hooks
+site = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(site)
 
 
 def test_the_reference_blocks_are_what_the_code_generates():
@@ -69,7 +75,8 @@ def test_a_file_without_markers_is_a_clear_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("command", ["make demo", "make test", "make lab", "make wheel", "make wheel-check"])
+@pytest.mark.parametrize("command", ["make demo", "make test", "make lab", "make wheel", "make wheel-check",
+                                     "make docs"])
 def test_the_readme_names_the_make_targets(command):
     assert f"{command}" in README.read_text(encoding="utf-8")
 
@@ -123,3 +130,33 @@ def test_a_broken_link_or_anchor_is_found(tmp_path):
     (tmp_path / "pic.png").write_bytes(b"")
     assert broken_links([tmp_path / "a.md", tmp_path / "b.md"]) == [
         "b.md: missing.md (no such file)", "b.md: a.md#nothing (no such heading in a.md)"]
+
+
+class _SiteLoader(yaml.SafeLoader):
+    """mkdocs.yml as data: its ``!!python/...`` values (the slugify function) read as None."""
+
+
+_SiteLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+
+
+def nav_entries(nav) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    items = nav.values() if isinstance(nav, dict) else nav
+    return [e for item in items for e in nav_entries(item)]
+
+
+def test_the_sites_nav_lists_the_home_every_docs_page_and_every_notebook():
+    nav = nav_entries(yaml.load(SITE.read_text(encoding="utf-8"), Loader=_SiteLoader)["nav"])
+    pages = ["index.md", *(p.name for p in DOCS.glob("*.md")), *(f"notebooks/{p.name}" for p in NOTEBOOKS)]
+    assert sorted(nav) == sorted(pages)
+
+
+def test_the_site_moves_a_github_link_to_where_its_file_sits_in_the_site():
+    home = ("[a](docs/notebook.md#magics) ![b](docs/pic.png) [c](notebooks/01_quickstart.ipynb) `[d](docs/x.md)` "
+            "[e](https://x.org/docs/y.md) [f](tools/x.py)")
+    assert site.relink(home, "index.md") == (
+        "[a](notebook.md#magics) ![b](pic.png) [c](notebooks/01_quickstart.ipynb) `[d](docs/x.md)` "
+        "[e](https://x.org/docs/y.md) [f](tools/x.py)")
+    assert site.relink("[a](../README.md#set-up) [b](python.md) [c](../notebooks/03_memory.ipynb) [d](#here)",
+                       "notebook.md") == "[a](index.md#set-up) [b](python.md) [c](notebooks/03_memory.ipynb) [d](#here)"

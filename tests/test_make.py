@@ -67,7 +67,16 @@ def test_jupyterlab_is_the_lab_extra_which_the_venv_installs():
     assert project["optional-dependencies"]["lab"] == ["jupyterlab"]
     install = _dry_run(".venv/.installed", assume=("-W", "pyproject.toml"))  # as after an edit of pyproject.toml
     (line,) = [x for x in install.splitlines() if " -e " in x]
-    assert line.endswith("-e '.[test,lab]'"), line
+    assert line.endswith("-e '.[test,lab,docs]'"), line
+
+
+def test_make_docs_executes_every_notebook_then_builds_the_site_strictly():
+    """The site shows each notebook as `neuron-lab run` left it, and a broken internal link fails the build."""
+    lines = _dry_run("docs").replace("\\\n", " ").splitlines()
+    runs = [shlex.split(x)[:3] for x in lines if "neuron-lab run" in x]
+    notebooks = sorted(f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert runs == [[".venv/bin/neuron-lab", "run", nb] for nb in notebooks], runs
+    assert [x for x in lines if "mkdocs" in x] == ["NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict"]
 
 
 def test_make_test_reports_its_slowest_tests():
