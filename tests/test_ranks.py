@@ -28,7 +28,7 @@ from shells import loaded_shell, run
 
 from neuron_lab.extension import session_of
 from neuron_lab.report.ranks import RanksReport
-from neuron_lab.session.ranks import RanksFailed
+from neuron_lab.session.ranks import LEFT_WAITING, RanksFailed
 
 START = "%neuron ranks start {n} --timeout 60"
 
@@ -324,6 +324,45 @@ def test_ranks_past_the_cells_deadline_are_reported_interrupted_and_free_again(r
         assert e.free()
     res, cap = run(sh, "%%neuron ranks\nprint('after the interrupt')\n")
     assert not res.result.failed and cap.stdout.count("after the interrupt") == 2
+
+
+HUNG = """%%neuron ranks --timeout 4
+import time, torch, torch.distributed as dist
+x = torch.ones(4, device=device)
+if dist.get_rank() == 1:
+    time.sleep(60)
+else:
+    dist.all_reduce(x)
+"""
+
+
+def test_a_stuck_cell_shows_each_ranks_collective_and_line_and_the_next_cell_runs(ranks_shell) -> None:
+    """Rank 1 skips the all_reduce and sleeps: the view says rank 0 waits in it at its line, rank 1 never reached it,
+    and where rank 1 is; the timeout interrupts rank 1 (rank 0 is left in its all_reduce), and the next cell runs (its
+    all_reduce frees rank 0)."""
+    sh, _ = ranks_shell
+    res, cap = run(sh, HUNG, ok=False)
+    n = res.execution_count
+    rr = res.error_in_exec.report
+    assert [(r.rank, r.problem) for r in rr.ranks] == [(0, f"no answer after 4 s; {LEFT_WAITING}"),
+                                                       (1, "no answer after 4 s; interrupted")]
+    assert rr.hang() == [f"rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: "
+                         "dist.all_reduce(x)",
+                         f"rank 1 never reached all_reduce: at In[{n}] line 5: time.sleep(60)"]
+    assert f"neuron_lab: sending SIGINT to 1 rank still running In[{n}] (1)" in cap.stderr
+    shown = str(rr).splitlines()
+    assert shown[shown.index("where the ranks were at the deadline:") + 1:][:2] == ["  " + line for line in rr.hang()]
+    assert "where the ranks were at the deadline" in rr._repr_html_()
+    assert "rank 0 waiting in all_reduce" in "\n".join(res.error_in_exec._render_traceback_())
+    zero, one = session_of(sh).ranks.engines
+    one.busy.wait(60)  # the interrupt ended rank 1's sleep; rank 0 still waits in its all_reduce, not interrupted
+    assert one.free() and not zero.free()
+    res, _ = run(sh, "%%neuron ranks\ndist.all_reduce(x)\n", ok=False)  # runs on rank 1; its all_reduce meets rank 0's
+    assert [r.problem for r in res.error_in_exec.report.ranks] == [f"still running In[{n}]; not run here", None]
+    zero.busy.wait(60)
+    assert zero.free()
+    res, cap = run(sh, "%%neuron ranks\nprint('after the hang')\n")
+    assert not res.result.failed and cap.stdout.count("after the hang") == 2
 
 
 def test_a_rank_left_waiting_for_a_failed_rank_is_reported_at_once_and_freed_by_the_matching_call(

@@ -28,8 +28,8 @@ class AgentStore:
     def __init__(self) -> None:
         from torch.distributed import TCPStore
 
-        self._store = TCPStore(MASTER_ADDR, 0, is_master=True, wait_for_workers=False)
-        self.port: int = self._store.port
+        self.tcp = TCPStore(MASTER_ADDR, 0, is_master=True, wait_for_workers=False)
+        self.port: int = self.tcp.port
 
 
 def free_port() -> int:

@@ -39,8 +39,8 @@ from typing import Any
 import psutil
 
 from neuron_lab.report.model import Report, Site
-from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
-from neuron_lab.session import launch, placement
+from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label
+from neuron_lab.session import launch, placement, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
@@ -54,6 +54,8 @@ POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+LEFT_WAITING = ("left waiting in its collective, not interrupted: the matching call on the other ranks frees it, "
+                "at the latest the group's timeout ends it")
 # what gloo raises once a collective outlived the group's timeout: the group's pairs are closed for good after it
 _GROUP_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Application timeout caused pair closure")
 _CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
@@ -80,7 +82,8 @@ class RanksFailed(Exception):
         return [f"{type(self).__name__}: {count(len(self.report.failed), 'rank')} of {len(self.report.ranks)} "
                 f"failed in {self.report.title}",
                 *(f"  {'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}: {problem}"
-                  for problem, ranks in alike.items())]
+                  for problem, ranks in alike.items()),
+                *(f"  {line}" for line in self.report.hang())]
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
@@ -147,6 +150,7 @@ class Ranks(ShownAsText):
         self._stopped = False
         self.broken: str | None = None  # what broke the process group (a collective past its timeout), once it did
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
+        self._asked = 0  # questions asked of stuck ranks so far (``session.stuck``)
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
@@ -339,13 +343,35 @@ class Ranks(ShownAsText):
                         where=e.where)
                 return
             if waiting and deadline is not None and time.monotonic() >= deadline:
+                # a rank blocked in a collective is left there: a signal lands only once the collective returns (when
+                # the matching call on the others frees it), and would then break its cell between two collectives
+                stuck = self._where_stuck(list(waiting))
+                left = [r for r in waiting if r in stuck and stuck[r].collective is not None]
                 for rank in waiting:
-                    results[rank] = RankResult(rank, error=f"no answer after {timeout_s:g} s; interrupted",
-                                               where=self.engines[rank].where)
-                self._interrupt(list(waiting), running, title)
+                    results[rank] = RankResult(rank, error=f"no answer after {timeout_s:g} s; "
+                                               + (LEFT_WAITING if rank in left else "interrupted"),
+                                               where=self.engines[rank].where, stuck=stuck.get(rank))
+                for rank in left:
+                    self.engines[rank].busy, self.engines[rank].busy_title = running[rank], title
+                self._interrupt([r for r in waiting if r not in left], running, title)
                 return
             if waiting:
                 next(iter(waiting.values())).wait(POLL_S)
+
+    def _where_stuck(self, ranks: list[int]) -> dict[int, Stuck]:
+        """Where each of ``ranks`` is now, as it says out-of-band (``session.stuck``): the collective it waits in and
+        its line, the engine's cell lines renamed to the notebook's."""
+        if self.store is None:
+            return {}
+        self._asked += 1
+        out = {}
+        for rank, said in stuck.ask(self.store.tcp, self._asked, ranks).items():
+            site = said["site"]
+            if site is not None and site["cell"] is not None:
+                c = site["cell"]
+                site = {**site, "filename": f"In[{c}]", "line": site["line"] + self._line_offsets.get(c, 0)}
+            out[rank] = Stuck.from_dict({**said, "site": site})
+        return out
 
     def _interrupt(self, ranks: list[int], running: dict[int, Any], title: str) -> None:
         """SIGINT to ranks still in the cell (``%%px`` does so on Ctrl-C); each stays busy until it is free."""
