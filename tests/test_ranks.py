@@ -490,6 +490,12 @@ def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_fir
                                                                           (1, "host1", "neuron:0")]
         assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
             ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
+        engine = psutil.Process(pids[1])
+        engine.kill()  # every engine of host1: the host is lost
+        psutil.wait_procs([engine], timeout=30)
+        assert ranks_error(sh, "%%neuron ranks\nprint('never')\n") == (
+            f"%%neuron ranks: host host1 is lost, with its rank 1 (pid {pids[1]}): the others would wait for it at "
+            "their first collective; `%neuron ranks start 2 --restart` starts the group afresh")
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:

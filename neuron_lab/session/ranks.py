@@ -273,9 +273,8 @@ class Ranks(ShownAsText):
         """:meth:`run`'s ranks, in rank order, with ``code(rank)`` the code each rank runs."""
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
-            raise RanksError(f"{count(len(dead), 'rank')} of the group died ({', '.join(e.where for e in dead)}): the "
-                             f"others would wait for it at their first collective; `%neuron ranks start "
-                             f"{len(self.engines)} --restart` starts the group afresh")
+            raise RanksError(f"{_lost(self.engines, dead)}: the others would wait for it at their first collective; "
+                             f"`%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
         results: dict[int, RankResult] = {}
         running: dict[int, Any] = {}
         for e in self.engines:
@@ -469,6 +468,23 @@ class Ranks(ShownAsText):
             host = f"{e.host:<8} " if len({e.host for e in self.engines}) > 1 else ""
             lines.append(f"  rank {e.rank}  {host}pid {e.pid:<8} {e.device:<10} {state}")
         return "\n".join(lines)
+
+
+def _lost(engines: list[Engine], dead: list[Engine]) -> str:
+    """The dead ranks in words: a host whose every rank died is named as lost, with its ranks; other ranks by engine."""
+    several = len({e.host for e in engines}) > 1
+    hosts = [h for h in dict.fromkeys(e.host for e in engines)
+             if several and all(e in dead for e in engines if e.host == h)]
+    said = []
+    for h in hosts:
+        ranks = [e for e in dead if e.host == h]
+        said.append(f"host {h} is lost, with its {'rank' if len(ranks) == 1 else 'ranks'} "
+                    f"{ranks_label(e.rank for e in ranks)} (pid{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(str(e.pid) for e in ranks)})")
+    rest = [e for e in dead if e.host not in hosts]
+    if rest:
+        said.append(f"{count(len(rest), 'rank')} of the group died ({', '.join(e.where for e in rest)})")
+    return "; ".join(said)
 
 
 def _profiled_cell(body: str, folder: str | None, rank: int, row_limit: int | None) -> str:
