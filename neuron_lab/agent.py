@@ -112,6 +112,16 @@ def attach(shell: Any, script: dict[str, Any] | None = None, said: str = "") -> 
     return Payload(_info(banner(session) if _on_rank_device(session) else said))
 
 
+def preflight_rank(shell: Any, timeout_s: float) -> Payload:
+    """``neuron-lab run --nproc``: this rank's preflight, before the program's first cell (its
+    ``init_process_group``); the table when the ranks differ (every rank gets the same), else None."""
+    try:
+        preflight.check(timeout_s)
+    except preflight.PreflightMismatch as e:
+        return Payload({"table": str(e)})
+    return Payload({"table": None})
+
+
 def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     """The reports of the cells that finished since the last call, oldest first, and, the first time the
     extension is found loaded by the notebook itself (or loaded again), what :func:`attach` would have said."""

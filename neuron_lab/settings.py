@@ -192,6 +192,9 @@ register_env("TORCH_NEURONX_METRICS_DIR", "where TorchNeuron writes metric CSVs 
 del _tnx
 register_env("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)",
              f"{E}.topology", f"{E}.distributed")
+register_env("NEURON_RT_ROOT_COMM_ID", "host:port of rank 0, where the Neuron runtime's collectives bootstrap; set "
+             "alike on every rank by `%neuron ranks` and `neuron-lab run --nproc` (the preflight table shows it)",
+             "neuron_lab.session.placement", "neuron_lab.session.preflight")
 register_env("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)",
              f"{E}.topology")
 register_env("KINETO_LOG_LEVEL", "torch.profiler's log level; neuron_lab sets 6 (silent: no `USDT: ... "

@@ -518,7 +518,8 @@ def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and
         assert msg[0] == ("%neuron ranks start: the ranks differ, so none joined the process group; nothing is left "
                           "running")
         assert msg[1] == "neuron_lab preflight: 2 ranks differ in FI_PROVIDER"
-        assert [line.split()[0::6] for line in msg[2:]] == [["rank", "FI_PROVIDER"], ["0", "efa"], ["1", "tcp"]]
+        assert [[line.split()[0], *line.split()[7:]] for line in msg[2:]] == [["rank", "FI_PROVIDER"], ["0", "efa"],
+                                                                              ["1", "tcp"]]
         assert _gone(_children() - before) and session_of(plain_shell).ranks is None
     finally:
         _kill(_children() - before)

@@ -362,3 +362,31 @@ def test_two_emulated_hosts_of_two_ranks_get_torchruns_multi_node_ranks_and_the_
     assert [(r["rank"], r["host"]) for r in doc["cells"][0]["ranks"]["ranks"]] == [(r, f"host{r // 2}")
                                                                                    for r in range(4)]
     assert doc["nproc"] == 4
+
+
+PLANTED = """
+    import os
+    if os.environ.get("RANK") == "1":  # one rank's host set up another way: its runtime logs differently
+        os.environ["NEURON_RT_LOG_LEVEL"] = "INFO"
+"""
+
+
+def test_ranks_that_differ_stop_the_run_before_init_process_group_with_the_preflight_table(tmp_path, monkeypatch):
+    startup = tmp_path / "ipython" / "profile_default" / "startup"  # the kernels' IPython (conftest's IPYTHONDIR)
+    startup.mkdir(parents=True)
+    script(startup, "00-planted.py", PLANTED)
+    path = script(tmp_path, "hosts.py", HOSTS)
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)
+    monkeypatch.delenv("NEURON_RT_LOG_LEVEL", raising=False)
+    code, text = run(tmp_path, path.name, "--nproc", "2")
+    assert code == options.EXIT_KERNEL, text
+    lines = text.splitlines()
+    head = lines.index("the ranks differ, so none ran the program:")
+    assert lines[head + 1] == "neuron_lab preflight: 2 ranks differ in NEURON_RT_LOG_LEVEL"
+    rows = [line.split() for line in lines[head + 2:head + 5]]
+    assert [[row[0], *row[6:]] for row in rows] == [["rank", "NEURON_RT_ROOT_COMM_ID", "NEURON_RT_LOG_LEVEL"],
+                                           ["0", rows[1][6], "-"], ["1", rows[1][6], "INFO"]]
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", rows[1][6]) and rows[1][6] == rows[2][6]  # one group, alike on each
+    assert "placed" not in text  # no cell ran: init_process_group was never called
+    assert not left_running(marker, deadline_s=10)

@@ -134,6 +134,8 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
                         traces=[trace(r) for r in range(world)])
     checked = gates.evaluate(ranks_view.gate_reports(outcome), args)
     code = ranks_exit_code(outcome, checked)
+    if outcome.preflight is not None:
+        _say("the ranks differ, so none ran the program:", *outcome.preflight.splitlines())
     _say(*ranks_view.summary(program, outcome))
     if trace_dir is not None:
         without = sum(any(rec.no_trace is not None for rec in outcome.cell(k)) for k in range(1, total + 1))
@@ -157,7 +159,7 @@ def ranks_exit_code(outcome: ranks.RanksOutcome, checked: list[gates.GateResult]
     """As :func:`exit_code`, over every rank: Ctrl-C, then a rank's dead kernel, a rank's failed cell, a gate."""
     if outcome.interrupted:
         return options.EXIT_INTERRUPTED
-    if outcome.kernel_errors:
+    if outcome.kernel_errors or outcome.preflight is not None:
         return options.EXIT_KERNEL
     if any(c.status in FAILED for o in outcome.ranks for c in o.cells):
         return options.EXIT_CELL_ERROR

@@ -28,7 +28,8 @@ MEANINGS = {
                 "profile that does not load, a --trace folder that cannot be written into), or an output file "
                 "that cannot be written",
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported",
-    EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
+    EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab (--nproc: or the ranks' preflight found "
+                 "them differing)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
 
