@@ -140,7 +140,8 @@ register_env("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (defa
              "logical core)", f"{E}.topology")
 register_env("NEURON_LAB_CORE", "which emulator core runs (auto: compiled when it loads)", f"{E}.cpp_core",
              choices=("auto", "compiled", "python"), default="auto")
-register_env("NEURON_LAB_INSTANCE", "the emulated instance's devices (default trn2.3xlarge)", f"{E}.topology",
+register_env("NEURON_LAB_INSTANCE", "the emulated instance's devices (default trn2.3xlarge); each emulated host's "
+             "own with `--instance`", f"{E}.topology", "neuron_lab.session.launch",
              choices=("trn2.3xlarge", "trn2.48xlarge", "trn1.2xlarge", "trn1.32xlarge"), default="trn2.3xlarge",
              fold_case=False)
 register_env("NEURON_LOGICAL_NC_CONFIG", "logical NeuronCore size (LNC) of the emulated instance", f"{E}.topology",

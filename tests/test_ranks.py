@@ -46,7 +46,8 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 
 
 USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi}]\n"
-         "                     [--hosts M] [--profile] [--export PATH] [--row-limit N]\n"
+         "                     [--hosts M] [--instance NAME[,NAME...]] [--profile]\n"
+         "                     [--export PATH] [--row-limit N]\n"
          "                     [{start,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
@@ -428,7 +429,11 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
     ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
-    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts and --engines go with start"),
+    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts, --instance and --engines go with start"),
+    ("%neuron ranks start 2 --hosts 2 --instance trn2.48xlarge,trn1.32xlarge,trn1.2xlarge",
+     "%neuron ranks: --instance: 3 instances for 2 hosts: give one for all, or one per host"),
+    ("%neuron ranks start 2 --instance p5.48xlarge", "%neuron ranks: --instance: 'p5.48xlarge' is not an instance the "
+                                                     "emulator knows"),
     ("%neuron ranks start 2 --hosts 2 --engines mpi", "%neuron ranks: --hosts emulates hosts with local engines; mpi "
                                                       "engines are where it puts them"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "

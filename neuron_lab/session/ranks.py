@@ -156,11 +156,11 @@ class Ranks(ShownAsText):
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
-              hosts: int = 1, engines: str = "local") -> Ranks:
+              hosts: int = 1, engines: str = "local", instance: str | None = None) -> Ranks:
         """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
         group, each rank where its scheduler placed it (local engines: on ``hosts`` hosts emulated on this machine,
-        ``n // hosts`` ranks each); on any failure every process started is stopped again and :class:`RanksError`
-        says why."""
+        ``n // hosts`` ranks each, each host of its ``instance`` shape: ``launch.host_instances``); on any failure
+        every process started is stopped again and :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -183,8 +183,9 @@ class Ranks(ShownAsText):
             ids = sorted(client.ids)
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
             base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
-            if hosts > 1:
-                envs = launch.rank_envs(base, n // hosts, port, hosts)
+            if hosts > 1 or instance:
+                envs = launch.rank_envs(base, n // hosts, port, hosts,
+                                        launch.host_instances(instance, hosts) if instance else ())
             else:  # each engine's rank from its scheduler's variables (mpiexec's), or host by host
                 from ipyparallel import Reference
 
@@ -210,7 +211,7 @@ class Ranks(ShownAsText):
                 host = placement.host_name(envs[i])
                 engines.append(Engine(i, info["pid"], info["device"], host, ids[i]))
                 progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
-                         + (f" on {host}" if hosts > 1 else ""))
+                         + (f" on {host}" if hosts > 1 or instance else ""))
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if isinstance(e, (RanksError, KeyboardInterrupt)):
