@@ -28,7 +28,7 @@ POLL_S = 0.05
 def serve(rank: int, where: Callable[[], dict[str, Any]], env: dict[str, str] | None = None) -> threading.Thread:
     """Answer the notebook's questions from a daemon thread, for as long as the store is there: ``where()`` (called
     on that thread) says where the main thread is."""
-    from torch.distributed import TCPStore
+    from torch.distributed import DistStoreError, TCPStore
 
     env = dict(os.environ) if env is None else env
     store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
@@ -39,10 +39,10 @@ def serve(rank: int, where: Callable[[], dict[str, Any]], env: dict[str, str] | 
         while True:
             try:
                 store.wait([ASK.format(n)])
-            except Exception as e:  # noqa: BLE001
-                if "timeout" in str(e).lower() or "Timeout" in type(e).__name__:
-                    continue  # no question yet
-                return  # the store is gone: the ranks stopped
+            except DistStoreError:  # its wait timed out: no question yet
+                continue
+            except Exception:  # noqa: BLE001  (DistNetworkError: the store is gone, the ranks stopped)
+                return
             try:
                 store.set(ANSWER.format(n, rank), json.dumps({"rank": rank, **where()}))
             except Exception:  # noqa: BLE001  (the store went away while answering)
