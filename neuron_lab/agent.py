@@ -14,6 +14,7 @@ agent loads it as a notebook does (:func:`join_ranks`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from typing import Any
 
 from neuron_lab import backend, settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.session import preflight, rank_group, shells
+from neuron_lab.session import preflight, rank_group, shells, stuck
 from neuron_lab.session.session import Session, banner
 from neuron_lab.trace.tracker import Renaming
 
@@ -111,6 +112,16 @@ def attach(shell: Any, script: dict[str, Any] | None = None, said: str = "") -> 
     return Payload(_info(banner(session) if _on_rank_device(session) else said))
 
 
+def preflight_rank(shell: Any, timeout_s: float) -> Payload:
+    """``neuron-lab run --nproc``: this rank's preflight, before the program's first cell (its
+    ``init_process_group``); the table when the ranks differ (every rank gets the same), else None."""
+    try:
+        preflight.check(timeout_s)
+    except preflight.PreflightMismatch as e:
+        return Payload({"table": str(e)})
+    return Payload({"table": None})
+
+
 def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     """The reports of the cells that finished since the last call, oldest first, and, the first time the
     extension is found loaded by the notebook itself (or loaded again), what :func:`attach` would have said."""
@@ -169,7 +180,17 @@ def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
     session.config.auto_report = False  # the notebook shows all ranks in one report instead
     session.set_device(torch.device("neuron", torch.neuron.current_device()))
     Collector.attach(session, text=False)
+    stuck.serve(dist.get_rank(), lambda: _where(session))  # a cell stuck past its deadline: where this rank is
     return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
+
+
+def _where(session: Session) -> dict[str, Any]:
+    """Where this rank's main thread is: the collective it is blocked in, and its cell's line (asked from a thread)."""
+    site = session.locator.locate(stuck.main_frame())
+    active = backend.active() if backend.is_active() else None
+    return {"collective": active.collective_waiting() if active is not None else None,
+            "site": None if site is None else dataclasses.asdict(site),
+            "told": active is not None and active.tells_collectives}
 
 
 def _end_with(notebook_pid: int, controller_pid: int | None) -> None:

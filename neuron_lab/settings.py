@@ -140,7 +140,8 @@ register_env("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (defa
              "logical core)", f"{E}.topology")
 register_env("NEURON_LAB_CORE", "which emulator core runs (auto: compiled when it loads)", f"{E}.cpp_core",
              choices=("auto", "compiled", "python"), default="auto")
-register_env("NEURON_LAB_INSTANCE", "the emulated instance's devices (default trn2.3xlarge)", f"{E}.topology",
+register_env("NEURON_LAB_INSTANCE", "the emulated instance's devices (default trn2.3xlarge); each emulated host's "
+             "own with `--instance`", f"{E}.topology", "neuron_lab.session.launch",
              choices=("trn2.3xlarge", "trn2.48xlarge", "trn1.2xlarge", "trn1.32xlarge"), default="trn2.3xlarge",
              fold_case=False)
 register_env("NEURON_LOGICAL_NC_CONFIG", "logical NeuronCore size (LNC) of the emulated instance", f"{E}.topology",
@@ -192,6 +193,9 @@ register_env("TORCH_NEURONX_METRICS_DIR", "where TorchNeuron writes metric CSVs 
 del _tnx
 register_env("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)",
              f"{E}.topology", f"{E}.distributed")
+register_env("NEURON_RT_ROOT_COMM_ID", "host:port of rank 0, where the Neuron runtime's collectives bootstrap; set "
+             "alike on every rank by `%neuron ranks` and `neuron-lab run --nproc` (the preflight table shows it)",
+             "neuron_lab.session.placement", "neuron_lab.session.preflight")
 register_env("NEURON_RT_NUM_CORES", "how many NeuronCores this process takes (TorchNeuron and the emulator)",
              f"{E}.topology")
 register_env("KINETO_LOG_LEVEL", "torch.profiler's log level; neuron_lab sets 6 (silent: no `USDT: ... "

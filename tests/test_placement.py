@@ -88,3 +88,14 @@ def test_launched_ranks_on_two_nodes_get_torchruns_multi_node_mapping():
         ("0", "0", "0", "0"), ("1", "1", "0", "1"), ("2", "0", "1", "0"), ("3", "1", "1", "1")]
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs} == {("4", "2", "2")}
     assert len({e["NEURON_RT_ROOT_COMM_ID"] for e in envs}) == 1
+
+
+def test_each_emulated_host_gets_its_instance_and_every_rank_the_groups_root_comm_id() -> None:
+    envs = launch.rank_envs({}, 2, 29500, 2, launch.host_instances("trn2.48xlarge,trn1.32xlarge", 2))
+    names = ("RANK", "NEURON_LAB_HOST", "NEURON_LAB_INSTANCE", "NEURON_RT_VISIBLE_CORES")
+    assert [tuple(e[n] for n in names) for e in envs] == [
+        ("0", "host0", "trn2.48xlarge", "0"), ("1", "host0", "trn2.48xlarge", "1"),
+        ("2", "host1", "trn1.32xlarge", "0"), ("3", "host1", "trn1.32xlarge", "1")]
+    [root] = {e["NEURON_RT_ROOT_COMM_ID"] for e in envs}  # one for the group, on every rank
+    assert root.startswith(f"{envs[0]['MASTER_ADDR']}:") and root != f"{envs[0]['MASTER_ADDR']}:29500"
+    assert launch.host_instances("trn1.2xlarge", 3) == ["trn1.2xlarge"] * 3

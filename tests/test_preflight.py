@@ -49,8 +49,8 @@ def test_a_planted_mismatch_stops_every_rank_with_one_table(tmp_path: Path) -> N
     assert out[0] == out[1]
     lines = out[0]["mismatch"].splitlines()
     assert lines[0] == "neuron_lab preflight: 2 ranks differ in FI_PROVIDER, NEURON_RT_LOG_LEVEL"
-    assert lines[1].split() == ["rank", "host", "cores", "torch", "torch-neuronx", "neuron_lab", "FI_PROVIDER",
-                                "NEURON_RT_LOG_LEVEL"]
+    assert lines[1].split() == ["rank", "host", "cores", "torch", "torch-neuronx", "neuron_lab",
+                                "NEURON_RT_ROOT_COMM_ID", "FI_PROVIDER", "NEURON_RT_LOG_LEVEL"]
     assert [line.split()[:3] + line.split()[-2:] for line in lines[2:]] == [["0", os.uname().nodename, "0", "efa", "-"],
                                                                             ["1", os.uname().nodename, "1", "tcp",
                                                                              "INFO"]]

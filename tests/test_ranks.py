@@ -28,7 +28,7 @@ from shells import loaded_shell, run
 
 from neuron_lab.extension import session_of
 from neuron_lab.report.ranks import RanksReport
-from neuron_lab.session.ranks import RanksFailed
+from neuron_lab.session.ranks import LEFT_WAITING, RanksFailed
 
 START = "%neuron ranks start {n} --timeout 60"
 
@@ -46,7 +46,8 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 
 
 USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi}]\n"
-         "                     [--hosts M] [--profile] [--export PATH] [--row-limit N]\n"
+         "                     [--hosts M] [--instance NAME[,NAME...]] [--profile]\n"
+         "                     [--export PATH] [--row-limit N]\n"
          "                     [{start,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
@@ -326,6 +327,45 @@ def test_ranks_past_the_cells_deadline_are_reported_interrupted_and_free_again(r
     assert not res.result.failed and cap.stdout.count("after the interrupt") == 2
 
 
+HUNG = """%%neuron ranks --timeout 4
+import time, torch, torch.distributed as dist
+x = torch.ones(4, device=device)
+if dist.get_rank() == 1:
+    time.sleep(60)
+else:
+    dist.all_reduce(x)
+"""
+
+
+def test_a_stuck_cell_shows_each_ranks_collective_and_line_and_the_next_cell_runs(ranks_shell) -> None:
+    """Rank 1 skips the all_reduce and sleeps: the view says rank 0 waits in it at its line, rank 1 never reached it,
+    and where rank 1 is; the timeout interrupts rank 1 (rank 0 is left in its all_reduce), and the next cell runs (its
+    all_reduce frees rank 0)."""
+    sh, _ = ranks_shell
+    res, cap = run(sh, HUNG, ok=False)
+    n = res.execution_count
+    rr = res.error_in_exec.report
+    assert [(r.rank, r.problem) for r in rr.ranks] == [(0, f"no answer after 4 s; {LEFT_WAITING}"),
+                                                       (1, "no answer after 4 s; interrupted")]
+    assert rr.hang() == [f"rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: "
+                         "dist.all_reduce(x)",
+                         f"rank 1 never reached all_reduce: at In[{n}] line 5: time.sleep(60)"]
+    assert f"neuron_lab: sending SIGINT to 1 rank still running In[{n}] (1)" in cap.stderr
+    shown = str(rr).splitlines()
+    assert shown[shown.index("where the ranks were at the deadline:") + 1:][:2] == ["  " + line for line in rr.hang()]
+    assert "where the ranks were at the deadline" in rr._repr_html_()
+    assert "rank 0 waiting in all_reduce" in "\n".join(res.error_in_exec._render_traceback_())
+    zero, one = session_of(sh).ranks.engines
+    one.busy.wait(60)  # the interrupt ended rank 1's sleep; rank 0 still waits in its all_reduce, not interrupted
+    assert one.free() and not zero.free()
+    res, _ = run(sh, "%%neuron ranks\ndist.all_reduce(x)\n", ok=False)  # runs on rank 1; its all_reduce meets rank 0's
+    assert [r.problem for r in res.error_in_exec.report.ranks] == [f"still running In[{n}]; not run here", None]
+    zero.busy.wait(60)
+    assert zero.free()
+    res, cap = run(sh, "%%neuron ranks\nprint('after the hang')\n")
+    assert not res.result.failed and cap.stdout.count("after the hang") == 2
+
+
 def test_a_rank_left_waiting_for_a_failed_rank_is_reported_at_once_and_freed_by_the_matching_call(
         ranks_shell) -> None:
     sh, _ = ranks_shell
@@ -389,7 +429,11 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
     ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
-    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts and --engines go with start"),
+    ("%neuron ranks --hosts 2", "%neuron ranks: --hosts, --instance and --engines go with start"),
+    ("%neuron ranks start 2 --hosts 2 --instance trn2.48xlarge,trn1.32xlarge,trn1.2xlarge",
+     "%neuron ranks: --instance: 3 instances for 2 hosts: give one for all, or one per host"),
+    ("%neuron ranks start 2 --instance p5.48xlarge", "%neuron ranks: --instance: 'p5.48xlarge' is not an instance the "
+                                                     "emulator knows"),
     ("%neuron ranks start 2 --hosts 2 --engines mpi", "%neuron ranks: --hosts emulates hosts with local engines; mpi "
                                                       "engines are where it puts them"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
@@ -451,6 +495,12 @@ def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_fir
                                                                           (1, "host1", "neuron:0")]
         assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
             ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
+        engine = psutil.Process(pids[1])
+        engine.kill()  # every engine of host1: the host is lost
+        psutil.wait_procs([engine], timeout=30)
+        assert ranks_error(sh, "%%neuron ranks\nprint('never')\n") == (
+            f"%%neuron ranks: host host1 is lost, with its rank 1 (pid {pids[1]}): the others would wait for it at "
+            "their first collective; `%neuron ranks start 2 --restart` starts the group afresh")
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
@@ -473,7 +523,8 @@ def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and
         assert msg[0] == ("%neuron ranks start: the ranks differ, so none joined the process group; nothing is left "
                           "running")
         assert msg[1] == "neuron_lab preflight: 2 ranks differ in FI_PROVIDER"
-        assert [line.split()[0::6] for line in msg[2:]] == [["rank", "FI_PROVIDER"], ["0", "efa"], ["1", "tcp"]]
+        assert [[line.split()[0], *line.split()[7:]] for line in msg[2:]] == [["rank", "FI_PROVIDER"], ["0", "efa"],
+                                                                              ["1", "tcp"]]
         assert _gone(_children() - before) and session_of(plain_shell).ranks is None
     finally:
         _kill(_children() - before)

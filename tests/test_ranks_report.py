@@ -6,7 +6,7 @@ import json
 
 from neuron_lab.kinds import COLLECTIVE, FALLBACK
 from neuron_lab.report.model import Memory, OpRow, Report, Site, SiteCount
-from neuron_lab.report.ranks import RankResult, RanksReport
+from neuron_lab.report.ranks import RankResult, RanksReport, Stuck
 
 MiB = 1 << 20
 
@@ -61,3 +61,28 @@ def test_a_site_the_ranks_called_unequally_names_how_often_each_called_it() -> N
     four = RanksReport("In[7]", [RankResult(r, _rank(r, 0.5, MiB, fallbacks=3 if r == 2 else 1)) for r in range(4)])
     assert "        at In[7] line 2: y = x.atan2(x) · rank 2: 3×, ranks 0-1,3: 1×  (6×)" in str(four).splitlines()
     assert "rank 2: 3×, ranks 0-1,3: 1×" in four._repr_html_()  # every renderer shows it
+
+
+def _stuck(told: bool = True) -> RanksReport:
+    waits = {"op": "all_reduce", "group": "0", "size": 3, "shapes": [[4]], "dtypes": ["float32"]}
+    at = Site("In[7]", 5, "dist.all_reduce(x)", cell=7)
+    return RanksReport("In[7]", [
+        RankResult(r, None, "no answer after 4 s", f"engine {r}",
+                   stuck=Stuck(waits if told and r != 1 else None,
+                               at if r != 1 else Site("In[7]", 3, "time.sleep(60)", cell=7), told))
+        for r in range(3)])
+
+
+def test_the_hang_view_names_each_collective_with_its_ranks_and_the_ranks_that_never_reached_it() -> None:
+    rr = _stuck()
+    assert rr.hang() == ["ranks 0,2 waiting in all_reduce (group 0 of 3 ranks, [4] float32) at In[7] line 5: "
+                         "dist.all_reduce(x)",
+                         "rank 1 never reached all_reduce: at In[7] line 3: time.sleep(60)"]
+    assert RanksReport.from_dict(json.loads(json.dumps(rr.as_dict()))).hang() == rr.hang()
+    lines = str(rr).splitlines()
+    assert lines[lines.index("where the ranks were at the deadline:") + 1:][:2] == ["  " + x for x in rr.hang()]
+
+
+def test_a_backend_that_does_not_tell_its_collectives_shows_only_the_lines() -> None:
+    assert _stuck(told=False).hang() == ["ranks 0,2 at In[7] line 5: dist.all_reduce(x)",
+                                         "rank 1 at In[7] line 3: time.sleep(60)"]

@@ -362,3 +362,65 @@ def test_two_emulated_hosts_of_two_ranks_get_torchruns_multi_node_ranks_and_the_
     assert [(r["rank"], r["host"]) for r in doc["cells"][0]["ranks"]["ranks"]] == [(r, f"host{r // 2}")
                                                                                    for r in range(4)]
     assert doc["nproc"] == 4
+
+
+PLANTED = """
+    import os
+    if os.environ.get("RANK") == "1":  # one rank's host set up another way: its runtime logs differently
+        os.environ["NEURON_RT_LOG_LEVEL"] = "INFO"
+"""
+
+
+def test_ranks_that_differ_stop_the_run_before_init_process_group_with_the_preflight_table(tmp_path, monkeypatch):
+    startup = tmp_path / "ipython" / "profile_default" / "startup"  # the kernels' IPython (conftest's IPYTHONDIR)
+    startup.mkdir(parents=True)
+    script(startup, "00-planted.py", PLANTED)
+    path = script(tmp_path, "hosts.py", HOSTS)
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)
+    monkeypatch.delenv("NEURON_RT_LOG_LEVEL", raising=False)
+    code, text = run(tmp_path, path.name, "--nproc", "2")
+    assert code == options.EXIT_KERNEL, text
+    lines = text.splitlines()
+    head = lines.index("the ranks differ, so none ran the program:")
+    assert lines[head + 1] == "neuron_lab preflight: 2 ranks differ in NEURON_RT_LOG_LEVEL"
+    rows = [line.split() for line in lines[head + 2:head + 5]]
+    assert [[row[0], *row[6:]] for row in rows] == [["rank", "NEURON_RT_ROOT_COMM_ID", "NEURON_RT_LOG_LEVEL"],
+                                           ["0", rows[1][6], "-"], ["1", rows[1][6], "INFO"]]
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", rows[1][6]) and rows[1][6] == rows[2][6]  # one group, alike on each
+    assert "placed" not in text  # no cell ran: init_process_group was never called
+    assert not left_running(marker, deadline_s=10)
+
+
+SHAPES = """
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group(backend="neuron")
+    dev = torch.device("neuron", torch.neuron.current_device())
+    x = torch.ones(2, device=dev)
+    dist.all_reduce(x)
+"""
+
+
+def test_each_emulated_host_has_its_own_instance_shape_with_its_cores_and_memory(tmp_path):
+    path = script(tmp_path, "shapes.py", SHAPES)
+    code, text = run(tmp_path, path.name, "--nnodes", "2", "--nproc-per-node", "2",
+                     "--instance", "trn2.48xlarge,trn1.32xlarge", "--json", "run.json")
+    assert code == 0, text
+    # trn2.48xlarge: 24 GiB per logical core at LNC=2; trn1.32xlarge: 16 GiB per NeuronCore
+    for rank, gib in enumerate([24, 24, 16, 16]):
+        assert re.search(rf"^rank {rank} kernel ready · .* · device {re.escape(dev(rank % 2))} · {gib}\.00 GiB · ",
+                         text, re.M), text
+    doc = load(tmp_path / "run.json")
+    ranks = doc["cells"][0]["ranks"]["ranks"]
+    assert [(r["host"], r["report"]["memory"]["capacity"] >> 30) for r in ranks] == [
+        ("host0", 24), ("host0", 24), ("host1", 16), ("host1", 16)]
+
+
+def test_an_instance_the_emulator_does_not_know_or_one_too_many_is_a_usage_error(tmp_path):
+    path = script(tmp_path, "shapes.py", SHAPES)
+    code, text = run(tmp_path, path.name, "--nnodes", "2", "--instance", "trn2.48xlarge,trn1.32xlarge,trn1.2xlarge")
+    assert code == options.EXIT_USAGE
+    assert "neuron-lab run: --instance: 3 instances for 2 hosts: give one for all, or one per host" in text
+    code, text = run(tmp_path, path.name, "--nnodes", "2", "--instance", "p5.48xlarge")
+    assert code == options.EXIT_USAGE and "--instance: 'p5.48xlarge' is not an instance the emulator knows" in text

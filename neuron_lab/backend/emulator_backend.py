@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from neuron_lab.backend import coverage
 from neuron_lab.backend.emulator import oom_watch
@@ -39,6 +40,13 @@ class EmulatorBackend(NeuronBackend):
                          "is set)")
         return ("synchronous execution (on Trainium an error or a slow op shows at a later sync), no Adaptive Eager "
                 f"fusion{numerics}")
+
+    tells_collectives = True
+
+    def collective_waiting(self) -> dict[str, Any] | None:
+        from neuron_lab.backend.emulator import distributed
+
+        return distributed.waiting_in()
 
     @property
     def timing_note(self) -> str:

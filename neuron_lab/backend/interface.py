@@ -258,6 +258,13 @@ class NeuronBackend(ABC):
         says it); None where it is TorchNeuron itself."""
         return None
 
+    tells_collectives = False  # whether collective_waiting() knows (the emulator's group does; TorchNeuron's not)
+
+    def collective_waiting(self) -> dict[str, Any] | None:
+        """The collective this process's main thread is blocked in (op, group, size, shapes, dtypes), safe to ask from
+        another thread while it is; None when it is in none, or where the backend cannot tell."""
+        return None
+
     @property
     def timing_note(self) -> str | None:
         """What a wall-clock time of work on this device measures, where that is not the device itself: compare says

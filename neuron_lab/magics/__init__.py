@@ -256,7 +256,7 @@ class NeuronMagics(Magics):
                 self._stop_ranks()
             try:
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or "local")
+                                      engines=args.engines or "local", instance=args.instance)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"

@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from neuron_lab.backend import coverage
 from neuron_lab.checks import limits
 from neuron_lab.session import Session
+from neuron_lab.session.launch import host_instances
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, ENGINES, MAX_RANKS
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
@@ -225,6 +226,8 @@ def build() -> NeuronArgumentParser:
                     help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them)")
     ra.add_argument("--hosts", type=int, metavar="M",
                     help="start: emulate M hosts here, N/M ranks each")
+    ra.add_argument("--instance", metavar="NAME[,NAME...]",
+                    help="start: each emulated host's instance shape (one for all, or one per host)")
     ra.add_argument("--profile", action="store_true",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
     ra.add_argument("--export", metavar="PATH",
@@ -343,11 +346,18 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             raise refuse(f"--hosts emulates hosts with local engines; {args.engines} engines are where it puts them")
         if args.hosts is not None and not (1 <= args.hosts <= args.n and args.n % args.hosts == 0):
             raise refuse(f"--hosts {args.hosts} must divide the {args.n} ranks evenly (as many ranks on each host)")
+        if args.instance is not None and args.engines not in (None, "local"):
+            raise refuse(f"--instance shapes emulated hosts; {args.engines} engines run on real ones")
+        if args.instance is not None:
+            try:
+                host_instances(args.instance, args.hosts or 1)
+            except ValueError as e:
+                raise refuse(f"--instance: {e}") from None
         return
     if args.n is not None:
         raise refuse(f"N goes with start: `%neuron ranks start {args.n}`")
-    if args.hosts is not None or args.engines is not None:
-        raise refuse("--hosts and --engines go with start: `%neuron ranks start 4 --hosts 2`")
+    if args.hosts is not None or args.engines is not None or args.instance is not None:
+        raise refuse("--hosts, --instance and --engines go with start: `%neuron ranks start 4 --hosts 2`")
     if args.timeout is not None or args.restart:
         raise refuse("--timeout and --restart go with start (`%neuron ranks start N --timeout S`); a cell's "
                      "deadline is `%%neuron ranks --timeout S`")

@@ -30,7 +30,13 @@ from neuron_lab.report.checks_rows import (
 from neuron_lab.report.model import Check, GraphBreak, OpRow, OutOfMemory, Profiled, Recompile, Report
 from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
 from neuron_lab.report.ranks import RanksReport
-from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
+from neuron_lab.report.ranks_rows import (
+    HANG_HEAD,
+    rank_table,
+    ranks_profile,
+    ranks_profile_heads,
+    ranks_summary_line,
+)
 from neuron_lab.report.rows import (
     FOLD,
     Table,
@@ -284,6 +290,10 @@ def render_ranks_html(rr: RanksReport) -> str:
     profiled each rank's profile head, one rank's op table and the timeline of all ranks."""
     ranks = rank_table(rr)
     head = folded(ranks_summary_line(rr), ranks.header, escaped(ranks.rows))
+    hang = rr.hang()
+    if hang:
+        head += (f"<div class=\"neuron-lab-hang\"><b>{escape(HANG_HEAD)}</b>"
+                 f"{''.join(f'<div>{escape(line)}</div>' for line in hang)}</div>")
     merged = rr.merged()
     rows = (f"<div>summed over {count(len(rr.reports), 'rank')}:</div>{op_sections_html(merged.sections())}"
             if merged.ops_not_native else "")

@@ -18,6 +18,50 @@ from neuron_lab.report.model import OpRow, ProfiledTimeline, Report, Site
 from neuron_lab.units import ShownAsText
 
 
+@dataclass(frozen=True)
+class Stuck:
+    """Where a rank was, asked while it was stuck past the cell's deadline: the collective it waited in (None: in
+    none) and the notebook line it was at (None: outside any cell's code)."""
+
+    collective: dict[str, Any] | None  # {"op", "group", "size", "shapes", "dtypes"}, as the backend says it
+    site: Site | None
+    told: bool = True  # the backend tells which collective a rank is in (the emulator's group does; TorchNeuron's not)
+
+    @property
+    def op(self) -> str | None:
+        return None if self.collective is None else self.collective["op"]
+
+    @property
+    def waits_in(self) -> str:
+        """``all_reduce (group default of 2 ranks, [4] float32)``; "" when in none."""
+        c = self.collective
+        if c is None:
+            return ""
+        tensors = ", ".join(f"[{', '.join(map(str, shape))}] {dtype}"
+                            for shape, dtype in zip(c["shapes"], c["dtypes"], strict=True))
+        return f"{c['op']} (group {c['group']} of {c['size']} ranks{', ' + tensors if tensors else ''})"
+
+    @property
+    def at(self) -> str:
+        """``In[3] line 4: dist.all_reduce(t)``, or where it is not in a cell."""
+        s = self.site
+        return "outside the cell's code" if s is None else f"{s.label}: {s.source}" if s.source else s.label
+
+    @property
+    def text(self) -> str:
+        if self.collective:
+            return f"waiting in {self.waits_in} at {self.at}"
+        return f"in no collective, at {self.at}" if self.told else f"at {self.at}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"collective": self.collective, "site": None if self.site is None else asdict(self.site),
+                "told": self.told}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Stuck:
+        return cls(d["collective"], None if d["site"] is None else Site(**d["site"]), d.get("told", True))
+
+
 @dataclass
 class RankResult:
     """What one rank did: its report, or why there is none (it died, or never answered)."""
@@ -27,6 +71,7 @@ class RankResult:
     error: str | None = None  # "exit code -9 (killed)", "ValueError: bad shape", "no answer after 60 s"
     where: str = ""  # the process: "engine 2 (pid 4242)", "pid 4242"
     host: str = ""  # the host it ran on (an emulated host's name on an emulated cluster)
+    stuck: Stuck | None = None  # past the deadline: where it was stuck, as it said then
 
     @property
     def failed(self) -> bool:
@@ -101,16 +146,34 @@ class RanksReport(ShownAsText):
                     sc.site = replace(sc.site, source=f"{sc.site.source} · {note}")
         return Report(f"{len(reporting)} ranks", None, "", "", "", ops_not_native=merged)
 
+    def hang(self) -> list[str]:
+        """Where the ranks stuck past the deadline were, in a line per collective and line: the ranks waiting in
+        each collective at each line, then the ranks that never reached it at theirs ([] when none was stuck)."""
+        stuck = [r for r in self.ranks if r.stuck is not None]
+        alike: dict[tuple[bool, str], list[int]] = {}
+        for r in stuck:
+            alike.setdefault((r.stuck.collective is None and r.stuck.told, r.stuck.text), []).append(r.rank)
+        ops = sorted({r.stuck.op for r in stuck if r.stuck.op})
+        lines = []
+        for (outside, text), ranks in sorted(alike.items(), key=lambda kv: (kv[0][0], kv[1][0])):  # by first rank
+            who = f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}"
+            lines.append(f"{who} never reached {' or '.join(ops)}: {text.removeprefix('in no collective, ')}"
+                         if outside and ops else f"{who} {text}")
+        return lines
+
     def as_dict(self) -> dict[str, Any]:
         return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
                 "timeline": None if self.timeline is None else asdict(self.timeline), "trace_path": self.trace_path,
                 "ranks": [{"rank": r.rank, "where": r.where, "error": r.error, "host": r.host,
+                           "stuck": None if r.stuck is None else r.stuck.as_dict(),
                            "report": None if r.report is None else r.report.as_dict()} for r in self.ranks]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RanksReport:
         return cls(d["title"], [RankResult(r["rank"], None if r["report"] is None else Report.from_dict(r["report"]),
-                                           r["error"], r["where"], r.get("host", "")) for r in d["ranks"]],
+                                           r["error"], r["where"], r.get("host", ""),
+                                           None if r.get("stuck") is None else Stuck.from_dict(r["stuck"]))
+                                for r in d["ranks"]],
                    None if d.get("timeline") is None else ProfiledTimeline.from_dict(d["timeline"]),
                    d.get("trace_path"))
 

@@ -13,6 +13,7 @@ from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.rows import Table
 from neuron_lab.units import count, format_seconds, format_size
 
+HANG_HEAD = "where the ranks were at the deadline"  # the hang view's heading, over RanksReport.hang()'s lines
 RANK_HEADER = ["rank", "device", "time", "memory", "peak", "fallbacks", "collectives", "error"]
 
 

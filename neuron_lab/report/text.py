@@ -27,7 +27,13 @@ from neuron_lab.report.checks_rows import (
 from neuron_lab.report.model import Check, GraphBreak, OpRow, OutOfMemory, Profiled, ProfiledTimeline, Recompile, Report
 from neuron_lab.report.profiled_rows import PERFETTO, profiled_head, profiled_tables, timeline_head, unattributed_text
 from neuron_lab.report.ranks import RanksReport
-from neuron_lab.report.ranks_rows import rank_table, ranks_profile, ranks_profile_heads, ranks_summary_line
+from neuron_lab.report.ranks_rows import (
+    HANG_HEAD,
+    rank_table,
+    ranks_profile,
+    ranks_profile_heads,
+    ranks_summary_line,
+)
 from neuron_lab.report.rows import (
     FOLD,
     Table,
@@ -252,6 +258,9 @@ def render_ranks_text(rr: RanksReport) -> str:
     """The summary line, every rank's line (its error in one line), then the rows of all ranks, summed over them;
     when profiled, each rank's profile in one line, one rank's op table and the timeline of all ranks."""
     lines = [ranks_summary_line(rr), *columns(rank_table(rr), indent="")]
+    hang = rr.hang()
+    if hang:
+        lines += [f"{HANG_HEAD}:", *("  " + line for line in hang)]
     merged = rr.merged()
     if merged.ops_not_native:
         lines.append(f"summed over {count(len(rr.reports), 'rank')}:")

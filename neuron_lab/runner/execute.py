@@ -53,6 +53,7 @@ class Outcome:
     cells: list[CellRecord]
     info: dict[str, Any] = field(default_factory=dict)  # what kernel.install returned: banner, backend, profile
     kernel_error: str | None = None  # why the kernel failed, when it did
+    preflight: str | None = None  # a rank whose ranks differ: the preflight's table (no cell ran)
     kernel_stderr: str = ""  # the last lines the kernel process wrote to its stderr (shown when it failed)
     interrupted: bool = False  # Ctrl-C (SIGINT): the running cell was interrupted and the run stopped there
     pid: int | None = None  # the kernel process, once started (a local kernel's)
@@ -82,8 +83,10 @@ class Run:
                  pace: Callable[[CellRecord], Awaitable[bool]] | None = None,
                  on_start: Callable[[], None] | None = None,
                  trace: Callable[[CellRecord], str] | None = None,
-                 on_progress: Callable[[CellRecord, str], None] | None = None) -> None:
+                 on_progress: Callable[[CellRecord, str], None] | None = None,
+                 preflight_s: float | None = None) -> None:
         self.program, self.env, self.timeout, self.trace = program, env, timeout, trace
+        self.preflight_s = preflight_s  # a rank of several: its preflight, waiting this long for the others
         self.on_cell, self.on_ready, self.pace = on_cell, on_ready, pace
         self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
         self.stopped: str | None = None  # why the caller ended this kernel (another rank failed)
@@ -134,6 +137,11 @@ class Run:
                 self.outcome.pid = getattr(self.client.km.provisioner, "pid", None)
                 self.on_start()
                 await self._language_info()
+                if self.preflight_s is not None:
+                    self.outcome.preflight = (await _ask(self.client, f"{_AGENT}.preflight_rank(get_ipython(), "
+                                                                      f"{self.preflight_s!r})"))["table"]
+                    if self.outcome.preflight is not None:
+                        return  # the ranks differ: none runs the program (it would hang or fail far from the cause)
                 await self._load()
                 await self._cells()
                 self.client.set_widgets_metadata()  # the widgets' last state, saved as Jupyter saves it

@@ -71,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
     except inputs.InputError as e:
         print(f"neuron-lab run: {e}", file=sys.stderr)
         return options.EXIT_USAGE
-    if args.nproc is not None or args.nnodes > 1:
-        return run_ranks(args, program, env, trace_dir)
+    try:
+        instances = launch.host_instances(args.instance, args.nnodes) if args.instance else []
+    except ValueError as e:
+        print(f"neuron-lab run: --instance: {e}", file=sys.stderr)
+        return options.EXIT_USAGE
+    if args.nproc is not None or args.nnodes > 1 or instances:
+        return run_ranks(args, program, env, trace_dir, instances)
     total = len(program.code_cells)
     _say(progress.starting(program))
     outcome = execute.run(program, env, args.timeout,
@@ -103,13 +108,14 @@ def run(args: argparse.Namespace) -> int:
     return wrote
 
 
-def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, str], trace_dir: Path | None) -> int:
+def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, str], trace_dir: Path | None,
+              instances: list[str]) -> int:
     """``--nproc N``: the program on N ranks at once (``runner.ranks``), shown across ranks (``runner.ranks_view``);
     with ``--trace`` each cell's ranks' traces are merged into one as soon as every rank is past the cell.
-    ``--nnodes M``: N ranks on each of M hosts emulated on this machine."""
+    ``--nnodes M``: N ranks on each of M hosts emulated on this machine, each host of its ``instances`` shape."""
     total = len(program.code_cells)
     store = launch.AgentStore()  # the ranks' rendezvous, for the run's length
-    envs = launch.rank_envs(env, args.nproc or 1, store.port, args.nnodes)
+    envs = launch.rank_envs(env, args.nproc or 1, store.port, args.nnodes, instances)
     world = len(envs)
     merged: list[Path] = []
 
@@ -134,6 +140,8 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
                         traces=[trace(r) for r in range(world)])
     checked = gates.evaluate(ranks_view.gate_reports(outcome), args)
     code = ranks_exit_code(outcome, checked)
+    if outcome.preflight is not None:
+        _say("the ranks differ, so none ran the program:", *outcome.preflight.splitlines())
     _say(*ranks_view.summary(program, outcome))
     if trace_dir is not None:
         without = sum(any(rec.no_trace is not None for rec in outcome.cell(k)) for k in range(1, total + 1))
@@ -157,7 +165,7 @@ def ranks_exit_code(outcome: ranks.RanksOutcome, checked: list[gates.GateResult]
     """As :func:`exit_code`, over every rank: Ctrl-C, then a rank's dead kernel, a rank's failed cell, a gate."""
     if outcome.interrupted:
         return options.EXIT_INTERRUPTED
-    if outcome.kernel_errors:
+    if outcome.kernel_errors or outcome.preflight is not None:
         return options.EXIT_KERNEL
     if any(c.status in FAILED for o in outcome.ranks for c in o.cells):
         return options.EXIT_CELL_ERROR

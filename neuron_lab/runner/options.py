@@ -28,7 +28,8 @@ MEANINGS = {
                 "profile that does not load, a --trace folder that cannot be written into), or an output file "
                 "that cannot be written",
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported",
-    EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab",
+    EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab (--nproc: or the ranks' preflight found "
+                 "them differing)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
 
@@ -143,6 +144,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", type=ranks, metavar="M", default=1,
                    help="emulate M hosts on this machine, each with --nproc-per-node ranks (torchrun's multi-node "
                         "ranks; each rank is told its host)")
+    p.add_argument("--instance", metavar="NAME[,NAME...]", default=None,
+                   help="each emulated host's instance shape (trn2.48xlarge: every host; trn2.48xlarge,trn1.32xlarge: "
+                        "one per host), so each rank gets its host's devices, cores and memory")
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")

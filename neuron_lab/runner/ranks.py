@@ -3,9 +3,11 @@
 Each rank is the single-rank executor (:class:`execute.Run`) in its own kernel with its own torchrun
 environment (``session.launch``), so each gets the per-cell reports a 1-rank run gets. They run
 concurrently, cell by cell: no rank starts cell k+1 before every rank has finished cell k, so cell k is
-one window on every rank (one ``RanksReport``). When a rank fails (raises, times out, is interrupted, its
-kernel dies or never starts) the kernels of the ranks still running a cell are ended: they may be
-waiting in a collective for the failed rank, which would wait forever; no rank starts another cell.
+one window on every rank (one ``RanksReport``). Before the first cell (and the program's ``init_process_group``)
+every rank takes the preflight (``session.preflight``): ranks that differ run nothing, and the run shows the table.
+When a rank fails (raises, times out, is interrupted, its kernel dies or never starts) the kernels of the ranks
+still running a cell are ended: they may be waiting in a collective for the failed rank, which would wait forever;
+no rank starts another cell.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from neuron_lab.runner.execute import Outcome, Run, on_ctrl_c
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import NOT_RUN, OK, STOPPED, CellRecord
-from neuron_lab.session import placement
+from neuron_lab.session import placement, preflight
 
 
 @dataclass
@@ -36,6 +38,11 @@ class RanksOutcome:
     @property
     def interrupted(self) -> bool:
         return any(o.interrupted for o in self.ranks)
+
+    @property
+    def preflight(self) -> str | None:
+        """The preflight's table when the ranks differ (every rank has the same one), so that no cell ran."""
+        return next((o.preflight for o in self.ranks if o.preflight is not None), None)
 
     @property
     def kernel_errors(self) -> list[tuple[int, str]]:
@@ -66,7 +73,8 @@ class _Ranks:
         self.runs = [Run(dataclasses.replace(program, nb=copy.deepcopy(program.nb)), env, timeout,
                          on_cell=functools.partial(self._finished, r), on_ready=functools.partial(on_ready, r),
                          pace=functools.partial(self._pace, r), on_start=self._catch_ctrl_c,
-                         trace=None if traces is None else traces[r])
+                         trace=None if traces is None else traces[r],
+                         preflight_s=preflight.TIMEOUT_S if timeout is None else max(timeout, preflight.TIMEOUT_S))
                      for r, env in enumerate(envs)]
         self.cells = len(program.code_cells)
         self.outcome = RanksOutcome([run.outcome for run in self.runs], self.runs[0].program.nb,
@@ -95,6 +103,8 @@ class _Ranks:
             error = self.runs[r].outcome.kernel_error
             if error:
                 self._fail(r, error)
+            elif self.runs[r].outcome.preflight is not None:
+                self._fail(r, "the ranks differ: preflight")
             self._advance()
 
     def _catch_ctrl_c(self) -> None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import socket
 import uuid
+from collections.abc import Sequence
 
+from neuron_lab import settings
 from neuron_lab.session import placement
 
 MASTER_ADDR = "127.0.0.1"
+_INSTANCE = settings.env("NEURON_LAB_INSTANCE")
 
 
 class AgentStore:
@@ -28,8 +31,8 @@ class AgentStore:
     def __init__(self) -> None:
         from torch.distributed import TCPStore
 
-        self._store = TCPStore(MASTER_ADDR, 0, is_master=True, wait_for_workers=False)
-        self.port: int = self._store.port
+        self.tcp = TCPStore(MASTER_ADDR, 0, is_master=True, wait_for_workers=False)
+        self.port: int = self.tcp.port
 
 
 def free_port() -> int:
@@ -40,26 +43,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1) -> list[dict[str, str]]:
+def host_instances(text: str, nnodes: int) -> list[str]:
+    """``--instance trn2.48xlarge`` (every emulated host) or ``trn2.48xlarge,trn1.32xlarge`` (one per host, in
+    order): each host's instance shape; ValueError says what is wrong."""
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in _INSTANCE.choices]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not an instance the emulator knows ({', '.join(_INSTANCE.choices)})")
+    if len(names) not in (1, nnodes):
+        raise ValueError(f"{len(names)} instances for {nnodes} hosts: give one for all, or one per host")
+    return names * nnodes if len(names) == 1 else names
+
+
+def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1,
+              instances: Sequence[str] = ()) -> list[dict[str, str]]:
     """``base`` plus torchrun's variables for each of ``nproc`` ranks on each of ``nnodes`` nodes, in rank order,
     whose rendezvous is an :class:`AgentStore` listening on ``port``. Several nodes are hosts emulated on this
     machine: each rank is told its host's name (``NEURON_LAB_HOST``); the rendezvous stays on this machine.
 
     Like torchrun, ``OMP_NUM_THREADS`` becomes 1 when several ranks share the machine and it is not set.
+    ``instances``: each emulated host's instance shape (:func:`host_instances`), so a rank's devices, cores and
+    memory are its host's.
     """
-    emulated = nnodes > 1
-    return place_envs(base, placement.one_host(nproc, MASTER_ADDR, nnodes), port, emulated)
+    emulated = nnodes > 1 or bool(instances)
+    return place_envs(base, placement.one_host(nproc, MASTER_ADDR, nnodes), port, emulated, instances)
 
 
 def place_envs(base: dict[str, str], places: list[placement.Place], port: int,
-               emulated: bool = False) -> list[dict[str, str]]:
+               emulated: bool = False, instances: Sequence[str] = ()) -> list[dict[str, str]]:
     """:func:`rank_envs` for ranks the scheduler placed (in the order of ``places``); ``emulated``: their hosts
-    are emulated on this machine, and each rank is told its host's name."""
+    are emulated on this machine, and each rank is told its host's name (and its instance, given ``instances``)."""
     root_comm_port = free_port()
     common = {"ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
               "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:12], "TORCHELASTIC_USE_AGENT_STORE": "True"}
     if len(places) > 1 and "OMP_NUM_THREADS" not in base:
         common["OMP_NUM_THREADS"] = "1"
-    hosts = [{placement.HOST_ENV: placement.emulated_host(p.node)} if emulated else {} for p in places]
+    hosts = [{placement.HOST_ENV: placement.emulated_host(p.node),
+              **({_INSTANCE.name: instances[p.node]} if instances else {})} if emulated else {} for p in places]
     return [{**base, **common, **placement.rank_env(p, MASTER_ADDR, port, root_comm_port), **host}
             for p, host in zip(places, hosts, strict=True)]

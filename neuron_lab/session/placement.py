@@ -21,6 +21,7 @@ from neuron_lab import settings
 
 _HOST = settings.env("NEURON_LAB_HOST")
 HOST_ENV = _HOST.name
+ROOT_COMM_ENV = settings.env("NEURON_RT_ROOT_COMM_ID").name
 
 SLURM, MPI, TORCHRUN, HOSTS = "slurm", "mpi", "torchrun", "hosts"  # who numbered the ranks
 _SLURM_NODE_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")  # one item of SLURM_STEP_TASKS_PER_NODE: "2" or "2(x3)"
@@ -169,4 +170,4 @@ def rank_env(p: Place, master_addr: str, master_port: int, root_comm_port: int,
             "LOCAL_WORLD_SIZE": str(p.local_world_size), "GROUP_RANK": str(p.node), "GROUP_WORLD_SIZE": str(p.nnodes),
             "ROLE_RANK": str(p.rank), "ROLE_WORLD_SIZE": str(p.world_size), "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port), "NEURON_RT_VISIBLE_CORES": str(core_of(p, host_cores)),
-            "NEURON_RT_ROOT_COMM_ID": f"{master_addr}:{root_comm_port}"}
+            ROOT_COMM_ENV: f"{master_addr}:{root_comm_port}"}

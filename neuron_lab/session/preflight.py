@@ -24,6 +24,8 @@ AGREE_PREFIXES = ("TORCH_NEURONX_", "NEURON_RT_", "FI_EFA_")
 AGREE_NAMES = ("FI_PROVIDER",)
 PER_RANK = ("NEURON_RT_VISIBLE_CORES",)  # a rank's own core: meant to differ
 VERSIONS = ("torch", "torch-neuronx", "neuron_lab")
+SHOWN = (placement.ROOT_COMM_ENV,)  # settings every table shows: where the group's collectives bootstrap
+TIMEOUT_S = 300.0  # how long a rank waits at the preflight for the others (the launcher's, when it gives none)
 _KEY = "neuron_lab/preflight/{}"
 
 
@@ -63,9 +65,10 @@ def mismatches(ranks: list[dict[str, Any]]) -> list[str]:
 
 
 def table(ranks: list[dict[str, Any]]) -> str:
-    """One row per rank: host, cores, versions, and each setting that differs (``-``: unset); then what differs."""
+    """One row per rank: host, cores, versions, where the group bootstraps (``NEURON_RT_ROOT_COMM_ID``) and each
+    setting that differs (``-``: unset), under a line that says what differs."""
     differ = mismatches(ranks)
-    settings = [k for k in differ if k not in VERSIONS]
+    settings = [*SHOWN, *(k for k in differ if k not in VERSIONS and k not in SHOWN)]
     rows = [[str(r["rank"]), r["host"], r["cores"] or "-", *(r["versions"][v] for v in VERSIONS),
              *(r["settings"].get(k, "-") for k in settings)] for r in sorted(ranks, key=lambda r: r["rank"])]
     head = (f"neuron_lab preflight: {len(ranks)} ranks differ in {', '.join(differ)}" if differ else

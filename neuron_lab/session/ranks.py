@@ -39,8 +39,8 @@ from typing import Any
 import psutil
 
 from neuron_lab.report.model import Report, Site
-from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
-from neuron_lab.session import launch, placement
+from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label
+from neuron_lab.session import launch, placement, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.trace import merge
@@ -54,6 +54,8 @@ POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on
 FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over within this
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
+LEFT_WAITING = ("left waiting in its collective, not interrupted: the matching call on the other ranks frees it, "
+                "at the latest the group's timeout ends it")
 # what gloo raises once a collective outlived the group's timeout: the group's pairs are closed for good after it
 _GROUP_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Application timeout caused pair closure")
 _CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
@@ -80,7 +82,8 @@ class RanksFailed(Exception):
         return [f"{type(self).__name__}: {count(len(self.report.failed), 'rank')} of {len(self.report.ranks)} "
                 f"failed in {self.report.title}",
                 *(f"  {'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}: {problem}"
-                  for problem, ranks in alike.items())]
+                  for problem, ranks in alike.items()),
+                *(f"  {line}" for line in self.report.hang())]
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
@@ -147,16 +150,17 @@ class Ranks(ShownAsText):
         self._stopped = False
         self.broken: str | None = None  # what broke the process group (a collective past its timeout), once it did
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
+        self._asked = 0  # questions asked of stuck ranks so far (``session.stuck``)
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
-              hosts: int = 1, engines: str = "local") -> Ranks:
+              hosts: int = 1, engines: str = "local", instance: str | None = None) -> Ranks:
         """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
         group, each rank where its scheduler placed it (local engines: on ``hosts`` hosts emulated on this machine,
-        ``n // hosts`` ranks each); on any failure every process started is stopped again and :class:`RanksError`
-        says why."""
+        ``n // hosts`` ranks each, each host of its ``instance`` shape: ``launch.host_instances``); on any failure
+        every process started is stopped again and :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -179,8 +183,9 @@ class Ranks(ShownAsText):
             ids = sorted(client.ids)
             # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
             base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
-            if hosts > 1:
-                envs = launch.rank_envs(base, n // hosts, port, hosts)
+            if hosts > 1 or instance:
+                envs = launch.rank_envs(base, n // hosts, port, hosts,
+                                        launch.host_instances(instance, hosts) if instance else ())
             else:  # each engine's rank from its scheduler's variables (mpiexec's), or host by host
                 from ipyparallel import Reference
 
@@ -206,7 +211,7 @@ class Ranks(ShownAsText):
                 host = placement.host_name(envs[i])
                 engines.append(Engine(i, info["pid"], info["device"], host, ids[i]))
                 progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
-                         + (f" on {host}" if hosts > 1 else ""))
+                         + (f" on {host}" if hosts > 1 or instance else ""))
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if isinstance(e, (RanksError, KeyboardInterrupt)):
@@ -269,9 +274,8 @@ class Ranks(ShownAsText):
         """:meth:`run`'s ranks, in rank order, with ``code(rank)`` the code each rank runs."""
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
-            raise RanksError(f"{count(len(dead), 'rank')} of the group died ({', '.join(e.where for e in dead)}): the "
-                             f"others would wait for it at their first collective; `%neuron ranks start "
-                             f"{len(self.engines)} --restart` starts the group afresh")
+            raise RanksError(f"{_lost(self.engines, dead)}: the others would wait for it at their first collective; "
+                             f"`%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
         results: dict[int, RankResult] = {}
         running: dict[int, Any] = {}
         for e in self.engines:
@@ -339,13 +343,35 @@ class Ranks(ShownAsText):
                         where=e.where)
                 return
             if waiting and deadline is not None and time.monotonic() >= deadline:
+                # a rank blocked in a collective is left there: a signal lands only once the collective returns (when
+                # the matching call on the others frees it), and would then break its cell between two collectives
+                stuck = self._where_stuck(list(waiting))
+                left = [r for r in waiting if r in stuck and stuck[r].collective is not None]
                 for rank in waiting:
-                    results[rank] = RankResult(rank, error=f"no answer after {timeout_s:g} s; interrupted",
-                                               where=self.engines[rank].where)
-                self._interrupt(list(waiting), running, title)
+                    results[rank] = RankResult(rank, error=f"no answer after {timeout_s:g} s; "
+                                               + (LEFT_WAITING if rank in left else "interrupted"),
+                                               where=self.engines[rank].where, stuck=stuck.get(rank))
+                for rank in left:
+                    self.engines[rank].busy, self.engines[rank].busy_title = running[rank], title
+                self._interrupt([r for r in waiting if r not in left], running, title)
                 return
             if waiting:
                 next(iter(waiting.values())).wait(POLL_S)
+
+    def _where_stuck(self, ranks: list[int]) -> dict[int, Stuck]:
+        """Where each of ``ranks`` is now, as it says out-of-band (``session.stuck``): the collective it waits in and
+        its line, the engine's cell lines renamed to the notebook's."""
+        if self.store is None:
+            return {}
+        self._asked += 1
+        out = {}
+        for rank, said in stuck.ask(self.store.tcp, self._asked, ranks).items():
+            site = said["site"]
+            if site is not None and site["cell"] is not None:
+                c = site["cell"]
+                site = {**site, "filename": f"In[{c}]", "line": site["line"] + self._line_offsets.get(c, 0)}
+            out[rank] = Stuck.from_dict({**said, "site": site})
+        return out
 
     def _interrupt(self, ranks: list[int], running: dict[int, Any], title: str) -> None:
         """SIGINT to ranks still in the cell (``%%px`` does so on Ctrl-C); each stays busy until it is free."""
@@ -443,6 +469,23 @@ class Ranks(ShownAsText):
             host = f"{e.host:<8} " if len({e.host for e in self.engines}) > 1 else ""
             lines.append(f"  rank {e.rank}  {host}pid {e.pid:<8} {e.device:<10} {state}")
         return "\n".join(lines)
+
+
+def _lost(engines: list[Engine], dead: list[Engine]) -> str:
+    """The dead ranks in words: a host whose every rank died is named as lost, with its ranks; other ranks by engine."""
+    several = len({e.host for e in engines}) > 1
+    hosts = [h for h in dict.fromkeys(e.host for e in engines)
+             if several and all(e in dead for e in engines if e.host == h)]
+    said = []
+    for h in hosts:
+        ranks = [e for e in dead if e.host == h]
+        said.append(f"host {h} is lost, with its {'rank' if len(ranks) == 1 else 'ranks'} "
+                    f"{ranks_label(e.rank for e in ranks)} (pid{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(str(e.pid) for e in ranks)})")
+    rest = [e for e in dead if e.host not in hosts]
+    if rest:
+        said.append(f"{count(len(rest), 'rank')} of the group died ({', '.join(e.where for e in rest)})")
+    return "; ".join(said)
 
 
 def _profiled_cell(body: str, folder: str | None, rank: int, row_limit: int | None) -> str:

@@ -219,6 +219,14 @@ def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Wo
     def wrap(method: Callable[..., dist.Work]) -> Callable[..., dist.Work]:
         @functools.wraps(method)
         def call(self: ProcessGroupNeuron, *args: Any, **kwargs: Any) -> dist.Work:
+            global _waiting
+            _waiting = (name, self, args[payload] if payload is not None and payload < len(args) else None)
+            try:
+                return observed(self, *args, **kwargs)
+            finally:
+                _waiting = None
+
+        def observed(self: ProcessGroupNeuron, *args: Any, **kwargs: Any) -> dist.Work:
             rt = _rt.get()
             recorder = rt.recorder
             reported = recorder.wants(COLLECTIVE) or recorder.wants(UNSUPPORTED)
@@ -259,6 +267,23 @@ def _observed(name: str, payload: int | None) -> Callable[[Callable[..., dist.Wo
             return work
         return call
     return wrap
+
+
+# The collective this process is in, while it is in one (a plain assignment per call): read from another thread while
+# the main thread is blocked in it (``waiting_in``), so a stuck cell can say what each rank waits for.
+_waiting: tuple[str, ProcessGroupNeuron, Any] | None = None
+
+
+def waiting_in() -> dict[str, Any] | None:
+    """The collective the main thread is blocked in: its op, group and tensors' shapes; None when it is in none."""
+    entered = _waiting
+    if entered is None:
+        return None
+    name, group, payload = entered
+    tensors = _flat(payload) if payload is not None else []
+    return {"op": name, "group": group.group_name or "default", "size": group.size(),
+            "shapes": [list(t.shape) for t in tensors],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors]}
 
 
 # A gloo work holds the host aliases it was handed, each with a Python wrapper; whichever thread drops the work's last
