@@ -26,6 +26,7 @@ from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.rows import summary_line
 from neuron_lab.session import Session, devices
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
+from neuron_lab.session.slurm_job import SlurmOptions
 from neuron_lab.trace import profile as profiling
 from neuron_lab.units import ShownAsText, count
 
@@ -255,8 +256,9 @@ class NeuronMagics(Magics):
             if running:
                 self._stop_ranks()
             try:
+                slurm = SlurmOptions(args.partition, args.nodes, args.ntasks_per_node, args.account, args.time)
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or "local")
+                                      engines=args.engines or "local", slurm=slurm)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"

@@ -222,9 +222,12 @@ def build() -> NeuronArgumentParser:
                          f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     ra.add_argument("--engines", choices=tuple(ENGINES), default=None,
-                    help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them)")
+                    help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them; slurm: "
+                         "one sbatch job, ranks as srun numbers them)")
     ra.add_argument("--hosts", type=int, metavar="M",
-                    help="start: emulate M hosts here, N/M ranks each")
+                    help="start: emulate M hosts here (local engines) or on the Slurm job's one node, N/M ranks each")
+    for flag, kind, meta, what in SLURM_FLAGS:
+        ra.add_argument(flag, type=kind, metavar=meta, help=f"start, slurm engines: sbatch {flag} ({what})")
     ra.add_argument("--profile", action="store_true",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
     ra.add_argument("--export", metavar="PATH",
@@ -313,6 +316,16 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
     return args
 
 
+SLURM_FLAGS = (("--partition", str, "NAME", "the launcher's queue"), ("--nodes", int, "M", "the launcher's options"),
+               ("--ntasks-per-node", int, "K", "the launcher's options"), ("--account", str, "NAME", "its account"),
+               ("--time", str, "LIMIT", "its timelimit"))
+
+
+def slurm_given(args: argparse.Namespace) -> list[str]:
+    """The Slurm options given on the line."""
+    return [flag for flag, *_ in SLURM_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+
+
 def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) -> None:
     """``start N [--timeout S] [--restart]`` / ``stop`` / nothing (status) on a line; ``[--timeout S]`` on a cell."""
     def refuse(why: str) -> UsageError:
@@ -339,14 +352,18 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             raise refuse("start needs N, how many ranks: `%neuron ranks start 2`")
         if not 1 <= args.n <= MAX_RANKS:
             raise refuse(f"N must be from 1 to {MAX_RANKS}, not {args.n}")
-        if args.hosts is not None and args.engines not in (None, "local"):
+        if args.hosts is not None and args.engines not in (None, "local", "slurm"):
             raise refuse(f"--hosts emulates hosts with local engines; {args.engines} engines are where it puts them")
+        if args.hosts is not None and args.nodes is not None:
+            raise refuse("--hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones")
+        if slurm_given(args) and args.engines != "slurm":
+            raise refuse(f"{', '.join(slurm_given(args))} go with --engines slurm")
         if args.hosts is not None and not (1 <= args.hosts <= args.n and args.n % args.hosts == 0):
             raise refuse(f"--hosts {args.hosts} must divide the {args.n} ranks evenly (as many ranks on each host)")
         return
     if args.n is not None:
         raise refuse(f"N goes with start: `%neuron ranks start {args.n}`")
-    if args.hosts is not None or args.engines is not None:
+    if args.hosts is not None or args.engines is not None or slurm_given(args):
         raise refuse("--hosts and --engines go with start: `%neuron ranks start 4 --hosts 2`")
     if args.timeout is not None or args.restart:
         raise refuse("--timeout and --restart go with start (`%neuron ranks start N --timeout S`); a cell's "

@@ -18,6 +18,9 @@ engines wrote into a folder of its own into one file (:func:`~neuron_lab.trace.m
 
 Nothing here waits on a process that is gone: engines are watched by pid while a cell runs, so a dead rank is
 reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
+Engines in a Slurm job are watched through the job's state (``session.slurm_job``) and the controller's heartbeats:
+a job cancelled outside the notebook is said so on the next cell, and ``stop`` cancels the job (the launcher's
+``scancel``).
 """
 
 from __future__ import annotations
@@ -37,17 +40,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
+from traitlets.config import Config
 
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, ranks_label
 from neuron_lab.session import launch, placement
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
+from neuron_lab.session.slurm_job import JobWatch, SlurmOptions
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
-ENGINES = {"local": "local", "mpi": "mpi"}  # --engines: ipyparallel's engine launcher of that name
+ENGINES = ("local", "mpi", "slurm")  # --engines: ipyparallel's engine launcher of that name
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
@@ -114,6 +119,7 @@ class Engine:
     host: str = ""
     engine_id: int = -1  # ipyparallel's id for it, which its launcher chose (not its rank)
     died: bool = False
+    job: JobWatch | None = None  # the Slurm job it runs in: its state, not its pid, says whether it can be up
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
     last: Any = None  # the AsyncResult of the last cell sent to it
@@ -123,7 +129,7 @@ class Engine:
         return f"engine {self.rank} (pid {self.pid})"
 
     def alive(self) -> bool:
-        self.died = self.died or not _running(self.pid)
+        self.died = self.died or not (self.job.up() if self.job is not None else _running(self.pid))
         return not self.died
 
     def free(self) -> bool:
@@ -137,7 +143,7 @@ class Ranks(ShownAsText):
     """A running ipyparallel cluster of N ranks in one ``neuron`` process group; ``str()`` is its status."""
 
     def __init__(self, cluster: Any, client: Any, engines: list[Engine], timeout_s: float, profile_dir: str,
-                 store: launch.AgentStore) -> None:
+                 store: launch.AgentStore, job: JobWatch | None = None, restart: str = "") -> None:
         self.cluster = cluster
         self.client = client
         self.engines = engines
@@ -147,16 +153,18 @@ class Ranks(ShownAsText):
         self._stopped = False
         self.broken: str | None = None  # what broke the process group (a collective past its timeout), once it did
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
+        self.job = job  # the Slurm job the engines run in, for slurm engines
+        self.restart = restart  # the magic that starts these ranks afresh
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
-              hosts: int = 1, engines: str = "local") -> Ranks:
+              hosts: int = 1, engines: str = "local", slurm: SlurmOptions | None = None) -> Ranks:
         """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
-        group, each rank where its scheduler placed it (local engines: on ``hosts`` hosts emulated on this machine,
-        ``n // hosts`` ranks each); on any failure every process started is stopped again and :class:`RanksError`
-        says why."""
+        group, each rank where its scheduler placed it (``hosts`` > 1: on that many hosts emulated on this machine,
+        ``n // hosts`` ranks each); ``slurm``: the ``sbatch`` options of a Slurm job of engines. On any failure every
+        process (or job) started is stopped again and :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -165,15 +173,29 @@ class Ranks(ShownAsText):
             raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
 
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
+        launcher: Any = engines
+        config = Config()
+        if engines == "slurm":
+            from neuron_lab.session.slurm_engines import SlurmEngines
+
+            launcher = SlurmEngines
+            for name, value in (slurm or SlurmOptions()).traits().items():
+                setattr(config.SlurmEngineSetLauncher, name, value)
         cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
-                              engine_launcher_class=ENGINES[engines])
-        client = None
+                              engine_launcher_class=launcher, config=config)
+        restart = (f"%neuron ranks start {n}" + (f" --hosts {hosts}" if hosts > 1 else "")
+                   + (f" --engines {engines}" if engines != "local" else "") + (slurm.flags() if slurm else "")
+                   + " --restart")
+        client = job = None
         started = time.monotonic()
         try:
             progress(f"neuron_lab: starting {count(n, 'ipyparallel engine')} (ranks 0..{n - 1})…")
             cluster.start_cluster_sync()
+            if engines == "slurm":
+                job = JobWatch(next(iter(cluster.engines.values())).job_id)
+                progress(f"neuron_lab: Slurm job {job.job_id} submitted")
             client = cluster.connect_client_sync()
-            client.wait_for_engines(n, timeout=timeout_s, interactive=False)  # our lines say how far it got
+            _wait_engines(client, n, started + timeout_s, job, cluster)
             store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
             port = store.port
             ids = sorted(client.ids)
@@ -197,14 +219,14 @@ class Ranks(ShownAsText):
                 client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
             ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
             pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
-            engines: list[Engine] = []
+            started_engines: list[Engine] = []
             for i, ar in pending.items():
-                info = _wait_setup(ar, i, pids[i], started + timeout_s)
+                info = _wait_setup(ar, Engine(i, pids[i], "", job=job), started + timeout_s)
                 if info["torch_first"]:
                     raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
                                      f"(an IPython startup file?), so its device is not neuron:{i}")
                 host = placement.host_name(envs[i])
-                engines.append(Engine(i, info["pid"], info["device"], host, ids[i]))
+                started_engines.append(Engine(i, info["pid"], info["device"], host, ids[i], job=job))
                 progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
                          + (f" on {host}" if hosts > 1 else ""))
         except BaseException as e:
@@ -219,7 +241,7 @@ class Ranks(ShownAsText):
             raise RanksError(f"the ranks did not start: {_one_line(e)}") from None
         progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; run a cell on all "
                  "of them with `%%neuron ranks`, stop them with `%neuron ranks stop`")
-        return cls(cluster, client, engines, timeout_s, profile_dir, store)
+        return cls(cluster, client, started_engines, timeout_s, profile_dir, store, job, restart)
 
     # -- run ----------------------------------------------------------------------------------------------------
     def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
@@ -233,6 +255,8 @@ class Ranks(ShownAsText):
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
         if self.broken is not None:
             raise RanksError(self.broken)
+        if self.job is not None and not self.job.up():
+            raise RanksError(self.job.ended_outside(self.restart))
         if not profile:
             return self._check_group(RanksReport(title, self._run(lambda rank: body, title, cell, line_offset,
                                                                   timeout_s)))
@@ -424,6 +448,9 @@ class Ranks(ShownAsText):
                 pass  # the engines are stopped below all the same
         pids = [e.pid for e in self.engines if e.alive()]
         _shutdown(self.cluster, self.client, self._profile_dir)
+        if self.job is not None and not self.job.gone():
+            print(f"neuron_lab: the Slurm job {self.job.job_id} is still {self.job.state()} after scancel; "
+                  f"`scancel {self.job.job_id}`", file=sys.stderr)
         self.store = None
         return pids
 
@@ -438,6 +465,8 @@ class Ranks(ShownAsText):
         up = [e for e in self.engines if e.alive()]
         lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on ipyparallel, process "
                  f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
+        if self.job is not None:
+            lines.append(f"  Slurm job {self.job.job_id}: {self.job.state() or 'unknown to squeue and sacct'}")
         for e in self.engines:
             state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
             host = f"{e.host:<8} " if len({e.host for e in self.engines}) > 1 else ""
@@ -477,13 +506,36 @@ def _merge_traces(folder: str, export: str, ranks: list[int]) -> str | None:
     return export
 
 
-def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]:
+def _wait_engines(client: Any, n: int, deadline: float, job: JobWatch | None, cluster: Any) -> None:
+    """Until ``n`` engines registered; a Slurm job that ends first is a :class:`RanksError` with its output's last
+    line, one that is still pending at the deadline says so."""
+    from ipyparallel.error import TimeoutError as EnginesLate
+
+    while True:
+        try:
+            client.wait_for_engines(n, timeout=max(0.1, min(POLL_S * 10, deadline - time.monotonic())),
+                                    interactive=False)
+            return
+        except EnginesLate:
+            if job is not None and not job.up():
+                out = next(iter(cluster.engines.values())).get_output(remove=False).strip().splitlines()
+                raise RanksError(f"the Slurm job {job.job_id} ended before its engines started (state "
+                                 f"{job.state()})" + (f": {out[-1]}" if out else "")) from None
+            if time.monotonic() >= deadline:
+                if job is not None and job.state() == "PENDING":
+                    raise RanksError(f"the Slurm job {job.job_id} is still pending (`squeue -j {job.job_id}` says "
+                                     "why); --timeout S waits longer") from None
+                raise
+
+
+def _wait_setup(ar: Any, e: Engine, deadline: float) -> dict[str, Any]:
     """One engine's setup result; a rank that raises, dies or passes the deadline is a :class:`RanksError`."""
+    rank = e.rank
     while not ar.ready():
-        if not _running(pid):
-            raise RanksError(f"engine {rank} died while starting (pid {pid})")
+        if not e.alive():
+            raise RanksError(f"engine {rank} died while starting (pid {e.pid})")
         if time.monotonic() >= deadline:
-            raise RanksError(f"rank {rank} did not join the process group in time (pid {pid}); --timeout S "
+            raise RanksError(f"rank {rank} did not join the process group in time (pid {e.pid}); --timeout S "
                              "waits longer")
         ar.wait(POLL_S)
     try:
