@@ -45,8 +45,10 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 """
 
 
-USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi}]\n"
-         "                     [--hosts M] [--profile] [--export PATH] [--row-limit N]\n"
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi,slurm}]\n"
+         "                     [--hosts M] [--partition NAME] [--nodes M]\n"
+         "                     [--ntasks-per-node K] [--account NAME] [--time LIMIT]\n"
+         "                     [--profile] [--export PATH] [--row-limit N]\n"
          "                     [{start,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
@@ -392,6 +394,10 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks --hosts 2", "%neuron ranks: --hosts and --engines go with start"),
     ("%neuron ranks start 2 --hosts 2 --engines mpi", "%neuron ranks: --hosts emulates hosts with local engines; mpi "
                                                       "engines are where it puts them"),
+    ("%neuron ranks start 2 --partition gpu", "%neuron ranks: --partition goes with --engines slurm"),
+    ("%neuron ranks start 4 --hosts 2 --engines slurm --nodes 2",
+     "%neuron ranks: --hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones"),
+    ("%neuron ranks --nodes 2", "%neuron ranks: --hosts and --engines go with start"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),

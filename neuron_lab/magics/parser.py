@@ -357,7 +357,8 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
         if args.hosts is not None and args.nodes is not None:
             raise refuse("--hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones")
         if slurm_given(args) and args.engines != "slurm":
-            raise refuse(f"{', '.join(slurm_given(args))} go with --engines slurm")
+            given = slurm_given(args)
+            raise refuse(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --engines slurm")
         if args.hosts is not None and not (1 <= args.hosts <= args.n and args.n % args.hosts == 0):
             raise refuse(f"--hosts {args.hosts} must divide the {args.n} ranks evenly (as many ranks on each host)")
         return

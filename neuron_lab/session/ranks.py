@@ -255,7 +255,7 @@ class Ranks(ShownAsText):
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
         if self.broken is not None:
             raise RanksError(self.broken)
-        if self.job is not None and not self.job.up():
+        if self.job is not None and not self.job.up(fresh=True):
             raise RanksError(self.job.ended_outside(self.restart))
         if not profile:
             return self._check_group(RanksReport(title, self._run(lambda rank: body, title, cell, line_offset,

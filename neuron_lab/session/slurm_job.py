@@ -47,7 +47,7 @@ class SlurmOptions:
 def job_state(job_id: str) -> str | None:
     """The job's state (``RUNNING``, ``CANCELLED``, ...), from ``squeue`` while Slurm keeps it there, else from
     ``sacct``; None when neither knows it."""
-    for command in (["squeue", "-h", "-j", job_id, "-o", "%T"],
+    for command in (["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
                     ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]):
         try:
             out = subprocess.run(command, capture_output=True, text=True, timeout=ASK_TIMEOUT_S, check=False).stdout
@@ -67,14 +67,15 @@ class JobWatch:
         self._state: str | None = "PENDING"
         self._asked = float("-inf")
 
-    def state(self) -> str | None:
-        if time.monotonic() - self._asked >= CHECK_S:
+    def state(self, fresh: bool = False) -> str | None:
+        """The job's state, as Slurm said it within :data:`CHECK_S` (``fresh``: as it says now)."""
+        if fresh or time.monotonic() - self._asked >= CHECK_S:
             self._state, self._asked = job_state(self.job_id), time.monotonic()
         return self._state
 
-    def up(self) -> bool:
+    def up(self, fresh: bool = False) -> bool:
         """Whether its engines can be running: a job no longer known (None) cannot."""
-        return self.state() in UP
+        return self.state(fresh) in UP
 
     def gone(self, timeout_s: float = GONE_WAIT_S) -> bool:
         """Wait until the job has left the running states (after ``scancel``); whether it did in time."""
@@ -88,7 +89,6 @@ class JobWatch:
     def ended_outside(self, restart: str) -> str:
         """What to say when the job ended without the notebook stopping it."""
         self.gone()  # a cancelled job is COMPLETING until its processes ended: its final state says why
-        self._asked = float("-inf")
-        state = self.state() or "unknown to squeue and sacct"
+        state = self.state(fresh=True) or "unknown to squeue and sacct"
         how = "was cancelled" if state.startswith("CANCELLED") else "ended"
         return f"the Slurm job {self.job_id} {how} outside the notebook (state {state}): `{restart}`"

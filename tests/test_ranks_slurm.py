@@ -1,0 +1,100 @@
+"""`%neuron ranks start N --engines slurm`: engines in a real Slurm job (ipyparallel's Slurm launcher, `sbatch` and
+`srun`), as ranks of one `neuron` process group; a DDP step's merged report on 2 emulated hosts × 2 ranks, stop
+cancelling the job, ranks numbered by srun, and a job cancelled outside the notebook said so on the next cell.
+
+Needs a Slurm that answers (`tools/slurm_local.sh` starts one on this machine; `.ci/run` does): skipped without one,
+failed in CI. The 4 engines start once for the module (about 50 s on a loaded 2-core machine). Every wait is bounded
+(`--timeout 120` at start and on the cells), and whatever a test started is cancelled and killed on its way out.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import slurm
+from IPython.core.interactiveshell import InteractiveShell
+from shells import loaded_shell, run
+from test_ranks import ALL_REDUCE_AND_DDP, _children, _gone, _kill, ranks_error
+
+from neuron_lab.extension import session_of
+from neuron_lab.report.ranks import RanksReport
+from neuron_lab.session.slurm_job import UP, job_state
+
+START = "%neuron ranks start {n} --engines slurm --partition {partition} --time 10 --timeout 120"
+
+
+def _cancel(job_id: str | None) -> None:
+    if job_id:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture(scope="module")
+def slurm_shell() -> Iterator[tuple[InteractiveShell, str, str]]:
+    """A shell with 4 ranks on 2 emulated hosts in one Slurm job; the start's output and the job's id."""
+    partition, before, job_id = slurm.default_partition(), _children(), None
+    with loaded_shell(instance=True) as sh:
+        try:
+            _, cap = run(sh, START.format(n=4, partition=partition) + " --hosts 2")
+            job_id = session_of(sh).ranks.job.job_id
+            yield sh, cap.stdout, job_id
+        finally:
+            _cancel(job_id)
+            _kill(_children() - before)
+
+
+def test_a_ddp_step_on_two_hosts_in_a_slurm_job_is_one_report_with_each_ranks_facts(slurm_shell) -> None:
+    sh, started, job_id = slurm_shell
+    assert f"neuron_lab: Slurm job {job_id} submitted" in started and "neuron_lab: 4 ranks ready in" in started
+    status = str(run(sh, "%neuron ranks")[0].result).splitlines()
+    assert status[1] == f"  Slurm job {job_id}: RUNNING"
+    assert [line.split()[:3] + line.split()[5:] for line in status[2:]] == [
+        ["rank", "0", "host0", "neuron:0", "up"], ["rank", "1", "host0", "neuron:1", "up"],
+        ["rank", "2", "host1", "neuron:0", "up"], ["rank", "3", "host1", "neuron:1", "up"]]
+    res, cap = run(sh, ALL_REDUCE_AND_DDP.replace("--timeout 60", "--timeout 120"))
+    rr, n = res.result, res.execution_count
+    assert isinstance(rr, RanksReport) and not rr.failed
+    for rank in range(4):  # 1 + 2 + 3 + 4 on every rank
+        assert f"[stdout:{rank}] \nrank {rank}: sum 10\n" in cap.stdout
+    assert [(r.rank, r.host, r.report.device) for r in rr.ranks] == [
+        (0, "host0", "neuron:0"), (1, "host0", "neuron:1"), (2, "host1", "neuron:0"), (3, "host1", "neuron:1")]
+    for r in rr.ranks:
+        rows = {row.op: row for row in r.report.ops_not_native if row.kind == "collective"}
+        assert {op: (row.count, row.nbytes, row.ranks) for op, row in rows.items()} == {
+            "c10d::all_reduce.sum": (2, 1168, 4), "c10d::broadcast": (2, 192, 4), "c10d::all_gather": (1, 8, 4)}
+        assert [(sc.site.line, sc.count) for sc in rows["c10d::all_reduce.sum"].sites] == [(6, 1), (10, 1)]
+        assert r.report.memory.after > 0 and r.report.memory.peak >= r.report.memory.after  # each rank's own
+    text = str(rr).splitlines()
+    assert text[1].split()[:5] == ["rank", "host", "device", "time", "memory"]
+    assert f"        at In[{n}] line 6: dist.all_reduce(x)  (4×)" in text  # one line for the 4 ranks
+    assert f"        at In[{n}] line 9: model = DDP(torch.nn.Linear(8, 4).to(device))  (8×)" in text
+
+
+def test_stop_cancels_the_job_and_leaves_no_engine(slurm_shell) -> None:
+    sh, _, job_id = slurm_shell
+    pids = [e.pid for e in session_of(sh).ranks.engines]  # this machine is the job's node: its pids are here
+    assert str(run(sh, "%neuron ranks stop")[0].result).startswith("neuron_lab ranks: stopped 4 ranks")
+    assert job_state(job_id) not in (*UP, "COMPLETING") and _gone(pids)
+
+
+def test_srun_numbers_the_ranks_and_a_job_cancelled_outside_is_said_on_the_next_cell() -> None:
+    partition, before, job_id = slurm.default_partition(), _children(), None
+    with loaded_shell(instance=True) as sh:
+        try:
+            run(sh, START.format(n=2, partition=partition))
+            ranks = session_of(sh).ranks
+            job_id, pids = ranks.job.job_id, [e.pid for e in ranks.engines]
+            _, cap = run(sh, "%%neuron ranks --timeout 120\nimport os, torch.distributed as dist\n"
+                             "print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_PROCID'], dist.get_rank())\n")
+            for rank in (0, 1):  # the group's rank is the one srun gave the engine
+                assert f"[stdout:{rank}] \n{job_id} {rank} {rank}\n" in cap.stdout
+            _cancel(job_id)
+            assert ranks_error(sh, "%%neuron ranks\nx = 1\n") == (
+                f"%%neuron ranks: the Slurm job {job_id} was cancelled outside the notebook (state CANCELLED): "
+                f"`%neuron ranks start 2 --engines slurm --partition {partition} --time 10 --restart`")
+            run(sh, "%neuron ranks stop")
+            assert job_state(job_id) not in (*UP, "COMPLETING") and _gone(pids) and _gone(_children() - before)
+        finally:
+            _cancel(job_id)
+            _kill(_children() - before)
