@@ -48,8 +48,9 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi,slurm}]\n"
          "                     [--hosts M] [--partition NAME] [--nodes M]\n"
          "                     [--ntasks-per-node K] [--account NAME] [--time LIMIT]\n"
-         "                     [--profile] [--export PATH] [--row-limit N]\n"
-         "                     [{start,stop}] [N]")
+         "                     [--profile [NAME]] [--cluster-file PATH]\n"
+         "                     [--sshserver HOST] [--export PATH] [--row-limit N]\n"
+         "                     [{start,attach,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -398,6 +399,10 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks start 4 --hosts 2 --engines slurm --nodes 2",
      "%neuron ranks: --hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones"),
     ("%neuron ranks --nodes 2", "%neuron ranks: --hosts and --engines go with start"),
+    ("%neuron ranks start 2 --sshserver login1", "%neuron ranks: --sshserver goes with attach"),
+    ("%neuron ranks attach --profile a --cluster-file b", "%neuron ranks: attach: --profile NAME or --cluster-file "
+                                                          "PATH, one of them"),
+    ("%neuron ranks attach 2", "%neuron ranks: attach takes the cluster that runs"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),

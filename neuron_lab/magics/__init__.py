@@ -264,6 +264,17 @@ class NeuronMagics(Magics):
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"
                                  + (f"\n{table}" if table else "")) from None
             return None
+        if args.action == "attach":
+            if running:
+                raise _usage_error("ranks", f"{count(len(s.ranks.engines), 'rank')} already running; `%neuron ranks "
+                                            "stop` first")
+            try:
+                s.ranks = Ranks.attach(args.profile or None, args.cluster_file, args.sshserver,
+                                       args.timeout or DEFAULT_TIMEOUT_S)
+            except RanksError as e:
+                first, _, table = str(e).partition("\n")
+                raise UsageError(f"%neuron ranks attach: {first}" + (f"\n{table}" if table else "")) from None
+            return None
         if args.action == "stop":
             if not running:
                 return _Text("neuron_lab ranks: none running")
@@ -274,6 +285,9 @@ class NeuronMagics(Magics):
     def _stop_ranks(self) -> _Text:
         ranks, self.session.ranks = self.session.ranks, None
         pids = ranks.stop()
+        if ranks.attached is not None:
+            return _Text(f"neuron_lab ranks: detached from {count(len(ranks.engines), 'rank')}; their engines keep "
+                         f"running (the cluster at {ranks.attached} was not started here)")
         return _Text(f"neuron_lab ranks: stopped {count(len(ranks.engines), 'rank')}" +
                      (f" (pids {', '.join(map(str, pids))})" if pids else ""))
 

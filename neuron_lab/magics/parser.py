@@ -215,7 +215,8 @@ def build() -> NeuronArgumentParser:
                  description="`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, "
                              "neuron:RANK each). A `%%neuron ranks` cell runs on all of them and reports each rank's "
                              "time, memory, fallbacks, collectives and error, and the skew. `stop` stops them.")
-    ra.add_argument("action", nargs="?", choices=("start", "stop"), help="start N ranks, or stop them")
+    ra.add_argument("action", nargs="?", choices=("start", "attach", "stop"),
+                    help="start N ranks; attach to an ipyparallel cluster that runs already; or stop them")
     ra.add_argument("n", nargs="?", type=int, metavar="N", help=f"how many ranks to start, 1 to {MAX_RANKS}")
     ra.add_argument("--timeout", type=float, metavar="S",
                     help="start: seconds to wait for the engines and, at a collective, for the other ranks "
@@ -228,8 +229,11 @@ def build() -> NeuronArgumentParser:
                     help="start: emulate M hosts here (local engines) or on the Slurm job's one node, N/M ranks each")
     for flag, kind, meta, what in SLURM_FLAGS:
         ra.add_argument(flag, type=kind, metavar=meta, help=f"start, slurm engines: sbatch {flag} ({what})")
-    ra.add_argument("--profile", action="store_true",
-                    help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
+    ra.add_argument("--profile", nargs="?", const=True, default=False, metavar="NAME",
+                    help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank; attach: "
+                         "the IPython profile whose cluster to attach to")
+    ra.add_argument("--cluster-file", metavar="PATH", help="attach: the cluster file `ipcluster start` wrote")
+    ra.add_argument("--sshserver", metavar="HOST", help="attach: reach the controller through an SSH tunnel to HOST")
     ra.add_argument("--export", metavar="PATH",
                     help="cell, with --profile: write the ranks' Perfetto traces merged into one, a process per "
                          "rank").completer = _paths
@@ -331,6 +335,17 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
     def refuse(why: str) -> UsageError:
         return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks')}")
 
+    attaching = [o for o, given in (("--cluster-file", args.cluster_file), ("--sshserver", args.sshserver)) if given]
+    if args.action == "attach" and not cell:
+        if args.n is not None or args.restart or args.engines or args.hosts or slurm_given(args):
+            raise refuse("attach takes the cluster that runs: `%neuron ranks attach --profile NAME` or "
+                         "`--cluster-file PATH`, and --sshserver HOST, --timeout S")
+        if (args.profile is True) or (args.profile and args.cluster_file):
+            raise refuse("attach: --profile NAME or --cluster-file PATH, one of them")
+        return
+    if isinstance(args.profile, str) or attaching:
+        raise refuse(f"{', '.join(attaching or ['--profile NAME'])} go{'es' if len(attaching) < 2 else ''} with "
+                     "attach: `%neuron ranks attach --profile NAME`")
     if cell and (args.action or args.n is not None or args.restart):
         raise refuse("the cell form runs the cell on the ranks and takes only --timeout S, --profile, --export PATH "
                      "and --row-limit N; start and stop them with `%neuron ranks start N` / `%neuron ranks stop` on "

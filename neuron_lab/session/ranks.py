@@ -32,6 +32,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -120,6 +121,7 @@ class Engine:
     engine_id: int = -1  # ipyparallel's id for it, which its launcher chose (not its rank)
     died: bool = False
     job: JobWatch | None = None  # the Slurm job it runs in: its state, not its pid, says whether it can be up
+    here: bool = True  # on this machine: its pid says whether it is up (elsewhere: the controller's heartbeats)
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
     last: Any = None  # the AsyncResult of the last cell sent to it
@@ -129,7 +131,8 @@ class Engine:
         return f"engine {self.rank} (pid {self.pid})"
 
     def alive(self) -> bool:
-        self.died = self.died or not (self.job.up() if self.job is not None else _running(self.pid))
+        up = self.job.up() if self.job is not None else _running(self.pid) if self.here else True
+        self.died = self.died or not up
         return not self.died
 
     def free(self) -> bool:
@@ -143,7 +146,8 @@ class Ranks(ShownAsText):
     """A running ipyparallel cluster of N ranks in one ``neuron`` process group; ``str()`` is its status."""
 
     def __init__(self, cluster: Any, client: Any, engines: list[Engine], timeout_s: float, profile_dir: str,
-                 store: launch.AgentStore, job: JobWatch | None = None, restart: str = "") -> None:
+                 store: launch.AgentStore, job: JobWatch | None = None, restart: str = "",
+                 attached: str | None = None) -> None:
         self.cluster = cluster
         self.client = client
         self.engines = engines
@@ -155,6 +159,7 @@ class Ranks(ShownAsText):
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
         self.job = job  # the Slurm job the engines run in, for slurm engines
         self.restart = restart  # the magic that starts these ranks afresh
+        self.attached = attached  # where the cluster is whose engines these ranks are, when it is not ours to stop
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
@@ -196,52 +201,52 @@ class Ranks(ShownAsText):
                 progress(f"neuron_lab: Slurm job {job.job_id} submitted")
             client = cluster.connect_client_sync()
             _wait_engines(client, n, started + timeout_s, job, cluster)
-            store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
-            port = store.port
-            ids = sorted(client.ids)
-            # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
-            base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
-            if hosts > 1:
-                envs = launch.rank_envs(base, n // hosts, port, hosts)
-            else:  # each engine's rank from its scheduler's variables (mpiexec's), or host by host
-                from ipyparallel import Reference
-
-                seen = [placement.Seen(host, env) for host, env in
-                        client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
-                places = placement.place(seen)
-                by_rank = sorted(range(n), key=lambda i: places[i].rank)
-                envs = launch.place_envs(base, [places[i] for i in by_rank], port)
-                ids = [ids[i] for i in by_rank]
-            progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
-                     f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
-            pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
-            for i in range(n):
-                client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
-            ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
-            pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
-            started_engines: list[Engine] = []
-            for i, ar in pending.items():
-                info = _wait_setup(ar, Engine(i, pids[i], "", job=job), started + timeout_s)
-                if info["torch_first"]:
-                    raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
-                                     f"(an IPython startup file?), so its device is not neuron:{i}")
-                host = placement.host_name(envs[i])
-                started_engines.append(Engine(i, info["pid"], info["device"], host, ids[i], job=job))
-                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
-                         + (f" on {host}" if hosts > 1 else ""))
+            ends_with = () if job else (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop
+            engines_up, store = _join(client, n, hosts, timeout_s, started + timeout_s, progress, job, ends_with)
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
-            if isinstance(e, (RanksError, KeyboardInterrupt)):
-                raise
-            if isinstance(e, placement.PlacementError):
-                raise RanksError(f"the engines do not make one world: {e}") from None
-            if isinstance(e, (TimeoutError, ipp.error.TimeoutError)):
-                raise RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)") \
-                    from None
-            raise RanksError(f"the ranks did not start: {_one_line(e)}") from None
+            raise _start_error(e, timeout_s) from None
         progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; run a cell on all "
                  "of them with `%%neuron ranks`, stop them with `%neuron ranks stop`")
-        return cls(cluster, client, started_engines, timeout_s, profile_dir, store, job, restart)
+        return cls(cluster, client, engines_up, timeout_s, profile_dir, store, job, restart)
+
+    @classmethod
+    def attach(cls, profile: str | None = None, cluster_file: str | None = None, sshserver: str | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print) -> Ranks:
+        """The engines of an ipyparallel cluster that runs already (a team's ``ipcluster start``), found by its
+        IPython ``profile`` or its ``cluster_file``, through ``sshserver``'s tunnel if given, made ranks as started
+        engines are. Nothing of that cluster is stopped, on a failure or at :meth:`stop`: the notebook detaches."""
+        try:
+            from ipyparallel import Client
+        except ImportError:
+            raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
+        where = f"cluster file {cluster_file}" if cluster_file else f"profile {profile or 'default'}"
+        started = time.monotonic()
+        try:
+            kwargs = {"sshserver": sshserver} if sshserver else {}
+            if cluster_file:  # ipcluster's file says where its profile and connection files are, and its engines
+                with open(cluster_file) as f:
+                    found = json.load(f)
+                client = Client(profile_dir=found["cluster"]["profile_dir"],
+                                cluster_id=found["cluster"].get("cluster_id", ""), timeout=timeout_s, **kwargs)
+                sets = found.get("engines", {}).get("sets", {}).values()
+                client.wait_for_engines(sum(s.get("n", 0) for s in sets), timeout=timeout_s, interactive=False)
+            else:
+                client = Client(profile=profile or "default", timeout=timeout_s, **kwargs)
+        except Exception as e:  # noqa: BLE001 (no file, no controller, a tunnel refused: each said in its words)
+            raise RanksError(f"no ipyparallel cluster to attach to at {where}: {_one_line(e)}") from None
+        n = len(client.ids)
+        try:
+            if not 1 <= n <= MAX_RANKS:
+                raise RanksError(f"the cluster at {where} has {count(n, 'engine')}; ranks need 1 to {MAX_RANKS}")
+            progress(f"neuron_lab: attached to the {count(n, 'engine')} of the ipyparallel cluster at {where}")
+            engines, store = _join(client, n, 1, timeout_s, started + timeout_s, progress, None, ())
+        except BaseException as e:
+            client.close()
+            raise _start_error(e, timeout_s) from None
+        progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; `%neuron ranks stop` "
+                 "detaches, leaving the engines running")
+        return cls(None, client, engines, timeout_s, "", store, attached=where)
 
     # -- run ----------------------------------------------------------------------------------------------------
     def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
@@ -446,12 +451,15 @@ class Ranks(ShownAsText):
                 self.client[[e.engine_id for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
             except Exception:
                 pass  # the engines are stopped below all the same
+        self.store = None
+        if self.attached is not None:  # not ours: the engines stay, out of the group
+            self.client.close()
+            return []
         pids = [e.pid for e in self.engines if e.alive()]
         _shutdown(self.cluster, self.client, self._profile_dir)
         if self.job is not None and not self.job.gone():
             print(f"neuron_lab: the Slurm job {self.job.job_id} is still {self.job.state()} after scancel; "
                   f"`scancel {self.job.job_id}`", file=sys.stderr)
-        self.store = None
         return pids
 
     @property
@@ -463,7 +471,8 @@ class Ranks(ShownAsText):
         if self._stopped:
             return "neuron_lab ranks: stopped"
         up = [e for e in self.engines if e.alive()]
-        lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on ipyparallel, process "
+        on = "ipyparallel" if self.attached is None else f"the ipyparallel cluster at {self.attached} (attached)"
+        lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on {on}, process "
                  f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
         if self.job is not None:
             lines.append(f"  Slurm job {self.job.job_id}: {self.job.state() or 'unknown to squeue and sacct'}")
@@ -506,6 +515,48 @@ def _merge_traces(folder: str, export: str, ranks: list[int]) -> str | None:
     return export
 
 
+def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, progress: Callable[[str], None],
+          job: JobWatch | None, ends_with: tuple[int, ...]) -> tuple[list[Engine], launch.AgentStore]:
+    """The registered engines made ranks 0..n-1 of one process group that meets at a store hosted here: each rank
+    where its scheduler placed it (``hosts`` > 1: on that many hosts emulated, ``n // hosts`` ranks each); an engine
+    ends when the processes ``ends_with`` are gone (none: engines this notebook did not start, or not on its
+    machine)."""
+    from ipyparallel import Reference
+
+    store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
+    port = store.port
+    ids = sorted(client.ids)[:n]
+    seen = [placement.Seen(host, env)
+            for host, env in client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
+    # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
+    base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
+    if hosts > 1:
+        envs = launch.rank_envs(base, n // hosts, port, hosts)
+    else:  # each engine's rank from its scheduler's variables (mpiexec's, srun's), or host by host
+        places = placement.place(seen)
+        by_rank = sorted(range(n), key=lambda i: places[i].rank)
+        envs = launch.place_envs(base, [places[i] for i in by_rank], port)
+        ids, seen = [ids[i] for i in by_rank], [seen[i] for i in by_rank]
+    here = [s.host == socket.gethostname() for s in seen]  # its pid can be watched
+    progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
+             f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
+    pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
+    for i in range(n):
+        client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
+    pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
+    engines: list[Engine] = []
+    for i, ar in pending.items():
+        info = _wait_setup(ar, Engine(i, pids[i], "", job=job, here=here[i]), deadline)
+        if info["torch_first"]:
+            raise RanksError(f"rank {i}: torch was imported before the rank's variables were set (an IPython "
+                             f"startup file, or earlier work on an attached engine?), so its device is not neuron:{i}")
+        host = placement.host_name(envs[i])
+        engines.append(Engine(i, info["pid"], info["device"], host, ids[i], job=job, here=here[i]))
+        progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}" + (f" on {host}" if hosts > 1
+                                                                                        else ""))
+    return engines, store
+
+
 def _wait_engines(client: Any, n: int, deadline: float, job: JobWatch | None, cluster: Any) -> None:
     """Until ``n`` engines registered; a Slurm job that ends first is a :class:`RanksError` with its output's last
     line, one that is still pending at the deadline says so."""
@@ -544,6 +595,19 @@ def _wait_setup(ar: Any, e: Engine, deadline: float) -> dict[str, Any]:
         if getattr(e, "ename", "") == PreflightMismatch.__name__:  # the table, whole: it is the message
             raise RanksError(f"the ranks differ, so none joined the process group\n{e.evalue}") from None
         raise RanksError(f"rank {rank} failed to start: {_one_line(e)}") from None
+
+
+def _start_error(e: BaseException, timeout_s: float) -> BaseException:
+    """What a start that failed with ``e`` raises: a :class:`RanksError` that says why (an interrupt stays one)."""
+    from ipyparallel.error import TimeoutError as EnginesLate
+
+    if isinstance(e, (RanksError, KeyboardInterrupt)):
+        return e
+    if isinstance(e, placement.PlacementError):
+        return RanksError(f"the engines do not make one world: {e}")
+    if isinstance(e, (TimeoutError, EnginesLate)):
+        return RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)")
+    return RanksError(f"the ranks did not start: {_one_line(e)}")
 
 
 def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
