@@ -539,7 +539,8 @@ def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     doc = plain_shell.find_line_magic("neuron").__doc__
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
     assert f"--- ranks ---\n{USAGE}\n\n" \
-           "`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, neuron:RANK each)" in doc
+           "`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi or slurm; torchrun's variables set, " \
+           "neuron:RANK each)" in doc
 
 
 NOTEBOOK = """

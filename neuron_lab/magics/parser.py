@@ -212,9 +212,10 @@ def build() -> NeuronArgumentParser:
                     "finds them)")
     ra = command("ranks", help="run cells on N ranks of one `neuron` process group, one ipyparallel engine each; "
                                "one report for all ranks",
-                 description="`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, "
-                             "neuron:RANK each). A `%%neuron ranks` cell runs on all of them and reports each rank's "
-                             "time, memory, fallbacks, collectives and error, and the skew. `stop` stops them.")
+                 description="`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi or slurm; torchrun's "
+                             "variables set, neuron:RANK each); `attach`: the engines of a cluster that runs already. "
+                             "A `%%neuron ranks` cell runs on all of them and reports each rank's time, memory, "
+                             "fallbacks, collectives and error, and the skew. `stop` stops them (attached: detaches).")
     ra.add_argument("action", nargs="?", choices=("start", "attach", "stop"),
                     help="start N ranks; attach to an ipyparallel cluster that runs already; or stop them")
     ra.add_argument("n", nargs="?", type=int, metavar="N", help=f"how many ranks to start, 1 to {MAX_RANKS}")
