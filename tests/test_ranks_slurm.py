@@ -9,11 +9,14 @@ failed in CI. The 4 engines start once for the module (about 50 s on a loaded 2-
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 
+import nbformat
 import pytest
 import slurm
+from conftest import neuron_lab_run
 from IPython.core.interactiveshell import InteractiveShell
 from shells import loaded_shell, run
 from test_ranks import ALL_REDUCE_AND_DDP, _children, _gone, _kill, ranks_error
@@ -98,3 +101,22 @@ def test_srun_numbers_the_ranks_and_a_job_cancelled_outside_is_said_on_the_next_
         finally:
             _cancel(job_id)
             _kill(_children() - before)
+
+
+def test_neuron_lab_run_engines_slurm_starts_a_notebooks_ranks_in_a_slurm_job(tmp_path) -> None:
+    slurm.default_partition()  # skip (fail in CI) without a Slurm
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext neuron_lab", "%neuron ranks start 2 --timeout 120",
+        "%%neuron ranks --timeout 120\nimport os, torch, torch.distributed as dist\n"
+        "x = torch.ones(2, device=device)\ndist.all_reduce(x)\n"
+        "print('job', os.environ['SLURM_JOB_ID'], 'rank', dist.get_rank(), int(x[0]))\n",
+        "%neuron ranks stop")]
+    nbformat.write(nb, tmp_path / "slurm.ipynb")
+    code, text = neuron_lab_run(tmp_path, "slurm.ipynb", "--engines", "slurm", "--output", "out.ipynb", timeout=400)
+    assert code == 0, text
+    outputs = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[2].outputs
+    printed = "".join(o.get("text") or o.get("data", {}).get("text/plain", "") for o in outputs)  # kernel: display data
+    jobs = set(re.findall(r"job (\d+) rank (\d) 2", printed))
+    assert {rank for _, rank in jobs} == {"0", "1"} and len({job for job, _ in jobs}) == 1, text
+    assert job_state(jobs.pop()[0]) not in (*UP, "COMPLETING")  # the notebook's stop cancelled it

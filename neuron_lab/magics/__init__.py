@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
-from neuron_lab import checks, modes
+from neuron_lab import checks, modes, settings
 from neuron_lab.checks import CompareOptions, ParityOptions, limits
 from neuron_lab.deprecation import renamed
 from neuron_lab.magics import parser as _parser
@@ -31,6 +32,7 @@ from neuron_lab.trace import profile as profiling
 from neuron_lab.units import ShownAsText, count
 
 _PARSER = _parser.build()
+_RANKS_ENGINES = settings.env("NEURON_LAB_RANKS_ENGINES")
 
 
 class ReportList(ShownAsText):
@@ -257,8 +259,11 @@ class NeuronMagics(Magics):
                 self._stop_ranks()
             try:
                 slurm = SlurmOptions(args.partition, args.nodes, args.ntasks_per_node, args.account, args.time)
+                engines, problem = _RANKS_ENGINES.choice()  # `neuron-lab run --engines KIND`'s default
+                if problem and not args.engines:
+                    print(f"neuron_lab: {problem}", file=sys.stderr)
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or "local", slurm=slurm)
+                                      engines=args.engines or engines, slurm=slurm)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"

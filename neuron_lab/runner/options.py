@@ -143,6 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", type=ranks, metavar="M", default=1,
                    help="emulate M hosts on this machine, each with --nproc-per-node ranks (torchrun's multi-node "
                         "ranks; each rank is told its host)")
+    p.add_argument("--engines", choices=("local", "mpi", "slurm"), default=None,
+                   help="the ipyparallel engines a notebook's `%%neuron ranks start N` starts "
+                        "(NEURON_LAB_RANKS_ENGINES in the kernel; default: the environment's, else local)")
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")
