@@ -1,6 +1,7 @@
 """`%neuron ranks start N --engines slurm`: engines in a real Slurm job (ipyparallel's Slurm launcher, `sbatch` and
 `srun`), as ranks of one `neuron` process group; a DDP step's merged report on 2 emulated hosts × 2 ranks, stop
-cancelling the job, ranks numbered by srun, and a job cancelled outside the notebook said so on the next cell.
+cancelling the job, ranks numbered by srun, a job cancelled outside the notebook said so on the next cell, a planted
+mismatch's preflight table with the job cancelled, and `neuron-lab run --engines slurm` on a notebook.
 
 Needs a Slurm that answers (`tools/slurm_local.sh` starts one on this machine; `.ci/run` does): skipped without one,
 failed in CI. The 4 engines start once for the module (about 50 s on a loaded 2-core machine). Every wait is bounded
@@ -100,6 +101,31 @@ def test_srun_numbers_the_ranks_and_a_job_cancelled_outside_is_said_on_the_next_
             assert job_state(job_id) not in (*UP, "COMPLETING") and _gone(pids) and _gone(_children() - before)
         finally:
             _cancel(job_id)
+            _kill(_children() - before)
+
+
+def test_a_planted_mismatch_stops_a_slurm_start_with_the_preflight_table_and_cancels_the_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_lab.session import launch
+
+    def planted(*args: object, **kwargs: object) -> list[dict[str, str]]:  # host1 set up another way
+        envs = rank_envs(*args, **kwargs)
+        return [{**env, "FI_PROVIDER": "tcp" if r else "efa"} for r, env in enumerate(envs)]
+
+    rank_envs = launch.rank_envs
+    monkeypatch.setattr(launch, "rank_envs", planted)
+    partition, before = slurm.default_partition(), _children()
+    with loaded_shell(instance=True) as sh:
+        try:
+            res, cap = run(sh, START.format(n=2, partition=partition) + " --hosts 2", ok=False)
+            msg = str(res.error_in_exec).splitlines()
+            assert msg[0] == ("%neuron ranks start: the ranks differ, so none joined the process group; nothing is "
+                              "left running")
+            assert msg[1] == "neuron_lab preflight: 2 ranks differ in FI_PROVIDER"
+            job_id = re.search(r"Slurm job (\d+) submitted", cap.stdout)[1]
+            assert job_state(job_id) not in (*UP, "COMPLETING") and session_of(sh).ranks is None
+            assert _gone(_children() - before)
+        finally:
             _kill(_children() - before)
 
 

@@ -205,6 +205,8 @@ class Ranks(ShownAsText):
             engines_up, store = _join(client, n, hosts, timeout_s, started + timeout_s, progress, job, ends_with)
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
+            if job is not None:
+                job.gone()  # cancelled with the cluster: gone before the notebook says nothing is left
             raise _start_error(e, timeout_s) from None
         progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; run a cell on all "
                  "of them with `%%neuron ranks`, stop them with `%neuron ranks stop`")
