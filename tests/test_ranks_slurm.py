@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -87,6 +88,7 @@ def test_srun_numbers_the_ranks_and_a_job_cancelled_outside_is_said_on_the_next_
     with loaded_shell(instance=True) as sh:
         try:
             run(sh, START.format(n=2, partition=partition))
+            assert not Path("slurm_engine.sbatch").exists()  # the batch script is the cluster's, not the notebook's
             ranks = session_of(sh).ranks
             job_id, pids = ranks.job.job_id, [e.pid for e in ranks.engines]
             _, cap = run(sh, "%%neuron ranks --timeout 120\nimport os, torch.distributed as dist\n"

@@ -8,13 +8,19 @@ those (``--nodes=2 --ntasks-per-node=2``) as an ``#SBATCH`` line of its own. Eve
 
 from __future__ import annotations
 
+import os
 import shlex
 
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 
 
 class SlurmEngines(SlurmEngineSetLauncher):
-    """``SlurmEngineSetLauncher`` whose ``options`` reach the batch script."""
+    """``SlurmEngineSetLauncher`` whose ``options`` reach the batch script, written into the cluster's profile
+    folder (the launcher writes it into the current folder: the notebook's)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch_file = os.path.join(self.profile_dir, self.batch_file_name)
 
     def _insert_options_in_script(self) -> None:
         super()._insert_options_in_script()
