@@ -53,7 +53,7 @@ from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
-ENGINES = ("local", "mpi", "slurm")  # --engines: ipyparallel's engine launcher of that name
+ENGINES = ("local", "mpi", "slurm")  # --engines: ipyparallel's launcher of that name (slurm: slurm_engines)
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
