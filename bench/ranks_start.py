@@ -8,7 +8,7 @@ neuron_lab, ``import torch_neuronx`` and ``init_process_group(backend="neuron")`
 round, in one IPython shell; the figures are the median of the per-round ratios (absolute seconds differ between
 machines; ratios measured in one run do not), with the median seconds for scale.
 
-    .venv/bin/python bench/ranks_start.py [--rounds 3] [--ranks 2] [--engines local mpi]
+    .venv/bin/python bench/ranks_start.py [--rounds 3] [--ranks 2] [--engines local mpi slurm]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--engines", nargs="+", default=["local"], choices=("local", "mpi"))
+    ap.add_argument("--engines", nargs="+", default=["local"], choices=("local", "mpi", "slurm"))
     args = ap.parse_args()
     shell = start_ipython()
     shell.run_line_magic("load_ext", "neuron_lab")

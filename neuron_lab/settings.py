@@ -205,6 +205,9 @@ register_env("KINETO_LOG_LEVEL", "torch.profiler's log level; neuron_lab sets 6 
 register_env("LOCAL_RANK", "this process's rank on its host", f"{E}.topology", f"{E}.distributed",
              "neuron_lab.runner.kernel", listed=False)
 register_env("LOCAL_WORLD_SIZE", "how many ranks run on this host", f"{E}.topology", listed=False)
+register_env("NEURON_LAB_RANKS_ENGINES", "the engines `%neuron ranks start N` starts when it is not given "
+             "--engines (`neuron-lab run --engines` sets it for a notebook's kernel)", "neuron_lab.magics",
+             choices=("local", "mpi", "slurm"), default="local")
 register_env("NEURON_LAB_HOST", "the emulated host this rank is on (one per host of `--nnodes M`, `--hosts M`)",
              "neuron_lab.session.placement", listed=False)
 register_env("RANK", "this process's global rank", f"{E}.neuronx.profiling", listed=False, default="0")

@@ -45,10 +45,13 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 """
 
 
-USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi}]\n"
-         "                     [--hosts M] [--instance NAME[,NAME...]] [--profile]\n"
-         "                     [--export PATH] [--row-limit N]\n"
-         "                     [{start,stop}] [N]")
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi,slurm}]\n"
+         "                     [--hosts M] [--instance NAME[,NAME...]]\n"
+         "                     [--partition NAME] [--nodes M] [--ntasks-per-node K]\n"
+         "                     [--account NAME] [--time LIMIT] [--profile [NAME]]\n"
+         "                     [--cluster-file PATH] [--sshserver HOST] [--export PATH]\n"
+         "                     [--row-limit N]\n"
+         "                     [{start,attach,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -436,6 +439,14 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
                                                      "emulator knows"),
     ("%neuron ranks start 2 --hosts 2 --engines mpi", "%neuron ranks: --hosts emulates hosts with local engines; mpi "
                                                       "engines are where it puts them"),
+    ("%neuron ranks start 2 --partition gpu", "%neuron ranks: --partition goes with --engines slurm"),
+    ("%neuron ranks start 4 --hosts 2 --engines slurm --nodes 2",
+     "%neuron ranks: --hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones"),
+    ("%neuron ranks --nodes 2", "%neuron ranks: --hosts, --instance and --engines go with start"),
+    ("%neuron ranks start 2 --sshserver login1", "%neuron ranks: --sshserver goes with attach"),
+    ("%neuron ranks attach --profile a --cluster-file b", "%neuron ranks: attach: --profile NAME or --cluster-file "
+                                                          "PATH, one of them"),
+    ("%neuron ranks attach 2", "%neuron ranks: attach takes the cluster that runs"),
     ("%%neuron ranks start 2\nx = 1\n", "%%neuron ranks: the cell form runs the cell on the ranks and takes only "
                                          "--timeout S"),
     ("%neuron ranks begin", "%neuron ranks: argument action: invalid choice: 'begin'"),
@@ -579,7 +590,8 @@ def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     doc = plain_shell.find_line_magic("neuron").__doc__
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
     assert f"--- ranks ---\n{USAGE}\n\n" \
-           "`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, neuron:RANK each)" in doc
+           "`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi or slurm; torchrun's variables set, " \
+           "neuron:RANK each)" in doc
 
 
 NOTEBOOK = """

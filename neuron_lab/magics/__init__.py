@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, output_can_be_silenced
 
-from neuron_lab import checks, modes
+from neuron_lab import checks, modes, settings
 from neuron_lab.checks import CompareOptions, ParityOptions, limits
 from neuron_lab.deprecation import renamed
 from neuron_lab.magics import parser as _parser
@@ -26,10 +27,12 @@ from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.rows import summary_line
 from neuron_lab.session import Session, devices
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
+from neuron_lab.session.slurm_job import SlurmOptions
 from neuron_lab.trace import profile as profiling
 from neuron_lab.units import ShownAsText, count
 
 _PARSER = _parser.build()
+_RANKS_ENGINES = settings.env("NEURON_LAB_RANKS_ENGINES")
 
 
 class ReportList(ShownAsText):
@@ -255,12 +258,27 @@ class NeuronMagics(Magics):
             if running:
                 self._stop_ranks()
             try:
+                slurm = SlurmOptions(args.partition, args.nodes, args.ntasks_per_node, args.account, args.time)
+                engines, problem = _RANKS_ENGINES.choice()  # `neuron-lab run --engines KIND`'s default
+                if problem and not args.engines:
+                    print(f"neuron_lab: {problem}", file=sys.stderr)
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or "local", instance=args.instance)
+                                      engines=args.engines or engines, slurm=slurm, instance=args.instance)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"
                                  + (f"\n{table}" if table else "")) from None
+            return None
+        if args.action == "attach":
+            if running:
+                raise _usage_error("ranks", f"{count(len(s.ranks.engines), 'rank')} already running; `%neuron ranks "
+                                            "stop` first")
+            try:
+                s.ranks = Ranks.attach(args.profile or None, args.cluster_file, args.sshserver,
+                                       args.timeout or DEFAULT_TIMEOUT_S)
+            except RanksError as e:
+                first, _, table = str(e).partition("\n")
+                raise UsageError(f"%neuron ranks attach: {first}" + (f"\n{table}" if table else "")) from None
             return None
         if args.action == "stop":
             if not running:
@@ -272,6 +290,9 @@ class NeuronMagics(Magics):
     def _stop_ranks(self) -> _Text:
         ranks, self.session.ranks = self.session.ranks, None
         pids = ranks.stop()
+        if ranks.attached is not None:
+            return _Text(f"neuron_lab ranks: detached from {count(len(ranks.engines), 'rank')}; their engines keep "
+                         f"running (the cluster at {ranks.attached} was not started here)")
         return _Text(f"neuron_lab ranks: stopped {count(len(ranks.engines), 'rank')}" +
                      (f" (pids {', '.join(map(str, pids))})" if pids else ""))
 

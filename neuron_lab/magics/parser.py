@@ -213,23 +213,31 @@ def build() -> NeuronArgumentParser:
                     "finds them)")
     ra = command("ranks", help="run cells on N ranks of one `neuron` process group, one ipyparallel engine each; "
                                "one report for all ranks",
-                 description="`start N`: ranks 0..N-1 on local ipyparallel engines (torchrun's variables set, "
-                             "neuron:RANK each). A `%%neuron ranks` cell runs on all of them and reports each rank's "
-                             "time, memory, fallbacks, collectives and error, and the skew. `stop` stops them.")
-    ra.add_argument("action", nargs="?", choices=("start", "stop"), help="start N ranks, or stop them")
+                 description="`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi or slurm; torchrun's "
+                             "variables set, neuron:RANK each); `attach`: the engines of a cluster that runs already. "
+                             "A `%%neuron ranks` cell runs on all of them and reports each rank's time, memory, "
+                             "fallbacks, collectives and error, and the skew. `stop` stops them (attached: detaches).")
+    ra.add_argument("action", nargs="?", choices=("start", "attach", "stop"),
+                    help="start N ranks; attach to an ipyparallel cluster that runs already; or stop them")
     ra.add_argument("n", nargs="?", type=int, metavar="N", help=f"how many ranks to start, 1 to {MAX_RANKS}")
     ra.add_argument("--timeout", type=float, metavar="S",
                     help="start: seconds to wait for the engines and, at a collective, for the other ranks "
                          f"(default {DEFAULT_TIMEOUT_S:g}); cell: for the ranks to finish (default: no limit)")
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     ra.add_argument("--engines", choices=tuple(ENGINES), default=None,
-                    help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them)")
+                    help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them; slurm: "
+                         "one sbatch job, ranks as srun numbers them)")
     ra.add_argument("--hosts", type=int, metavar="M",
-                    help="start: emulate M hosts here, N/M ranks each")
+                    help="start: emulate M hosts here (local engines) or on the Slurm job's one node, N/M ranks each")
     ra.add_argument("--instance", metavar="NAME[,NAME...]",
                     help="start: each emulated host's instance shape (one for all, or one per host)")
-    ra.add_argument("--profile", action="store_true",
-                    help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank")
+    for flag, kind, meta, what in SLURM_FLAGS:
+        ra.add_argument(flag, type=kind, metavar=meta, help=f"start, slurm engines: sbatch {flag} ({what})")
+    ra.add_argument("--profile", nargs="?", const=True, default=False, metavar="NAME",
+                    help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank; attach: "
+                         "the IPython profile whose cluster to attach to")
+    ra.add_argument("--cluster-file", metavar="PATH", help="attach: the cluster file `ipcluster start` wrote")
+    ra.add_argument("--sshserver", metavar="HOST", help="attach: reach the controller through an SSH tunnel to HOST")
     ra.add_argument("--export", metavar="PATH",
                     help="cell, with --profile: write the ranks' Perfetto traces merged into one, a process per "
                          "rank").completer = _paths
@@ -316,11 +324,32 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
     return args
 
 
+SLURM_FLAGS = (("--partition", str, "NAME", "the launcher's queue"), ("--nodes", int, "M", "the launcher's options"),
+               ("--ntasks-per-node", int, "K", "the launcher's options"), ("--account", str, "NAME", "its account"),
+               ("--time", str, "LIMIT", "its timelimit"))
+
+
+def slurm_given(args: argparse.Namespace) -> list[str]:
+    """The Slurm options given on the line."""
+    return [flag for flag, *_ in SLURM_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+
+
 def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) -> None:
     """``start N [--timeout S] [--restart]`` / ``stop`` / nothing (status) on a line; ``[--timeout S]`` on a cell."""
     def refuse(why: str) -> UsageError:
         return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks')}")
 
+    attaching = [o for o, given in (("--cluster-file", args.cluster_file), ("--sshserver", args.sshserver)) if given]
+    if args.action == "attach" and not cell:
+        if args.n is not None or args.restart or args.engines or args.hosts or slurm_given(args):
+            raise refuse("attach takes the cluster that runs: `%neuron ranks attach --profile NAME` or "
+                         "`--cluster-file PATH`, and --sshserver HOST, --timeout S")
+        if (args.profile is True) or (args.profile and args.cluster_file):
+            raise refuse("attach: --profile NAME or --cluster-file PATH, one of them")
+        return
+    if isinstance(args.profile, str) or attaching:
+        raise refuse(f"{', '.join(attaching or ['--profile NAME'])} go{'es' if len(attaching) < 2 else ''} with "
+                     "attach: `%neuron ranks attach --profile NAME`")
     if cell and (args.action or args.n is not None or args.restart):
         raise refuse("the cell form runs the cell on the ranks and takes only --timeout S, --profile, --export PATH "
                      "and --row-limit N; start and stop them with `%neuron ranks start N` / `%neuron ranks stop` on "
@@ -342,8 +371,13 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             raise refuse("start needs N, how many ranks: `%neuron ranks start 2`")
         if not 1 <= args.n <= MAX_RANKS:
             raise refuse(f"N must be from 1 to {MAX_RANKS}, not {args.n}")
-        if args.hosts is not None and args.engines not in (None, "local"):
+        if args.hosts is not None and args.engines not in (None, "local", "slurm"):
             raise refuse(f"--hosts emulates hosts with local engines; {args.engines} engines are where it puts them")
+        if args.hosts is not None and args.nodes is not None:
+            raise refuse("--hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones")
+        if slurm_given(args) and args.engines != "slurm":
+            given = slurm_given(args)
+            raise refuse(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --engines slurm")
         if args.hosts is not None and not (1 <= args.hosts <= args.n and args.n % args.hosts == 0):
             raise refuse(f"--hosts {args.hosts} must divide the {args.n} ranks evenly (as many ranks on each host)")
         if args.instance is not None and args.engines not in (None, "local"):
@@ -356,7 +390,7 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
         return
     if args.n is not None:
         raise refuse(f"N goes with start: `%neuron ranks start {args.n}`")
-    if args.hosts is not None or args.engines is not None or args.instance is not None:
+    if args.hosts is not None or args.engines is not None or args.instance is not None or slurm_given(args):
         raise refuse("--hosts, --instance and --engines go with start: `%neuron ranks start 4 --hosts 2`")
     if args.timeout is not None or args.restart:
         raise refuse("--timeout and --restart go with start (`%neuron ranks start N --timeout S`); a cell's "

@@ -46,12 +46,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def kernel_env(args: argparse.Namespace) -> dict[str, str]:
-    """The runner's environment with ``--backend`` and ``--coverage`` set; a coverage that cannot load is bad input."""
+    """The runner's environment with ``--backend``, ``--coverage`` and ``--engines`` set; a coverage that cannot load
+    is bad input."""
     from neuron_lab.backend import coverage
 
     env = dict(os.environ)
     if args.backend:
         env[settings.env("NEURON_LAB_BACKEND").name] = args.backend  # the kernel reads it
+    if args.engines:
+        env[settings.env("NEURON_LAB_RANKS_ENGINES").name] = args.engines  # its `%neuron ranks start N` does
     if args.coverage:
         try:
             coverage.load(args.coverage)

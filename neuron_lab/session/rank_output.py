@@ -71,8 +71,8 @@ class HeldOutput:
             elif kind == "error":
                 self.tracebacks[rank].append("\n".join(content.get("traceback") or
                                                        [f"{content.get('ename')}: {content.get('evalue')}"]))
-            else:
-                stream(eid, msg_future, msg)
+            else:  # prefixed with the rank: an engine's id is its launcher's order, not its rank (srun's, mpiexec's)
+                stream(rank, msg_future, msg)
         return callback
 
     def show(self) -> None:

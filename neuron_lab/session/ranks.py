@@ -18,6 +18,9 @@ engines wrote into a folder of its own into one file (:func:`~neuron_lab.trace.m
 
 Nothing here waits on a process that is gone: engines are watched by pid while a cell runs, so a dead rank is
 reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
+Engines in a Slurm job are watched through the job's state (``session.slurm_job``) and the controller's heartbeats:
+a job cancelled outside the notebook is said so on the next cell, and ``stop`` cancels the job (the launcher's
+``scancel``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -37,17 +41,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
+from traitlets.config import Config
 
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label
 from neuron_lab.session import launch, placement, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
+from neuron_lab.session.slurm_job import JobWatch, SlurmOptions
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
-ENGINES = {"local": "local", "mpi": "mpi"}  # --engines: ipyparallel's engine launcher of that name
+ENGINES = ("local", "mpi", "slurm")  # --engines: ipyparallel's launcher of that name (slurm: slurm_engines)
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
@@ -117,6 +123,8 @@ class Engine:
     host: str = ""
     engine_id: int = -1  # ipyparallel's id for it, which its launcher chose (not its rank)
     died: bool = False
+    job: JobWatch | None = None  # the Slurm job it runs in: its state, not its pid, says whether it can be up
+    here: bool = True  # on this machine: its pid says whether it is up (elsewhere: the controller's heartbeats)
     busy: Any = None  # the AsyncResult of a cell it has not finished (past its deadline, or interrupted)
     busy_title: str = ""
     last: Any = None  # the AsyncResult of the last cell sent to it
@@ -126,7 +134,8 @@ class Engine:
         return f"engine {self.rank} (pid {self.pid})"
 
     def alive(self) -> bool:
-        self.died = self.died or not _running(self.pid)
+        up = self.job.up() if self.job is not None else _running(self.pid) if self.here else True
+        self.died = self.died or not up
         return not self.died
 
     def free(self) -> bool:
@@ -140,7 +149,8 @@ class Ranks(ShownAsText):
     """A running ipyparallel cluster of N ranks in one ``neuron`` process group; ``str()`` is its status."""
 
     def __init__(self, cluster: Any, client: Any, engines: list[Engine], timeout_s: float, profile_dir: str,
-                 store: launch.AgentStore) -> None:
+                 store: launch.AgentStore, job: JobWatch | None = None, restart: str = "",
+                 attached: str | None = None) -> None:
         self.cluster = cluster
         self.client = client
         self.engines = engines
@@ -151,16 +161,21 @@ class Ranks(ShownAsText):
         self.broken: str | None = None  # what broke the process group (a collective past its timeout), once it did
         self._line_offsets: dict[int, int] = {}  # a cell run on the ranks: its lines on an engine start this much later
         self._asked = 0  # questions asked of stuck ranks so far (``session.stuck``)
+        self.job = job  # the Slurm job the engines run in, for slurm engines
+        self.restart = restart  # the magic that starts these ranks afresh
+        self.attached = attached  # where the cluster is whose engines these ranks are, when it is not ours to stop
         atexit.register(self.stop)  # the kernel exits: the engines go with it
 
     # -- start --------------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
-              hosts: int = 1, engines: str = "local", instance: str | None = None) -> Ranks:
+              hosts: int = 1, engines: str = "local", slurm: SlurmOptions | None = None,
+              instance: str | None = None) -> Ranks:
         """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
-        group, each rank where its scheduler placed it (local engines: on ``hosts`` hosts emulated on this machine,
-        ``n // hosts`` ranks each, each host of its ``instance`` shape: ``launch.host_instances``); on any failure
-        every process started is stopped again and :class:`RanksError` says why."""
+        group, each rank where its scheduler placed it (``hosts`` > 1: on that many hosts emulated on this machine,
+        ``n // hosts`` ranks each, each host of its ``instance`` shape: ``launch.host_instances``); ``slurm``: the
+        ``sbatch`` options of a Slurm job of engines. On any failure every process (or job) started is stopped again
+        and :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -169,62 +184,79 @@ class Ranks(ShownAsText):
             raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
 
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
+        launcher: Any = engines
+        config = Config()
+        if engines == "slurm":
+            from neuron_lab.session.slurm_engines import SlurmEngines
+
+            launcher = SlurmEngines
+            for name, value in (slurm or SlurmOptions()).traits().items():
+                setattr(config.SlurmEngineSetLauncher, name, value)
         cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
-                              engine_launcher_class=ENGINES[engines])
-        client = None
+                              engine_launcher_class=launcher, config=config)
+        restart = (f"%neuron ranks start {n}" + (f" --hosts {hosts}" if hosts > 1 else "")
+                   + (f" --instance {instance}" if instance else "")
+                   + (f" --engines {engines}" if engines != "local" else "") + (slurm.flags() if slurm else "")
+                   + " --restart")
+        client = job = None
         started = time.monotonic()
         try:
             progress(f"neuron_lab: starting {count(n, 'ipyparallel engine')} (ranks 0..{n - 1})…")
             cluster.start_cluster_sync()
+            if engines == "slurm":
+                job = JobWatch(next(iter(cluster.engines.values())).job_id)
+                progress(f"neuron_lab: Slurm job {job.job_id} submitted")
             client = cluster.connect_client_sync()
-            client.wait_for_engines(n, timeout=timeout_s, interactive=False)  # our lines say how far it got
-            store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
-            port = store.port
-            ids = sorted(client.ids)
-            # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
-            base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
-            if hosts > 1 or instance:
-                envs = launch.rank_envs(base, n // hosts, port, hosts,
-                                        launch.host_instances(instance, hosts) if instance else ())
-            else:  # each engine's rank from its scheduler's variables (mpiexec's), or host by host
-                from ipyparallel import Reference
-
-                seen = [placement.Seen(host, env) for host, env in
-                        client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
-                places = placement.place(seen)
-                by_rank = sorted(range(n), key=lambda i: places[i].rank)
-                envs = launch.place_envs(base, [places[i] for i in by_rank], port)
-                ids = [ids[i] for i in by_rank]
-            progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
-                     f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
-            pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
-            for i in range(n):
-                client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
-            ends_with = (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop: they end too
-            pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
-            engines: list[Engine] = []
-            for i, ar in pending.items():
-                info = _wait_setup(ar, i, pids[i], started + timeout_s)
-                if info["torch_first"]:
-                    raise RanksError(f"rank {i}: torch was imported before the rank's variables were set "
-                                     f"(an IPython startup file?), so its device is not neuron:{i}")
-                host = placement.host_name(envs[i])
-                engines.append(Engine(i, info["pid"], info["device"], host, ids[i]))
-                progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}"
-                         + (f" on {host}" if hosts > 1 or instance else ""))
+            _wait_engines(client, n, started + timeout_s, job, cluster)
+            ends_with = () if job else (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop
+            engines_up, store = _join(client, n, hosts, timeout_s, started + timeout_s, progress, job, ends_with,
+                                      instance)
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
-            if isinstance(e, (RanksError, KeyboardInterrupt)):
-                raise
-            if isinstance(e, placement.PlacementError):
-                raise RanksError(f"the engines do not make one world: {e}") from None
-            if isinstance(e, (TimeoutError, ipp.error.TimeoutError)):
-                raise RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)") \
-                    from None
-            raise RanksError(f"the ranks did not start: {_one_line(e)}") from None
+            if job is not None:
+                job.gone()  # cancelled with the cluster: gone before the notebook says nothing is left
+            raise _start_error(e, timeout_s) from None
         progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; run a cell on all "
                  "of them with `%%neuron ranks`, stop them with `%neuron ranks stop`")
-        return cls(cluster, client, engines, timeout_s, profile_dir, store)
+        return cls(cluster, client, engines_up, timeout_s, profile_dir, store, job, restart)
+
+    @classmethod
+    def attach(cls, profile: str | None = None, cluster_file: str | None = None, sshserver: str | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print) -> Ranks:
+        """The engines of an ipyparallel cluster that runs already (a team's ``ipcluster start``), found by its
+        IPython ``profile`` or its ``cluster_file``, through ``sshserver``'s tunnel if given, made ranks as started
+        engines are. Nothing of that cluster is stopped, on a failure or at :meth:`stop`: the notebook detaches."""
+        try:
+            from ipyparallel import Client
+        except ImportError:
+            raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
+        where = f"cluster file {cluster_file}" if cluster_file else f"profile {profile or 'default'}"
+        started = time.monotonic()
+        try:
+            kwargs = {"sshserver": sshserver} if sshserver else {}
+            if cluster_file:  # ipcluster's file says where its profile and connection files are, and its engines
+                with open(cluster_file) as f:
+                    found = json.load(f)
+                client = Client(profile_dir=found["cluster"]["profile_dir"],
+                                cluster_id=found["cluster"].get("cluster_id", ""), timeout=timeout_s, **kwargs)
+                sets = found.get("engines", {}).get("sets", {}).values()
+                client.wait_for_engines(sum(s.get("n", 0) for s in sets), timeout=timeout_s, interactive=False)
+            else:
+                client = Client(profile=profile or "default", timeout=timeout_s, **kwargs)
+        except Exception as e:  # noqa: BLE001 (no file, no controller, a tunnel refused: each said in its words)
+            raise RanksError(f"no ipyparallel cluster to attach to at {where}: {_one_line(e)}") from None
+        n = len(client.ids)
+        try:
+            if not 1 <= n <= MAX_RANKS:
+                raise RanksError(f"the cluster at {where} has {count(n, 'engine')}; ranks need 1 to {MAX_RANKS}")
+            progress(f"neuron_lab: attached to the {count(n, 'engine')} of the ipyparallel cluster at {where}")
+            engines, store = _join(client, n, 1, timeout_s, started + timeout_s, progress, None, ())
+        except BaseException as e:
+            client.close()
+            raise _start_error(e, timeout_s) from None
+        progress(f"neuron_lab: {count(n, 'rank')} ready in {time.monotonic() - started:.1f} s; `%neuron ranks stop` "
+                 "detaches, leaving the engines running")
+        return cls(None, client, engines, timeout_s, "", store, attached=where)
 
     # -- run ----------------------------------------------------------------------------------------------------
     def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
@@ -238,6 +270,8 @@ class Ranks(ShownAsText):
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
         if self.broken is not None:
             raise RanksError(self.broken)
+        if self.job is not None and not self.job.up(fresh=True):
+            raise RanksError(self.job.ended_outside(self.restart))
         if not profile:
             return self._check_group(RanksReport(title, self._run(lambda rank: body, title, cell, line_offset,
                                                                   timeout_s)))
@@ -448,9 +482,15 @@ class Ranks(ShownAsText):
                 self.client[[e.engine_id for e in live]].apply_async(_agent("leave_ranks")).get(timeout=FETCH_TIMEOUT_S)
             except Exception:
                 pass  # the engines are stopped below all the same
+        self.store = None
+        if self.attached is not None:  # not ours: the engines stay, out of the group
+            self.client.close()
+            return []
         pids = [e.pid for e in self.engines if e.alive()]
         _shutdown(self.cluster, self.client, self._profile_dir)
-        self.store = None
+        if self.job is not None and not self.job.gone():
+            print(f"neuron_lab: the Slurm job {self.job.job_id} is still {self.job.state()} after scancel; "
+                  f"`scancel {self.job.job_id}`", file=sys.stderr)
         return pids
 
     @property
@@ -462,8 +502,11 @@ class Ranks(ShownAsText):
         if self._stopped:
             return "neuron_lab ranks: stopped"
         up = [e for e in self.engines if e.alive()]
-        lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on ipyparallel, process "
+        on = "ipyparallel" if self.attached is None else f"the ipyparallel cluster at {self.attached} (attached)"
+        lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on {on}, process "
                  f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
+        if self.job is not None:
+            lines.append(f"  Slurm job {self.job.job_id}: {self.job.state() or 'unknown to squeue and sacct'}")
         for e in self.engines:
             state = "died" if not e.alive() else f"running {e.busy_title}" if not e.free() else "up"
             host = f"{e.host:<8} " if len({e.host for e in self.engines}) > 1 else ""
@@ -520,13 +563,81 @@ def _merge_traces(folder: str, export: str, ranks: list[int]) -> str | None:
     return export
 
 
-def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]:
+def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, progress: Callable[[str], None],
+          job: JobWatch | None, ends_with: tuple[int, ...], instance: str | None = None,
+          ) -> tuple[list[Engine], launch.AgentStore]:
+    """The registered engines made ranks 0..n-1 of one process group that meets at a store hosted here: each rank
+    where its scheduler placed it (``hosts`` > 1 or an ``instance``: on that many hosts emulated, ``n // hosts`` ranks
+    each, each host of its instance shape); an engine
+    ends when the processes ``ends_with`` are gone (none: engines this notebook did not start, or not on its
+    machine)."""
+    from ipyparallel import Reference
+
+    store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
+    port = store.port
+    ids = sorted(client.ids)[:n]
+    seen = [placement.Seen(host, env)
+            for host, env in client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
+    # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
+    base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
+    if hosts > 1 or instance:
+        envs = launch.rank_envs(base, n // hosts, port, hosts,
+                                launch.host_instances(instance, hosts) if instance else ())
+    else:  # each engine's rank from its scheduler's variables (mpiexec's, srun's), or host by host
+        places = placement.place(seen)
+        by_rank = sorted(range(n), key=lambda i: places[i].rank)
+        envs = launch.place_envs(base, [places[i] for i in by_rank], port)
+        ids, seen = [ids[i] for i in by_rank], [seen[i] for i in by_rank]
+    here = [s.host == socket.gethostname() for s in seen]  # its pid can be watched
+    progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
+             f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
+    pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
+    for i in range(n):
+        client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
+    pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
+    engines: list[Engine] = []
+    for i, ar in pending.items():
+        info = _wait_setup(ar, Engine(i, pids[i], "", job=job, here=here[i]), deadline)
+        if info["torch_first"]:
+            raise RanksError(f"rank {i}: torch was imported before the rank's variables were set (an IPython "
+                             f"startup file, or earlier work on an attached engine?), so its device is not neuron:{i}")
+        host = placement.host_name(envs[i])
+        engines.append(Engine(i, info["pid"], info["device"], host, ids[i], job=job, here=here[i]))
+        on = f" on {host}" if hosts > 1 or instance else ""
+        progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}{on}")
+    return engines, store
+
+
+def _wait_engines(client: Any, n: int, deadline: float, job: JobWatch | None, cluster: Any) -> None:
+    """Until ``n`` engines registered; a Slurm job that ends first is a :class:`RanksError` with its output's last
+    line, one that is still pending at the deadline says so."""
+    from ipyparallel.error import TimeoutError as EnginesLate
+
+    while True:
+        try:
+            client.wait_for_engines(n, timeout=max(0.1, min(POLL_S * 10, deadline - time.monotonic())),
+                                    interactive=False)
+            return
+        except EnginesLate:
+            if job is not None and not job.up():
+                out = next(iter(cluster.engines.values())).get_output(remove=False).strip().splitlines()
+                raise RanksError(f"the Slurm job {job.job_id} ended before its engines started (state "
+                                 f"{job.state()})" + (f": {out[-1]}" if out else "")) from None
+            if time.monotonic() >= deadline:
+                if job is not None and job.state() == "PENDING":
+                    raise RanksError(f"the Slurm job {job.job_id} is still pending (`squeue -j {job.job_id}` says "
+                                     "why); --timeout S waits longer") from None
+                raise
+
+
+def _wait_setup(ar: Any, e: Engine, deadline: float) -> dict[str, Any]:
     """One engine's setup result; a rank that raises, dies or passes the deadline is a :class:`RanksError`."""
+    rank = e.rank
     while not ar.ready():
-        if not _running(pid):
-            raise RanksError(f"engine {rank} died while starting (pid {pid})")
+        if not e.alive():
+            raise RanksError(f"engine {rank} died while starting (pid {e.pid})")
         if time.monotonic() >= deadline:
-            raise RanksError(f"rank {rank} did not join the process group in time (pid {pid}); --timeout S "
+            raise RanksError(f"rank {rank} did not join the process group in time (pid {e.pid}); --timeout S "
                              "waits longer")
         ar.wait(POLL_S)
     try:
@@ -535,6 +646,19 @@ def _wait_setup(ar: Any, rank: int, pid: int, deadline: float) -> dict[str, Any]
         if getattr(e, "ename", "") == PreflightMismatch.__name__:  # the table, whole: it is the message
             raise RanksError(f"the ranks differ, so none joined the process group\n{e.evalue}") from None
         raise RanksError(f"rank {rank} failed to start: {_one_line(e)}") from None
+
+
+def _start_error(e: BaseException, timeout_s: float) -> BaseException:
+    """What a start that failed with ``e`` raises: a :class:`RanksError` that says why (an interrupt stays one)."""
+    from ipyparallel.error import TimeoutError as EnginesLate
+
+    if isinstance(e, (RanksError, KeyboardInterrupt)):
+        return e
+    if isinstance(e, placement.PlacementError):
+        return RanksError(f"the engines do not make one world: {e}")
+    if isinstance(e, (TimeoutError, EnginesLate)):
+        return RanksError(f"the engines did not start within {timeout_s:g} s (--timeout S waits longer)")
+    return RanksError(f"the ranks did not start: {_one_line(e)}")
 
 
 def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
