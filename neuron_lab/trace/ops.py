@@ -43,8 +43,12 @@ class OpTrace:
         name, overload, kind, reason, shapes, dtypes, host_ns, nbytes, ranks = event
         locator = self.locator
         where = None
-        if locator is not None:  # the walk reads frames only: outside the lock
-            user, library = locator.frames(sys._getframe(1))
+        if locator is not None:  # from the recorder's caller (the recorder is internal); it reads frames: no lock
+            try:
+                frame = sys._getframe(2)
+            except ValueError:  # autograd's thread: the recorder's is its only Python frame
+                frame = sys._getframe(1)
+            user, library = locator.frames(frame)
             if user is not None:
                 where = (user.f_code.co_filename, user.f_lineno,
                          None if library is None else (library.f_code.co_filename, library.f_lineno))

@@ -60,7 +60,7 @@ class Locator:
             if role is None:
                 role = self._role_of(code)
             if role == _USER:
-                if not _compiled_entry(frame):
+                if frame.f_lineno != code.co_firstlineno or not _compiled_entry(frame):
                     return frame, library
             elif role == _LIBRARY and library is None:
                 library = frame
