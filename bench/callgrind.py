@@ -66,20 +66,25 @@ def count(name: str) -> Iterator[None]:
         lib.nl_dump(name.encode())
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3000) -> tuple[dict[str, list[int]], str]:
-    """Run ``python argv`` under callgrind; the instructions of each :func:`count` stretch by name (in order), and
-    the process's standard output."""
+def run(argv: list[str], env: dict[str, str] | None = None,
+        timeout: float = 3000) -> tuple[dict[str, list[tuple[int, int]]], str]:
+    """Run ``python argv`` under callgrind; the instructions of each :func:`count` stretch by name, in order, as
+    (the main thread's, every thread's), and the process's standard output."""
     with tempfile.TemporaryDirectory() as d:
-        p = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=yes",
-                            f"--callgrind-out-file={d}/cg.%p", sys.executable, *argv], env=env, capture_output=True,
+        p = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                            f"--callgrind-out-file={d}/cg", sys.executable, *argv], env=env, capture_output=True,
                            text=True, timeout=timeout)
         if p.returncode:
             raise RuntimeError(f"the run under callgrind failed:\n{p.stderr[-3000:]}")
-        counts: dict[str, list[int]] = {}
-        for f in sorted(Path(d).glob("cg.*"), key=lambda f: [int(n) for n in re.findall(r"\d+", f.name)]):
+        dumps: dict[int, tuple[str, dict[int, int]]] = {}  # dump number: (its name, instructions by thread)
+        for f in Path(d).glob("cg.*-*"):
+            dump, thread = (int(n) for n in re.fullmatch(r"cg\.(\d+)-(\d+)", f.name).groups())
             text = f.read_text(errors="replace")
             trigger = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
             total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
             if trigger and total:
-                counts.setdefault(trigger.group(1).strip(), []).append(int(total.group(1)))
+                dumps.setdefault(dump, (trigger.group(1).strip(), {}))[1][thread] = int(total.group(1))
+        counts: dict[str, list[tuple[int, int]]] = {}
+        for _, (name, threads) in sorted(dumps.items()):
+            counts.setdefault(name, []).append((threads.get(1, 0), sum(threads.values())))
         return counts, p.stdout
