@@ -193,7 +193,9 @@ def instructions(rounds: int = 3, steps: int = 20) -> dict[str, list[float]] | s
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     counts, _ = callgrind.run([__file__, "--counted", str(rounds), "--steps", str(steps)], env=env)
     out: dict = {"counts": counts}
-    for which, suffix in ((0, ""), (1, " (all threads)")):  # the main thread's: the measure; all: an upper bound
+    # every thread's: the measure (backward runs on autograd's device thread), an upper bound for the time-driven
+    # threads' share; the main thread's alone beside it
+    for which, suffix in ((1, ""), (0, " (main thread)")):
         n = {config: [c[which] for c in counts[config]] for config in CONFIGS}
         base = [(a * b) ** 0.5 for a, b in zip(n[PLAIN], n[PLAIN_AGAIN])]
         out |= {config + suffix: [x / b for x, b in zip(n[config], base)] for config in (OFF, ON)}
@@ -311,11 +313,11 @@ def main() -> None:
         print(f"  {config}: {_with_ci(m['ratios'][config]['cell_cpu'], TARGETS.get(config))}")
     if isinstance(counts, dict):
         print(f"instructions of the whole run_cell under callgrind ({args.instructions} rounds; the same work counts "
-              "the same within a fraction of a percent, however busy the machine), the main thread's (all threads': "
-              "an upper bound, the sampling threads wake ~50x as often per cell under valgrind):")
+              "the same within a fraction of a percent, however busy the machine), every thread's: an upper bound, as "
+              "the sampling threads wake ~50x as often per cell under valgrind:")
         for config in (OFF, ON, PLAIN_AGAIN):
-            print(f"  {config}: {_with_ci(counts[config], TARGETS.get(config))}; all threads "
-                  f"{statistics.median(counts[config + ' (all threads)']):.4f}x")
+            print(f"  {config}: {_with_ci(counts[config], TARGETS.get(config))}; the main thread's alone "
+                  f"{statistics.median(counts[config + ' (main thread)']):.4f}x")
     else:
         print(f"instructions: not counted: {counts}")
     if args.profile != "never":
