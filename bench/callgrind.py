@@ -4,8 +4,9 @@ stays within a fraction of a percent when the machine is shared (hardware counte
 A process runs itself under ``valgrind --tool=callgrind --instr-atstart=no`` (imports run uninstrumented) and marks
 the stretches to count with :func:`count`: a tiny C helper, built here once with the system's compiler against
 valgrind's ``callgrind.h``, issues the client requests (start instrumentation, zero the counters, dump them under
-a name). Outside valgrind the requests are no-ops. Time-driven work (a thread that wakes four times a second) runs
-about 50× more often per counted stretch than natively, so its share is an upper bound.
+a name). Outside valgrind the requests are no-ops. Counts come per thread and for all of them; time-driven work (a
+thread that wakes every 20 ms) runs about 50× more often per counted stretch than natively, so a count that
+includes it is an upper bound.
 """
 
 from __future__ import annotations
