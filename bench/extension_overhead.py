@@ -19,6 +19,11 @@ inside the cell with ``time.perf_counter`` (shell overhead excluded), and the wh
 The table shows medians over rounds, and best of the rounds over best without (bench/run.py's
 best-of, for comparison).
 
+Timings on a shared machine spread wider than the 3% target, so first (``--instructions``, where valgrind is
+installed) the same cells run in a child under callgrind (bench/callgrind.py) and each whole ``run_cell`` is
+counted in instructions: the same work counts the same within a fraction of a percent, however busy the machine.
+Every figure carries a 95% confidence interval of its median (bench/figures.py).
+
 Finally one call-sites-on cell runs under cProfile, and the self time of neuron_lab's observing
 code (trace/, session/, report/, extension.py) is given as a share of the profiled total: a
 noise-free estimate (an upper bound: cProfile taxes Python code more than torch's C++).
