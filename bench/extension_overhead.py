@@ -19,6 +19,11 @@ inside the cell with ``time.perf_counter`` (shell overhead excluded), and the wh
 The table shows medians over rounds, and best of the rounds over best without (bench/run.py's
 best-of, for comparison).
 
+Timings on a shared machine spread wider than the 3% target, so first (``--instructions``, where valgrind is
+installed) the same cells run in a child under callgrind (bench/callgrind.py) and each whole ``run_cell`` is
+counted in instructions: the same work counts the same within a fraction of a percent, however busy the machine.
+Every figure carries a 95% confidence interval of its median (bench/figures.py).
+
 Finally one call-sites-on cell runs under cProfile, and the self time of neuron_lab's observing
 code (trace/, session/, report/, extension.py) is given as a share of the profiled total: a
 noise-free estimate (an upper bound: cProfile taxes Python code more than torch's C++).
@@ -38,7 +43,8 @@ import re
 import statistics
 import time
 
-import figures  # bench/ is the script directory
+import callgrind  # bench/ is the script directory
+import figures
 import torch
 from workload import MODEL
 
@@ -74,7 +80,7 @@ MEASURES = (("loop", "loop (in cell)"), ("cell", "whole run_cell"))
 OBSERVING = re.compile(re.escape(os.sep).join(("", "neuron_lab", r"(trace|session|report|magics)", ""))
                        + "|" + re.escape(os.sep.join(("", "neuron_lab", "extension.py"))))
 # Where the extension's work starts: everything under these (display of the report included) is its cost.
-ENTRIES = {("ops.py", "__call__"), ("session.py", "pre_run_cell"), ("session.py", "post_run_cell")}
+ENTRIES = {("ops.py", "record"), ("session.py", "pre_run_cell"), ("session.py", "post_run_cell")}
 
 
 def make_shell():
@@ -162,6 +168,46 @@ def measure(repeat: int = 15, steps: int = 50, batch: int = 64, width: int = 128
             "fallback_calls": fallback_calls}
 
 
+def counted(rounds: int, steps: int, batch: int = 64, width: int = 128) -> None:
+    """The child under callgrind: after a warm-up of each configuration, ``rounds`` rounds of one cell each, every
+    cell's instructions counted (the whole ``run_cell``: hooks, report and display included)."""
+    shell = make_shell()
+    loop = LOOP.format(steps=steps)
+    try:
+        setup(shell, batch, width)
+        for config in (PLAIN, OFF, ON):
+            configure(shell, config)
+            run_loop(shell, loop)
+        for r in range(rounds):
+            for i in range(len(CONFIGS)):
+                config = CONFIGS[(r + i) % len(CONFIGS)]
+                configure(shell, config)
+                gc.collect()
+                with callgrind.count(config):
+                    run_loop(shell, loop)
+    finally:
+        configure(shell, PLAIN)
+
+
+def instructions(rounds: int = 3, steps: int = 20) -> dict[str, list[float]] | str:
+    """Each loaded configuration's per-round ratio of instructions to the round's no-extension cells (and the A/A
+    control), counted under callgrind in a child; or why they cannot be counted here."""
+    why = callgrind.missing()
+    if why:
+        return why
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    counts, _ = callgrind.run([__file__, "--counted", str(rounds), "--steps", str(steps)], env=env)
+    out: dict = {"counts": counts}
+    # every thread's: the measure (backward runs on autograd's device thread), an upper bound for the time-driven
+    # threads' share; the main thread's alone beside it
+    for which, suffix in ((1, ""), (0, " (main thread)")):
+        n = {config: [c[which] for c in counts[config]] for config in CONFIGS}
+        base = [(a * b) ** 0.5 for a, b in zip(n[PLAIN], n[PLAIN_AGAIN])]
+        out |= {config + suffix: [x / b for x, b in zip(n[config], base)] for config in (OFF, ON)}
+        out[PLAIN_AGAIN + suffix] = [b / a for a, b in zip(n[PLAIN], n[PLAIN_AGAIN])]
+    return out
+
+
 def profile(steps: int = 50, batch: int = 64, width: int = 128, top: int = 15) -> dict:
     """One call-sites-on cell under cProfile (after a warm-up): the observing code's share, and its top functions."""
     shell = make_shell()
@@ -202,22 +248,44 @@ def _quartiles(xs: list[float]) -> str:
     return f"{q[0]:.3f}-{q[2]:.3f}"
 
 
+def _with_ci(ratios: list[float], target: float | None) -> str:
+    """A ratio with its 95% CI and, against a target, whether the rounds resolve it."""
+    lo, hi = figures.median_ci(ratios)
+    text = f"{statistics.median(ratios):.4f}x (CI {lo:.4f}-{hi:.4f}, {len(ratios)} rounds)"
+    if target is None:
+        return text + " (A/A)"
+    verdict = "holds" if hi <= target else "does not hold" if lo > target else "not resolved"
+    return f"{text}, target <= {target:.2f}x: {verdict}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=15, help="rounds (each runs every configuration once)")
     ap.add_argument("--steps", type=int, default=50, help="training steps per cell")
     ap.add_argument("--json", help="also write the measurements to this file")
     ap.add_argument("--figures", help="also write the CPU-time figures here (bench/table.py)")
+    ap.add_argument("--instructions", type=int, default=3, metavar="ROUNDS",
+                    help="rounds of cells whose instructions are counted under valgrind (0: none)")
+    ap.add_argument("--counted", type=int, help=argparse.SUPPRESS)  # the child under callgrind: its rounds
     ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                     help="the cProfile estimate; its top functions are printed when a target is missed (auto) "
                          "or always")
     args = ap.parse_args()
+    if args.counted:
+        counted(args.counted, args.steps)
+        return
     t0 = time.perf_counter()
+    counts = instructions(args.instructions, args.steps) if args.instructions else "not asked for"
     m = measure(repeat=args.repeat, steps=args.steps)
-    figures.write(args.figures, [
-        *(figures.figure(f"{config}, per tracked cell (CPU time)", m["ratios"][config]["loop_cpu"], "x",
-                         TARGETS[config]) for config in (OFF, ON)),
-        figures.figure("no extension, A/A control (CPU time)", m["ratios"][PLAIN_AGAIN]["loop_cpu"], "x", None)])
+    m["instructions"] = counts
+    figs = [*(figures.figure(f"{config}, per tracked cell (CPU time)", m["ratios"][config]["cell_cpu"], "x",
+                             TARGETS[config]) for config in (OFF, ON)),
+            figures.figure("no extension, A/A control (CPU time)", m["ratios"][PLAIN_AGAIN]["cell_cpu"], "x", None)]
+    if isinstance(counts, dict):
+        figs += [*(figures.figure(f"{config}, per tracked cell (instructions)", counts[config], "x", TARGETS[config])
+                   for config in (OFF, ON)),
+                 figures.figure("no extension, A/A control (instructions)", counts[PLAIN_AGAIN], "x", None)]
+    figures.write(args.figures, figs)
     print(f"torch {torch.__version__}, 1 thread, {args.steps} AdamW steps per cell (2 atan2 CPU fallbacks per "
           f"step, {m['fallback_calls']} per cell); medians of {args.repeat} interleaved rounds after a warm-up")
     print("ratio: the cell with the extension loaded (auto-report on) / the same cell without it, by wall clock, "
@@ -245,6 +313,18 @@ def main() -> None:
     if noisy:
         print(f"\n?: the A/A control's IQR ({aa[0]:.3f}-{aa[2]:.3f}) is wider than +-{NOISY:.0%}: the machine is busy, "
               "so these timings cannot resolve the targets; the cProfile share does not depend on load")
+    print("\nper tracked cell, process CPU time of the whole run_cell (median, 95% CI of the median over rounds):")
+    for config in (OFF, ON, PLAIN_AGAIN):
+        print(f"  {config}: {_with_ci(m['ratios'][config]['cell_cpu'], TARGETS.get(config))}")
+    if isinstance(counts, dict):
+        print(f"instructions of the whole run_cell under callgrind ({args.instructions} rounds; the same work counts "
+              "the same within a fraction of a percent, however busy the machine), every thread's: an upper bound, as "
+              "the sampling threads wake ~50x as often per cell under valgrind:")
+        for config in (OFF, ON, PLAIN_AGAIN):
+            print(f"  {config}: {_with_ci(counts[config], TARGETS.get(config))}; the main thread's alone "
+                  f"{statistics.median(counts[config + ' (main thread)']):.4f}x")
+    else:
+        print(f"instructions: not counted: {counts}")
     if args.profile != "never":
         p = profile(steps=args.steps)
         m["profile"] = {k: v for k, v in p.items() if k != "table"}

@@ -124,6 +124,7 @@ class OpRecorder:
         self._stats: dict[tuple[str, str, str], OpStats] = {}
         self._subscribers: list[tuple[Callable[[OpEvent, tuple, dict], None], frozenset[str]]] = []
         self._wanted: frozenset[str] = frozenset()  # kinds some subscriber wants
+        self._by_kind: dict[str, tuple[Callable[[OpEvent, tuple, dict], None], ...]] = {}  # kind: its subscribers
         self.calls = 0  # ops recorded since the process started (downcast notes excluded); never cleared
         self.h2d_bytes = 0  # since the last clear()
         self.d2h_bytes = 0
@@ -151,9 +152,8 @@ class OpRecorder:
             if sig is None:
                 sig = signature_of(args, kwargs)
             event = OpEvent(name, overload, kind, reason, sig[0], sig[1], host_ns)
-            for fn, kinds in list(self._subscribers):
-                if kind in kinds:
-                    fn(event, args, kwargs)
+            for fn in self._by_kind.get(kind, ()):
+                fn(event, args, kwargs)
 
     def wants(self, kind: str) -> bool:
         """Whether a subscriber takes events of ``kind`` (producers skip making them otherwise)."""
@@ -162,10 +162,8 @@ class OpRecorder:
     def emit(self, event: OpEvent, args: tuple = ()) -> None:
         """Hand ``event`` (a collective: made by Python code, not by a core's op path) to its subscribers; no
         aggregates are kept for it."""
-        if event.kind in self._wanted:
-            for fn, kinds in list(self._subscribers):
-                if event.kind in kinds:
-                    fn(event, args, {})
+        for fn in self._by_kind.get(event.kind, ()):
+            fn(event, args, {})
 
     def record_transfer(self, h2d: int = 0, d2h: int = 0) -> None:
         with self._lock:
@@ -184,17 +182,22 @@ class OpRecorder:
         entry = (fn, frozenset(KINDS if kinds is None else kinds))
         with self._lock:
             self._subscribers.append(entry)
-            self._wanted = frozenset().union(*(k for _, k in self._subscribers))
-            self._wanted_changed()
+            self._subscribers_changed()
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._subscribers:
                     self._subscribers.remove(entry)
-                self._wanted = frozenset().union(*(k for _, k in self._subscribers))
-                self._wanted_changed()
+                self._subscribers_changed()
 
         return unsubscribe
+
+    def _subscribers_changed(self) -> None:
+        """Each kind's subscribers as a tuple, made once here (a delivery takes one dict look-up and copies
+        nothing), and the kinds anybody wants."""
+        self._wanted = frozenset().union(*(kinds for _, kinds in self._subscribers))
+        self._by_kind = {k: tuple(fn for fn, kinds in self._subscribers if k in kinds) for k in self._wanted}
+        self._wanted_changed()
 
     def _wanted_changed(self) -> None:
         """Hook for recorders whose producer must know which kinds to deliver."""

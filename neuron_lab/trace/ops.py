@@ -16,6 +16,7 @@ import threading
 
 from neuron_lab import kinds
 from neuron_lab.backend.events import OpEvent
+from neuron_lab.kinds import OFF_DEVICE, SYNC
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
 
@@ -28,53 +29,72 @@ class OpTrace:
         self.stack_limit = stack_limit
         self.stack_depth = stack_depth
         self._lock = threading.Lock()
-        self._rows: dict[tuple[str, str, int], OpRow] = {}  # (op, kind, group size): a collective per group size
-        self._sites: dict[tuple[str, str, int], dict[tuple, SiteCount]] = {}  # (file, line, library line)
+        self._rows: dict[tuple[str, str, str, int], OpRow] = {}  # (op, overload, kind, group size)
+        # (op, overload, kind, group size, (file, line, library line) or None): the row and its line's count (None:
+        # no line), so that a call that met its op and line before is one look-up
+        self._counts: dict[tuple, tuple[OpRow, SiteCount | None]] = {}
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
-        self.fallback_calls = 0  # CPU fallback and host calls so far: live views read it from their thread
-        self.sync_calls = 0  # device-to-host syncs so far, read the same way
 
-    def __call__(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
+    def record(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
+        """The backend's subscriber (a bound method: the interpreter calls it inline, an instance's ``__call__``
+        it does not)."""
         if self.paused:
             return
-        key = (event.qualified_name, event.kind, event.ranks)
-        with self._lock:
-            row = self._rows.get(key)
-            if row is None:
-                row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason,
-                                              shapes=event.shapes, dtypes=event.dtypes, ranks=event.ranks)
-                self._sites[key] = {}
+        name, overload, kind, reason, shapes, dtypes, host_ns, nbytes, ranks = event
+        locator = self.locator
+        where = None
+        if locator is not None:  # from the recorder's caller (the recorder is internal); it reads frames: no lock
+            try:
+                frame = sys._getframe(2)
+            except ValueError:  # autograd's thread: the recorder's is its only Python frame
+                frame = sys._getframe(1)
+            user, library = locator.frames(frame)
+            if user is not None:
+                where = (user.f_code.co_filename, user.f_lineno,
+                         None if library is None else (library.f_code.co_filename, library.f_lineno))
+        key = (name, overload, kind, ranks, where)
+        with self._lock:  # one take: the row's and the line's counts
+            hit = self._counts.get(key)
+            if hit is None:
+                hit = self._counts[key] = self._first(event, where)
+            row, sc = hit
             row.count += 1
-            row.host_ns += event.host_ns
-            row.nbytes += event.nbytes
-            if event.kind in kinds.OFF_DEVICE:
-                self.fallback_calls += 1
-            elif event.kind == kinds.SYNC:
-                self.sync_calls += 1
-            if self.locator is None:
-                row.unattributed += 1
-                return
-        frame = sys._getframe(1)
-        user, library = self.locator.frames(frame)
-        with self._lock:
-            if user is None:
-                row.unattributed += 1
-                return
-            sites = self._sites[key]
-            via = None if library is None else (library.f_code.co_filename, library.f_lineno)
-            where = (user.f_code.co_filename, user.f_lineno, via)
-            sc = sites.get(where)
+            row.host_ns += host_ns
+            row.nbytes += nbytes
             if sc is None:
-                sc = sites[where] = SiteCount(self.locator.site(*where[:2]),
-                                              via=None if via is None else self.locator.site(*via))
-                row.sites.append(sc)
+                row.unattributed += 1
+                return
             sc.count += 1
-            want_stack = sc.count <= self.stack_limit
-        if want_stack:
-            stack = self.locator.stack(frame, self.stack_depth)
-            with self._lock:
-                if stack not in sc.stacks:
-                    sc.stacks.append(stack)
+            if sc.count > self.stack_limit:
+                return
+        stack = locator.stack(sys._getframe(1), self.stack_depth)
+        with self._lock:
+            if stack not in sc.stacks:
+                sc.stacks.append(stack)
+
+    def _first(self, event: OpEvent, where: tuple | None) -> tuple[OpRow, SiteCount | None]:
+        """The row of a call whose (op, line) is new, made once (under the lock); and its line's count."""
+        key = (event.name, event.overload, event.kind, event.ranks)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason, shapes=event.shapes,
+                                          dtypes=event.dtypes, ranks=event.ranks)
+        if where is None:
+            return row, None
+        file, line, via = where
+        sc = SiteCount(self.locator.site(file, line), via=None if via is None else self.locator.site(*via))
+        row.sites.append(sc)
+        return row, sc
+
+    @property
+    def fallback_calls(self) -> int:
+        """CPU fallback and host calls so far: live views read it from their thread."""
+        return sum(r.count for r in list(self._rows.values()) if r.kind in OFF_DEVICE)
+
+    @property
+    def sync_calls(self) -> int:
+        """Device-to-host syncs so far, read the same way."""
+        return sum(r.count for r in list(self._rows.values()) if r.kind == SYNC)
 
     def rows(self, *, copies: bool = False) -> list[OpRow]:
         """In report order (:func:`neuron_lab.kinds.row_order`); sites by count. ``copies``: copied under the lock,

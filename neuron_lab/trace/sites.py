@@ -24,7 +24,9 @@ class Locator:
     """Maps frames to user sites. Subclasses decide what counts as user code."""
 
     def __init__(self) -> None:
-        self._role: dict[CodeType, int] = {}
+        # keyed by id: a code object's own hash is recomputed on every look-up (its constants, names, bytecode)
+        self._role: dict[int, int] = {}
+        self._codes: list[CodeType] = []  # those in _role, kept alive: an id is not reused while it is cached
 
     def is_user_file(self, filename: str) -> bool:
         raise NotImplementedError
@@ -51,21 +53,26 @@ class Locator:
 
     def _walk(self, frame: FrameType | None) -> tuple[FrameType | None, FrameType | None]:
         library = None
-        f = frame
-        while f is not None:
-            role = self._role_of(f.f_code)
-            if role == _USER and not _compiled_entry(f):
-                return f, library
-            if role == _LIBRARY and library is None:
-                library = f
-            f = f.f_back
+        roles = self._role  # one dict look-up per frame once its code object is known (every call on a hot path)
+        while frame is not None:
+            code = frame.f_code
+            role = roles.get(id(code))
+            if role is None:
+                role = self._role_of(code)
+            if role == _USER:
+                if frame.f_lineno != code.co_firstlineno or not _compiled_entry(frame):
+                    return frame, library
+            elif role == _LIBRARY and library is None:
+                library = frame
+            frame = frame.f_back
         return None, library
 
     def _role_of(self, code: CodeType) -> int:
-        role = self._role.get(code)
+        role = self._role.get(id(code))
         if role is None:
-            role = self._role[code] = (_USER if self.is_user_code(code) else
-                                       _INTERNAL if frames.is_internal(code.co_filename) else _LIBRARY)
+            role = self._role[id(code)] = (_USER if self.is_user_code(code) else
+                                           _INTERNAL if frames.is_internal(code.co_filename) else _LIBRARY)
+            self._codes.append(code)
         return role
 
     def locate(self, frame: FrameType | None) -> Site | None:
@@ -108,9 +115,11 @@ class Locator:
 def _compiled_entry(frame: FrameType) -> bool:
     """Dynamo's code for a compiled function, at its ``def`` line: it calls the compiled graphs, whose ops have
     lines of their own (or, without them, the line that called the function says more than a ``def``)."""
-    dynamo = sys.modules.get("torch._dynamo.utils")
     code = frame.f_code
-    return dynamo is not None and frame.f_lineno == code.co_firstlineno and code in dynamo.orig_code_map
+    if frame.f_lineno != code.co_firstlineno:  # the common case, answered without a module look-up
+        return False
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return dynamo is not None and code in dynamo.orig_code_map
 
 
 class FileLocator(Locator):

@@ -29,6 +29,7 @@ _CORE = settings.env("NEURON_LAB_CORE")
 CORE_ENV, CORE_CHOICES = _CORE.name, _CORE.choices
 # The core numbers kinds in this order (it is told at configure): the two it makes itself first, then the rest.
 CORE_KINDS = (NATIVE, DOWNCAST, *(k for k in KINDS if k not in (NATIVE, DOWNCAST)))
+_new_tuple = tuple.__new__  # an OpEvent made without its generated __new__ (a Python call per delivered op)
 
 
 def choice(env: dict[str, str] | None = None) -> tuple[str, str | None]:
@@ -142,15 +143,15 @@ class CoreRecorder(OpRecorder):
         self._lock = threading.Lock()
         self._subscribers = []
         self._wanted = frozenset()
+        self._by_kind = {}
         self._core = core
 
     def deliver(self, name: str, overload: str, kind: str, reason: str, shapes: tuple, dtypes: tuple,
                 host_ns: int, args: tuple) -> None:
         event = (syncs.event(qualified(name, overload), shapes, dtypes) if kind == SYNC
-                 else OpEvent(name, overload, kind, reason, shapes, dtypes, host_ns))
-        for fn, kinds in list(self._subscribers):
-            if kind in kinds:
-                fn(event, args, {})
+                 else _new_tuple(OpEvent, (name, overload, kind, reason, shapes, dtypes, host_ns, 0, 0)))
+        for fn in self._by_kind.get(kind, ()):
+            fn(event, args, {})
 
     def _wanted_changed(self) -> None:
         self._core.set_wanted(sum(1 << CORE_KINDS.index(k) for k in self._wanted))
