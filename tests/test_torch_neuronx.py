@@ -316,10 +316,12 @@ def test_the_runtime_starts_at_the_users_first_device_use(run_python) -> None:
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                before = torch_neuronx.is_neuron_runtime_initialized()
-                use()
-                os.write(w, json.dumps([before, torch_neuronx.is_neuron_runtime_initialized()]).encode())
-                os._exit(0)
+                try:  # a use that raises writes nothing: the parent reads null
+                    before = torch_neuronx.is_neuron_runtime_initialized()
+                    use()
+                    os.write(w, json.dumps([before, torch_neuronx.is_neuron_runtime_initialized()]).encode())
+                finally:
+                    os._exit(0)
             os.waitpid(pid, 0)
             os.close(w)
             return json.loads(os.read(r, 100000).decode() or "null")
