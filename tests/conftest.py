@@ -53,10 +53,16 @@ SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_n
                           "test_ranks_attach"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the slow modules' tests, and run them first: a 20-40 s test that xdist hands out last keeps one worker
     busy while the other idles. The sort is stable, so each module's tests stay together (module fixtures start once
-    per worker) and in their order."""
+    per worker) and in their order. The pure-Python pass of ``make test`` leaves out the tests marked ``core_in_child``:
+    their children run the core the test names whatever the pass, so the compiled pass has run exactly them."""
+    if os.environ.get("NEURON_LAB_CORE") == "python":
+        same = [item for item in items if item.get_closest_marker("core_in_child")]
+        if same:
+            config.hook.pytest_deselected(items=same)
+            items[:] = [item for item in items if not item.get_closest_marker("core_in_child")]
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)

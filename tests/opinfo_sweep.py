@@ -184,11 +184,16 @@ def tolerances(op) -> tuple[float, float]:
 def _seed() -> None:
     """What ``torch.manual_seed`` does here (CPU and `neuron` generators), at a fraction of its cost.
 
-    On a build without CUDA, every ``torch.manual_seed`` formats the caller's stack for CUDA's lazy-init
-    queue: milliseconds under pytest's deep stacks, and the sweep seeds about 40,000 times.
+    On a build without CUDA, every ``torch.manual_seed`` formats the caller's stack for CUDA's, XPU's and MTIA's
+    lazy-init queues: milliseconds under pytest's deep stacks, and the sweep seeds about 40,000 times.
     """
-    torch.default_generator.manual_seed(SEED)
-    torch.neuron.manual_seed(SEED)
+    _manual_seed(SEED)
+
+
+def _manual_seed(seed: int) -> torch.Generator:
+    """``torch.manual_seed`` for the generators this process has: the CPU's and every `neuron` device's."""
+    torch.neuron.manual_seed_all(seed)
+    return torch.default_generator.manual_seed(seed)
 
 
 def _call(op, sample) -> tuple[Any, Any]:
@@ -217,9 +222,15 @@ def _first_line(e: BaseException) -> str:
 
 
 def _samples(op, device: str, max_samples: int) -> list:
+    """The first ``max_samples`` of what ``op.sample_inputs(device, DTYPE, set_seed=False)`` yields.
+
+    Its generator is called directly: ``sample_inputs`` wraps it in an iterator that looks for a unittest
+    test function up the caller's stack (``inspect.stack()``, which walks every module in ``sys.modules`` per frame):
+    two thirds of a shard's CPU time under pytest, for samples that are the same without it.
+    """
     _seed()
     with _time_limit(SAMPLE_TIMEOUT_S):
-        return list(itertools.islice(op.sample_inputs(device, DTYPE, requires_grad=False, set_seed=False), max_samples))
+        return list(itertools.islice(op.sample_inputs_func(op, device, DTYPE, False), max_samples))
 
 
 def run_entry(op, max_samples: int = MAX_SAMPLES) -> EntryResult:
@@ -267,11 +278,14 @@ def single_threaded(run: Callable[[Any], EntryResult], items: list) -> list[Entr
     """``run`` over ``items`` single-threaded (deterministic reductions, no oversubscription under xdist)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # OpInfo's random ops seed with torch.manual_seed on every call (wrapper_set_seed): the same seeding, cheaper
+    seeding, torch.manual_seed = torch.manual_seed, _manual_seed
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return [run(item) for item in items]
     finally:
+        torch.manual_seed = seeding
         torch.set_num_threads(threads)
 
 

@@ -232,6 +232,7 @@ def test_both_cores_give_every_seam_the_interface_reads() -> None:
             assert isinstance(piece, protocol), (core_name, protocol.__name__)
 
 
+@pytest.mark.core_in_child
 def test_forcing_the_python_core_in_a_fresh_process() -> None:
     code = ("import torch, neuron_lab; from neuron_lab import backend; b = backend.active(); "
             "print(b.core, '|', b.core_reason, '|', torch.neuron.device_count())")

@@ -379,6 +379,7 @@ print(json.dumps(runs))
 """
 
 
+@pytest.mark.core_in_child
 def test_an_oom_cell_names_what_filled_the_device_ends_in_user_code_and_gives_the_memory_back(run_python) -> None:
     """The pure-Python core raises the OOM from the emulator's own frames, which the traceback used to end in."""
     short, full = run_python(_OOM_CELL_SCRIPT, {"NEURON_LAB_DEVICE_MEMORY": "1MiB", "NEURON_LAB_CORE": "python"})
@@ -468,6 +469,7 @@ print(json.dumps({"cells": [sh.execution_count - 2, sh.execution_count - 1], "te
 """
 
 
+@pytest.mark.core_in_child
 @pytest.mark.parametrize("core_name", ["compiled", "python"])
 def test_an_oom_in_a_model_answers_first_in_the_users_names_then_a_short_traceback(run_python, core_name) -> None:
     """The holders of a failed forward are the model's modules and the user's lines, never torch's locals
@@ -516,6 +518,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.core_in_child
 @pytest.mark.parametrize("core_name", ["compiled", "python"])
 def test_a_handled_out_of_memory_error_leaves_its_line_in_the_cells_report(run_python, core_name: str) -> None:
     """A retry loop that catches torch.OutOfMemoryError and shrinks the batch: the report says it happened, at the

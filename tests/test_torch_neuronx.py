@@ -306,25 +306,37 @@ def test_the_missing_modules_import_with_the_functions_users_call(torch_neuronx)
 
 
 def test_the_runtime_starts_at_the_users_first_device_use(run_python) -> None:
+    # One process (one import of torch): each first use runs in a child forked before any device use (which may use
+    # it), then the process itself reads what neuron_lab reads and makes a tensor.
     out = run_python("""
-        import json, torch, neuron_lab, torch_neuronx
+        import json, os, torch, neuron_lab, torch_neuronx
         from neuron_lab import backend
+
+        def in_child(use):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:  # a use that raises writes nothing: the parent reads null
+                    before = torch_neuronx.is_neuron_runtime_initialized()
+                    use()
+                    os.write(w, json.dumps([before, torch_neuronx.is_neuron_runtime_initialized()]).encode())
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+            os.close(w)
+            return json.loads(os.read(r, 100000).decode() or "null")
+
+        uses = [in_child(torch.neuron.init), in_child(lambda: torch.neuron.get_device_properties(0)),
+                in_child(torch.neuron.synchronize)]
         b = backend.active()
         ours = [b.capacity(), b.memory_sample(), b.synchronize(), b.memory_stats(), torch.neuron.device_count()]
         before = [torch_neuronx.is_neuron_runtime_initialized(), torch.neuron.is_initialized()]
         x = torch.empty(4, device="neuron")
         after = [torch_neuronx.is_neuron_runtime_initialized(), torch.neuron.is_initialized()]
-        print(json.dumps({"before": before, "after": after}))
+        print(json.dumps({"uses": uses, "before": before, "after": after}))
     """, {})
-    assert out == {"before": [False, False], "after": [True, True]}  # neuron_lab's own reads started nothing
-    for first_use in ("torch.neuron.init()", "torch.neuron.get_device_properties(0)", "torch.neuron.synchronize()"):
-        out = run_python(f"""
-            import json, torch, neuron_lab, torch_neuronx
-            before = torch_neuronx.is_neuron_runtime_initialized()
-            {first_use}
-            print(json.dumps([before, torch_neuronx.is_neuron_runtime_initialized()]))
-        """, {})
-        assert out == [False, True], first_use
+    assert out["uses"] == [[False, True]] * 3  # init(), get_device_properties(0), synchronize() each start it
+    assert out["before"] == [False, False] and out["after"] == [True, True]  # neuron_lab's own reads started nothing
 
 
 def test_a_child_forked_after_the_runtime_started_refuses_the_device(run_python) -> None:
