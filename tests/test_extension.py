@@ -202,13 +202,14 @@ def test_a_moving_line_with_a_non_movable_name_is_refused(shell):
 # -- status, device, moves ---------------------------------------------------------------------------
 def test_status_shows_backend_device_mode_memory_and_totals(shell):
     run(shell, "import torch\nx = torch.ones(256, device='neuron')\ny = torch.atan2(x, x)")
+    run(shell, "v = torch.ones(8, device='neuron', dtype=torch.float64).topk(2)")  # float64 topk: gated, possible
     res, _ = run(shell, "%neuron status")
     text = str(res.result)
     assert "backend: emulator" in text
     assert "device:  neuron:0 (variable `device`)" in text
     assert "mode:    default" in text
     assert "capacity 24.00 GiB" in text and "allocated" in text
-    assert "1 CPU fallback call," in text
+    assert "1 CPU fallback call, 1 possible fallback call," in text  # the session counts the two apart
     # the backend says it, as data: the magic does not branch; 64-bit computes as on Trainium by default
     assert ("differs: synchronous execution (on Trainium an error or a slow op shows at a later sync), no Adaptive "
             "Eager fusion\n") in text
