@@ -119,7 +119,7 @@ def _calls(report: list[str], section: str = "CPU fallbacks") -> dict[str, int]:
 # -- 01: quickstart ------------------------------------------------------------------------------------
 def check_quickstart(r: Ran) -> None:
     assert r.stdout("load").startswith("neuron_lab "), r.stdout("load")
-    assert "emulator backend, coverage torchneuron-2.33 · device neuron:0 · 24.00 GiB" in r.stdout("load")
+    assert "emulator backend, coverage torchneuron-combined · device neuron:0 · 24.00 GiB" in r.stdout("load")
     assert "  model                PolarNet                520 B  from cpu" in r.stdout("move")
 
     # the fallback report: both ops, with the cell and line behind each
