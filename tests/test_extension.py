@@ -52,7 +52,8 @@ def test_load_prints_one_line_and_loading_twice_is_harmless():
             sh.run_line_magic("load_ext", "neuron_lab")
         lines = cap.stdout.strip().splitlines()
         assert len(lines) == 1
-        assert lines[0].startswith("neuron_lab 0.1.0: emulator backend, coverage torchneuron-combined · device neuron:0")
+        assert lines[0].startswith(
+            "neuron_lab 0.1.0: emulator backend, coverage torchneuron-combined · device neuron:0")
         assert "GiB" in lines[0] and lines[0].endswith("mode default · compiled core")
         with capture_output() as cap:
             sh.run_line_magic("load_ext", "neuron_lab")
