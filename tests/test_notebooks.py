@@ -501,11 +501,11 @@ def check_distributed(r: Ran) -> None:
     assert " · 32 collective calls · no CPU fallbacks" in profiled[0], profiled[0]
     assert "profiled on 4 ranks: op table and time per line of rank 0, the timeline of all ranks on one clock" \
         in profiled
-    # the op column is as wide as the longest op shown (the optimizer's possible fallbacks are in the table too)
-    gathers = profiled[_matching(profiled, r"  c10d::all_gather_into_tensor +collective  5 ")]
+    # the op and kind columns are as wide as the longest shown (the optimizer's possible fallbacks are there too)
+    gathers = profiled[_matching(profiled, r"  c10d::all_gather_into_tensor +collective +5 ")]
     # device work, no host time of its own; the columns' widths depend on the times measured, so not the spacing
     assert re.search(r" 0 µs +\[3608\] float32 ", gathers), gathers
-    scatters = profiled[_matching(profiled, r"  c10d::reduce_scatter_tensor\.avg +collective  3 ")]
+    scatters = profiled[_matching(profiled, r"  c10d::reduce_scatter_tensor\.avg +collective +3 ")]
     assert re.search(rf"\[49984\] float32 +In\[{r.n('profile')}\] line {r.line('profile', 'loss.backward()')}$",
                      scatters), scatters
     lanes = [x for x in profiled if x.startswith("  rank ") and " events, busy " in x]
