@@ -137,7 +137,7 @@ def test_default_profile_encodes_public_facts():
     assert p.classify("aten::add", frozenset({"float32"}))[0] == "native"
     # an op the April source registers no kernel for may fall back: likely, not certain
     kind, reason = p.classify("aten::some_unknown_op")
-    assert kind == "possible" and reason == f"{p.default_reason} Confidence: likely (not registered: no kernel for " \
+    assert kind == "possible" and reason == f"{p.default_reason}. Confidence: likely (not registered: no kernel for " \
         "it is registered in TorchNeuron's source).", reason
 
 

@@ -52,7 +52,8 @@ class OpRule:
             return self.reason
         level, means = schema.EVIDENCE[self.evidence]
         why, sep, source = self.reason.partition(SOURCE)
-        return f"{why.rstrip()} Confidence: {level} ({self.evidence}: {means}).{sep}{source}"
+        why = why.rstrip()
+        return f"{why}{'' if why.endswith('.') else '.'} Confidence: {level} ({self.evidence}: {means}).{sep}{source}"
 
 
 @dataclass
