@@ -92,7 +92,7 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
             "--output", str(out / "run.ipynb"), "--html", str(out / "run.html"))
     assert r.returncode == 0, r.stdout + r.stderr
     text = r.stdout
-    assert "kernel ready · neuron_lab 0.1.0: emulator backend, coverage torchneuron-combined · device neuron:0" in text
+    assert "kernel ready · neuron_lab 0.1.0: emulator backend, coverage torchneuron-2.33 · device neuron:0" in text
     assert re.search(r"^\[1/3\] In\[1\] ok \S+ \S+$", text, re.M), text
     assert re.search(r"^\[2/3\] In\[2\] ok \S+ \S+ · 3 CPU fallback calls: aten::atan2\.out ×3 at In\[2\] line 2$",
                      text, re.M), text
