@@ -248,7 +248,8 @@ def test_fallback_rows_sort_by_host_time_and_each_reason_shows_once_with_its_sou
     fallback = next(i for i, x in enumerate(why) if x.startswith(f"  {refs['aten::atan2.out']} "))
     assert why[fallback] == (f"  {refs['aten::atan2.out']} TorchNeuron has no device kernel for this op: it copies the "
                              "inputs to the CPU, runs the op there and copies the result back. Once is cheap; inside a "
-                             "training loop it can dominate the step.")
+                             "training loop it can dominate the step. Confidence: certain (documented: TorchNeuron's "
+                             "documentation for 2.33 says so).")
     assert why[fallback + 1] == ("      source: CPU_FALLBACK in the torch-neuronx operator compatibility table; one of "
                                  "the five fallbacks behind a reported 87x EquiformerV3 slowdown")
     assert sum("87x" in x for x in text) == 1 and sum("TorchNeuron has no device kernel" in x for x in text) == 1
