@@ -133,7 +133,7 @@ B, E = "neuron_lab.backend", "neuron_lab.backend.emulator"
 register_env("NEURON_LAB_BACKEND", "which backend serves `neuron`", f"{B}.selection", "neuron_lab.runner.main",
              choices=("auto", "emulator", "off"), default="auto")
 register_env("NEURON_LAB_COVERAGE", "op coverage (which ops fall back): a bundled name or a JSON file",
-             f"{B}.coverage", "neuron_lab.runner.main", default="torchneuron-2.33")
+             f"{B}.coverage", "neuron_lab.runner.main", default="torchneuron-combined")
 register_env("NEURON_LAB_PROFILE", "the deprecated name of NEURON_LAB_COVERAGE, read when that is unset",
              f"{B}.coverage")
 register_env("NEURON_LAB_DEVICE_MEMORY", "emulated capacity of each device (default: the instance's HBM per "

@@ -123,7 +123,7 @@ def test_parity_of_a_training_cell_agrees_and_steps_the_parameters_once(shell):
     assert not torch.equal(ns["model"][0].weight.detach().cpu(), w0)
     text = str(result)
     assert text.startswith("neuron_lab parity neuron:0 vs cpu: agree (")
-    assert "coverage torchneuron-2.33" in text and "NEURON_LAB_EMULATE_DOWNCAST" in text
+    assert "coverage torchneuron-combined" in text and "NEURON_LAB_EMULATE_DOWNCAST" in text
     assert "training steps compared: 3" in text
     r = last_report(shell)
     assert r.checks == [result]  # kept with the cell's report, in the history

@@ -20,7 +20,7 @@ def test_doctor_reports_backend_devices_coverage_and_env():
     out = r.stdout
     assert "backend      emulator: torch-neuronx is not installed: using the bundled emulator" in out
     assert "devices      4 (neuron:0..neuron:3); capacity 24.00 GiB per device" in out  # a trn2.3xlarge
-    assert "coverage     torchneuron-2.33" in out
+    assert "coverage     torchneuron-combined" in out
     assert "NEURON_LAB_DEVICE_MEMORY" in out and "TORCH_DEVICE_BACKEND_AUTOLOAD" in out
     assert "problems     none" in out
 

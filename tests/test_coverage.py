@@ -59,23 +59,26 @@ BAD = [
     (with_(ops={OP: {"kind": "native", "dtypes": [[[[[[1]]]]]]}}),
      "ops['aten::add'].dtypes[0]: expected a dtype name such as \"float64\", got a list"),
     (with_(ops={OP: {"kind": "native", "when": "always"}}),
-     "ops['aten::add']: unknown field 'when' (a rule has kind, reason, dtypes, otherwise)"),
+     "ops['aten::add']: unknown field 'when' (a rule has kind, reason, evidence, dtypes, otherwise)"),
+    (with_(ops={OP: {"kind": "possible", "evidence": "a hunch"}}),
+     "ops['aten::add'].evidence: expected one of documented, reported, host kernel, not registered, registered, "
+     "dtype gate, empty gate, upstream xfail, no evidence, got 'a hunch'"),
     (with_(dtypes="x"), "dtypes: expected an object mapping dtype names (such as \"complex64\") to rules, got 'x'"),
     (with_(dtypes={"cplx": {"kind": "fallback"}}), "dtypes['cplx']: not a dtype name (such as \"complex64\")"),
     (with_(dtypes={"complex64": {"kind": "fallback", "dtypes": ["float32"]}}),
-     "dtypes['complex64']: unknown field 'dtypes' (a rule has kind, reason)"),
+     "dtypes['complex64']: unknown field 'dtypes' (a rule has kind, reason, evidence)"),
     (with_(downcast_dtypes=5), "downcast_dtypes: expected a list of dtype names (such as [\"float64\"]), got 5"),
     (with_(downcast_dtypes=[64]), "downcast_dtypes[0]: expected a dtype name such as \"float64\", got 64"),
     (with_(downcast_dtypes=["double"]), "downcast_dtypes[0]: expected a dtype name such as \"float64\", got 'double'"),
     (with_(default="native"), "default: expected an object {\"kind\": one of native, fallback, host, possible, "
                               "\"reason\": ...}, got 'native'"),
     (with_(default={"kind": "native", "dtypes": ["float32"]}),
-     "default: unknown field 'dtypes' (a rule has kind, reason)"),
+     "default: unknown field 'dtypes' (a rule has kind, reason, evidence)"),
 ]
 IDS = ["binary", "nested list", "nested object", "not JSON", "a list", "schema", "no name", "date", "unknown field",
        "ops list", "op name", "rule string", "rule kind", "rule without kind", "reason", "op dtypes string",
-       "op dtypes number", "op dtype object", "op dtype nested", "rule field", "dtypes string", "dtype name",
-       "dtype rule dtypes", "downcast number", "downcast number item", "downcast alias", "default string",
+       "op dtypes number", "op dtype object", "op dtype nested", "rule field", "evidence", "dtypes string",
+       "dtype name", "dtype rule dtypes", "downcast number", "downcast number item", "downcast alias", "default string",
        "default dtypes"]
 
 

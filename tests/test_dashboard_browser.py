@@ -132,7 +132,7 @@ def test_dashboard_updates_live_and_inspects_fallbacks(jupyter_lab, lab_page):
     site = row.locator("[data-testid=nl-site]").first
     cells = [c.strip() for c in site.locator("td").all_inner_texts()]
     assert cells == ["In[5]", "line 4", "loss = torch.atan2(model(x), x).pow(2).mean()", "30×"], cells
-    assert panel.locator("[data-testid=nl-coverage]").inner_text() == "torchneuron-2.33"
+    assert panel.locator("[data-testid=nl-coverage]").inner_text() == "torchneuron-combined"
     shot = panel.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-fallbacks.png"))
     assert shot
     # the expanded row stays open across the next update (UI state lives in the browser)

@@ -470,6 +470,27 @@ def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(
         assert not passed and why.startswith("4 unsupported calls of 4 ops: "), why
 
 
+def test_an_empty_tensor_in_all_reduce_or_all_to_all_is_unsupported_as_the_april_gates_say(tmp_path: Path) -> None:
+    """AllReduceXLAOp's and AllToAllXlaOp's can_handle turn an empty tensor away; the same calls with elements run."""
+    ranks = _run_ranks(tmp_path, """
+        import neuron_lab
+        with neuron_lab.track() as rep:
+            dist.all_reduce(torch.empty(0, device=dev))
+            dist.all_reduce(torch.ones(4, device=dev))
+            dist.all_to_all_single(torch.empty(0, device=dev), torch.empty(0, device=dev))
+        report(why={r.op: r.why for r in rep.ops_not_native if r.kind == "unsupported"},
+               counts={f"{r.kind} {r.op}": r.count for r in rep.ops_not_native})
+    """)
+    for facts in ranks:
+        assert facts["why"] == {
+            "c10d::all_reduce.sum": "TorchNeuron's all_reduce refuses an empty tensor (AllReduceXLAOp.can_handle: "
+                                "\"cannot be empty\")",
+            "c10d::all_to_all_single": "TorchNeuron's all_to_all_single refuses an empty tensor "
+                                       "(AllToAllXlaOp.can_handle: \"cannot be empty\")"}, facts["why"]
+        assert facts["counts"]["unsupported c10d::all_reduce.sum"] == 1  # the call with elements runs there
+        assert facts["counts"]["collective c10d::all_reduce.sum"] == 2
+
+
 @pytest.mark.skipif(not COMPILED, reason="the pure-Python core puts no device lanes into torch.profiler")
 def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tmp_path: Path) -> None:
     """As NCCL's kernels on CUDA: each collective is a kernel on its rank's device lane from call to completion, so

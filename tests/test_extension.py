@@ -52,7 +52,8 @@ def test_load_prints_one_line_and_loading_twice_is_harmless():
             sh.run_line_magic("load_ext", "neuron_lab")
         lines = cap.stdout.strip().splitlines()
         assert len(lines) == 1
-        assert lines[0].startswith("neuron_lab 0.1.0: emulator backend, coverage torchneuron-2.33 · device neuron:0")
+        assert lines[0].startswith(
+            "neuron_lab 0.1.0: emulator backend, coverage torchneuron-combined · device neuron:0")
         assert "GiB" in lines[0] and lines[0].endswith("mode default · compiled core")
         with capture_output() as cap:
             sh.run_line_magic("load_ext", "neuron_lab")
@@ -202,13 +203,14 @@ def test_a_moving_line_with_a_non_movable_name_is_refused(shell):
 # -- status, device, moves ---------------------------------------------------------------------------
 def test_status_shows_backend_device_mode_memory_and_totals(shell):
     run(shell, "import torch\nx = torch.ones(256, device='neuron')\ny = torch.atan2(x, x)")
+    run(shell, "v = torch.ones(8, device='neuron', dtype=torch.float64).topk(2)")  # float64 topk: gated, possible
     res, _ = run(shell, "%neuron status")
     text = str(res.result)
     assert "backend: emulator" in text
     assert "device:  neuron:0 (variable `device`)" in text
     assert "mode:    default" in text
     assert "capacity 24.00 GiB" in text and "allocated" in text
-    assert "1 CPU fallback call," in text
+    assert "1 CPU fallback call, 1 possible fallback call," in text  # the session counts the two apart
     # the backend says it, as data: the magic does not branch; 64-bit computes as on Trainium by default
     assert ("differs: synchronous execution (on Trainium an error or a slow op shows at a later sync), no Adaptive "
             "Eager fusion\n") in text

@@ -119,7 +119,7 @@ def _calls(report: list[str], section: str = "CPU fallbacks") -> dict[str, int]:
 # -- 01: quickstart ------------------------------------------------------------------------------------
 def check_quickstart(r: Ran) -> None:
     assert r.stdout("load").startswith("neuron_lab "), r.stdout("load")
-    assert "emulator backend, coverage torchneuron-2.33 · device neuron:0 · 24.00 GiB" in r.stdout("load")
+    assert "emulator backend, coverage torchneuron-combined · device neuron:0 · 24.00 GiB" in r.stdout("load")
     assert "  model                PolarNet                520 B  from cpu" in r.stdout("move")
 
     # the fallback report: both ops, with the cell and line behind each
@@ -367,14 +367,23 @@ def check_huggingface(r: Ran) -> None:
     nki = r.report("nki")
     assert _calls(nki, "NKI kernels") == {"demo::gelu_tanh": 1} and "aten::tanh" not in _calls(nki)
     r.says("falls back on `aten::minimum` (T5's relative-position buckets) three times per step",
-           "The bundled coverage predicts no CPU fallback for it.")
+           "The bundled coverage predicts no certain CPU fallback for it;",
+           "registers no kernel for are listed apart, as ops that may fall back.")
 
 
 # -- 07: a language model, end to end -------------------------------------------------------------------
 def check_language_model(r: Ran) -> None:
     assert "device neuron:0 · 256.00 MiB" in r.stdout("load")
     train = r.report("train")
-    assert "no CPU fallbacks" in train[0] and len(train) <= 4, train  # a clean cell: a few lines
+    assert "no CPU fallbacks" in train[0] and "possible fallback calls" in train[0], train[0]
+    # what may fall back is the default foreach AdamW's four ops the April source registers no kernel for, each at
+    # the step's line; the rest of the report is a few lines
+    possible = _ops(train, "may fall back on TorchNeuron")
+    assert {op.split(".")[0] for op in possible} == {"aten::_foreach_addcdiv_", "aten::_foreach_addcmul_",
+                                                      "aten::_foreach_lerp_", "aten::_foreach_sqrt"}, train
+    assert {site.split(": ")[1].rsplit("  (", 1)[0] for _, sites in possible.values() for site in sites} == \
+        {"opt.step()"}, train
+    assert len(train) <= 4 + 3 * len(possible) + 3, train  # the section's title, rows, sites and reasons
     assert not any(x.startswith("64-bit downcasts") for x in train), train  # int64 indices: expected, said once
 
     sample = r.report("sample")
@@ -440,6 +449,13 @@ def _starting(lines: list[str], prefix: str) -> int:
     return hits[0]
 
 
+def _matching(lines: list[str], pattern: str) -> int:
+    """The index of the one line that ``pattern`` matches at its start."""
+    hits = [i for i, line in enumerate(lines) if re.match(pattern, line)]
+    assert len(hits) == 1, (pattern, lines)
+    return hits[0]
+
+
 def _ranks_out(r: Ran, tag: str) -> str:
     """What the ranks printed in a ``%%neuron ranks`` cell, each line prefixed ``[stdout:RANK]`` as ``%%px`` does."""
     return "".join(o.data["text/plain"] for o in r.cell(tag).outputs
@@ -485,10 +501,11 @@ def check_distributed(r: Ran) -> None:
     assert " · 32 collective calls · no CPU fallbacks" in profiled[0], profiled[0]
     assert "profiled on 4 ranks: op table and time per line of rank 0, the timeline of all ranks on one clock" \
         in profiled
-    gathers = profiled[_starting(profiled, "  c10d::all_gather_into_tensor     collective  5      ")]
+    # the op and kind columns are as wide as the longest shown (the optimizer's possible fallbacks are there too)
+    gathers = profiled[_matching(profiled, r"  c10d::all_gather_into_tensor +collective +5 ")]
     # device work, no host time of its own; the columns' widths depend on the times measured, so not the spacing
     assert re.search(r" 0 µs +\[3608\] float32 ", gathers), gathers
-    scatters = profiled[_starting(profiled, "  c10d::reduce_scatter_tensor.avg  collective  3      ")]
+    scatters = profiled[_matching(profiled, r"  c10d::reduce_scatter_tensor\.avg +collective +3 ")]
     assert re.search(rf"\[49984\] float32 +In\[{r.n('profile')}\] line {r.line('profile', 'loss.backward()')}$",
                      scatters), scatters
     lanes = [x for x in profiled if x.startswith("  rank ") and " events, busy " in x]

@@ -73,7 +73,10 @@ def test_a_cells_report_counts_certain_and_possible_fallbacks_apart(shell):
         for shown in (text, html):
             assert "may fall back on TorchNeuron" in shown and "CPU fallbacks" in shown
             assert "TopKXLAImpl.can_handle" in shown
+            assert "Confidence: likely (dtype gate: " in shown and "Confidence: certain (documented: " in shown
         data = json.loads(json.dumps(r.as_dict()))  # the JSON renderer's data
+        assert {o["op"]: o["reason"].split(" Confidence: ")[1].split(" (")[0] for o in data["ops_not_native"]
+                if o["kind"] in (FALLBACK, POSSIBLE)} == {"aten::atan2.out": "certain", "aten::topk.values": "likely"}
         assert data["possible_calls"] == 1 and data["fallback_calls"] == r.fallback_calls
         assert {"aten::topk.values": POSSIBLE}.items() <= {o["op"]: o["kind"] for o in data["ops_not_native"]
                                                            if o["kind"] == POSSIBLE}.items()

@@ -158,7 +158,10 @@ def test_adamw_foreach_step_is_a_few_foreach_kernels() -> None:
     names = {s.name for s in stats}
     assert names == {"aten::_foreach_mul_", "aten::_foreach_lerp_", "aten::_foreach_addcmul_", "aten::_foreach_sqrt",
                      "aten::_foreach_div_", "aten::_foreach_add_", "aten::_foreach_addcdiv_"}
-    assert {s.kind for s in stats} == {"native"}
+    # the April source registers no kernel for four of them: under the combined default they may fall back
+    assert {s.name for s in stats if s.kind != "native"} == {"aten::_foreach_lerp_", "aten::_foreach_addcmul_",
+                                                             "aten::_foreach_sqrt", "aten::_foreach_addcdiv_"}
+    assert {s.kind for s in stats if s.kind != "native"} == {"possible"}
     calls = sum(s.count for s in stats)
     assert calls == 8  # for 4 parameter tensors
     deeper = _step_calls(depth=6, foreach=True)  # 12 parameter tensors

@@ -137,9 +137,10 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
     date = derived["date"]
     for op, rule in derived["ops"].items():
         if rule["kind"] == "native":
-            ops.setdefault(op, rule)
+            ops.setdefault(op, {**rule, "evidence": "registered"})
         elif ops.get(op, {}).get("kind", "native") == "native":
-            ops[op] = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
+            ops[op] = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"]),
+                       "evidence": "not registered"}
     for gate in evidence["gates"]:
         accepts = [d for d in gate["dtypes"] if d.startswith(("float", "bfloat"))]
         if not gate["ops"] or len(accepts) < 2 or "legacy/" in gate["path"]:
@@ -151,7 +152,7 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
             if ops.get(op, {}).get("kind", "native") == "native":
                 ops[op] = {"kind": POSSIBLE, "dtypes": others, "otherwise": "native", "reason": _GATED.format(
                     dtypes=", ".join(others), date=date, cls=gate["class"], path=gate["path"], line=gate["line"],
-                    accepts=", ".join(accepts))}
+                    accepts=", ".join(accepts)), "evidence": "dtype gate"}
     failing: dict[str, list[dict]] = {}
     for row in evidence["expectations"]:
         op = op_of(row["test"], ops)
@@ -165,10 +166,11 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
             continue
         tests = ", ".join(r["test"] for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
         ops[op] = {"kind": POSSIBLE, "reason": _XFAILS.format(n=len(rows), tests=tests), "otherwise": "native",
-                   "dtypes": dtypes}
+                   "dtypes": dtypes, "evidence": "upstream xfail"}
     default = derived["default"] if certain.get("default", {}).get("kind", "native") == "native" else certain["default"]
     if default["kind"] != "native":
-        default = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"])}
+        default = {"kind": POSSIBLE, "reason": _NOT_REGISTERED.format(date=date, name=derived["name"]),
+                   "evidence": "not registered"}
     out = {k: v for k, v in certain.items() if k not in ("ops", "default", "provenance")}
     method = (f"tools/derive_profile.py --combine: certain from {certain['name']}, possible from {derived['name']}, "
               "its can_handle gates and its expected upstream test failures")

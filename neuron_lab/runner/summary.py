@@ -34,7 +34,7 @@ class Summary:
     def as_dict(self) -> dict[str, Any]:
         m = self.total.memory
         return {"cells": self.cells, "ran": self.ran, "failures": len(self.errors), "seconds": round(self.seconds, 3),
-                "fallback_calls": self.total.fallback_calls,
+                "fallback_calls": self.total.fallback_calls, "possible_calls": self.total.possible_calls,
                 "fallbacks": [_row_dict(r) for r in self.total.fallbacks],
                 "downcasts": [_row_dict(r) for r in self.total.downcasts],
                 "sync_calls": self.total.sync_calls,

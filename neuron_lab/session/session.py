@@ -22,6 +22,7 @@ import torch
 from neuron_lab import backend as _backend
 from neuron_lab import interrupts, modes
 from neuron_lab.compat import ipython
+from neuron_lab.kinds import FALLBACK, KINDS, POSSIBLE
 from neuron_lab.report.model import Report
 from neuron_lab.session import devices, free, oom
 from neuron_lab.session.cells import CellLocator, run_body
@@ -38,6 +39,7 @@ from neuron_lab.units import ShownAsText, count, format_capacity, format_size
 class Totals:
     cells: int = 0
     fallback_calls: int = 0
+    possible_calls: int = 0  # calls that may fall back on TorchNeuron (kinds.POSSIBLE), counted apart
     compiles: int = 0
     graph_breaks: int = 0
     recompiles: int = 0
@@ -303,6 +305,7 @@ class Session:
         t = self.totals
         t.cells += 1
         t.fallback_calls += report.fallback_calls
+        t.possible_calls += report.possible_calls
         t.compiles += report.compiles.frames
         t.graph_breaks += len(report.compiles.breaks)
         t.recompiles += len(report.compiles.recompiles)
@@ -453,7 +456,8 @@ class Status(ShownAsText):
         self.lines.append(f"mode:    {mode}")
         t = s.totals
         self.lines.append(f"session: {count(t.cells, 'cell')} reported, "
-                          f"{count(t.fallback_calls, 'CPU fallback call')}, {count(t.compiles, 'compile')}, "
+                          f"{count(t.fallback_calls, KINDS[FALLBACK].call)}, "
+                          f"{count(t.possible_calls, KINDS[POSSIBLE].call)}, {count(t.compiles, 'compile')}, "
                           f"{count(t.graph_breaks, 'graph break')}, {count(t.recompiles, 'recompile')}")
 
     def __str__(self) -> str:

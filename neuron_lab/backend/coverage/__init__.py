@@ -20,7 +20,7 @@ from typing import Any
 from neuron_lab import settings
 from neuron_lab.backend.coverage import schema
 from neuron_lab.deprecation import renamed
-from neuron_lab.kinds import FALLBACK, HOST, NATIVE, POSSIBLE
+from neuron_lab.kinds import FALLBACK, HOST, NATIVE, POSSIBLE, SOURCE
 
 SCHEMA_VERSION = 1
 _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
@@ -43,6 +43,17 @@ class OpRule:
     reason: str
     dtypes: frozenset[str] | None = None  # only these dtypes take `kind`; others use the default
     otherwise: str | None = None  # the kind of the op's other dtypes, instead of the default (a dtype gate)
+    evidence: str | None = None  # the class of its evidence (a key of schema.EVIDENCE): how sure the prediction is
+
+    @property
+    def shown(self) -> str:
+        """The reason as reports show it: its sentence, how sure it is and on what evidence, then its source."""
+        if self.evidence is None:
+            return self.reason
+        level, means = schema.EVIDENCE[self.evidence]
+        why, sep, source = self.reason.partition(SOURCE)
+        why = why.rstrip()
+        return f"{why}{'' if why.endswith('.') else '.'} Confidence: {level} ({self.evidence}: {means}).{sep}{source}"
 
 
 @dataclass
@@ -54,6 +65,7 @@ class Coverage:
     date: str
     default: str = NATIVE
     default_reason: str = ""
+    default_evidence: str | None = None
     ops: dict[str, OpRule] = field(default_factory=dict)
     dtype_rules: dict[str, OpRule] = field(default_factory=dict)  # any op touching this dtype
     downcast_dtypes: frozenset[str] = frozenset({"float64", "int64"})
@@ -61,17 +73,21 @@ class Coverage:
     provenance: dict[str, Any] = field(default_factory=dict)  # how a derived coverage was made (repo, commit, ...)
 
     def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
-        """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``."""
+        """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``.
+
+        An op's own off-device rule comes first, then a dtype rule (complex: the device has none), then the op's
+        native rule: a source that registers an op (the April build) says nothing of the dtypes the device lacks."""
         rule = self.ops.get(_key(name))
-        if rule is not None and (rule.dtypes is None or rule.dtypes & dtypes):
-            return rule.kind, rule.reason
-        if rule is not None and rule.otherwise is not None:
-            return rule.otherwise, ""
+        if rule is not None and not (rule.dtypes is None or rule.dtypes & dtypes):
+            rule = None if rule.otherwise is None else OpRule(rule.otherwise, "")
+        if rule is not None and rule.kind != NATIVE:
+            return rule.kind, rule.shown
         for dt in dtypes:
             drule = self.dtype_rules.get(dt)
             if drule is not None:
-                return drule.kind, drule.reason
-        return self.default, self.default_reason
+                return drule.kind, drule.shown
+        rule = rule or OpRule(self.default, self.default_reason, evidence=self.default_evidence)
+        return rule.kind, rule.shown
 
     def fallback_names(self) -> list[str]:
         return sorted(n for n, r in self.ops.items() if r.kind != NATIVE)
@@ -83,6 +99,8 @@ class Coverage:
                 d["dtypes"] = sorted(r.dtypes)
             if r.otherwise is not None:
                 d["otherwise"] = r.otherwise
+            if r.evidence is not None:
+                d["evidence"] = r.evidence
             return d
 
         return {
@@ -90,7 +108,7 @@ class Coverage:
             "name": self.name,
             "source": self.source,
             "date": self.date,
-            "default": {"kind": self.default, "reason": self.default_reason},
+            "default": rule(OpRule(self.default, self.default_reason, evidence=self.default_evidence)),
             "downcast_dtypes": sorted(self.downcast_dtypes),
             "dtypes": {k: rule(v) for k, v in sorted(self.dtype_rules.items())},
             "ops": {k: rule(v) for k, v in sorted(self.ops.items())},
@@ -102,7 +120,8 @@ class Coverage:
 
 def _rule(d: dict[str, Any]) -> OpRule:
     dtypes = d.get("dtypes")
-    return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None, d.get("otherwise"))
+    return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None, d.get("otherwise"),
+                  d.get("evidence"))
 
 
 def from_dict(d: Any, path: str = "") -> Coverage:
@@ -118,6 +137,7 @@ def from_dict(d: Any, path: str = "") -> Coverage:
         date=d["date"],
         default=default.kind,
         default_reason=default.reason,
+        default_evidence=default.evidence,
         ops={_key(k): _rule(v) for k, v in d.get("ops", {}).items()},
         dtype_rules={k: _rule(v) for k, v in d.get("dtypes", {}).items()},
         downcast_dtypes=frozenset(d.get("downcast_dtypes", ("float64", "int64"))),

@@ -13,6 +13,21 @@ from typing import Any
 TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops")
 REQUIRED = ("schema_version", "name", "source", "date")
 
+# How sure a prediction is, by the class of its evidence (a rule's "evidence"): the one table every coverage names.
+# A documented fallback is what TorchNeuron's own table says; the source's registry and gates say what the April build
+# does, not 2.33; an upstream test that fails may fail on a wrong result rather than a fallback.
+EVIDENCE: dict[str, tuple[str, str]] = {
+    "documented": ("certain", "TorchNeuron's documentation for 2.33 says so"),
+    "reported": ("certain", "a user's report of TorchNeuron 2.33 shows it"),
+    "host kernel": ("certain", "TorchNeuron's source computes it on the host with a kernel of its own"),
+    "not registered": ("likely", "no kernel for it is registered in TorchNeuron's source"),
+    "registered": ("likely", "TorchNeuron's source runs it on the device: a registered kernel or an allowed view"),
+    "dtype gate": ("likely", "its kernels' can_handle turns this dtype away in TorchNeuron's source"),
+    "empty gate": ("likely", "its kernel's can_handle turns an empty tensor away in TorchNeuron's source"),
+    "upstream xfail": ("possible", "TorchNeuron's own runs of PyTorch's tests fail for this op and dtype"),
+    "no evidence": ("possible", "no source names it"),
+}
+
 
 def shown(value: Any) -> str:
     """A value for a message: short, one line, and safe for any nesting depth (no recursive repr)."""
@@ -41,7 +56,7 @@ def _dtype_list(field: str, value: Any) -> None:
 
 
 def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
-    allowed = ("kind", "reason", "dtypes", "otherwise") if dtypes else ("kind", "reason")
+    allowed = ("kind", "reason", "evidence", "dtypes", "otherwise") if dtypes else ("kind", "reason", "evidence")
     if not isinstance(value, dict):
         raise ValueError(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
                          f"got {shown(value)}")
@@ -53,6 +68,8 @@ def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
         raise ValueError(f"{field}.kind: expected one of {', '.join(kinds)}, got {got}")
     if not isinstance(value.get("reason", ""), str):
         raise ValueError(f"{field}.reason: expected a string, got {shown(value['reason'])}")
+    if "evidence" in value and value["evidence"] not in EVIDENCE:
+        raise ValueError(f"{field}.evidence: expected one of {', '.join(EVIDENCE)}, got {shown(value['evidence'])}")
     if "dtypes" in value and value["dtypes"] is not None:
         _dtype_list(f"{field}.dtypes", value["dtypes"])
     if "otherwise" in value and value["otherwise"] not in kinds:

@@ -181,6 +181,9 @@ def _sum_instead(opts: Any, size: int, inputs: list[torch.Tensor], outputs: list
 FP8 = frozenset(str(d).removeprefix("torch.") for d in (getattr(torch, n, None) for n in dir(torch) if "float8" in n)
                 if isinstance(d, torch.dtype))
 _APRIL = SOURCE + "torch-neuronx's ProcessGroupNeuron and its distributed tests' skip reasons (April 2026 source)"
+# The collectives whose can_handle turns an empty tensor away in the April source (python_ops/xla_ops/*_xla.py):
+# two of the seven empty-tensor gates derive_profile.py records; the other five guard no ATen op it can name.
+_EMPTY_GATES = {"all_reduce": "AllReduceXLAOp", "all_to_all": "AllToAllXlaOp"}
 
 
 def unsupported(pg: dist.ProcessGroup, name: str, tensors: list[torch.Tensor], args: tuple) -> str:
@@ -200,6 +203,9 @@ def unsupported(pg: dist.ProcessGroup, name: str, tensors: list[torch.Tensor], a
         return "TorchNeuron does not all_reduce complex tensors" + _APRIL
     if torch.float64 in dtypes and name == "broadcast":
         return "TorchNeuron does not broadcast float64 tensors (the device has no 64-bit floats)" + _APRIL
+    gate = next((g for prefix, g in _EMPTY_GATES.items() if name.startswith(prefix)), None)
+    if gate is not None and any(t.numel() == 0 for t in tensors):
+        return f"TorchNeuron's {name} refuses an empty tensor ({gate}.can_handle: \"cannot be empty\")" + _APRIL
     if name.startswith("all_gather") and {str(d).removeprefix("torch.") for d in dtypes} & FP8:
         return "TorchNeuron does not all_gather fp8 tensors" + _APRIL
     return ""

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from neuron_lab.kinds import FALLBACK, HOST, NATIVE, NKI
+from neuron_lab.kinds import FALLBACK, HOST, NATIVE, NKI, POSSIBLE
 
 if TYPE_CHECKING:
     from neuron_lab.backend.coverage import Coverage
@@ -84,12 +84,13 @@ class Runtime:
 
     def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the coverage
-        says; inside a compiled graph TorchNeuron lowered, a CPU fallback or host op runs on the device."""
+        says; inside a compiled graph TorchNeuron lowered, a CPU fallback or host op runs on the device, and an op
+        that may fall back in eager mode is the graph's too (its evidence is about eager dispatch, not lowering)."""
         reason = self.nki_ops.get(name)
         if reason is not None:
             return NKI, reason
         kind, reason = self.coverage.classify(name, dtypes)
-        if self.in_graph and kind in (FALLBACK, HOST):
+        if self.in_graph and kind in (FALLBACK, HOST, POSSIBLE):
             return NATIVE, ""
         return kind, reason
 
