@@ -140,7 +140,7 @@ struct Call {
                   fill(rules.device_mismatch, {{"first", where(device)}, {"second", where(t.device().index())},
                                                {"op", plan.name}}));
       mask |= uint64_t(1) << static_cast<int>(t.scalar_type());
-      if (written) {
+      if (written && !plan.in_place) {
         auto alias = cpu_alias_storage(t.storage(), true);
         growable.emplace_back(alias, t.storage());
         aliases.emplace_back(alias, t.storage());
@@ -374,6 +374,7 @@ Plan& plan_of(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   p->name = schema.name();
   p->overload = schema.overload_name();
+  p->in_place = p->name.back() == '_' && p->name.find("resize") == std::string::npos;
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* a = args[i].alias_info();

@@ -74,6 +74,9 @@ struct Plan {
   int dtype_arg = -1;
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
   bool always_grad_input = false;
+  // An in-place op (`add_`, `_foreach_mul_`; not the resize family): its written arguments keep their bytes, so a
+  // kernel computes on their blocks' own host storages, as on a read argument's, instead of on a growable alias.
+  bool in_place = false;
   bool data_dependent = false;  // a device-to-host read: reported as a sync when somebody wants them
   // device dtype set -> kind, reason. Entries are never freed (forget_kinds only unlinks them), so the last one
   // an op saw is read without a lock.
