@@ -89,6 +89,30 @@ def test_complex_dtype_rule_and_random_creation(b):
     assert "complex" in mul.reason
 
 
+def test_hot_ops_count_classify_deliver_and_hold_memory_as_every_op(b):
+    """The compiled core's typed kernels (add, sub, mul, div, mm, bmm, addmm) report as the boxed fallback does."""
+    x = torch.ones(4, 4, device="neuron")
+    y = torch.full((4, 4), 2.0, device="neuron")
+    z3 = torch.ones(2, 4, 4, device="neuron")
+    events = []
+    unsubscribe = b.subscribe(lambda ev, args, kwargs: events.append(ev), kinds={"native"})
+    b.clear_op_tracking()
+    before = torch.neuron.memory_allocated()
+    out = [x + y, x - y, x * 3, x / y, x @ y, torch.addmm(x, x, y), torch.bmm(z3, z3)]
+    unsubscribe()
+    assert torch.neuron.memory_allocated() - before == 6 * 64 + 128  # each result's bytes, nothing else
+    assert [float(t[0, 0].sum()) for t in out[:6]] == [3.0, -1.0, 3.0, 0.5, 8.0, 9.0]
+    hot = {("aten::add", "Tensor"), ("aten::sub", "Tensor"), ("aten::mul", "Tensor"), ("aten::div", "Tensor"),
+           ("aten::mm", ""), ("aten::addmm", ""), ("aten::bmm", "")}
+    assert {k: n for k, n in _rows(b, "native").items() if k in hot} == dict.fromkeys(hot, 1)
+    assert [(e.qualified_name, e.shapes[:2]) for e in events if e.qualified_name == "aten::add.Tensor"] == [
+        ("aten::add.Tensor", ((4, 4), (4, 4)))]
+    (add,) = [s for s in b.op_stats("native") if (s.name, s.overload) == ("aten::add", "Tensor")]
+    assert add.signatures[0][0][:2] == ((4, 4), (4, 4)) and add.signatures[0][1][:2] == ("float32", "float32")
+    torch.arange(3, device="neuron") + 1  # int64: the 64-bit rule still sees it
+    assert ("aten::add", "Tensor") in _rows(b, "downcast")
+
+
 def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):
     a = torch.eye(3, device="neuron") * 2
     torch.linalg.inv(a)

@@ -5,6 +5,7 @@
 #include "aten/dispatch.h"
 
 #include "aten/host_alias.h"
+#include "aten/unboxed.h"
 #include "profiler/profiler.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -139,7 +140,7 @@ struct Call {
                   fill(rules.device_mismatch, {{"first", where(device)}, {"second", where(t.device().index())},
                                                {"op", plan.name}}));
       mask |= uint64_t(1) << static_cast<int>(t.scalar_type());
-      if (written) {
+      if (written && !plan.in_place) {
         auto alias = cpu_alias_storage(t.storage(), true);
         growable.emplace_back(alias, t.storage());
         aliases.emplace_back(alias, t.storage());
@@ -373,6 +374,7 @@ Plan& plan_of(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   p->name = schema.name();
   p->overload = schema.overload_name();
+  p->in_place = p->name.back() == '_' && p->name.find("resize") == std::string::npos;
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* a = args[i].alias_info();
@@ -407,7 +409,12 @@ Plan& plan_of(const c10::OperatorHandle& op) {
   return *(seen[key] = plans.emplace(key, std::move(p)).first->second.get());
 }
 
-void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args) {
+namespace {
+
+enum Wants : int { kProbe = 1, kDeliver = 2 };
+
+// Counts one call; says whether its arguments are wanted: a signature probe, a delivery to Python.
+int count(Plan& p, int kind, const std::string& reason, int64_t host_ns) {
   bool probe;
   OpStat& st = p.stats[kind];
   {
@@ -418,17 +425,26 @@ void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const
     probe = st.count <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
   }
   if (kind != kDowncast) calls += 1;
-  bool deliver_it = (wanted.load() >> kind) & 1;
-  if (!probe && !deliver_it) return;
+  return (probe ? kProbe : 0) | (((wanted.load() >> kind) & 1) ? kDeliver : 0);
+}
+
+void examine(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args, int wants) {
   Signature sig = signature_of(args);
-  if (probe) {
+  if (wants & kProbe) {
+    OpStat& st = p.stats[kind];
     std::lock_guard<std::mutex> g(plans_mu);
     if (st.signatures.size() < kMaxSignatures &&
         std::find(st.signatures.begin(), st.signatures.end(), sig) == st.signatures.end()) {
       st.signatures.push_back(sig);
     }
   }
-  if (deliver_it) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
+  if (wants & kDeliver) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
+}
+
+}  // namespace
+
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args) {
+  if (int wants = count(p, kind, reason, host_ns)) examine(p, kind, reason, host_ns, args, wants);
 }
 
 void run(const c10::OperatorHandle& op, Stack* stack) {
@@ -529,6 +545,45 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
 }
 
+at::Tensor direct(const c10::OperatorHandle& op, Plan& p, std::initializer_list<const at::Tensor*> tensors,
+                  c10::function_ref<at::Tensor()> kernel, c10::function_ref<Stack()> args) {
+  auto boxed = [&] {
+    Stack stack = args();
+    run(op, &stack);
+    return stack.back().toTensor();
+  };
+  if (p.on_device || p.int_as_float || p.implicit_rng || p.always_grad_input || p.data_dependent || profiling()) {
+    return boxed();
+  }
+  c10::DeviceIndex device = -1;
+  uint64_t mask = 0;
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined()) return boxed();
+    if (t->device().type() == c10::DeviceType::PrivateUse1) {
+      if (device >= 0 && t->device().index() != device) return boxed();
+      device = t->device().index();
+      mask |= uint64_t(1) << static_cast<int>(t->scalar_type());
+    } else if (!t->is_cpu() || t->dim() != 0) {
+      return boxed();
+    }
+  }
+  if (device < 0 || (mask & rules.wide_mask)) return boxed();
+  const Classified& kind = kind_of(p, mask);
+  int64_t t0 = now_ns();
+  at::Tensor r;
+  {
+    QuietHost quiet;
+    r = kernel();
+  }
+  int64_t host_ns = now_ns() - t0;
+  for (const at::Tensor* t : tensors) {  // a result over a CPU scalar's bytes is its own, as in Call::back
+    if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
+  }
+  at::Tensor out = on_device(adopt(r, device), r);
+  if (int wants = count(p, kind.kind, kind.reason, host_ns)) examine(p, kind.kind, kind.reason, host_ns, args(), wants);
+  return out;
+}
+
 Plan& named(const char* name, const char* overload) {
   return plan_of(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload));
 }
@@ -568,7 +623,9 @@ void register_direct(const std::vector<std::string>& names) {
   // Kept for the life of the process, like TORCH_LIBRARY_IMPL's static registrations.
   static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
                                         __LINE__);
-  for (const auto& name : names) lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  for (const auto& name : names) {
+    if (!register_typed(*lib, name)) lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
 }
 
 // -- reading the aggregates --------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <c10/util/FunctionRef.h>
 
 #include <atomic>
 #include <cstdint>
@@ -73,6 +74,9 @@ struct Plan {
   int dtype_arg = -1;
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
   bool always_grad_input = false;
+  // An in-place op (`add_`, `_foreach_mul_`; not the resize family): its written arguments keep their bytes, so a
+  // kernel computes on their blocks' own host storages, as on a read argument's, instead of on a growable alias.
+  bool in_place = false;
   bool data_dependent = false;  // a device-to-host read: reported as a sync when somebody wants them
   // device dtype set -> kind, reason. Entries are never freed (forget_kinds only unlinks them), so the last one
   // an op saw is read without a lock.
@@ -87,6 +91,11 @@ Plan& named(const char* name, const char* overload);
 void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args);
 // The fallback itself: run `op` on host aliases of its device arguments, report it, present its results.
 void run(const c10::OperatorHandle& op, Stack* stack);
+// A typed kernel's call (unboxed.cpp). On the plain path (every tensor on one device or a CPU scalar, no 64-bit
+// dtype, no profiler, no quirk of the op in the policy) `kernel` computes on host aliases, and its result is
+// presented and counted as run() would; any other call is run() itself, over the stack `args` makes.
+at::Tensor direct(const c10::OperatorHandle& op, Plan& p, std::initializer_list<const at::Tensor*> tensors,
+                  c10::function_ref<at::Tensor()> kernel, c10::function_ref<Stack()> args);
 void count_transfer(int64_t to_device, int64_t to_host);
 // A device-to-host read of `p`'s call (item, a copy to the CPU, a data-dependent shape): delivered to Python as a
 // call of kind `sync` only while somebody wants that kind; nothing else is kept.

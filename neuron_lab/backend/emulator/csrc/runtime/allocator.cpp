@@ -155,22 +155,26 @@ Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small,
   return fresh;
 }
 
-c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, Segment segment, bool small,
+c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, std::optional<Segment> segment, bool small,
                                              c10::DeviceIndex device, Context ctx) {
-  auto* b = new Block();
+  auto b = std::make_unique<Block>();
   b->ptr = host.mutable_data();
   b->host = std::move(host);
   b->nbytes = n;
-  b->segment = std::move(segment);
   b->context = std::move(ctx);
-  b->small = small;
   b->device = device;
   b->created_ns = now_ns();
   if (record_sites) b->site = allocation_site();
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (segment) {
+      b->segment = std::move(*segment);
+      b->small = small;
+    } else {
+      b->segment = reserve(n, device, &b->small, b->context);  // may raise OutOfMemoryError; the block goes
+    }
     DeviceMemory& d = devices_[device];
-    for_pool(small, [&](size_t i) {
+    for_pool(b->small, [&](size_t i) {
       d.stats.allocated_bytes[i].increase(n);
       d.stats.requested_bytes[i].increase(n);
       d.stats.active_bytes[i].increase(n);
@@ -178,8 +182,7 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, Segmen
       d.stats.active[i].increase(1);
     });
     b->serial = next_serial_++;
-    d.live.insert(b);
-    by_ptr_[b->ptr] = b;
+    by_ptr_[b->ptr] = b.get();
     total_ += static_cast<int64_t>(n);
     for (auto& [id, w] : windows_) {
       if (w.first == device) w.second = std::max(w.second, d.stats.allocated_bytes[0].current);
@@ -187,7 +190,8 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, Segmen
     report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
     record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
   }
-  return c10::DataPtr(b->ptr, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
+  void* ptr = b->ptr;
+  return c10::DataPtr(ptr, b.release(), &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
 c10::DataPtr NeuronAllocator::allocate(size_t n) {
@@ -225,18 +229,12 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
 
 c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex device) {
   size_t n = host.nbytes();
-  bool small = true;
-  Segment seg;
   Context ctx = gather(1);
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    seg = reserve(n, device, &small, ctx);
-  }
   if (host.data() == nullptr) {  // an empty result may have no buffer
     c10::Storage own(c10::Storage::use_byte_size_t(), 1, c10::GetCPUAllocator(), false);
-    return register_block(std::move(own), n, std::move(seg), small, device, std::move(ctx));
+    return register_block(std::move(own), n, std::nullopt, true, device, std::move(ctx));
   }
-  return register_block(host, n, std::move(seg), small, device, std::move(ctx));
+  return register_block(host, n, std::nullopt, true, device, std::move(ctx));
 }
 
 void NeuronAllocator::cache(DeviceMemory& d, Segment segment, bool small) {
@@ -260,7 +258,6 @@ void NeuronAllocator::release(Block* b) {
     record(d, TraceEntry::kFreeRequested, b->segment.addr, b->nbytes, ctx);
     record(d, TraceEntry::kFreeCompleted, b->segment.addr, b->nbytes, ctx);
     cache(d, std::move(b->segment), b->small);
-    d.live.erase(b);
     by_ptr_.erase(b->ptr);
     total_ -= static_cast<int64_t>(b->nbytes);
     report_to_profiler(b->ptr, -static_cast<int64_t>(b->nbytes), d, b->device);
@@ -343,10 +340,12 @@ void NeuronAllocator::record_history(bool enabled, int context, size_t max_entri
 MemorySnapshot NeuronAllocator::snapshot() {
   MemorySnapshot out;
   std::lock_guard<std::mutex> g(mu_);
+  for (const auto& [_, b] : by_ptr_) {
+    out.segments.push_back({b->device, b->segment, b->small, true, b->nbytes, b->context});
+  }
   for (size_t i = 0; i < devices_.size(); ++i) {
     const DeviceMemory& d = devices_[i];
     auto device = static_cast<c10::DeviceIndex>(i);
-    for (const Block* b : d.live) out.segments.push_back({device, b->segment, b->small, true, b->nbytes, b->context});
     for (const auto* pool : {&d.cached_small, &d.cached_large}) {
       for (const auto& [size, segs] : *pool) {
         for (const auto& s : segs) out.segments.push_back({device, s, pool == &d.cached_small, false, 0, nullptr});
@@ -447,19 +446,17 @@ std::vector<Block> NeuronAllocator::live_blocks() {
   std::vector<Block> out;
   {
     std::lock_guard<std::mutex> g(mu_);
-    for (auto& d : devices_) {
-      for (Block* b : d.live) {
-        Block copy;
-        copy.ptr = b->ptr;
-        copy.nbytes = b->nbytes;
-        copy.device = b->device;
-        copy.created_ns = b->created_ns;
-        copy.serial = b->serial;
-        copy.dtype = b->dtype;
-        copy.shape = b->shape;
-        copy.site = b->site;
-        out.push_back(std::move(copy));
-      }
+    for (const auto& [_, b] : by_ptr_) {
+      Block copy;
+      copy.ptr = b->ptr;
+      copy.nbytes = b->nbytes;
+      copy.device = b->device;
+      copy.created_ns = b->created_ns;
+      copy.serial = b->serial;
+      copy.dtype = b->dtype;
+      copy.shape = b->shape;
+      copy.site = b->site;
+      out.push_back(std::move(copy));
     }
   }
   std::sort(out.begin(), out.end(), [](const Block& a, const Block& b) { return a.serial < b.serial; });

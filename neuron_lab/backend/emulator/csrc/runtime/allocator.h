@@ -13,7 +13,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace neuron_lab {
@@ -75,7 +74,6 @@ struct DeviceMemory {
   std::map<size_t, std::vector<Segment>> cached_small, cached_large;  // size class -> cached segments, newest last
   int64_t cached_bytes = 0;
   uint64_t next_addr = 0;  // the emulated address space: segments are carved from here and never move
-  std::unordered_set<Block*> live;
   std::vector<TraceEntry> trace;  // a ring of the last max_entries actions while history records
   size_t trace_next = 0;
 };
@@ -119,8 +117,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
  private:
   Segment reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx);
-  c10::DataPtr register_block(c10::Storage host, size_t n, Segment segment, bool small, c10::DeviceIndex device,
-                              Context ctx);
+  // Without a segment, it reserves one under the same lock (an adopted result: its host bytes exist already).
+  c10::DataPtr register_block(c10::Storage host, size_t n, std::optional<Segment> segment, bool small,
+                              c10::DeviceIndex device, Context ctx);
   void cache(DeviceMemory& d, Segment segment, bool small);  // a freed segment stays reserved, reusable
   void release_cached(DeviceMemory& d, c10::DeviceIndex device);
   Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
@@ -130,7 +129,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   size_t max_entries_ = 0;
   std::mutex mu_;
   std::vector<DeviceMemory> devices_;
-  std::unordered_map<const void*, Block*> by_ptr_;
+  std::unordered_map<const void*, Block*> by_ptr_;  // every live block, of every device
   std::map<int64_t, std::pair<c10::DeviceIndex, int64_t>> windows_;  // open peak windows: id -> (device, highest
                                                                      // allocated on it since)
   int64_t next_window_ = 0, next_serial_ = 0, total_ = 0;
