@@ -12,7 +12,7 @@ $(BIN)/python:
 # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. The package is then installed
 # without build isolation, so the compiled core is built against this torch (never a second one).
 $(STAMP): $(BIN)/python pyproject.toml setup.py
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 ninja 'setuptools>=68' wheel
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 ninja 'setuptools>=77' wheel
 	NEURON_LAB_BUILD_CORE=0 $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e '.[test,lab,docs]'
 	touch $(STAMP)
 
