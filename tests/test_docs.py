@@ -158,5 +158,7 @@ def test_the_site_moves_a_github_link_to_where_its_file_sits_in_the_site():
     assert site.relink(home, "index.md") == (
         "[a](notebook.md#magics) ![b](pic.png) [c](notebooks/01_quickstart.ipynb) `[d](docs/x.md)` "
         "[e](https://x.org/docs/y.md) [f](tools/x.py)")
+    wrapped = "checks it, `neuron-lab\ndoctor` included ([w](docs/development.md#wheels))"  # a span over a line end
+    assert site.relink(wrapped, "index.md") == wrapped.replace("docs/development.md", "development.md")
     assert site.relink("[a](../README.md#set-up) [b](python.md) [c](../notebooks/03_memory.ipynb) [d](#here)",
                        "notebook.md") == "[a](index.md#set-up) [b](python.md) [c](notebooks/03_memory.ipynb) [d](#here)"

@@ -25,8 +25,9 @@ STATIC = ROOT / "out" / "docs" / "static"  # the copies the site renders (below)
 HOME = "index.md"
 
 log = get_plugin_logger(__name__)
-# A code span or block (kept as it is), or a Markdown link's or image's target.
-LINK = re.compile(r"(```.*?```|`[^`\n]*`)|(\]\()([^)\s]+)(\))", re.S)
+# A code span or block (kept as it is; a span may wrap onto the next line, as CommonMark allows, not past a blank
+# line), or a Markdown link's or image's target.
+LINK = re.compile(r"(```.*?```|`(?:[^`\n]|\n(?!\n))*`)|(\]\()([^)\s]+)(\))", re.S)
 
 
 def site_path(repo_path: str) -> str | None:
