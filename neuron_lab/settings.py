@@ -232,6 +232,9 @@ register_config("memory_sample_ms", float, 20.0, "How often the memory timeline 
 register_config("compile_progress_s", float, 0.7, "A compile running this long shows a line in its cell saying what "
                 "it does (loading the compiler, compiling a module, lowering a graph) and for how long, until the "
                 "report replaces it; 0 shows every compile's, a large value none.", minimum=0)
+register_config("ranks_output_window_s", float, 0.5, "How long a line one rank of a `%%neuron ranks` cell printed "
+                "waits for the other ranks to print it too, to be shown once with their ranks; then it is shown with "
+                "the ranks that printed it by then.", minimum=0)
 register_config("auto_dashboard", bool, False, "Show a compact live strip (memory bar, fallback count, mode) under "
                 "each cell while it runs (widget frontends).")
 register_config("display_as", str, "auto", "How the live views show: widgets (auto: under a kernel) or static "

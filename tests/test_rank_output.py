@@ -1,4 +1,5 @@
-"""What a `%%neuron ranks` cell shows of its ranks' stderr (each distinct line once, with the ranks that printed it),
+"""What a `%%neuron ranks` cell shows of what its ranks print (each line alike once, with the ranks that printed it;
+the numbers that differ as each rank's, the rank that stands apart marked; lines as they come, each rank's in order),
 and what a cell's own `init_process_group`/`destroy_process_group` meet on a rank the workbench started: a real
 one-rank gloo group in this process stands for the ranks' group (the engines' version is tests/test_ranks.py)."""
 
@@ -9,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from neuron_lab.report.ranks import ranks_label
+from neuron_lab.report.rank_lines import Collapser, collapse
+from neuron_lab.report.ranks import outliers, ranks_label
 from neuron_lab.session import rank_group
-from neuron_lab.session.rank_output import collapse
 
 
 @pytest.mark.parametrize(("ranks", "label"), [([1], "1"), ([0, 1], "0-1"), ([3, 0, 1, 2], "0-3"), ([0, 2], "0,2"),
@@ -27,12 +28,43 @@ def test_lines_alike_on_several_ranks_are_shown_once_with_their_ranks() -> None:
                  "rank 1 only"],
              2: ["/tmp/ipykernel_303/12.py:3: UserWarning: slow", "[Gloo] Rank 2 is connected to 2 peer ranks."],
              3: ["[Gloo] Rank 3 is connected to 2 peer ranks."]}
-    assert collapse(texts, "[stderr:{ranks}] ", "[ranks {ranks}] ") == [
+    assert collapse(texts, ("[stderr:{ranks}] ", "[ranks {ranks}] ")) == [
         "[ranks 0-2] /tmp/ipykernel_101/12.py:3: UserWarning: slow",
         "[ranks 0-1] [W1206 09:21:24.123456 777 Gloo.cpp:9] noise",
         "[stderr:0] rank 0 only",
         "[stderr:1] rank 1 only",
         "[ranks 2-3] [Gloo] Rank 2 is connected to 2 peer ranks."]
+
+
+def test_numbers_that_differ_are_shown_once_with_each_ranks_value_and_the_rank_apart_marked() -> None:
+    texts = {0: ["epoch 1 loss 0.51", "rank 0 of 4 on neuron:0", "step 3"],
+             1: ["epoch 1 loss 0.50", "rank 1 of 4 on neuron:1", "step 3"],
+             2: ["epoch 1 loss 0.52", "rank 2 of 4 on neuron:2", "step 3", "saved"],
+             3: ["epoch 1 loss nan", "rank 3 of 4 on neuron:3", "step 3"]}
+    assert collapse(texts) == ["[ranks 0-3] epoch 1 loss {0: 0.51, 1: 0.50, 2: 0.52, 3: nan ← rank 3}",
+                               "[stdout:0] rank 0 of 4 on neuron:0", "[stdout:1] rank 1 of 4 on neuron:1",
+                               "[stdout:2] rank 2 of 4 on neuron:2", "[stdout:3] rank 3 of 4 on neuron:3",
+                               "[ranks 0-3] step 3", "[stdout:2] saved"]
+
+
+@pytest.mark.parametrize(("values", "apart"), [({0: 0.51, 1: 0.50, 2: 0.52, 3: 0.93}, [3]),
+                                               ({0: 1.0, 1: 1.01, 2: 0.99, 3: 1.02}, []),
+                                               ({0: 5.0, 1: 5.0, 2: 5.0, 3: 0.0}, [3]),
+                                               ({0: 0.5, 1: 0.9}, [])])
+def test_a_rank_stands_apart_from_the_median_of_three_or_more(values: dict[int, float], apart: list[int]) -> None:
+    assert outliers(values) == apart
+
+
+def test_a_line_is_shown_once_every_running_rank_printed_it_or_its_window_passed_each_ranks_in_order() -> None:
+    now = [0.0]
+    lines = Collapser([0, 1, 2], window_s=0.5, clock=lambda: now[0])
+    assert lines.add(0, "epoch 1") == [] and lines.add(0, "rank 0 saves") == [] and lines.add(1, "epoch 1") == []
+    assert lines.add(2, "epoch 1") == ["[ranks 0-2] epoch 1"]
+    assert lines.add(1, "epoch 2") == [] and lines.add(0, "epoch 2") == []  # rank 0's own line is before it
+    now[0] = 0.5
+    assert lines.due() == ["[stdout:0] rank 0 saves", "[ranks 0-1] epoch 2"]
+    assert lines.add(2, "epoch 2") == ["[stdout:2] epoch 2"]  # late: its own line
+    assert lines.add(1, "done") == [] and lines.leave(2) == [] and lines.add(0, "done") == ["[ranks 0-1] done"]
 
 
 @pytest.fixture

@@ -310,7 +310,8 @@ class NeuronMagics(Magics):
         number = self.shell.execution_count if number is None else number
         try:
             report = ranks.run(cell, f"In[{number}]", cell=number, line_offset=1, timeout_s=args.timeout,
-                               profile=args.profile, export=export, row_limit=limit)
+                               profile=args.profile, export=export, row_limit=limit,
+                               output_window_s=self.session.config.ranks_output_window_s)
         except RanksError as e:
             raise UsageError(f"%%neuron ranks: {e}") from None
         if report.failed:

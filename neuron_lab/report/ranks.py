@@ -8,6 +8,8 @@ each rank's profile on its report and adds the ranks' timelines merged into one,
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -197,6 +199,19 @@ def ranks_label(ranks: Iterable[int]) -> str:
         else:
             runs.append([r])
     return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def outliers(values: dict[int, float]) -> list[int]:
+    """The ranks whose value stands apart from the others' (a loss that diverged, a NaN among numbers): further from
+    the median than 3 scaled median absolute deviations and than a tenth of the median. Three ranks at least: of two,
+    neither is the odd one."""
+    finite = sorted(v for v in values.values() if math.isfinite(v))
+    if len(values) < 3 or len(finite) <= len(values) // 2:
+        return []
+    mid = statistics.median(finite)
+    spread = 3 * 1.4826 * statistics.median(abs(v - mid) for v in finite)
+    return [rank for rank, v in sorted(values.items())
+            if not math.isfinite(v) or abs(v - mid) > max(spread, abs(mid) / 10)]
 
 
 def _site_key(row: OpRow, site: Site) -> tuple[Any, ...]:

@@ -3,8 +3,10 @@
 Each rank is the single-rank executor (:class:`execute.Run`) in its own kernel with its own torchrun
 environment (``session.launch``), so each gets the per-cell reports a 1-rank run gets. They run
 concurrently, cell by cell: no rank starts cell k+1 before every rank has finished cell k, so cell k is
-one window on every rank (one ``RanksReport``). Before the first cell (and the program's ``init_process_group``)
-every rank takes the preflight (``session.preflight``): ranks that differ run nothing, and the run shows the table.
+one window on every rank (one ``RanksReport``), and what the ranks printed in it is one output of rank 0's notebook,
+collapsed across ranks as a ``%%neuron ranks`` cell shows it (``report.rank_lines``). Before the first cell (and
+the program's ``init_process_group``) every rank takes the preflight (``session.preflight``): ranks that differ run
+nothing, and the run shows the table.
 When a rank fails (raises, times out, is interrupted, its kernel dies or never starts) the kernels of the ranks
 still running a cell are ended: they may be waiting in a collective for the failed rank, which would wait forever;
 no rank starts another cell.
@@ -21,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import nbformat
+
+from neuron_lab.report.rank_lines import collapse
 from neuron_lab.runner.execute import Outcome, Run, on_ctrl_c
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import NOT_RUN, OK, STOPPED, CellRecord
@@ -143,5 +148,28 @@ class _Ranks:
                 return
             self.shown = k
             if any(rec.status != NOT_RUN for rec in self.outcome.cell(k)):
+                self._collapse_stdout(k)
                 self.on_cell(self.outcome, k)
             self.done[k].set()
+
+    def _collapse_stdout(self, k: int) -> None:
+        """Cell ``k``'s stdout on every rank, collapsed across ranks, in place of rank 0's own in its notebook."""
+        cells = [run.program.nb.cells[rec.index] for run, rec in zip(self.runs, self.outcome.cell(k), strict=True)]
+        said = {r: stdout(c) for r, c in enumerate(cells)}
+        if len(cells) < 2 or not any(said.values()):
+            return
+        outputs = cells[0].get("outputs", [])
+        at = next((i for i, o in enumerate(outputs) if _is_stdout(o)), len(outputs))
+        kept = [o for o in outputs if not _is_stdout(o)]
+        kept.insert(at, nbformat.v4.new_output("stream", name="stdout", text="\n".join(collapse(said)) + "\n"))
+        cells[0].outputs = kept
+
+
+def _is_stdout(output: dict[str, Any]) -> bool:
+    return output.get("output_type") == "stream" and output.get("name") == "stdout"
+
+
+def stdout(cell: Any) -> list[str]:
+    """The lines a notebook cell printed to stdout, the last one also when it did not end."""
+    lines = "".join(o["text"] for o in cell.get("outputs", []) if _is_stdout(o)).split("\n")
+    return lines[:-1] if lines[-1] == "" else lines

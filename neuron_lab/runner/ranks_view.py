@@ -24,7 +24,7 @@ from neuron_lab.runner.execute import Outcome
 from neuron_lab.runner.gates import GateResult
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.page import CSS, gates_table
-from neuron_lab.runner.ranks import RanksOutcome
+from neuron_lab.runner.ranks import RanksOutcome, stdout
 from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, OK, STOPPED, CellRecord
 from neuron_lab.units import count, format_seconds
 
@@ -86,11 +86,13 @@ def status(records: list[CellRecord]) -> str:
 
 def cell(outcome: RanksOutcome, number: int, total: int) -> list[str]:
     """``[2/3] train.py:5 ok 1.20 s · 4 ranks · slowest rank 2 (1.20 s, skew 0.30 s) · 8 collective calls ...``,
-    then the rank table when a rank touched the device or failed, then each failed rank's traceback."""
+    then what the ranks printed (collapsed across ranks), the rank table when a rank touched the device or failed,
+    then each failed rank's traceback."""
     records, rr = outcome.cell(number), window(outcome, number)
     head = " · ".join(ranks_summary_parts(rr))
     slowest = max(rec.seconds for rec in records)
     lines = [f"[{records[0].number}/{total}] {rr.title} {status(records)} {format_seconds(slowest)} · {head}"]
+    lines += [INDENT + line for line in stdout(outcome.notebook.cells[records[0].index])]
     if any(rec.touched_device or rec.status in TROUBLE for rec in records):
         lines += [INDENT + line for line in render_ranks_text(rr).splitlines()[1:]]
     for r, rec in enumerate(records):

@@ -1,73 +1,73 @@
 """What the ranks of a ``%%neuron ranks`` cell print, shown once for the ranks that printed the same thing.
 
-stdout streams as it comes, prefixed by rank as ``%%px`` streams it (``[stdout:1]``): a training loop's progress is
-the user's own. stderr and each rank's traceback are held until the cell ends; then a line (or a traceback) every
-rank printed alike is shown once with the ranks that printed it (``[ranks 0-1] UserWarning: ...``), one rank's own
-as ``%%px`` shows it (``[stderr:1] ...``, ``[1:execute]``). Lines that differ between ranks only where each rank
-writes its own process (IPython's per-process cell files, c10d's timestamp and thread, gloo's "Rank N is connected")
-count as alike, so torch's warnings are shown once.
+stdout streams while the cell runs, collapsed as it comes (``report.rank_lines``): a line every rank printed alike is
+shown once, as soon as the last running rank printed it or after ``NeuronLab.ranks_output_window_s``, with the ranks
+that printed it (``[ranks 0-1] epoch 1``); a rank's own line with its rank, as ``%%px`` prefixes it (``[stdout:1]``).
+stderr and each rank's traceback are held until the cell ends, then collapsed alike (torch's warnings once).
 """
 
 from __future__ import annotations
 
-import re
 import sys
+import threading
 from typing import Any
 
-from neuron_lab.report.ranks import ranks_label
-
-_OWN_PROCESS = [  # (what differs between ranks in a line that says the same thing on each, what it becomes)
-    (re.compile(r"ipykernel_\d+"), "ipykernel_*"),  # ipykernel names a cell's file after the process
-    (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ \d+ "), r"[\1 "),  # c10's log prefix: date, time, thread
-    (re.compile(r"\[Gloo\] Rank \d+ is connected to"), "[Gloo] Rank * is connected to"),
-]
-
-
-def collapse(texts: dict[int, list[str]], one: str, many: str) -> list[str]:
-    """Each distinct text of ``texts`` (rank: its texts, in order) once, in the order first printed, prefixed by
-    ``one`` or ``many`` formatted with ``ranks`` (the ranks that printed it)."""
-    seen: dict[str, tuple[str, set[int]]] = {}
-    for rank in sorted(texts):
-        for text in texts[rank]:
-            seen.setdefault(_alike(text), (text, set()))[1].add(rank)
-    return [(many if len(ranks) > 1 else one).format(ranks=ranks_label(ranks)) + text
-            for text, ranks in seen.values()]
-
-
-def _alike(text: str) -> str:
-    for pattern, same in _OWN_PROCESS:
-        text = pattern.sub(same, text)
-    return text
+from neuron_lab.report.rank_lines import Collapser, collapse
 
 
 class HeldOutput:
-    """While a cell runs on the ranks: stdout streamed, stderr and tracebacks kept; :meth:`show` prints those."""
+    """While a cell runs on the ranks: stdout collapsed as it streams, stderr and tracebacks kept; :meth:`show`
+    prints what is left."""
 
-    def __init__(self, running: dict[int, Any]) -> None:
+    def __init__(self, running: dict[int, Any], window_s: float) -> None:
         self.running = running  # rank: the AsyncResult of its cell
+        self.stdout = Collapser(running, window_s)
         self.stderr: dict[int, list[str]] = {rank: [] for rank in running}
         self.tracebacks: dict[int, list[str]] = {rank: [] for rank in running}
-        self._partial: dict[int, str] = dict.fromkeys(running, "")  # a line not ended yet
+        self._partial = {name: dict.fromkeys(running, "") for name in ("stdout", "stderr")}  # lines not ended yet
         self._streams: list[Any] = []
+        self._lock = threading.Lock()  # ipyparallel's thread adds lines, ours shows those that waited their window
+        self._ended = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, args=(min(max(window_s, 0.02), 0.1),), daemon=True,
+                                        name="neuron-lab-rank-output")
 
     def __enter__(self) -> HeldOutput:
         for rank, ar in self.running.items():
-            # ipyparallel's own streaming, with stderr and errors handed to us (its per-result callback)
+            # ipyparallel's own streaming, with stdout, stderr and errors handed to us (its per-result callback)
             ar._iopub_streaming_output_callback = self._hook(rank, ar._iopub_streaming_output_callback)
             self._streams.append(ar.stream_output())
             self._streams[-1].__enter__()
+        self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._ended.set()
+        self._ticker.join()
         for s in reversed(self._streams):
             s.__exit__(None, None, None)
+
+    def _tick(self, every_s: float) -> None:
+        """Show the lines that waited their window; a rank whose cell ended (its output all in) waits for nothing."""
+        while not self._ended.wait(every_s):
+            with self._lock:
+                for rank, ar in self.running.items():
+                    if rank in self.stdout.running and ar.ready() and ar._output_ready:
+                        self._print(self.stdout.leave(rank))
+                self._print(self.stdout.due())
+
+    def _lines(self, name: str, rank: int, text: str) -> list[str]:
+        *lines, self._partial[name][rank] = (self._partial[name][rank] + text).split("\n")
+        return lines
 
     def _hook(self, rank: int, stream: Any) -> Any:
         def callback(eid: int, msg_future: Any, msg: dict[str, Any]) -> None:
             kind, content = msg["header"]["msg_type"], msg.get("content", {})
-            if kind == "stream" and content.get("name") == "stderr":
-                *lines, self._partial[rank] = (self._partial[rank] + content["text"]).split("\n")
-                self.stderr[rank] += lines
+            if kind == "stream" and content.get("name") == "stdout":
+                with self._lock:
+                    for line in self._lines("stdout", rank, content["text"]):
+                        self._print(self.stdout.add(rank, line))
+            elif kind == "stream" and content.get("name") == "stderr":
+                self.stderr[rank] += self._lines("stderr", rank, content["text"])
             elif kind == "error":
                 self.tracebacks[rank].append("\n".join(content.get("traceback") or
                                                        [f"{content.get('ename')}: {content.get('evalue')}"]))
@@ -75,16 +75,26 @@ class HeldOutput:
                 stream(rank, msg_future, msg)
         return callback
 
+    @staticmethod
+    def _print(lines: list[str], file: Any = None) -> None:
+        if lines:
+            print("\n".join(lines), file=file or sys.stdout, flush=True)
+
     def show(self) -> None:
-        """The held stderr lines, then the tracebacks, each distinct one once (to stderr, as ``%%px`` shows them)."""
-        for rank, rest in self._partial.items():
+        """The stdout lines still waiting, then the held stderr lines, then the tracebacks, each distinct one once
+        (to stderr, as ``%%px`` shows them)."""
+        with self._lock:
+            for rank, rest in self._partial["stdout"].items():
+                if rest:
+                    self._print(self.stdout.add(rank, rest))
+            self._print(self.stdout.end())
+        for rank, rest in self._partial["stderr"].items():
             if rest:
                 self.stderr[rank].append(rest)
-        self._partial = dict.fromkeys(self._partial, "")
+        self._partial = {name: dict.fromkeys(self.running, "") for name in self._partial}
         for rank, ar in self.running.items():  # failed before its output was streamed: its traceback from the result
             if not self.tracebacks[rank] and ar.ready() and not ar.successful():
                 self.tracebacks[rank] += [tb for tb in [getattr(ar.exception(), "traceback", None)] if tb]
-        lines = collapse(self.stderr, "[stderr:{ranks}] ", "[ranks {ranks}] ")
-        lines += collapse(self.tracebacks, "[{ranks}:execute]\n", "[ranks {ranks}:execute]\n")
-        if lines:
-            print("\n".join(lines), file=sys.stderr)
+        self._print(collapse(self.stderr, ("[stderr:{ranks}] ", "[ranks {ranks}] "))
+                    + collapse(self.tracebacks, ("[{ranks}:execute]\n", "[ranks {ranks}:execute]\n"), values=False),
+                    sys.stderr)

@@ -4,8 +4,8 @@ Engine ``i`` is rank ``i``. Each engine gets torchrun's variables (``RANK``, ``L
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) before anything in it imports torch, so the emulator
 installs with ``neuron:{rank}`` as its device; then it loads neuron_lab as a notebook does, imports
 ``torch_neuronx`` and joins ``init_process_group(backend="neuron")``. A cell runs on every engine through
-``view.execute``, the machinery of ``%%px``, with each rank's stdout prefixed as ``%%px`` prefixes it, and its stderr
-and traceback shown once for the ranks that printed the same (``session.rank_output``); each engine's own session
+``view.execute``, the machinery of ``%%px``, with what the ranks print shown once for the ranks that printed the same,
+stdout as it comes, stderr and tracebacks at the end (``session.rank_output``); each engine's own session
 makes the cell's :class:`Report`, and the ranks' reports become one :class:`RanksReport`. What runs on an engine
 besides the cell is the in-kernel agent (``neuron_lab.agent``), called there by name: nothing of neuron_lab's code
 is shipped to it. There a cell's own ``init_process_group``/``destroy_process_group`` meet the group the ranks are
@@ -43,6 +43,7 @@ from typing import Any
 import psutil
 from traitlets.config import Config
 
+from neuron_lab import settings
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label
 from neuron_lab.session import launch, placement, stuck
@@ -54,6 +55,7 @@ from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
 ENGINES = ("local", "mpi", "slurm")  # --engines: ipyparallel's launcher of that name (slurm: slurm_engines)
+OUTPUT_WINDOW_S = settings.config("ranks_output_window_s").default  # NeuronLab.ranks_output_window_s
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
 POLL_S = 0.2  # how often a waiting notebook checks that the engines it waits on are alive
@@ -261,10 +263,11 @@ class Ranks(ShownAsText):
     # -- run ----------------------------------------------------------------------------------------------------
     def run(self, body: str, title: str, *, cell: int | None = None, line_offset: int = 1,
             timeout_s: float | None = None, profile: bool = False, export: str | None = None,
-            row_limit: int | None = None) -> RanksReport:
-        """Run ``body`` on every rank at once (their output streamed, prefixed by rank, as ``%%px`` does) and merge
-        their reports. ``cell``/``line_offset``: the notebook cell and where its body starts, so each report names
-        the notebook's lines; ``timeout_s``: how long to wait for the ranks (None: as long as they run).
+            row_limit: int | None = None, output_window_s: float = OUTPUT_WINDOW_S) -> RanksReport:
+        """Run ``body`` on every rank at once (their output streamed, collapsed across ranks: ``session.rank_output``)
+        and merge their reports. ``cell``/``line_offset``: the notebook cell and where its body starts, so each report
+        names the notebook's lines; ``timeout_s``: how long to wait for the ranks (None: as long as they run);
+        ``output_window_s``: how long a printed line waits for the other ranks to print it too.
 
         ``profile``: each rank runs it under torch.profiler (``row_limit`` rows shown), and the report gets their
         timelines merged; ``export``: the ranks' Chrome traces merged into this file (a checked path)."""
@@ -274,12 +277,12 @@ class Ranks(ShownAsText):
             raise RanksError(self.job.ended_outside(self.restart))
         if not profile:
             return self._check_group(RanksReport(title, self._run(lambda rank: body, title, cell, line_offset,
-                                                                  timeout_s)))
+                                                                  timeout_s, output_window_s)))
         folder = tempfile.mkdtemp(prefix="neuron-lab-ranks-traces-") if export else None
         try:
             # one line more on the engine: its reports' lines already count the `%%neuron profile` line
             results = self._run(lambda rank: _profiled_cell(body, folder, rank, row_limit), title, cell,
-                                line_offset - 1, timeout_s)
+                                line_offset - 1, timeout_s, output_window_s)
             profiles = {r.rank: r.report.profiled for r in results
                         if r.report is not None and r.report.profiled is not None}
             for p in profiles.values():  # the notebook's copies, read back from the engines' data
@@ -304,7 +307,7 @@ class Ranks(ShownAsText):
         return rr
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
-             timeout_s: float | None) -> list[RankResult]:
+             timeout_s: float | None, output_window_s: float) -> list[RankResult]:
         """:meth:`run`'s ranks, in rank order, with ``code(rank)`` the code each rank runs."""
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
@@ -328,7 +331,7 @@ class Ranks(ShownAsText):
         if cell is not None:
             self._line_offsets[cell] = line_offset
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        output = HeldOutput(running).__enter__()
+        output = HeldOutput(running, output_window_s).__enter__()
         try:
             self._wait(running, results, deadline, timeout_s, title)
         except KeyboardInterrupt:

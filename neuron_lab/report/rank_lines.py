@@ -1,0 +1,149 @@
+"""The lines several ranks print, read as one program's: a line every rank printed alike once, with its ranks.
+
+The k-th line of one shape on each rank is one group (the shape: the line with the numbers taken out, and what
+differs only because each rank is its own process made alike: IPython's per-process cell files, c10d's timestamp
+and thread, gloo's "Rank N is connected"). A group is shown once every rank still running has printed it, or once
+it waited a window: then with the ranks that had printed it, and a rank printing it later shows its own line. When
+the ranks' numbers differ the group is shown once with each rank's value and the ranks whose value stands apart
+marked (``[ranks 0-3] loss {0: 0.51, 1: 0.50, 2: 0.52, 3: 0.93 ← rank 3}``); a line that names its own rank (``rank
+1 of 2``) is each rank's own. Each rank's lines keep their order. :class:`Collapser` does it as lines come
+(``%%neuron ranks`` cells); :func:`collapse` once every rank is done (``neuron-lab run --nproc``, held stderr).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from neuron_lab.report.ranks import outliers, ranks_label
+
+STDOUT = ("[stdout:{ranks}] ", "[ranks {ranks}] ")  # how a line is prefixed: one rank's, several ranks'
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)(?!\w|\.\d)")
+_OWN_PROCESS = [  # (what differs between ranks in a line that says the same thing on each, what it becomes)
+    (re.compile(r"ipykernel_\d+"), "ipykernel_*"),  # ipykernel names a cell's file after the process
+    (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ \d+ "), r"[\1 "),  # c10's log prefix: date, time, thread
+    (re.compile(r"\[Gloo\] Rank \d+ is connected to"), "[Gloo] Rank * is connected to"),
+]
+
+
+def alike(text: str) -> str:
+    """``text`` with what each rank's process writes its own way made the same."""
+    for pattern, same in _OWN_PROCESS:
+        text = pattern.sub(same, text)
+    return text
+
+
+@dataclass(eq=False)
+class _Group:
+    texts: dict[int, str]  # rank: its line, for the ranks whose line waits to be shown with the group
+    first_s: float  # when its first line came
+    shown: bool = False  # a rank printing it from now on shows its own line
+
+
+@dataclass
+class Collapser:
+    """Lines as the ranks print them (:meth:`add`), out as they can be shown; ``window_s``: how long a line waits
+    for the other ranks; ``values``: lines differing only in numbers are one group (else: only lines alike)."""
+
+    ranks: Iterable[int]
+    window_s: float = math.inf
+    prefixes: tuple[str, str] = STDOUT
+    values: bool = True
+    clock: Callable[[], float] = time.monotonic
+    running: set[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.running = set(self.ranks)
+        self._queues: dict[int, deque[tuple[_Group, str]]] = {rank: deque() for rank in self.running}
+        self._groups: dict[tuple[str, int], _Group] = {}
+        self._seen: dict[int, Counter[str]] = {rank: Counter() for rank in self.running}
+
+    def add(self, rank: int, text: str) -> list[str]:
+        """Rank ``rank`` printed the line ``text``: the lines that can be shown now."""
+        shape = alike(text)
+        shape = NUMBER.sub("#", shape) if self.values else shape
+        key = (shape, self._seen[rank][shape])
+        self._seen[rank][shape] += 1
+        group = self._groups.setdefault(key, _Group({}, self.clock()))
+        if not group.shown:
+            group.texts[rank] = text
+        self._queues[rank].append((group, text))
+        return self.due()
+
+    def leave(self, rank: int) -> list[str]:
+        """Rank ``rank`` ended its cell and will print nothing more: lines waiting only for it can be shown."""
+        self.running.discard(rank)
+        return self.due()
+
+    def due(self) -> list[str]:
+        """The lines that can be shown now: their group is complete, or waited its window."""
+        return self._pump(self.clock())
+
+    def end(self) -> list[str]:
+        """Every line not shown yet (the ranks are done)."""
+        return self._pump(math.inf)
+
+    def _pump(self, now: float) -> list[str]:
+        out: list[str] = []
+        moved = True
+        while moved:
+            moved = False
+            for rank, queue in self._queues.items():
+                while queue:
+                    group, text = queue[0]
+                    if group.shown:  # printed late: its own line
+                        queue.popleft()
+                        out += self._render({rank: text})
+                        continue
+                    heads = {q: t for q, t in group.texts.items() if self._queues[q] and self._queues[q][0][0] is group}
+                    complete = self.running <= heads.keys() and len(heads) == len(group.texts)
+                    if not (complete or now - group.first_s >= self.window_s):
+                        break
+                    for q in heads:
+                        self._queues[q].popleft()
+                    group.shown, moved = True, True
+                    out += self._render(heads)
+        return out
+
+    def _render(self, texts: dict[int, str]) -> list[str]:
+        one, many = self.prefixes
+        ranks = sorted(texts)
+        if len(ranks) == 1 or not _ranks_line(texts):
+            return [one.format(ranks=rank) + texts[rank] for rank in ranks]
+        return [many.format(ranks=ranks_label(ranks)) + _ranks_line(texts)]
+
+
+def _ranks_line(texts: dict[int, str]) -> str:
+    """The ranks' lines as one, each number that differs as every rank's value, the ranks that stand apart marked;
+    "" when a number that differs is each rank's own rank (the line is each rank's own)."""
+    if len({alike(t) for t in texts.values()}) == 1:
+        return next(iter(texts.values()))
+    split = {rank: NUMBER.split(alike(t)) for rank, t in texts.items()}
+    found = {rank: NUMBER.findall(alike(t)) for rank, t in texts.items()}
+    first = min(texts)
+    parts = []
+    for i, words in enumerate(split[first]):
+        parts.append(words)
+        if i == len(found[first]):
+            break
+        shown = {rank: found[rank][i] for rank in sorted(texts)}
+        if len(set(shown.values())) == 1:
+            parts.append(shown[first])
+            continue
+        numbers = {rank: float(v) for rank, v in shown.items()}
+        if all(v == rank for rank, v in numbers.items()):
+            return ""
+        odd = outliers(numbers)
+        mark = f" ← {'rank' if len(odd) == 1 else 'ranks'} {ranks_label(odd)}" if odd else ""
+        parts.append("{" + ", ".join(f"{rank}: {v}" for rank, v in shown.items()) + mark + "}")
+    return "".join(parts)
+
+
+def collapse(texts: dict[int, list[str]], prefixes: tuple[str, str] = STDOUT, *, values: bool = True) -> list[str]:
+    """``texts`` (rank: its lines, in order, every rank done) as :class:`Collapser` shows them."""
+    lines = Collapser(texts, prefixes=prefixes, values=values)
+    return [line for rank, said in texts.items() for text in said for line in lines.add(rank, text)] + lines.end()
