@@ -9,7 +9,9 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -149,8 +151,8 @@ def test_a_cell_on_all_ranks_reports_each_rank_and_all_together(ranks_shell) -> 
     res, cap = run(sh, ALL_REDUCE_AND_DDP)
     rr = res.result
     assert isinstance(rr, RanksReport) and rr.title == f"In[{res.execution_count}]"
-    for rank in (0, 1):  # each rank's output, prefixed as %%px prefixes it; 1 + 2 on both ranks
-        assert f"[stdout:{rank}] \nrank {rank}: sum 3\n" in cap.stdout
+    for rank in (0, 1):  # a line naming its rank is that rank's, prefixed as %%px prefixes it; 1 + 2 on both ranks
+        assert f"[stdout:{rank}] rank {rank}: sum 3\n" in cap.stdout
     assert [r.rank for r in rr.ranks] == [0, 1] and not rr.failed
     assert [r.report.device for r in rr.ranks] == ["neuron:0", "neuron:1"]
     for r in rr.ranks:
@@ -186,7 +188,7 @@ def test_a_torchrun_scripts_init_and_destroy_are_skipped_in_one_line_and_the_gro
         "destroy_process_group() was skipped"]
     assert [r.collectives()[0] for r in res.result.ranks] == [1, 1]
     res, cap = run(sh, "%%neuron ranks --timeout 60\ndist.all_reduce(x)\nprint(x[0].item())\n")  # still the group
-    assert "[stdout:0] \n4.0\n" in cap.stdout and "[stdout:1] \n4.0\n" in cap.stdout  # 2 + 2: both still in it
+    assert "[ranks 0-1] 4.0\n" in cap.stdout  # 2 + 2: both still in it
 
 
 def test_a_second_default_group_fails_the_cell_in_one_line_for_all_ranks(ranks_shell) -> None:
@@ -209,6 +211,57 @@ def test_stderr_alike_on_all_ranks_is_shown_once_and_a_ranks_own_with_its_rank(r
     assert re.fullmatch(r"\[ranks 0-1\] /.*ipykernel_\d+/\d+\.py:\d+: UserWarning: loss is nan", warning), lines
     assert "[stderr:0] only rank 0" in lines and "[stderr:1] only rank 1" in lines
     assert "[ranks 0-1]   warnings.warn('loss is nan')" in lines
+
+
+STREAMED = """%%neuron ranks --timeout 60
+import os, time, torch.distributed as dist
+rank = dist.get_rank()
+def wait_for(path):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"the notebook never showed what {{path}} waits for while the cell ran"
+        time.sleep(0.05)
+dist.barrier()
+print("epoch 1 loss", 0.5 + rank / 4)
+print("waiting for", {seen!r})
+wait_for({seen!r})
+if rank == 1:
+    wait_for({late!r})
+print("checkpoint saved")
+"""
+
+
+class _Watch(io.StringIO):
+    """stdout that touches a file once a line shows: what the ranks of a running cell wait for."""
+
+    def __init__(self, touch: dict[str, Path]) -> None:
+        super().__init__()
+        self.touch = touch
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        for line, path in self.touch.items():
+            if line in self.getvalue():
+                path.touch()
+        return n
+
+
+def test_stdout_streams_collapsed_while_the_cell_runs_each_ranks_own_and_late_lines_with_its_rank(
+        ranks_shell, tmp_path: Path) -> None:
+    sh, _ = ranks_shell
+    seen, late = tmp_path / "seen", tmp_path / "late"
+    out = _Watch({f"[ranks 0-1] waiting for {seen}\n": seen, "[stdout:0] checkpoint saved\n": late})
+    sh.run_line_magic("config", "NeuronLab.ranks_output_window_s = 3")  # the ranks print alike lines well within it
+    try:
+        with contextlib.redirect_stdout(out):  # the ranks go on once their line showed: it streamed while they ran
+            res = sh.run_cell(STREAMED.format(seen=str(seen), late=str(late)), store_history=True)
+    finally:
+        sh.run_line_magic("config", "NeuronLab.ranks_output_window_s = 0.5")
+    assert res.success, f"{res.error_in_exec}\n{out.getvalue()}"
+    assert [line for line in out.getvalue().splitlines() if line.startswith("[")] == [
+        "[ranks 0-1] epoch 1 loss {0: 0.5, 1: 0.75}", f"[ranks 0-1] waiting for {seen}",
+        "[stdout:0] checkpoint saved",  # rank 1 printed it only after this showed: late, on its own line
+        "[stdout:1] checkpoint saved"]
 
 
 def test_a_helper_from_an_earlier_cell_is_one_row_for_all_ranks_at_the_notebooks_line(ranks_shell) -> None:
@@ -279,7 +332,7 @@ def test_a_rank_that_raises_is_reported_with_its_rank(ranks_shell) -> None:
     rr = err.report
     assert [(r.rank, r.problem) for r in rr.ranks] == [(0, None), (1, "ValueError: bad shard on rank 1")]
     assert rr.ranks[1].report.memory.after > 0  # its report up to the error, as a failing notebook cell's
-    assert "[stdout:0] \nfine\n" in cap.stdout and "[stdout:1]" not in cap.stdout
+    assert "[stdout:0] fine\n" in cap.stdout and "[stdout:1]" not in cap.stdout
     shown = re.sub(r"\x1b\[[0-9;]*m", "", cap.stderr)  # rank 1's traceback, as %%px shows it: lines of the body
     assert "[1:execute]\n" in shown and f"In[{res.execution_count}], line 4" in shown
     assert shown.rstrip().endswith("ValueError: bad shard on rank 1")
@@ -500,7 +553,7 @@ def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_fir
                            "x = torch.ones(2, device='neuron')\ndist.all_reduce(x)\n"
                            "print(os.environ['GROUP_RANK'], os.environ['NEURON_RT_ROOT_COMM_ID'].split(':')[0])\n")
         for rank in (0, 1):
-            assert f"[stdout:{rank}] \n{rank} 127.0.0.1\n" in cap.stdout
+            assert f"[stdout:{rank}] {rank} 127.0.0.1\n" in cap.stdout
         rr = res.result
         assert [(r.rank, r.host, r.report.device) for r in rr.ranks] == [(0, "host0", "neuron:0"),
                                                                           (1, "host1", "neuron:0")]
@@ -578,7 +631,7 @@ def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plai
                            "x = torch.ones(2, device=device)\ndist.all_reduce(x)\n"
                            "print(os.environ['OMPI_COMM_WORLD_RANK'], dist.get_rank(), int(x[0]))\n")
         for rank in (0, 1):  # the group's rank is the one mpiexec gave the engine
-            assert f"[stdout:{rank}] \n{rank} {rank} 2\n" in cap.stdout
+            assert f"[stdout:{rank}] {rank} {rank} 2\n" in cap.stdout
         assert [(r.rank, r.report.device) for r in res.result.ranks] == [(0, "neuron:0"), (1, "neuron:1")]
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
