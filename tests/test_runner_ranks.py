@@ -96,6 +96,10 @@ def test_two_ranks_all_reduce_and_a_ddp_step_report_per_rank_and_merged(tmp_path
     assert re.search(rf"^    0     {dev(0)}  .* 1 call, 1\.00 KiB, ", text, re.M), text
     assert re.search(rf"^    1     {dev(1)}  .* 1 call, 1\.00 KiB, ", text, re.M), text
     assert "\n            at train.py:12: dist.all_reduce(x)  (2×)\n" in text
+    # What the ranks printed, under each cell: a line naming its rank per rank, a line alike once with its ranks.
+    said = [f"rank {r} of 2 on {dev(r)} of {2 if COMPILED else 1}" for r in range(2)]
+    assert f"\n    [stdout:0] {said[0]}\n    [stdout:1] {said[1]}\n" in text
+    assert "\n    [ranks 0-1] sum 3.0\n" in text
     # Cell 3: DDP's construction (2 broadcasts, 1 all_gather per rank) and its gradient all_reduce per rank.
     assert re.search(r"^\[3/4\] train\.py:14 ok .* · 8 collective calls · no CPU fallbacks$", text, re.M), text
     assert "\n            at train.py:19: loss.backward()  (2×)\n" in text
@@ -122,9 +126,11 @@ def test_two_ranks_all_reduce_and_a_ddp_step_report_per_rank_and_merged(tmp_path
     assert whole["title"] == "train.py" and whole["slowest"] in (0, 1)
     assert [sum(calls(r["report"]).values()) for r in whole["ranks"]] == [5, 5]
 
-    # --output and --html hold rank 0's notebook: the script saw torchrun's variables and its own device.
+    # --output and --html hold rank 0's notebook, with every rank's stdout as the run printed it: the script saw
+    # torchrun's variables and its own device.
     nb = nbformat.read(tmp_path / "run.ipynb", as_version=4)
-    assert nb.cells[0].outputs[0]["text"] == f"rank 0 of 2 on {dev(0)} of {2 if COMPILED else 1}\n"
+    assert nb.cells[0].outputs[0]["text"] == f"[stdout:0] {said[0]}\n[stdout:1] {said[1]}\n"
+    assert nb.cells[1].outputs[0]["text"] == "[ranks 0-1] sum 3.0\n"
     page = (tmp_path / "run.html").read_text()
     assert "neuron-lab run --nproc 2 train.py" in page and 'class="neuron-lab-ranks"' in page
     assert page.count('class="neuron-lab-ranks"') == 5  # the run's table, then one per cell
