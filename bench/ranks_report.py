@@ -5,7 +5,7 @@ real reports: one rank's report of a real training cell (20 DDP steps of a 3x256
 that falls back to the CPU, on a 1-rank `neuron` group: its collectives, fallbacks and call sites), sent as the
 engines send it (JSON), N times with each rank's own device and time. Per cell the notebook then does, for each
 rank, what ``Ranks._fetch`` does (decode, ``Report.from_dict``, rename its sites to the notebook's), collapses the
-ranks' printed lines (``rank_output.collapse``), builds the ``RanksReport`` and renders its text and HTML. The
+ranks' printed lines (``rank_lines.collapse``), builds the ``RanksReport`` and renders its text and HTML. The
 figure is that CPU time (median of the rounds) over the cell's own wall time on one rank (a rank runs the cell in
 parallel with the others, so the cell takes at least that long on N ranks).
 
@@ -66,8 +66,8 @@ def _cell_report() -> dict:
 def _notebook_side(sent: list[str], printed: dict[int, list[str]]) -> int:
     """What the notebook does with N ranks' reports of one cell; its output's length (so nothing is optimized away)."""
     from neuron_lab.report.model import Report, Site
+    from neuron_lab.report.rank_lines import collapse
     from neuron_lab.report.ranks import RankResult, RanksReport
-    from neuron_lab.session.rank_output import collapse
 
     def site(s: Site) -> Site:  # as Ranks._fetch renames an engine's lines to the notebook cell's
         return replace(s, filename="In[5]", cell=5, line=s.line + 1)
@@ -79,7 +79,7 @@ def _notebook_side(sent: list[str], printed: dict[int, list[str]]) -> int:
         results.append(RankResult(rank, replace(report, title="In[5]"), where=f"engine {rank}",
                                   host=f"host{rank // 8}"))
     rr = RanksReport("In[5]", results)
-    shown = collapse(printed, "[stdout:{ranks}] ", "[ranks {ranks}] ")
+    shown = collapse(printed)
     return len(str(rr)) + len(rr._repr_html_()) + len(shown)
 
 
