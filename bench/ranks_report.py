@@ -99,7 +99,8 @@ def main() -> None:
     print("| ranks | merge + render | % of the cell | target |\n|---|---|---|---|")
     for n in RANKS:
         sent = [json.dumps({**base, "device": f"neuron:{r % 8}", "wall_s": cell_s * (1 + r / 100)}) for r in range(n)]
-        printed = {r: [f"loss {0.1234:.4f}", f"rank {r} done"] for r in range(n)}
+        printed = {r: [f"step {s} loss {0.5 + s / 100 + r / 1000:.4f}" for s in range(STEPS)] + [f"rank {r} done"]
+                   for r in range(n)}  # a per-rank loss each step: shown once per step with each rank's value
         samples = []
         for _ in range(args.rounds):
             t = time.process_time()

@@ -64,6 +64,10 @@ class Collapser:
 
     def add(self, rank: int, text: str) -> list[str]:
         """Rank ``rank`` printed the line ``text``: the lines that can be shown now."""
+        self._add(rank, text)
+        return self.due()
+
+    def _add(self, rank: int, text: str) -> None:
         shape = alike(text)
         shape = NUMBER.sub("#", shape) if self.values else shape
         key = (shape, self._seen[rank][shape])
@@ -72,7 +76,6 @@ class Collapser:
         if not group.shown:
             group.texts[rank] = text
         self._queues[rank].append((group, text))
-        return self.due()
 
     def leave(self, rank: int) -> list[str]:
         """Rank ``rank`` ended its cell and will print nothing more: lines waiting only for it can be shown."""
@@ -112,25 +115,26 @@ class Collapser:
     def _render(self, texts: dict[int, str]) -> list[str]:
         one, many = self.prefixes
         ranks = sorted(texts)
-        if len(ranks) == 1 or not _ranks_line(texts):
+        line = _ranks_line(texts) if len(ranks) > 1 else ""
+        if not line:
             return [one.format(ranks=rank) + texts[rank] for rank in ranks]
-        return [many.format(ranks=ranks_label(ranks)) + _ranks_line(texts)]
+        return [many.format(ranks=ranks_label(ranks)) + line]
 
 
 def _ranks_line(texts: dict[int, str]) -> str:
     """The ranks' lines as one, each number that differs as every rank's value, the ranks that stand apart marked;
     "" when a number that differs is each rank's own rank (the line is each rank's own)."""
-    if len({alike(t) for t in texts.values()}) == 1:
+    same = {rank: alike(t) for rank, t in sorted(texts.items())}
+    if len(set(same.values())) == 1:
         return next(iter(texts.values()))
-    split = {rank: NUMBER.split(alike(t)) for rank, t in texts.items()}
-    found = {rank: NUMBER.findall(alike(t)) for rank, t in texts.items()}
+    found = {rank: NUMBER.findall(t) for rank, t in same.items()}
     first = min(texts)
     parts = []
-    for i, words in enumerate(split[first]):
+    for i, words in enumerate(NUMBER.split(same[first])):
         parts.append(words)
         if i == len(found[first]):
             break
-        shown = {rank: found[rank][i] for rank in sorted(texts)}
+        shown = {rank: numbers[i] for rank, numbers in found.items()}
         if len(set(shown.values())) == 1:
             parts.append(shown[first])
             continue
@@ -146,4 +150,7 @@ def _ranks_line(texts: dict[int, str]) -> str:
 def collapse(texts: dict[int, list[str]], prefixes: tuple[str, str] = STDOUT, *, values: bool = True) -> list[str]:
     """``texts`` (rank: its lines, in order, every rank done) as :class:`Collapser` shows them."""
     lines = Collapser(texts, prefixes=prefixes, values=values)
-    return [line for rank, said in texts.items() for text in said for line in lines.add(rank, text)] + lines.end()
+    for rank, said in texts.items():
+        for text in said:
+            lines._add(rank, text)
+    return lines.end()
