@@ -457,9 +457,9 @@ def _matching(lines: list[str], pattern: str) -> int:
 
 
 def _ranks_out(r: Ran, tag: str) -> str:
-    """What the ranks printed in a ``%%neuron ranks`` cell, each line prefixed ``[stdout:RANK]`` as ``%%px`` does."""
-    return "".join(o.data["text/plain"] for o in r.cell(tag).outputs
-                   if "data" in o and o.data.get("text/plain", "").startswith("[stdout:"))
+    """What the ranks printed in a ``%%neuron ranks`` cell: a line alike once as ``[ranks 0-3] ...``, a rank's own
+    (one naming its rank) as ``[stdout:RANK] ...``, as ``%%px`` prefixes it."""
+    return "".join(o.text for o in r.cell(tag).outputs if o.output_type == "stream" and o.name == "stdout")
 
 
 def check_distributed(r: Ran) -> None:

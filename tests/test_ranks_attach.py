@@ -79,7 +79,7 @@ def test_attached_engines_are_ranks_of_a_ddp_step_and_stop_leaves_them_running(i
         assert isinstance(rr, RanksReport) and not rr.failed
         assert [(r.rank, r.report.device) for r in rr.ranks] == [(0, "neuron:0"), (1, "neuron:1")]
         for rank in (0, 1):
-            assert f"[stdout:{rank}] \nrank {rank}: sum 3\n" in cap.stdout
+            assert f"[stdout:{rank}] rank {rank}: sum 3\n" in cap.stdout
         for r in rr.ranks:
             rows = {row.op: (row.count, row.nbytes) for row in r.report.ops_not_native if row.kind == "collective"}
             assert rows == {"c10d::all_reduce.sum": (2, 1168), "c10d::broadcast": (2, 192), "c10d::all_gather": (1, 8)}

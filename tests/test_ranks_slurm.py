@@ -61,7 +61,7 @@ def test_a_ddp_step_on_two_hosts_in_a_slurm_job_is_one_report_with_each_ranks_fa
     rr, n = res.result, res.execution_count
     assert isinstance(rr, RanksReport) and not rr.failed
     for rank in range(4):  # 1 + 2 + 3 + 4 on every rank
-        assert f"[stdout:{rank}] \nrank {rank}: sum 10\n" in cap.stdout
+        assert f"[stdout:{rank}] rank {rank}: sum 10\n" in cap.stdout
     assert [(r.rank, r.host, r.report.device) for r in rr.ranks] == [
         (0, "host0", "neuron:0"), (1, "host0", "neuron:1"), (2, "host1", "neuron:0"), (3, "host1", "neuron:1")]
     for r in rr.ranks:
@@ -94,7 +94,7 @@ def test_srun_numbers_the_ranks_and_a_job_cancelled_outside_is_said_on_the_next_
             _, cap = run(sh, "%%neuron ranks --timeout 120\nimport os, torch.distributed as dist\n"
                              "print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_PROCID'], dist.get_rank())\n")
             for rank in (0, 1):  # the group's rank is the one srun gave the engine
-                assert f"[stdout:{rank}] \n{job_id} {rank} {rank}\n" in cap.stdout
+                assert f"[stdout:{rank}] {job_id} {rank} {rank}\n" in cap.stdout
             _cancel(job_id)
             assert ranks_error(sh, "%%neuron ranks\nx = 1\n") == (
                 f"%%neuron ranks: the Slurm job {job_id} was cancelled outside the notebook (state CANCELLED): "
