@@ -175,5 +175,5 @@ def head(title: str, verdict: str, program: Program, outcome: RanksOutcome, chec
         if any(rec.status != NOT_RUN for rec in records):
             parts.append(f"<h3>[{k}/{len(program.code_cells)}] {escape(status(records))}</h3>")
             parts.append(render_ranks_html(window(outcome, k)))
-    parts.append("<p>The cells below are rank 0's.</p></section>")
+    parts.append("<p>The cells below are rank 0's; their printed lines are every rank's, collapsed.</p></section>")
     return "\n".join(parts)
