@@ -35,6 +35,8 @@ def test_an_item_per_step_is_one_line_with_its_count(shell) -> None:
     assert "device-to-host syncs" in html and "Adaptive Eager" in html
     (row,) = r.as_dict()["ops_not_native"]
     assert (row["op"], row["kind"], row["count"]) == ("item", kinds.SYNC, 7)
+    r = _report(shell, "steps = torch.arange(3, device='neuron')\nlast = steps[-1].item()")
+    assert str(r).splitlines()[-1].startswith("device-to-host syncs: 1 (item ×1 at"), str(r)  # no int64→int32 words
 
 
 def test_print_tolist_cpu_nonzero_and_if_each_at_their_line(shell) -> None:

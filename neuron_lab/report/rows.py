@@ -124,7 +124,8 @@ def reasons(refs: dict[str, int]) -> list[tuple[int, str, str]]:
 def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
     """A section that ``kind.one_line`` folds: its calls, the dtypes involved and the busiest ops, in one line."""
     total = sum(r.count for r in rows)
-    wide = sorted({d for r in rows for d in r.dtypes if d.endswith("64") and not d.startswith("complex")})
+    wide = sorted({d for r in rows for d in r.dtypes if d.endswith("64") and not d.startswith("complex")}
+                  if kind.name == kinds.DOWNCAST else ())  # a sync's int64 item is read as it is
     dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
     busiest = sorted(rows, key=lambda r: (-r.count, r.op))
     at = {r.op: f" at {r.sites[0].site.label}" if kind.why and r.sites else "" for r in busiest}  # a sync: its line
