@@ -19,6 +19,7 @@ import psutil
 from shells import loaded_shell, run
 
 from neuron_lab.extension import session_of
+from neuron_lab.session import rank_pulse
 from neuron_lab.widgets import static
 
 WAIT_S = 60.0
@@ -77,6 +78,8 @@ def test_the_dashboard_shows_each_ranks_host_memory_fallbacks_and_state_live(tmp
             run(sh, "%neuron ranks start 2 --hosts 2 --timeout 60")
             pids = [e.pid for e in session_of(sh).ranks.engines]
             run(sh, "%config NeuronLab.display_as = 'widget'")
+            store = session_of(sh).ranks.store.tcp
+            assert store.add(rank_pulse.ASKED, 0) == 0  # no dashboard yet: the ranks were asked nothing
             panel = run(sh, "%neuron dashboard")[0].result
             found: dict[str, list[dict]] = {}
             failed: list[BaseException] = []

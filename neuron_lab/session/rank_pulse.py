@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from neuron_lab import backend
+from neuron_lab.session.launch import MASTER_ADDR
 from neuron_lab.units import format_capacity
 
 ASKED = "neuron_lab/pulse/asked"  # the number of the notebook's newest question (a store counter)
@@ -91,7 +92,7 @@ class Listener:
         from torch.distributed import TCPStore
 
         self.group = group
-        self.store = TCPStore("127.0.0.1", group.store.port, is_master=False, timeout=timedelta(seconds=SILENT_S))
+        self.store = TCPStore(MASTER_ADDR, group.store.port, is_master=False, timeout=timedelta(seconds=SILENT_S))
         self.heard: dict[int, dict[str, Any]] = {}  # rank -> its newest answer
         self.asks: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)  # (question, when asked)
         self._lock = threading.Lock()  # the refresh thread and the main thread (a cell's end) both read
@@ -109,22 +110,27 @@ class Listener:
 
     def _ask(self, settle: bool) -> None:
         self._collect()
+        awaited = [e.rank for e in self.group.engines  # not a rank that is gone or has stopped answering
+                   if self._status(e, self.heard.get(e.rank, {})) not in (LOST, SILENT)]
         n = self.store.add(ASKED, 1)
         self.store.set(ASK.format(n), "")
         if n > KEEP:
             self.store.delete_key(ASK.format(n - KEEP))
         self.asks.append((n, time.monotonic()))
-        live = [e.rank for e in self.group.engines if e.alive()]
         deadline = time.monotonic() + (SETTLE_S if settle else 0)
-        while any(self.heard.get(r, {}).get("n", 0) < n for r in live) and time.monotonic() < deadline:
+        while any(self.heard.get(r, {}).get("n", 0) < n for r in awaited) and time.monotonic() < deadline:
             time.sleep(POLL_S)
             self._collect()
 
     def _collect(self) -> None:
-        for e in self.group.engines:
-            key = ANSWER.format(e.rank)
+        """Each rank's newest answer: in one request once every rank has answered once (one per rank until then)."""
+        keys = {e.rank: ANSWER.format(e.rank) for e in self.group.engines}
+        if self.store.check(list(keys.values())):
+            self.heard.update(zip(keys, map(json.loads, self.store.multi_get(list(keys.values()))), strict=True))
+            return
+        for rank, key in keys.items():
             if self.store.check([key]):
-                self.heard[e.rank] = json.loads(self.store.get(key))
+                self.heard[rank] = json.loads(self.store.get(key))
 
     def _rows(self) -> list[dict[str, Any]]:
         order = list(dict.fromkeys(e.host for e in self.group.engines))
