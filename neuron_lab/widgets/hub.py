@@ -8,7 +8,9 @@ thread only assigns widget traits, which ipykernel sends as comm messages from a
 displays, and it exists only while a view is being updated. What the views do inside a user's cell (opening a
 view, the strip at a cell's start) is the hub's work, not the cell's: it runs outside the cell's report
 (``Tracker.excluded``). At each cell's end the hub also updates the displays of the views it refreshed, so the
-static snapshot beside each widget (what an export or an untrusted notebook shows) is its last state.
+static snapshot beside each widget (what an export or an untrusted notebook shows) is its last state. While ranks are
+started (``%neuron ranks``), every refresh also asks the ranks for their own counters (``session.rank_pulse``), so
+the views show a row per rank, on whatever host it runs.
 """
 
 from __future__ import annotations
@@ -117,8 +119,10 @@ class Hub:
     # -- cell hooks (main thread) -----------------------------------------------------------------
     def _cell_started(self, session: Any) -> None:
         with self._aside():
-            for p in self.open_panels():
-                p.set_live(self.live())
+            panels = self.open_panels()
+            live = self.live() if panels else None
+            for p in panels:
+                p.set_live(live)
             if session.config.auto_dashboard and _frontend(session) == "widget":
                 strip = self._open([snapshot.STRIP])
                 self.strips.append((strip, strip.display()))

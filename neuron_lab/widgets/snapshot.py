@@ -7,7 +7,7 @@ sections (:func:`neuron_lab.kinds.sections`) and the views' titles, so the widge
 them. What only the session has: the memory timeline and the device tensors'
 holders. The static views (``static.py``) read the same JSON. ``live()`` is the part that changes while a
 cell runs: counter reads and the running cell's op rows (copied under the trace's lock), so the refresh thread
-may call it.
+may call it; with ranks started, the hub adds their rows to it (:func:`ranks`), each rank's own counters.
 """
 
 from __future__ import annotations
