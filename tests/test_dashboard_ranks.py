@@ -1,7 +1,7 @@
 """The live dashboard across hosts: with ranks started on two emulated hosts, the dashboard's synced state (read here,
 in the notebook's shell, while a ``%%neuron ranks`` cell runs) has a row per rank with its host and its own memory and
-CPU fallback calls, asked of the rank itself; a rank blocked in a collective says so, a killed one is lost, and after
-``stop`` every row says stopped.
+CPU fallback calls, asked of the rank itself; a rank blocked in a collective says so, a suspended one is not answering,
+a killed one is lost, and after ``stop`` every row says stopped.
 
 Real ipyparallel engines (started once, about 20 s on a loaded 2-core machine). Every wait is bounded: the cell waits
 for the test's files at most 60 s, the test for each state at most 60 s, and the engines are killed by pid on the way
@@ -125,6 +125,9 @@ def test_the_dashboard_shows_each_ranks_host_memory_fallbacks_and_state_live(tmp
             assert "host1: rank 1" in html and "16.00 KiB" in html
 
             engine = psutil.Process(pids[1])
+            engine.suspend()  # a wedged host: its engine is there but answers nothing
+            run(sh, f"import time\ntime.sleep({rank_pulse.SILENT_S + 1.5})")  # the dashboard asks while it runs
+            assert [r["status"] for r in _rows(panel)] == ["idle", "not answering"]
             engine.kill()  # host1's only rank
             psutil.wait_procs([engine], timeout=30)
             run(sh, "1")  # a cell's end refreshes the dashboard
