@@ -103,6 +103,7 @@ bench: $(CORE)
 	$(BIN)/python bench/distributed.py
 	$(BIN)/python bench/ranks_start.py
 	$(BIN)/python bench/ranks_report.py --figures out/bench/ranks_report.json
+	$(BIN)/python bench/dashboard_ranks.py --figures out/bench/dashboard_ranks.json
 	$(BIN)/python bench/profile_overhead.py
 	$(BIN)/python bench/table.py out/bench/*.json --out out/bench.json
 

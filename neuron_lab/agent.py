@@ -26,7 +26,7 @@ from typing import Any
 
 from neuron_lab import backend, settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.session import preflight, rank_group, shells, stuck
+from neuron_lab.session import preflight, rank_group, rank_pulse, shells, stuck
 from neuron_lab.session.session import Session, banner
 from neuron_lab.trace.tracker import Renaming
 
@@ -181,6 +181,7 @@ def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
     session.set_device(torch.device("neuron", torch.neuron.current_device()))
     Collector.attach(session, text=False)
     stuck.serve(dist.get_rank(), lambda: _where(session))  # a cell stuck past its deadline: where this rank is
+    rank_pulse.serve(dist.get_rank(), session)  # the notebook's dashboard: this rank's memory and fallbacks, live
     return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
 
 

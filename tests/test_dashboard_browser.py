@@ -252,3 +252,43 @@ def test_the_runners_notebook_opened_untrusted_shows_the_last_state_readably(jup
     assert dashboard.locator("img[alt^='chart: device memory']").count() == 1
     assert "seconds since the session started" not in text, text
     dashboard.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-untrusted.png"))
+
+
+RANKS_RELEASE = ROOT / "out" / "test-artifacts" / "release-ranks-cell"
+RANKS_CELLS = [
+    "%load_ext neuron_lab",
+    "%neuron ranks start 2 --hosts 2 --timeout 60",
+    "%neuron dashboard",
+    # In[4]: each rank allocates 4 KiB × (rank + 1) twice (x, atan2's y: one CPU fallback), then stays in the cell
+    # until the test has read the rows (RANKS_RELEASE), at most 90 s
+    "%%neuron ranks --timeout 120\nimport os, time, torch, torch.distributed as dist\n"
+    "x = torch.ones(1024 * (dist.get_rank() + 1), device='neuron')\ny = torch.atan2(x, x)\n"
+    f"t_end = time.time() + 90\nwhile not os.path.exists({str(RANKS_RELEASE)!r}) and time.time() < t_end:\n"
+    "    time.sleep(0.1)",
+    "%neuron ranks stop",
+]
+# the rank rows as the browser shows them: [host, rank, memory, fallbacks, status] per row
+RANK_ROWS = """() => [...document.querySelectorAll('.jp-Notebook [data-testid=nl-ranks] [data-host]')].flatMap((g) =>
+    [...g.querySelectorAll('tr[data-rank]')].map((tr) => [g.dataset.host, ...[0, 2, 5, 6].map(
+        (i) => tr.children[i].textContent)]))"""
+
+
+def test_the_dashboard_shows_a_row_per_rank_by_host_while_a_ranks_cell_runs(jupyter_lab, lab_page):
+    page = lab_page
+    RANKS_RELEASE.parent.mkdir(parents=True, exist_ok=True)
+    RANKS_RELEASE.unlink(missing_ok=True)
+    open_notebook(page, jupyter_lab, "dashboard-ranks.ipynb", RANKS_CELLS)
+    try:
+        run_all(page)
+        running = [["host0", "0", "8.00 KiB", "1", "running In[4]"], ["host1", "1", "16.00 KiB", "1", "running In[4]"]]
+        rows = wait_for(page, f"""(want) => {{ const rows = ({RANK_ROWS})();
+            return JSON.stringify(rows) === JSON.stringify(want) ? rows : null; }}""", timeout=120, arg=running)
+        assert rows == running
+        panel = cell_locator(page, 2).locator("[data-testid=nl-panel]")
+        panel.screenshot(path=str(ROOT / "out" / "test-artifacts" / "dashboard-ranks.png"))
+    finally:
+        RANKS_RELEASE.touch()  # the ranks cell may end now
+    wait_idle(page, timeout=120)
+    stopped = [["host0", "0", "8.00 KiB", "1", "stopped"], ["host1", "1", "16.00 KiB", "1", "stopped"]]
+    assert wait_for(page, f"""(want) => {{ const rows = ({RANK_ROWS})();
+        return JSON.stringify(rows) === JSON.stringify(want) ? rows : null; }}""", timeout=30, arg=stopped) == stopped

@@ -8,7 +8,9 @@ thread only assigns widget traits, which ipykernel sends as comm messages from a
 displays, and it exists only while a view is being updated. What the views do inside a user's cell (opening a
 view, the strip at a cell's start) is the hub's work, not the cell's: it runs outside the cell's report
 (``Tracker.excluded``). At each cell's end the hub also updates the displays of the views it refreshed, so the
-static snapshot beside each widget (what an export or an untrusted notebook shows) is its last state.
+static snapshot beside each widget (what an export or an untrusted notebook shows) is its last state. While ranks are
+started (``%neuron ranks``), every refresh also asks the ranks for their own counters (``session.rank_pulse``), so
+the views show a row per rank, on whatever host it runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Hub:
         self._lock = threading.Lock()  # guards ``panels``: the thread iterates while cells open views
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ranks: Any = None  # the rank_pulse.Listener of the newest ranks seen (kept after they stop: "stopped")
         session.starting.append(self._cell_started)
         session.listeners.append(self._cell_done)
 
@@ -116,8 +119,10 @@ class Hub:
     # -- cell hooks (main thread) -----------------------------------------------------------------
     def _cell_started(self, session: Any) -> None:
         with self._aside():
-            for p in self.open_panels():
-                p.set_live(snapshot.live(session))
+            panels = self.open_panels()
+            live = self.live() if panels else None
+            for p in panels:
+                p.set_live(live)
             if session.config.auto_dashboard and _frontend(session) == "widget":
                 strip = self._open([snapshot.STRIP])
                 self.strips.append((strip, strip.display()))
@@ -169,9 +174,22 @@ class Hub:
         """One live update: only while a cell runs (between cells nothing moves)."""
         if self.session.running is None:
             return
-        live = snapshot.live(self.session)
+        live = self.live()
         for p in self.open_panels():
             p.set_live(live)
+
+    def live(self, *, settle: bool = False) -> dict[str, Any]:
+        """:func:`snapshot.live`, with a row per rank while ranks are started (and after they stop, as stopped):
+        their own counters, asked of them (``session.rank_pulse``); ``settle``: each rank's answer after the cell."""
+        live = snapshot.live(self.session)
+        group = self.session.ranks
+        if group is not None and not group.stopped and (self._ranks is None or self._ranks.group is not group):
+            from neuron_lab.session.rank_pulse import Listener
+
+            self._ranks = Listener(group)
+        if self._ranks is not None:
+            live["ranks"] = snapshot.ranks(self._ranks.rows(settle))
+        return live
 
     def close(self) -> None:
         """Unload: stop the thread, close every view, unhook from the session (a later ``hub_of`` makes a new hub)."""

@@ -231,6 +231,19 @@ function timeline(ctx, m, live) {
   return h("div", {}, bar, h("div", { class: "nl-chart-row" }, yTitle, h("div", { class: "nl-chart-main" }, wrap, xTitle)));
 }
 
+// the ranks of `%neuron ranks` (live.ranks: each rank's own counters, a table per host; words from the kernel)
+function ranksBlock(data, live) {
+  if (!live.ranks) return null;
+  const known = (r, n) => ("allocated" in r ? fmtBytes(n || 0) : "?");
+  return h("div", { class: "nl-ranks", "data-testid": "nl-ranks" }, h("b", {}, live.ranks.head),
+    live.ranks.hosts.map((g) => h("div", { "data-host": g.host }, h("div", { class: "nl-muted" }, g.head),
+      table((data.header && data.header.rank_columns) || [], g.rows.map((r) => h("tr", { "data-rank": r.rank },
+        h("td", {}, String(r.rank)), h("td", {}, r.device),
+        h("td", { "data-testid": "nl-rank-allocated" }, known(r, r.allocated)), h("td", {}, known(r, r.peak)),
+        h("td", {}, r.capacity_text || "?"), h("td", {}, fmtInt(r.fallback_calls)),
+        h("td", { "data-testid": "nl-rank-status" }, r.status_text)))))));
+}
+
 function memoryView(ctx) {
   const { data, live, model, ui, connected } = ctx;
   const m = data.memory || { points: [], cells: [], rows: [] };
@@ -254,6 +267,7 @@ function memoryView(ctx) {
       h("span", {}, "peak ", h("b", { "data-testid": "nl-mem-peak" }, fmtBytes(live.peak || 0))),
       h("span", {}, "capacity ", h("b", {}, live.capacity_text || fmtBytes(live.capacity || 0)))),
     memoryBar(live, "nl-mem-bar"),
+    ranksBlock(data, live),
     timeline(ctx, m, live),
     m.sampling ? h("div", { class: "nl-muted" }, m.sampling) : null,
     h("div", { class: "nl-actions" }, button, note, m.freed ? h("pre", { class: "nl-pre" }, m.freed) : null),

@@ -50,7 +50,7 @@ class Panel(anywidget.AnyWidget):
         data = snapshot.build(self.hub.session, self.views)
         if self.freed and "memory" in data:
             data["memory"]["freed"] = self.freed
-        live = snapshot.live(self.hub.session)
+        live = self.hub.live(settle=True)
         with self.sync_lock, self.hold_sync():
             self.data = data
             self.live = live

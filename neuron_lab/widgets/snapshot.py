@@ -7,7 +7,7 @@ sections (:func:`neuron_lab.kinds.sections`) and the views' titles, so the widge
 them. What only the session has: the memory timeline and the device tensors'
 holders. The static views (``static.py``) read the same JSON. ``live()`` is the part that changes while a
 cell runs: counter reads and the running cell's op rows (copied under the trace's lock), so the refresh thread
-may call it.
+may call it; with ranks started, the hub adds their rows to it (:func:`ranks`), each rank's own counters.
 """
 
 from __future__ import annotations
@@ -21,13 +21,16 @@ from neuron_lab.backend import coverage
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.checks_rows import check_summary_line
 from neuron_lab.report.model import SOURCE, Report, as_data
+from neuron_lab.report.ranks import ranks_label
 from neuron_lab.report.waits import compiling_line
+from neuron_lab.session.rank_pulse import RUNNING
 from neuron_lab.units import count, format_capacity
 
 TITLES = {"memory": "Memory", "tensors": "Tensors", "fallbacks": kinds.title(kinds.FALLBACK), "compiles": "Compiles"}
 VIEWS = tuple(TITLES)  # the views, in tab order: the one list (``%neuron dashboard``, ``neuron_lab.show``)
 STRIP = "strip"  # the line under a running cell (``auto_dashboard``): the header and ``live`` only
 CELL_ROWS = 50  # per-cell rows the memory and compile views keep (newest)
+RANK_COLUMNS = ("rank", "device", "memory", "peak", "capacity", "fallbacks", "status")  # live["ranks"], per host
 
 
 def header(session: Any) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def header(session: Any) -> dict[str, Any]:
             "backend": _backend.active().name if _backend.is_active() else "none",
             "coverage": cov.name if cov else None, "coverage_hint": hint, "kinds": kinds.as_json(),
             "sections": [[k.name, [n for n in kinds.KINDS if n in members]] for k, members in kinds.sections()],
-            "titles": TITLES, "reason_source": SOURCE}
+            "titles": TITLES, "rank_columns": list(RANK_COLUMNS), "reason_source": SOURCE}
 
 
 def as_of(session: Any) -> dict[str, Any]:
@@ -76,6 +79,20 @@ def live(session: Any) -> dict[str, Any]:
                  syncs_text=count(last.sync_calls, kinds.KINDS[kinds.SYNC].call), ops=last.ops,
                  elapsed_s=round(last.wall_s, 3))
     return d
+
+
+def ranks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' rows (``session.rank_pulse.Listener.rows``, ordered by host) as ``live["ranks"]``: a heading, then
+    per host its heading and its rows, each with its status in words (the running cell named)."""
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        running = r["status"] == RUNNING and r.get("cell")
+        hosts.setdefault(r["host"], []).append({**r, "status_text": f"{r['status']} In[{r['cell']}]" if running
+                                                else r["status"]})
+    return {"head": f"ranks: {count(len(rows), 'rank')} on {count(len(hosts), 'host')}",
+            "hosts": [{"host": host, "head": f"{host or 'this host'}: {'rank' if len(mine) == 1 else 'ranks'} "
+                                             f"{ranks_label(r['rank'] for r in mine)}", "rows": mine}
+                      for host, mine in hosts.items()]}
 
 
 def _rows_so_far(tracker: Any) -> list[dict[str, Any]]:

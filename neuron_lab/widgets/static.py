@@ -16,9 +16,10 @@ from html import escape
 from typing import Any
 
 from neuron_lab import kinds
-from neuron_lab.report.html import op_sections_html, table
+from neuron_lab.report.html import escaped, op_sections_html, table
 from neuron_lab.report.model import Memory, OpRow, Site
-from neuron_lab.report.text import op_sections
+from neuron_lab.report.rows import Table
+from neuron_lab.report.text import columns, op_sections
 from neuron_lab.units import count, format_delta, format_seconds, format_size
 from neuron_lab.widgets import snapshot
 
@@ -157,9 +158,32 @@ def _chart(svg: str) -> str:
     return f'<img src="{src}" alt="chart: device memory allocated over the session" style="max-width:100%">'
 
 
+# -- ranks (in the memory view) -----------------------------------------------------------------------
+def _rank_tables(live: dict) -> list[tuple[str, Table]]:
+    """Each host's heading and its ranks' table (``live["ranks"]``, :func:`snapshot.ranks`)."""
+    return [(g["head"], Table(list(snapshot.RANK_COLUMNS), [
+        [str(r["rank"]), r["device"], *((format_size(r["allocated"]), format_size(r["peak"]), r["capacity_text"])
+                                        if "allocated" in r else ("?",) * 3),
+         f"{r.get('fallback_calls', 0):,}", r["status_text"]] for r in g["rows"]]))
+        for g in live["ranks"]["hosts"]] if live.get("ranks") else []
+
+
+def _ranks_text(live: dict) -> list[str]:
+    tables = _rank_tables(live)
+    return [live["ranks"]["head"], *(line for head, t in tables for line in ["  " + head, *columns(t, "    ")])
+            ] if tables else []
+
+
+def _ranks_html(live: dict) -> str:
+    tables = _rank_tables(live)
+    return (f"<div data-testid='nl-ranks'><b>{escape(live['ranks']['head'])}</b>"
+            + "".join(f"<div>{escape(head)}</div>" + table(t.header, escaped(t.rows)) for head, t in tables)
+            + "</div>") if tables else ""
+
+
 def _memory_text(data: dict, live: dict) -> str:
     m = data["memory"]
-    lines = [f"memory: peak {format_size(live.get('peak', 0))} · timeline {_spark(m['points'])}"]
+    lines = [f"memory: peak {format_size(live.get('peak', 0))} · timeline {_spark(m['points'])}", *_ranks_text(live)]
     lines += [f"  In[{cell}]  {format_size(mem.before):>11} → {format_size(mem.after):>11}  "
               f"{format_delta(mem.delta):>12}  peak {format_size(mem.peak)}" for cell, mem in _memories(data)]
     if m.get("sampling"):
@@ -175,7 +199,7 @@ def _memory_html(data: dict, live: dict) -> str:
              format_size(mem.peak)] for cell, mem in _memories(data)]
     peak = max([live.get("peak", 0), *(mem.peak for _, mem in _memories(data))])
     note = f'<div style="color:#666">{escape(m["sampling"])}</div>' if m.get("sampling") else ""
-    return (_chart(_svg(m["points"], m["cells"], m.get("marks", []), peak)) + note
+    return (_ranks_html(live) + _chart(_svg(m["points"], m["cells"], m.get("marks", []), peak)) + note
             + table(["cell", "before", "after", "delta", "peak"], rows))
 
 
@@ -285,7 +309,7 @@ class StaticView:
 
     def _refresh(self) -> None:
         self.data = snapshot.build(self.hub.session, self.views)
-        self.live = snapshot.live(self.hub.session)
+        self.live = self.hub.live(settle=True)
 
     def _bundle(self) -> dict[str, str]:
         return {"text/plain": render_text(self.data, self.live, self.views),
