@@ -263,7 +263,7 @@ class NeuronMagics(Magics):
                 engines, problem = _RANKS_ENGINES.choice()  # `neuron-lab run --engines KIND`'s default
                 if problem and not args.engines:
                     print(f"neuron_lab: {problem}", file=sys.stderr)
-                ssh = SSHOptions.parse(args.ssh_hosts, args.remote_python) if args.ssh_hosts else None
+                ssh = SSHOptions.parse(args.ssh_hosts) if args.ssh_hosts else None
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
                                       engines=args.engines or engines, slurm=slurm, instance=args.instance, ssh=ssh)
             except RanksError as e:

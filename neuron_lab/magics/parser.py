@@ -227,7 +227,7 @@ def build() -> NeuronArgumentParser:
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     ra.add_argument("--engines", choices=tuple(ENGINES), default=None,
                     help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them; slurm: "
-                         "one sbatch job, ranks as srun numbers them; ssh: on --ssh-hosts, host by host)")
+                         "one sbatch job, ranks as srun numbers them; ssh: host by host)")
     ra.add_argument("--hosts", type=int, metavar="M",
                     help="start: emulate M hosts here (local engines) or on the Slurm job's one node, N/M ranks each")
     ra.add_argument("--instance", metavar="NAME[,NAME...]",
@@ -235,10 +235,7 @@ def build() -> NeuronArgumentParser:
     for flag, kind, meta, what in SLURM_FLAGS:
         ra.add_argument(flag, type=kind, metavar=meta, help=f"start, slurm engines: sbatch {flag} ({what})")
     ra.add_argument("--ssh-hosts", metavar="HOST[,HOST...]",
-                    help="start, ssh engines: the hosts, each [user@]host[:port] as ipyparallel's `engines` names "
-                         "them, N/hosts ranks on each")
-    ra.add_argument("--remote-python", metavar="PATH",
-                    help="start, ssh engines: the Python on the hosts (default: this kernel's, at the same path)")
+                    help="start, ssh engines: [user@]host[:port] each, N/hosts ranks each")
     ra.add_argument("--profile", nargs="?", const=True, default=False, metavar="NAME",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank; attach: "
                          "the IPython profile whose cluster to attach to")
@@ -342,7 +339,7 @@ def slurm_given(args: argparse.Namespace) -> list[str]:
 
 def ssh_given(args: argparse.Namespace) -> list[str]:
     """The ssh engines' options given on the line."""
-    return [flag for flag in ("--ssh-hosts", "--remote-python") if getattr(args, flag[2:].replace("-", "_"))]
+    return ["--ssh-hosts"] if args.ssh_hosts else []
 
 
 def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) -> None:

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -201,9 +200,8 @@ class Ranks(ShownAsText):
         elif engines == "ssh":
             for name, value in ssh.traits(n, profile_dir).items():
                 setattr(config.SSHEngineSetLauncher, name, value)
-        reach = {"controller_ip": "*"} if ssh is not None and ssh.remote() else {}  # engines elsewhere connect
         cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
-                              engine_launcher_class=launcher, config=config, **reach)
+                              engine_launcher_class=launcher, config=config)
         restart = (f"%neuron ranks start {n}" + (f" --hosts {hosts}" if hosts > 1 else "")
                    + (f" --instance {instance}" if instance else "")
                    + (f" --engines {engines}" if engines != "local" else "") + (slurm.flags() if slurm else "")
@@ -311,7 +309,7 @@ class Ranks(ShownAsText):
             rank, m = timed_out[0]
             self.broken = (f"the process group broke in {rr.title}: rank {rank}'s collective outlived the group's "
                            f"timeout ({self.timeout_s:g} s; gloo: {m.string[m.start():]}), so no collective can run "
-                           f"again; `%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
+                           f"again; `{self._restart()}` starts the group afresh")
         return rr
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
@@ -320,7 +318,7 @@ class Ranks(ShownAsText):
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
             raise RanksError(f"{_lost(self.engines, dead)}: the others would wait for it at their first collective; "
-                             f"`%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
+                             f"`{self._restart()}` starts the group afresh")
         results: dict[int, RankResult] = {}
         running: dict[int, Any] = {}
         for e in self.engines:
@@ -503,6 +501,10 @@ class Ranks(ShownAsText):
             print(f"neuron_lab: the Slurm job {self.job.job_id} is still {self.job.state()} after scancel; "
                   f"`scancel {self.job.job_id}`", file=sys.stderr)
         return pids
+
+    def _restart(self) -> str:
+        """The magic that starts these ranks afresh, with the options they were started with."""
+        return self.restart or f"%neuron ranks start {len(self.engines)} --restart"
 
     @property
     def stopped(self) -> bool:
@@ -691,13 +693,9 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     from ipyparallel.cluster.launcher import SSHLauncher
 
     # a local engine set's launcher per engine; mpiexec's one launcher, whose process tree holds the engines (an ssh
-    # launcher's pid is the engine's on its host: the cluster's stop signals it there)
+    # launcher's pid is the engine's on its host: the cluster's stop signals it there, over ssh, TERM then KILL)
     launchers = [proc for es in cluster.engines.values()
                  for proc in (getattr(es, "launchers", None) or {0: es}).values()]
-    remote = [proc for proc in launchers if isinstance(proc, SSHLauncher) and proc.state == "running"]
-    if remote:  # each over ssh, on its host, all at once; its nanny sees it gone and ends
-        with ThreadPoolExecutor(len(remote)) as pool:
-            list(pool.map(_kill_remote, remote))
     ended = _tree([proc.pid for proc in launchers if (getattr(proc, "pid", None) or -1) > 0
                    and not isinstance(proc, SSHLauncher)])  # each engine and its nanny
     _signal(ended, psutil.Process.kill)
@@ -714,15 +712,6 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
         _signal(procs, signal_them)  # what the cluster's stop left
         _gone, procs = psutil.wait_procs(procs, timeout=wait_s)
     shutil.rmtree(profile_dir, ignore_errors=True)
-
-
-def _kill_remote(launcher: Any) -> None:
-    """An ssh engine killed on its host by its launcher (a host that does not answer: the cluster's stop tries
-    again)."""
-    try:
-        launcher.signal(signal.SIGKILL)
-    except Exception:
-        pass
 
 
 def _signal(procs: list[psutil.Process], signal_them: Callable[[psutil.Process], None]) -> None:

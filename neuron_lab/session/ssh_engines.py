@@ -20,7 +20,6 @@ from neuron_lab import settings
 from neuron_lab.session.preflight import must_agree
 
 HOST_INDEX = settings.env("NEURON_LAB_SSH_HOST").name
-_LOOPBACK = ("localhost", "127.")
 
 
 def _host_name(key: str) -> str:
@@ -30,28 +29,24 @@ def _host_name(key: str) -> str:
 
 @dataclass(frozen=True)
 class SSHOptions:
-    """The hosts, each as ipyparallel's ``engines`` key (``[user@]host[:port]``), and the Python to run there."""
+    """The hosts, each as ipyparallel's ``engines`` key (``[user@]host[:port]``); each runs this kernel's Python, at
+    the same path."""
 
     hosts: tuple[str, ...]
-    remote_python: str | None = None
 
     @classmethod
-    def parse(cls, hosts: str, remote_python: str | None = None) -> SSHOptions:
+    def parse(cls, hosts: str) -> SSHOptions:
         """``--ssh-hosts node1,node2``; ValueError says what is wrong."""
         names = tuple(h.strip() for h in hosts.split(","))
         if not all(names):
             raise ValueError(f"{hosts!r} has an empty host name")
         if len(set(names)) != len(names):
             raise ValueError(f"{hosts!r} names a host twice; give each host once")
-        return cls(names, remote_python)
+        return cls(names)
 
     def host_name(self, index: int) -> str:
         """Host ``index`` as a person names it (no user, no port)."""
         return _host_name(self.hosts[index])
-
-    def remote(self) -> bool:
-        """Whether some host is not this machine's loopback (the controller must then listen beyond it)."""
-        return not all(_host_name(h).startswith(_LOOPBACK) for h in self.hosts)
 
     def traits(self, n: int, profile_dir: str) -> dict[str, object]:
         """``SSHEngineSetLauncher``'s traits for ``n`` engines, ``n // len(hosts)`` per host: each host's engines
@@ -62,10 +57,9 @@ class SSHOptions:
         engines = {host: {"n": n // len(self.hosts), "environment": {**inherited, HOST_INDEX: str(i)},
                           "remote_profile_dir": os.path.join(profile_dir, f"ssh{i}")}
                    for i, host in enumerate(self.hosts)}
-        return {"engines": engines, "remote_python": self.remote_python or sys.executable,
+        return {"engines": engines, "remote_python": sys.executable,
                 "ssh_args": ["-o", "BatchMode=yes"], "scp_args": ["-o", "BatchMode=yes"]}
 
     def flags(self) -> str:
         """As the magic's options, for a command to paste again."""
-        python = f" --remote-python {shlex.quote(self.remote_python)}" if self.remote_python else ""
-        return f" --ssh-hosts {shlex.quote(','.join(self.hosts))}{python}"
+        return f" --ssh-hosts {shlex.quote(','.join(self.hosts))}"
