@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from rank_steps import DDP_AND_FSDP2, assert_ddp_and_fsdp2
 from shells import loaded_shell, run
 
 from neuron_lab.extension import session_of
@@ -515,6 +517,8 @@ def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_fir
                                                                           (1, "host1", "neuron:0")]
         assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
             ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
+        res, cap = run(sh, DDP_AND_FSDP2)
+        assert_ddp_and_fsdp2(res.result, ["host0", "host1"], cap.stdout)
         engine = psutil.Process(pids[1])
         engine.kill()  # every engine of host1: the host is lost
         psutil.wait_procs([engine], timeout=30)
@@ -589,6 +593,8 @@ def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plai
         for rank in (0, 1):  # the group's rank is the one mpiexec gave the engine
             assert f"[stdout:{rank}] \n{rank} {rank} 2\n" in cap.stdout
         assert [(r.rank, r.report.device) for r in res.result.ranks] == [(0, "neuron:0"), (1, "neuron:1")]
+        res, cap = run(sh, DDP_AND_FSDP2)  # mpiexec's ranks are on one host: it cannot emulate several
+        assert_ddp_and_fsdp2(res.result, [socket.gethostname()] * 2, cap.stdout)
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
