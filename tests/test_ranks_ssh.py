@@ -22,6 +22,7 @@ from shells import loaded_shell, run
 from test_ranks import _kill, ranks_error
 
 from neuron_lab.extension import session_of
+from neuron_lab.session.ssh_engines import HOST_INDEX, SSHOptions
 
 START = "%neuron ranks start {n} --engines ssh --ssh-hosts {hosts} --timeout 120"
 GONE_S = 30.0  # an engine's nanny sees its engine killed and ends within this
@@ -93,3 +94,15 @@ def test_stop_ends_every_engine_over_ssh_and_leaves_nothing(ssh_shell) -> None:
     assert _cluster_procs(profile_dir)
     assert str(run(sh, "%neuron ranks stop")[0].result).startswith("neuron_lab ranks: stopped 4 ranks")
     assert _none_left(profile_dir) == set()
+
+
+def test_each_ssh_hosts_engines_get_its_index_the_notebooks_settings_and_a_profile_folder_of_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FI_PROVIDER", "efa")  # a setting the preflight compares: the remote engines get it
+    monkeypatch.setenv("PYTHONPATH", "/src")
+    traits = SSHOptions.parse("node1, ops@node2:2222").traits(4, "/tmp/p")
+    assert {host: (e["n"], e["environment"][HOST_INDEX], e["environment"]["FI_PROVIDER"],
+                   e["environment"]["PYTHONPATH"], e["remote_profile_dir"])
+            for host, e in traits["engines"].items()} == {"node1": (2, "0", "efa", "/src", "/tmp/p/ssh0"),
+                                                          "ops@node2:2222": (2, "1", "efa", "/src", "/tmp/p/ssh1")}
+    assert SSHOptions.parse("node1,ops@node2:2222").host_name(1) == "node2"

@@ -21,7 +21,7 @@ from neuron_lab.checks import limits
 from neuron_lab.session import Session
 from neuron_lab.session.launch import host_instances
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, ENGINES, MAX_RANKS
-from neuron_lab.session.ssh_engines import SSHOptions
+from neuron_lab.session.ssh_engines import NEED_HOSTS, SSHOptions
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
@@ -386,7 +386,7 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             raise refuse(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --engines ssh")
         if args.engines == "ssh":
             if not args.ssh_hosts:
-                raise refuse("ssh engines need their hosts: `--engines ssh --ssh-hosts node1,node2`")
+                raise refuse(NEED_HOSTS)
             try:
                 hosts = SSHOptions.parse(args.ssh_hosts).hosts
             except ValueError as e:

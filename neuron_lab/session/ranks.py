@@ -50,7 +50,7 @@ from neuron_lab.session import launch, placement, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.session.slurm_job import JobWatch, SlurmOptions
-from neuron_lab.session.ssh_engines import HOST_INDEX, SSHOptions
+from neuron_lab.session.ssh_engines import HOST_INDEX, NEED_HOSTS, SSHOptions
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
@@ -187,7 +187,7 @@ class Ranks(ShownAsText):
             raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
 
         if engines == "ssh" and ssh is None:
-            raise RanksError("ssh engines need their hosts: `--ssh-hosts HOST[,HOST...]`")
+            raise RanksError(NEED_HOSTS)
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
         launcher: Any = engines
         config = Config()

@@ -20,6 +20,7 @@ from neuron_lab import settings
 from neuron_lab.session.preflight import must_agree
 
 HOST_INDEX = settings.env("NEURON_LAB_SSH_HOST").name
+NEED_HOSTS = "ssh engines need their hosts: `--engines ssh --ssh-hosts node1,node2`"
 
 
 def _host_name(key: str) -> str:
