@@ -208,6 +208,8 @@ register_env("LOCAL_WORLD_SIZE", "how many ranks run on this host", f"{E}.topolo
 register_env("NEURON_LAB_RANKS_ENGINES", "the engines `%neuron ranks start N` starts when it is not given "
              "--engines (`neuron-lab run --engines` sets it for a notebook's kernel)", "neuron_lab.magics",
              choices=("local", "mpi", "slurm"), default="local")
+register_env("NEURON_LAB_SSH_HOST", "the index of the host an ssh engine was started on, in `--ssh-hosts` order "
+             "(set by `%neuron ranks start N --engines ssh`)", "neuron_lab.session.ssh_engines", listed=False)
 register_env("NEURON_LAB_HOST", "the emulated host this rank is on (one per host of `--nnodes M`, `--hosts M`)",
              "neuron_lab.session.placement", listed=False)
 register_env("RANK", "this process's global rank", f"{E}.neuronx.profiling", listed=False, default="0")

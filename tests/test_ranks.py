@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from rank_steps import DDP_AND_FSDP2, assert_ddp_and_fsdp2
 from shells import loaded_shell, run
 
 from neuron_lab.extension import session_of
@@ -47,12 +49,13 @@ model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
 """
 
 
-USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi,slurm}]\n"
-         "                     [--hosts M] [--instance NAME[,NAME...]]\n"
-         "                     [--partition NAME] [--nodes M] [--ntasks-per-node K]\n"
-         "                     [--account NAME] [--time LIMIT] [--profile [NAME]]\n"
-         "                     [--cluster-file PATH] [--sshserver HOST] [--export PATH]\n"
-         "                     [--row-limit N]\n"
+USAGE = ("usage: %neuron ranks [--timeout S] [--restart]\n"
+         "                     [--engines {local,mpi,slurm,ssh}] [--hosts M]\n"
+         "                     [--instance NAME[,NAME...]] [--partition NAME]\n"
+         "                     [--nodes M] [--ntasks-per-node K] [--account NAME]\n"
+         "                     [--time LIMIT] [--ssh-hosts HOST[,HOST...]]\n"
+         "                     [--profile [NAME]] [--cluster-file PATH]\n"
+         "                     [--sshserver HOST] [--export PATH] [--row-limit N]\n"
          "                     [{start,attach,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
@@ -497,6 +500,14 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
      "%neuron ranks: --hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones"),
     ("%neuron ranks --nodes 2", "%neuron ranks: --hosts, --instance and --engines go with start"),
     ("%neuron ranks start 2 --sshserver login1", "%neuron ranks: --sshserver goes with attach"),
+    ("%neuron ranks start 2 --ssh-hosts a,b", "%neuron ranks: --ssh-hosts goes with --engines ssh"),
+    ("%neuron ranks start 2 --engines ssh", "%neuron ranks: ssh engines need their hosts: `--engines ssh --ssh-hosts "
+                                            "node1,node2`"),
+    ("%neuron ranks start 3 --engines ssh --ssh-hosts a,b",
+     "%neuron ranks: the 3 ranks do not divide evenly over the 2 ssh hosts"),
+    ("%neuron ranks start 2 --engines ssh --ssh-hosts a,a", "%neuron ranks: --ssh-hosts: 'a,a' names a host twice"),
+    ("%neuron ranks --ssh-hosts a", "%neuron ranks: --hosts, --instance and --engines go with start"),
+    ("%neuron ranks attach --ssh-hosts a", "%neuron ranks: attach takes the cluster that runs"),
     ("%neuron ranks attach --profile a --cluster-file b", "%neuron ranks: attach: --profile NAME or --cluster-file "
                                                           "PATH, one of them"),
     ("%neuron ranks attach 2", "%neuron ranks: attach takes the cluster that runs"),
@@ -559,12 +570,14 @@ def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_fir
                                                                           (1, "host1", "neuron:0")]
         assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
             ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
+        res, cap = run(sh, DDP_AND_FSDP2)
+        assert_ddp_and_fsdp2(res.result, ["host0", "host1"], cap.stdout)
         engine = psutil.Process(pids[1])
         engine.kill()  # every engine of host1: the host is lost
         psutil.wait_procs([engine], timeout=30)
         assert ranks_error(sh, "%%neuron ranks\nprint('never')\n") == (
             f"%%neuron ranks: host host1 is lost, with its rank 1 (pid {pids[1]}): the others would wait for it at "
-            "their first collective; `%neuron ranks start 2 --restart` starts the group afresh")
+            "their first collective; `%neuron ranks start 2 --hosts 2 --restart` starts the group afresh")
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
@@ -633,6 +646,8 @@ def test_mpi_engines_are_the_ranks_mpiexec_numbered_and_stop_leaves_nothing(plai
         for rank in (0, 1):  # the group's rank is the one mpiexec gave the engine
             assert f"[stdout:{rank}] {rank} {rank} 2\n" in cap.stdout
         assert [(r.rank, r.report.device) for r in res.result.ranks] == [(0, "neuron:0"), (1, "neuron:1")]
+        res, cap = run(sh, DDP_AND_FSDP2)  # mpiexec's ranks are on one host: it cannot emulate several
+        assert_ddp_and_fsdp2(res.result, [socket.gethostname()] * 2, cap.stdout)
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
@@ -643,7 +658,7 @@ def test_help_lists_ranks_with_its_forms(plain_shell: InteractiveShell) -> None:
     doc = plain_shell.find_line_magic("neuron").__doc__
     assert "\n  ranks      run cells on N ranks of one `neuron` process group, one ipyparallel engine each" in doc
     assert f"--- ranks ---\n{USAGE}\n\n" \
-           "`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi or slurm; torchrun's variables set, " \
+           "`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi, slurm or ssh; torchrun's variables set, " \
            "neuron:RANK each)" in doc
 
 

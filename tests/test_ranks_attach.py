@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from rank_steps import DDP_AND_FSDP2, assert_ddp_and_fsdp2
 from shells import loaded_shell, run
 from test_ranks import ALL_REDUCE_AND_DDP, _gone
 
@@ -83,6 +85,8 @@ def test_attached_engines_are_ranks_of_a_ddp_step_and_stop_leaves_them_running(i
         for r in rr.ranks:
             rows = {row.op: (row.count, row.nbytes) for row in r.report.ops_not_native if row.kind == "collective"}
             assert rows == {"c10d::all_reduce.sum": (2, 1168), "c10d::broadcast": (2, 192), "c10d::all_gather": (1, 8)}
+        res, cap = run(sh, DDP_AND_FSDP2)  # the team's cluster is on this one host
+        assert_ddp_and_fsdp2(res.result, [socket.gethostname()] * 2, cap.stdout)
         assert str(run(sh, "%neuron ranks stop")[0].result) == (
             f"neuron_lab ranks: detached from 2 ranks; their engines keep running (the cluster at {where} was not "
             "started here)")

@@ -20,6 +20,7 @@ import pytest
 import slurm
 from conftest import neuron_lab_run
 from IPython.core.interactiveshell import InteractiveShell
+from rank_steps import DDP_AND_FSDP2, assert_ddp_and_fsdp2
 from shells import loaded_shell, run
 from test_ranks import ALL_REDUCE_AND_DDP, _children, _gone, _kill, ranks_error
 
@@ -74,6 +75,13 @@ def test_a_ddp_step_on_two_hosts_in_a_slurm_job_is_one_report_with_each_ranks_fa
     assert text[1].split()[:5] == ["rank", "host", "device", "time", "memory"]
     assert f"        at In[{n}] line 6: dist.all_reduce(x)  (4×)" in text  # one line for the 4 ranks
     assert f"        at In[{n}] line 9: model = DDP(torch.nn.Linear(8, 4).to(device))  (8×)" in text
+
+
+def test_a_ddp_and_an_fsdp2_step_in_a_slurm_job_on_two_hosts_show_their_collectives_at_their_lines(
+        slurm_shell) -> None:
+    sh, _, _ = slurm_shell
+    res, cap = run(sh, DDP_AND_FSDP2)
+    assert_ddp_and_fsdp2(res.result, ["host0", "host0", "host1", "host1"], cap.stdout)
 
 
 def test_stop_cancels_the_job_and_leaves_no_engine(slurm_shell) -> None:

@@ -28,6 +28,7 @@ from neuron_lab.report.rows import summary_line
 from neuron_lab.session import Session, devices
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
 from neuron_lab.session.slurm_job import SlurmOptions
+from neuron_lab.session.ssh_engines import SSHOptions
 from neuron_lab.trace import profile as profiling
 from neuron_lab.units import ShownAsText, count
 
@@ -262,8 +263,9 @@ class NeuronMagics(Magics):
                 engines, problem = _RANKS_ENGINES.choice()  # `neuron-lab run --engines KIND`'s default
                 if problem and not args.engines:
                     print(f"neuron_lab: {problem}", file=sys.stderr)
+                ssh = SSHOptions.parse(args.ssh_hosts) if args.ssh_hosts else None
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or engines, slurm=slurm, instance=args.instance)
+                                      engines=args.engines or engines, slurm=slurm, instance=args.instance, ssh=ssh)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"

@@ -21,6 +21,7 @@ from neuron_lab.checks import limits
 from neuron_lab.session import Session
 from neuron_lab.session.launch import host_instances
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, ENGINES, MAX_RANKS
+from neuron_lab.session.ssh_engines import NEED_HOSTS, SSHOptions
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 
 VIEWS = ("dashboard", *WIDGET_VIEWS)  # `%neuron dashboard` and a command per view
@@ -213,7 +214,7 @@ def build() -> NeuronArgumentParser:
                     "finds them)")
     ra = command("ranks", help="run cells on N ranks of one `neuron` process group, one ipyparallel engine each; "
                                "one report for all ranks",
-                 description="`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi or slurm; torchrun's "
+                 description="`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi, slurm or ssh; torchrun's "
                              "variables set, neuron:RANK each); `attach`: the engines of a cluster that runs already. "
                              "A `%%neuron ranks` cell runs on all of them and reports each rank's time, memory, "
                              "fallbacks, collectives and error, and the skew. `stop` stops them (attached: detaches).")
@@ -226,13 +227,15 @@ def build() -> NeuronArgumentParser:
     ra.add_argument("--restart", action="store_true", help="start: stop the running ranks first")
     ra.add_argument("--engines", choices=tuple(ENGINES), default=None,
                     help="start: ipyparallel's launcher (default local; mpi: ranks as mpiexec numbers them; slurm: "
-                         "one sbatch job, ranks as srun numbers them)")
+                         "one sbatch job, ranks as srun numbers them; ssh: host by host)")
     ra.add_argument("--hosts", type=int, metavar="M",
                     help="start: emulate M hosts here (local engines) or on the Slurm job's one node, N/M ranks each")
     ra.add_argument("--instance", metavar="NAME[,NAME...]",
                     help="start: each emulated host's instance shape (one for all, or one per host)")
     for flag, kind, meta, what in SLURM_FLAGS:
         ra.add_argument(flag, type=kind, metavar=meta, help=f"start, slurm engines: sbatch {flag} ({what})")
+    ra.add_argument("--ssh-hosts", metavar="HOST[,HOST...]",
+                    help="start, ssh engines: [user@]host[:port] each, N/hosts ranks each")
     ra.add_argument("--profile", nargs="?", const=True, default=False, metavar="NAME",
                     help="cell: run it under torch.profiler on every rank; one timeline, lanes per rank; attach: "
                          "the IPython profile whose cluster to attach to")
@@ -334,6 +337,11 @@ def slurm_given(args: argparse.Namespace) -> list[str]:
     return [flag for flag, *_ in SLURM_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
 
 
+def ssh_given(args: argparse.Namespace) -> list[str]:
+    """The ssh engines' options given on the line."""
+    return ["--ssh-hosts"] if args.ssh_hosts else []
+
+
 def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) -> None:
     """``start N [--timeout S] [--restart]`` / ``stop`` / nothing (status) on a line; ``[--timeout S]`` on a cell."""
     def refuse(why: str) -> UsageError:
@@ -341,7 +349,7 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
 
     attaching = [o for o, given in (("--cluster-file", args.cluster_file), ("--sshserver", args.sshserver)) if given]
     if args.action == "attach" and not cell:
-        if args.n is not None or args.restart or args.engines or args.hosts or slurm_given(args):
+        if args.n is not None or args.restart or args.engines or args.hosts or slurm_given(args) or ssh_given(args):
             raise refuse("attach takes the cluster that runs: `%neuron ranks attach --profile NAME` or "
                          "`--cluster-file PATH`, and --sshserver HOST, --timeout S")
         if (args.profile is True) or (args.profile and args.cluster_file):
@@ -373,6 +381,19 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             raise refuse(f"N must be from 1 to {MAX_RANKS}, not {args.n}")
         if args.hosts is not None and args.engines not in (None, "local", "slurm"):
             raise refuse(f"--hosts emulates hosts with local engines; {args.engines} engines are where it puts them")
+        if ssh_given(args) and args.engines != "ssh":
+            given = ssh_given(args)
+            raise refuse(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --engines ssh")
+        if args.engines == "ssh":
+            if not args.ssh_hosts:
+                raise refuse(NEED_HOSTS)
+            try:
+                hosts = SSHOptions.parse(args.ssh_hosts).hosts
+            except ValueError as e:
+                raise refuse(f"--ssh-hosts: {e}") from None
+            if args.n % len(hosts):
+                raise refuse(f"the {args.n} ranks do not divide evenly over the {len(hosts)} ssh hosts (as many "
+                             "ranks on each host)")
         if args.hosts is not None and args.nodes is not None:
             raise refuse("--hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones")
         if slurm_given(args) and args.engines != "slurm":
@@ -390,7 +411,8 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
         return
     if args.n is not None:
         raise refuse(f"N goes with start: `%neuron ranks start {args.n}`")
-    if args.hosts is not None or args.engines is not None or args.instance is not None or slurm_given(args):
+    if (args.hosts is not None or args.engines is not None or args.instance is not None or slurm_given(args)
+            or ssh_given(args)):
         raise refuse("--hosts, --instance and --engines go with start: `%neuron ranks start 4 --hosts 2`")
     if args.timeout is not None or args.restart:
         raise refuse("--timeout and --restart go with start (`%neuron ranks start N --timeout S`); a cell's "

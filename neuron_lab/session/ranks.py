@@ -20,7 +20,8 @@ Nothing here waits on a process that is gone: engines are watched by pid while a
 reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
 Engines in a Slurm job are watched through the job's state (``session.slurm_job``) and the controller's heartbeats:
 a job cancelled outside the notebook is said so on the next cell, and ``stop`` cancels the job (the launcher's
-``scancel``).
+``scancel``). Engines started over ssh are watched by pid where their host is this machine, else by the controller's
+heartbeats; ``stop`` signals them over ssh (the launcher's).
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ from neuron_lab.session import launch, placement, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.session.slurm_job import JobWatch, SlurmOptions
+from neuron_lab.session.ssh_engines import HOST_INDEX, NEED_HOSTS, SSHOptions
 from neuron_lab.trace import merge
 from neuron_lab.trace.profile_timeline import merge_ranks
 from neuron_lab.units import ShownAsText, count
 
-ENGINES = ("local", "mpi", "slurm")  # --engines: ipyparallel's launcher of that name (slurm: slurm_engines)
+ENGINES = ("local", "mpi", "slurm", "ssh")  # --engines: ipyparallel's launcher of that name (slurm: slurm_engines)
 OUTPUT_WINDOW_S = settings.config("ranks_output_window_s").default  # NeuronLab.ranks_output_window_s
 MAX_RANKS = 64  # more local engines than this is a typo, not a plan
 DEFAULT_TIMEOUT_S = 300.0  # engines starting up; a rank waiting at a collective for the others
@@ -172,12 +174,13 @@ class Ranks(ShownAsText):
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
               hosts: int = 1, engines: str = "local", slurm: SlurmOptions | None = None,
-              instance: str | None = None) -> Ranks:
+              instance: str | None = None, ssh: SSHOptions | None = None) -> Ranks:
         """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
         group, each rank where its scheduler placed it (``hosts`` > 1: on that many hosts emulated on this machine,
         ``n // hosts`` ranks each, each host of its ``instance`` shape: ``launch.host_instances``); ``slurm``: the
-        ``sbatch`` options of a Slurm job of engines. On any failure every process (or job) started is stopped again
-        and :class:`RanksError` says why."""
+        ``sbatch`` options of a Slurm job of engines; ``ssh``: the hosts of ssh engines, ``n // len(hosts)`` on
+        each, ranked host by host in their order (``session.ssh_engines``). On any failure every process (or job)
+        started is stopped again and :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -185,6 +188,8 @@ class Ranks(ShownAsText):
         except ImportError:
             raise RanksError("ipyparallel is not installed (`pip install ipyparallel`)") from None
 
+        if engines == "ssh" and ssh is None:
+            raise RanksError(NEED_HOSTS)
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
         launcher: Any = engines
         config = Config()
@@ -194,11 +199,15 @@ class Ranks(ShownAsText):
             launcher = SlurmEngines
             for name, value in (slurm or SlurmOptions()).traits().items():
                 setattr(config.SlurmEngineSetLauncher, name, value)
+        elif engines == "ssh":
+            for name, value in ssh.traits(n, profile_dir).items():
+                setattr(config.SSHEngineSetLauncher, name, value)
         cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
                               engine_launcher_class=launcher, config=config)
         restart = (f"%neuron ranks start {n}" + (f" --hosts {hosts}" if hosts > 1 else "")
                    + (f" --instance {instance}" if instance else "")
                    + (f" --engines {engines}" if engines != "local" else "") + (slurm.flags() if slurm else "")
+                   + (ssh.flags() if ssh else "")
                    + " --restart")
         client = job = None
         started = time.monotonic()
@@ -212,7 +221,7 @@ class Ranks(ShownAsText):
             _wait_engines(client, n, started + timeout_s, job, cluster)
             ends_with = () if job else (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop
             engines_up, store = _join(client, n, hosts, timeout_s, started + timeout_s, progress, job, ends_with,
-                                      instance)
+                                      instance, ssh if engines == "ssh" else None)
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if job is not None:
@@ -303,7 +312,7 @@ class Ranks(ShownAsText):
             rank, m = timed_out[0]
             self.broken = (f"the process group broke in {rr.title}: rank {rank}'s collective outlived the group's "
                            f"timeout ({self.timeout_s:g} s; gloo: {m.string[m.start():]}), so no collective can run "
-                           f"again; `%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
+                           f"again; `{self._restart()}` starts the group afresh")
         return rr
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
@@ -312,7 +321,7 @@ class Ranks(ShownAsText):
         dead = [e for e in self.engines if not e.alive()]
         if dead:  # its peers' first collective would wait for it until the group's timeout
             raise RanksError(f"{_lost(self.engines, dead)}: the others would wait for it at their first collective; "
-                             f"`%neuron ranks start {len(self.engines)} --restart` starts the group afresh")
+                             f"`{self._restart()}` starts the group afresh")
         results: dict[int, RankResult] = {}
         running: dict[int, Any] = {}
         for e in self.engines:
@@ -496,6 +505,10 @@ class Ranks(ShownAsText):
                   f"`scancel {self.job.job_id}`", file=sys.stderr)
         return pids
 
+    def _restart(self) -> str:
+        """The magic that starts these ranks afresh, with the options they were started with."""
+        return self.restart or f"%neuron ranks start {len(self.engines)} --restart"
+
     @property
     def stopped(self) -> bool:
         return self._stopped
@@ -568,12 +581,11 @@ def _merge_traces(folder: str, export: str, ranks: list[int]) -> str | None:
 
 def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, progress: Callable[[str], None],
           job: JobWatch | None, ends_with: tuple[int, ...], instance: str | None = None,
-          ) -> tuple[list[Engine], launch.AgentStore]:
+          ssh: SSHOptions | None = None) -> tuple[list[Engine], launch.AgentStore]:
     """The registered engines made ranks 0..n-1 of one process group that meets at a store hosted here: each rank
     where its scheduler placed it (``hosts`` > 1 or an ``instance``: on that many hosts emulated, ``n // hosts`` ranks
-    each, each host of its instance shape); an engine
-    ends when the processes ``ends_with`` are gone (none: engines this notebook did not start, or not on its
-    machine)."""
+    each, each host of its instance shape; ``ssh``: host by host in the order of its hosts); an engine on this
+    machine ends when the processes ``ends_with`` are gone (none: engines this notebook did not start)."""
     from ipyparallel import Reference
 
     store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
@@ -583,9 +595,18 @@ def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, pr
             for host, env in client[ids].apply_async(Reference(_WHERE)).get(timeout=timeout_s)]
     # torchrun's variables; OMP_NUM_THREADS=1 for several ranks unless the user chose it
     base = {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
+    names: list[str] | None = None  # each rank's host, where its launcher names it
     if hosts > 1 or instance:
         envs = launch.rank_envs(base, n // hosts, port, hosts,
                                 launch.host_instances(instance, hosts) if instance else ())
+    elif ssh is not None:  # host by host in --ssh-hosts order; several hosts that are one machine are emulated
+        index = [int(s.env.get(HOST_INDEX, "-1")) for s in seen]
+        order = sorted(range(n), key=lambda i: (index[i], ids[i]))
+        ids, seen, index = [ids[i] for i in order], [seen[i] for i in order], [index[i] for i in order]
+        emulated = len({s.host for s in seen}) < len(set(index))
+        envs = launch.place_envs(base, placement.place([placement.Seen(ssh.hosts[i], {}) for i in index]), port,
+                                 emulated)
+        names = None if emulated else [ssh.host_name(i) for i in index]
     else:  # each engine's rank from its scheduler's variables (mpiexec's, srun's), or host by host
         places = placement.place(seen)
         by_rank = sorted(range(n), key=lambda i: places[i].rank)
@@ -597,16 +618,17 @@ def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, pr
     pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
     for i in range(n):
         client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
-    pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *ends_with) for i in range(n)}
+    pending = {i: client[ids[i]].apply_async(_agent("join_ranks"), timeout_s, *(ends_with if here[i] else ()))
+               for i in range(n)}
     engines: list[Engine] = []
     for i, ar in pending.items():
         info = _wait_setup(ar, Engine(i, pids[i], "", job=job, here=here[i]), deadline)
         if info["torch_first"]:
             raise RanksError(f"rank {i}: torch was imported before the rank's variables were set (an IPython "
                              f"startup file, or earlier work on an attached engine?), so its device is not neuron:{i}")
-        host = placement.host_name(envs[i])
+        host = placement.host_name(envs[i]) if names is None else names[i]
         engines.append(Engine(i, info["pid"], info["device"], host, ids[i], job=job, here=here[i]))
-        on = f" on {host}" if hosts > 1 or instance else ""
+        on = f" on {host}" if hosts > 1 or instance or ssh else ""
         progress(f"neuron_lab: rank {i} ready: pid {info['pid']}, {info['device']}{on}")
     return engines, store
 
@@ -671,10 +693,14 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     The engines are killed, not asked: they ran every cell to its end (or are being given up), their ranks left the
     group, and their namespaces go with them either way; an asked engine takes ipykernel's own shutdown (2-5 s, then
     ipyparallel kills it), and its nanny waits 3 s more to tell a controller that is gone already."""
-    # a local engine set's launcher per engine; mpiexec's one launcher, whose process tree holds the engines
-    engines = [proc.pid for es in cluster.engines.values()
-               for proc in (getattr(es, "launchers", None) or {0: es}).values() if getattr(proc, "pid", None)]
-    ended = _tree([pid for pid in engines if pid > 0])  # each engine and its nanny
+    from ipyparallel.cluster.launcher import SSHLauncher
+
+    # a local engine set's launcher per engine; mpiexec's one launcher, whose process tree holds the engines (an ssh
+    # launcher's pid is the engine's on its host: the cluster's stop signals it there, over ssh, TERM then KILL)
+    launchers = [proc for es in cluster.engines.values()
+                 for proc in (getattr(es, "launchers", None) or {0: es}).values()]
+    ended = _tree([proc.pid for proc in launchers if (getattr(proc, "pid", None) or -1) > 0
+                   and not isinstance(proc, SSHLauncher)])  # each engine and its nanny
     _signal(ended, psutil.Process.kill)
     psutil.wait_procs(ended, timeout=FETCH_TIMEOUT_S)
     controller = [getattr(cluster.controller, "pid", -1)] if cluster.controller is not None else []
