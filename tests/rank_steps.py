@@ -34,7 +34,7 @@ def assert_ddp_and_fsdp2(rr: RanksReport, hosts: list[str], printed: str) -> Non
     assert isinstance(rr, RanksReport) and not rr.failed, str(rr)
     assert [(r.rank, r.host) for r in rr.ranks] == list(enumerate(hosts))
     for rank in range(world):  # FSDP2 sharded net[0]'s 16 rows over the ranks
-        assert f"[stdout:{rank}] \nrank {rank}: {16 // world} of 16 rows of net[0] here\n" in printed, printed
+        assert f"[stdout:{rank}] rank {rank}: {16 // world} of 16 rows of net[0] here\n" in printed, printed
     for r in rr.ranks:
         rows = {row.op: row for row in r.report.ops_not_native if row.kind == "collective"}
         lines = {op: sorted({sc.site.line for sc in row.sites}) for op, row in rows.items()}

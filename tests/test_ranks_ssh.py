@@ -70,9 +70,10 @@ def test_a_ddp_and_an_fsdp2_step_over_ssh_on_two_hosts_are_one_report_with_each_
     for rank, host, device in ((0, "host0", 0), (1, "host0", 1), (2, "host1", 0), (3, "host1", 1)):
         assert f"neuron_lab: rank {rank} ready: pid {pids[rank]}, neuron:{device} on {host}" in started
     res, cap = run(sh, "%%neuron ranks --timeout 120\nimport os\n"
-                       "print(os.environ['NEURON_LAB_SSH_HOST'], os.environ['GROUP_RANK'], os.environ['LOCAL_RANK'])\n")
+                       "print(os.environ['RANK'], os.environ['NEURON_LAB_SSH_HOST'], os.environ['GROUP_RANK'], "
+                       "os.environ['LOCAL_RANK'])\n")  # each rank's own line: it names its rank
     for rank in range(4):  # the ssh host the launcher started it on, in --ssh-hosts order, is its node
-        assert f"[stdout:{rank}] \n{rank // 2} {rank // 2} {rank % 2}\n" in cap.stdout
+        assert f"[stdout:{rank}] {rank} {rank // 2} {rank // 2} {rank % 2}\n" in cap.stdout, cap.stdout
     res, cap = run(sh, DDP_AND_FSDP2)
     assert_ddp_and_fsdp2(res.result, ["host0", "host0", "host1", "host1"], cap.stdout)
 
