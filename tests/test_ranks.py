@@ -51,7 +51,7 @@ USAGE = ("usage: %neuron ranks [--timeout S] [--restart] [--engines {local,mpi,s
          "                     [--account NAME] [--time LIMIT] [--profile [NAME]]\n"
          "                     [--cluster-file PATH] [--sshserver HOST] [--export PATH]\n"
          "                     [--row-limit N]\n"
-         "                     [{start,attach,stop}] [N]")
+         "                     [{start,attach,interrupt,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -557,6 +557,43 @@ def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in
                             r"the group's timeout \(15 s; gloo: Timed out waiting 15000ms for \w+ operation to "
                             r"complete\), so no collective can run again; `%neuron ranks start 2 --restart` starts "
                             r"the group afresh", msg), msg
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        _kill(_children() - before)
+
+
+def test_ranks_interrupt_wakes_a_rank_in_its_collective_says_where_each_was_and_the_next_cell_says_what_to_run(
+        plain_shell: InteractiveShell) -> None:
+    """Rank 1 skips the all_reduce and sleeps; the deadline interrupts it and leaves rank 0 in its all_reduce, which
+    `%neuron ranks interrupt` ends (the emulated collective waits in slices, so the KeyboardInterrupt lands); rank 0
+    was woken inside its collective, so the next cell says in one line that the group broke and what to run."""
+    sh, before = plain_shell, _children()
+    try:
+        run(sh, START.format(n=2))
+        res, _ = run(sh, HUNG, ok=False)
+        n = res.execution_count
+        zero, one = session_of(sh).ranks.engines
+        one.busy.wait(60)
+        assert one.free() and not zero.free()
+        res, cap = run(sh, "%neuron ranks interrupt")
+        assert str(res.result).splitlines() == [
+            f"neuron_lab ranks: interrupted rank 0 running In[{n}]; where each was:",
+            f"  rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: dist.all_reduce(x)",
+            f"  the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the other ranks' next "
+            "collectives would meet out of step, so no collective can run again; `%neuron ranks start 2 --restart` "
+            "starts the group afresh"]
+        assert f"neuron_lab: sending SIGINT to 1 rank still running In[{n}] (0)" in cap.stderr
+        assert zero.free()  # the interrupt ended its all_reduce: its cell is over
+        assert str(run(sh, "%neuron ranks interrupt")[0].result) == (
+            "neuron_lab ranks: no rank is running a cell; nothing to interrupt")
+        assert ranks_error(sh, "%%neuron ranks\nprint(dist.get_rank())\n") == (
+            f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
+            "other ranks' next collectives would meet out of step, so no collective can run again; "
+            "`%neuron ranks start 2 --restart` starts the group afresh")
+        run(sh, START.format(n=2) + " --restart")
+        _, cap = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nprint('rank', dist.get_rank())\n")
+        assert "rank 0" in cap.stdout and "rank 1" in cap.stdout
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
