@@ -9,13 +9,17 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 
 from __future__ import annotations
 
+import _thread
 import importlib.util
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -597,6 +601,50 @@ def test_ranks_interrupt_wakes_a_rank_in_its_collective_says_where_each_was_and_
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
+        _kill(_children() - before)
+
+
+def test_the_kernels_interrupt_while_a_ranks_cell_waits_interrupts_every_rank_and_shows_where_each_was(
+        plain_shell: InteractiveShell) -> None:
+    """Jupyter's stop button (KeyboardInterrupt in the notebook) while rank 0 waits in an all_reduce that rank 1
+    skipped: the hang view on stderr, SIGINT to both ranks, and the group broken by rank 0's woken collective."""
+    sh, before = plain_shell, _children()
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
+
+    def interrupt_once_rank_0_waits() -> None:
+        deadline = time.monotonic() + 60
+        ranks = session_of(sh).ranks
+        while time.monotonic() < deadline:
+            if (at := ranks._where_stuck([0]).get(0)) is not None and at.collective is not None:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.2)
+        _thread.interrupt_main()  # the assertions below say rank 0 never got into its all_reduce
+
+    try:
+        run(sh, START.format(n=2))
+        thread = threading.Thread(target=interrupt_once_rank_0_waits, daemon=True)
+        thread.start()
+        res, cap = run(sh, HUNG.replace(" --timeout 4", ""), ok=False)
+        thread.join(60)
+        n = res.execution_count
+        assert isinstance(res.error_in_exec, KeyboardInterrupt), repr(res.error_in_exec)
+        assert (f"neuron_lab: sending SIGINT to 2 ranks still running In[{n}] (0, 1)\n"
+                "neuron_lab: where they were:\n"
+                f"  rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: "
+                "dist.all_reduce(x)\n"
+                f"  rank 1 never reached all_reduce: at In[{n}] line 5: time.sleep(60)\n") in cap.stderr
+        for e in session_of(sh).ranks.engines:  # each woken: rank 0 out of its collective, rank 1 out of its sleep
+            e.busy.wait(60)
+            assert e.free()
+        assert ranks_error(sh, "%%neuron ranks\nprint(dist.get_rank())\n") == (
+            f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
+            "other ranks' next collectives would meet out of step, so no collective can run again; "
+            "`%neuron ranks start 2 --restart` starts the group afresh")
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        signal.signal(signal.SIGINT, handler)
         _kill(_children() - before)
 
 
