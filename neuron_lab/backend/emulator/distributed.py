@@ -117,7 +117,7 @@ class _Pending(dist.Work):
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         try:
-            return self._work.wait(timeout) if timeout else interruptible.wait(self._work)
+            return self._work.wait(timeout) if timeout else self._work.wait()  # gloo's own: no slices
         finally:
             done, self.on_done = self.on_done, None
             if done is not None:

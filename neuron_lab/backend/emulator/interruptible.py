@@ -4,6 +4,7 @@ c10d's ``Work.wait()`` blocks in C++ (GIL released) until the work completes or 
 SIGINT's Python handler runs only once it returns: the kernel's interrupt and ``%neuron ranks interrupt`` would not
 reach a rank stuck in a collective. So the wait goes in slices (``Work.wait(timeout)``, whose passing c10d raises
 as "Operation timed out!"); between two slices Python runs its signal handlers, and the KeyboardInterrupt lands.
+Collectives only: gloo's point-to-point works (send, recv) have their own timed wait, which a passed slice breaks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ _SLICE_PASSED = "Operation timed out!"  # c10d's words when a slice passed; gloo
 
 
 def wait(work: dist.Work) -> bool:
-    """``work.wait()``, in :data:`SLICE` slices (the group's timeout still ends it, with gloo's error)."""
+    """``work.wait()``, in :data:`SLICE` slices (the group's timeout still ends it, with gloo's error). A work done
+    already is waited for as it is (a work made from a future, as a coalesced call's parts are, takes no timeout)."""
+    if work.is_completed():
+        return work.wait()
     while True:
         try:
             return work.wait(SLICE)
