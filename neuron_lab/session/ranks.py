@@ -17,7 +17,8 @@ into one (:func:`~neuron_lab.trace.profile_timeline.merge_ranks`) and, with ``--
 engines wrote into a folder of its own into one file (:func:`~neuron_lab.trace.merge.merge`), a process per rank.
 
 Nothing here waits on a process that is gone: engines are watched by pid while a cell runs, so a dead rank is
-reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
+reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free
+(one waiting in a collective is left there, until ``%neuron ranks interrupt`` interrupts every rank still busy).
 Engines in a Slurm job are watched through the job's state (``session.slurm_job``) and the controller's heartbeats:
 a job cancelled outside the notebook is said so on the next cell, and ``stop`` cancels the job (the launcher's
 ``scancel``).
@@ -449,7 +450,8 @@ class Ranks(ShownAsText):
                   f"({', '.join(map(str, live))})", file=sys.stderr)
             if asked and show and view:
                 print("neuron_lab: where they were:", *(f"  {line}" for line in view), sep="\n", file=sys.stderr)
-            self.client.send_signal(signal.SIGINT, targets=live, block=False)
+            # through each engine's nanny (ipyparallel's control channel): local, mpi, Slurm and attached engines alike
+            self.client.send_signal(signal.SIGINT, targets=[self.engines[r].engine_id for r in live], block=False)
         inside = [r for r in live if r in stuck and stuck[r].collective is not None]
         if inside:
             ops = " and ".join(sorted({stuck[r].op for r in inside}))
