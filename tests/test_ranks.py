@@ -434,6 +434,7 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks start 65", "%neuron ranks: N must be from 1 to 64, not 65"),
     ("%neuron ranks start 2 --timeout 0", "%neuron ranks: --timeout must be a number of seconds > 0, not 0"),
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
+    ("%neuron ranks interrupt 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
     ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
     ("%neuron ranks --hosts 2", "%neuron ranks: --hosts, --instance and --engines go with start"),
@@ -476,6 +477,7 @@ def test_status_and_stop_without_ranks_say_so(plain_shell: InteractiveShell) -> 
     assert str(run(sh, "%neuron ranks")[0].result) == ("neuron_lab ranks: none running; start them with "
                                                        "`%neuron ranks start N`")
     assert str(run(sh, "%neuron ranks stop")[0].result) == "neuron_lab ranks: none running"
+    assert str(run(sh, "%neuron ranks interrupt")[0].result) == "neuron_lab ranks: none running"
 
 
 def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell) -> None:

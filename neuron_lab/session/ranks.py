@@ -378,7 +378,8 @@ class Ranks(ShownAsText):
                     results[rank] = RankResult(rank, error=(
                         f"still running {PEER_GRACE_S:g} s after rank {failed_at[0]} failed (waiting for it at a "
                         f"collective?): busy until its cell ends, at the latest when the group's timeout "
-                        f"({self.timeout_s:g} s) ends the collective; `%neuron ranks start N --restart` starts afresh"),
+                        f"({self.timeout_s:g} s) ends the collective; `%neuron ranks interrupt` ends it now, "
+                        "`%neuron ranks start N --restart` starts afresh"),
                         where=e.where)
                 return
             if waiting and deadline is not None and time.monotonic() >= deadline:
