@@ -92,6 +92,7 @@ class Run:
         self.on_cell, self.on_ready, self.pace, self.on_timeout = on_cell, on_ready, pace, on_timeout
         self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
         self.stopped: str | None = None  # why the caller ended this kernel (another rank failed)
+        self.executing = False  # a cell of the program runs in the kernel now (not the runner's own requests)
         self.outcome = Outcome([CellRecord(index, k) for k, index in enumerate(program.code_cells, 1)])
         self.script: dict[str, Any] | None = None  # what the kernel needs to name a script's lines (agent.Script)
         if program.kind == "script":
@@ -231,6 +232,7 @@ class Run:
 
     async def _execute(self, cell: Any, rec: CellRecord) -> None:
         """Run one cell; how it ended goes into ``rec`` (status and error)."""
+        self.executing = True
         try:
             await self.client.async_execute_cell(cell, rec.index, execution_count=self.client.code_cells_executed + 1)
             rec.status = OK
@@ -252,6 +254,8 @@ class Run:
             rec.status = STOPPED if self.stopped else DIED
             why = self.stopped or "the kernel process ended while the cell ran"
             rec.error = {"ename": rec.status, "evalue": why, "traceback": ""}
+        finally:
+            self.executing = False
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel, as Jupyter's stop button sends it: its running cell raises KeyboardInterrupt."""

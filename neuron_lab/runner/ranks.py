@@ -139,13 +139,13 @@ class _Ranks:
             self.asked = asyncio.ensure_future(self._ask_where(rec.number))
         await self.asked
         for q, run in enumerate(self.runs):
-            if self.running[q] and q not in self.interrupted:
+            if run.executing and q not in self.interrupted:  # not one handing its report over
                 self.interrupted.add(q)
                 await run.interrupt()
 
     async def _ask_where(self, number: int) -> None:
         self.outcome.hung = number
-        in_cell = [q for q in range(len(self.runs)) if self.running[q]]
+        in_cell = [q for q, run in enumerate(self.runs) if run.executing]
         if self.store is None or not in_cell:
             return
         said = await asyncio.get_running_loop().run_in_executor(None, stuck.ask, self.store.tcp, 1, in_cell)
