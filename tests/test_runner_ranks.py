@@ -255,6 +255,19 @@ def test_a_hung_cell_prints_where_each_rank_was_interrupts_every_rank_and_exits_
     assert all(rank["report"] is not None for rank in doc["cells"][1]["ranks"]["ranks"])  # interrupted, not killed
 
 
+def test_a_hung_notebook_cell_names_the_notebooks_lines(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    chunks = textwrap.dedent(HANGS).strip().split("# %%\n")
+    nb.cells = [nbformat.v4.new_code_cell(chunk.strip()) for chunk in chunks]
+    nbformat.write(nb, tmp_path / "hang.ipynb")
+    code, text = run(tmp_path, "hang.ipynb", "--nproc", "2", "--timeout", "10")
+    assert code == options.EXIT_HUNG, text
+    assert ("neuron-lab run: [2/3] In[2] ran past --timeout 10 s; every rank still in it was interrupted. where the "
+            "ranks were at the deadline:\n"
+            "    rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[2] line 4: dist.all_reduce(x)\n"
+            "    rank 1 never reached all_reduce: at In[2] line 2: time.sleep(120)\n") in text, text
+
+
 def test_a_notebook_whose_ranks_cell_fails_exits_with_it_and_leaves_no_engine_or_controller(tmp_path, monkeypatch):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (
