@@ -62,12 +62,18 @@ class Script:
         label = re.compile(rf"^In\[{n}\] line (\d+)")
 
         def site(s: Site) -> Site:
-            return s if s.cell != n else Site(self.path, s.line + offset, s.source)
+            return s if s.cell != n else self.line(s)
 
         def frame(f: str) -> str:
             return label.sub(lambda m: f"{self.path}:{int(m.group(1)) + offset}", f)
 
         return Renaming(site, frame, f"{self.path}:{self.first_lines[n - 1]}")
+
+    def line(self, s: Site) -> Site:
+        """A chunk's line as the script's (``In[2] line 3`` -> ``train.py:12``); any other line as it is."""
+        if s.cell is None or not 1 <= s.cell <= len(self.first_lines):
+            return s
+        return Site(self.path, s.line + self.first_lines[s.cell - 1] - 1, s.source)
 
 
 class Collector:
@@ -180,14 +186,23 @@ def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
     session.config.auto_report = False  # the notebook shows all ranks in one report instead
     session.set_device(torch.device("neuron", torch.neuron.current_device()))
     Collector.attach(session, text=False)
-    stuck.serve(dist.get_rank(), lambda: _where(session))  # a cell stuck past its deadline: where this rank is
+    stuck.serve(dist.get_rank(), lambda: _where(shell))  # a cell stuck past its deadline: where this rank is
     rank_pulse.serve(dist.get_rank(), session)  # the notebook's dashboard: this rank's memory and fallbacks, live
     return {"pid": os.getpid(), "device": str(session.device), "torch_first": torch_first}
 
 
-def _where(session: Session) -> dict[str, Any]:
-    """Where this rank's main thread is: the collective it is blocked in, and its cell's line (asked from a thread)."""
-    site = session.locator.locate(stuck.main_frame())
+def answer_where(shell: Any) -> Payload:
+    """``neuron-lab run --nproc``: from now on this rank says where it is when the runner asks (a cell past
+    ``--timeout``), as an engine of ``%neuron ranks`` does."""
+    stuck.serve(int(os.environ["RANK"]), lambda: _where(shell))
+    return Payload(None)
+
+
+def _where(shell: Any) -> dict[str, Any]:
+    """Where this rank's main thread is: the collective it is blocked in, and its cell's line (asked from a thread;
+    no line before the notebook loaded neuron_lab)."""
+    session = shells.session_of(shell)
+    site = None if session is None else session.locator.locate(stuck.main_frame())
     active = backend.active() if backend.is_active() else None
     return {"collective": active.collective_waiting() if active is not None else None,
             "site": None if site is None else dataclasses.asdict(site),

@@ -190,7 +190,7 @@ def test_help_leads_with_five_examples_each_a_working_command(shell):
         args = parser.parse(parser.build(), command.lstrip("%").removeprefix("neuron").strip(), cell=cell)
         assert args.command == command.split()[1]
         run(shell, f"{command}\n{body}" if cell else command)
-    assert len(doc) < 11100  # every option's one line (ranks' engines, hosts, sbatch and ssh options: past 10000)
+    assert len(doc) < 11300  # every option's one line (ranks' engines, hosts, sbatch and ssh options: past 10000)
 
 
 def test_a_moving_line_with_a_non_movable_name_is_refused(shell):

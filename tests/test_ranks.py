@@ -9,6 +9,7 @@ bounded: the ranks start with ``--timeout 60`` (engines and collectives), the ce
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import importlib.util
 import io
@@ -16,9 +17,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +60,7 @@ USAGE = ("usage: %neuron ranks [--timeout S] [--restart]\n"
          "                     [--time LIMIT] [--ssh-hosts HOST[,HOST...]]\n"
          "                     [--profile [NAME]] [--cluster-file PATH]\n"
          "                     [--sshserver HOST] [--export PATH] [--row-limit N]\n"
-         "                     [{start,attach,stop}] [N]")
+         "                     [{start,attach,interrupt,stop}] [N]")
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -486,6 +490,7 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     ("%neuron ranks start 65", "%neuron ranks: N must be from 1 to 64, not 65"),
     ("%neuron ranks start 2 --timeout 0", "%neuron ranks: --timeout must be a number of seconds > 0, not 0"),
     ("%neuron ranks stop 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
+    ("%neuron ranks interrupt 2", "%neuron ranks: N goes with start: `%neuron ranks start 2`"),
     ("%neuron ranks --restart", "%neuron ranks: --timeout and --restart go with start"),
     ("%neuron ranks start 3 --hosts 2", "%neuron ranks: --hosts 2 must divide the 3 ranks evenly"),
     ("%neuron ranks --hosts 2", "%neuron ranks: --hosts, --instance and --engines go with start"),
@@ -536,6 +541,7 @@ def test_status_and_stop_without_ranks_say_so(plain_shell: InteractiveShell) -> 
     assert str(run(sh, "%neuron ranks")[0].result) == ("neuron_lab ranks: none running; start them with "
                                                        "`%neuron ranks start N`")
     assert str(run(sh, "%neuron ranks stop")[0].result) == "neuron_lab ranks: none running"
+    assert str(run(sh, "%neuron ranks interrupt")[0].result) == "neuron_lab ranks: none running"
 
 
 def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell) -> None:
@@ -626,6 +632,87 @@ def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in
         run(sh, "%neuron ranks stop")
         assert _gone(_children() - before)
     finally:
+        _kill(_children() - before)
+
+
+def test_ranks_interrupt_wakes_a_rank_in_its_collective_says_where_each_was_and_the_next_cell_says_what_to_run(
+        plain_shell: InteractiveShell) -> None:
+    """Rank 1 skips the all_reduce and sleeps; the deadline interrupts it and leaves rank 0 in its all_reduce, which
+    `%neuron ranks interrupt` ends (the emulated collective waits in slices, so the KeyboardInterrupt lands); rank 0
+    was woken inside its collective, so the next cell says in one line that the group broke and what to run."""
+    sh, before = plain_shell, _children()
+    try:
+        run(sh, START.format(n=2))
+        res, _ = run(sh, HUNG, ok=False)
+        n = res.execution_count
+        zero, one = session_of(sh).ranks.engines
+        one.busy.wait(60)
+        assert one.free() and not zero.free()
+        res, cap = run(sh, "%neuron ranks interrupt")
+        assert str(res.result).splitlines() == [
+            f"neuron_lab ranks: interrupted rank 0 running In[{n}]; where each was:",
+            f"  rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: dist.all_reduce(x)",
+            f"  the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the other ranks' next "
+            "collectives would meet out of step, so no collective can run again; `%neuron ranks start 2 --restart` "
+            "starts the group afresh"]
+        assert f"neuron_lab: sending SIGINT to 1 rank still running In[{n}] (0)" in cap.stderr
+        assert zero.free()  # the interrupt ended its all_reduce: its cell is over
+        assert str(run(sh, "%neuron ranks interrupt")[0].result) == (
+            "neuron_lab ranks: no rank is running a cell; nothing to interrupt")
+        assert ranks_error(sh, "%%neuron ranks\nprint(dist.get_rank())\n") == (
+            f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
+            "other ranks' next collectives would meet out of step, so no collective can run again; "
+            "`%neuron ranks start 2 --restart` starts the group afresh")
+        run(sh, START.format(n=2) + " --restart")
+        _, cap = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nprint('rank', dist.get_rank())\n")
+        assert "rank 0" in cap.stdout and "rank 1" in cap.stdout
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        _kill(_children() - before)
+
+
+def test_the_kernels_interrupt_while_a_ranks_cell_waits_interrupts_every_rank_and_shows_where_each_was(
+        plain_shell: InteractiveShell) -> None:
+    """Jupyter's stop button (KeyboardInterrupt in the notebook) while rank 0 waits in an all_reduce that rank 1
+    skipped: the hang view on stderr, SIGINT to both ranks, and the group broken by rank 0's woken collective."""
+    sh, before = plain_shell, _children()
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
+
+    def interrupt_once_rank_0_waits() -> None:
+        deadline = time.monotonic() + 60
+        ranks = session_of(sh).ranks
+        while time.monotonic() < deadline:
+            if (at := ranks._where_stuck([0]).get(0)) is not None and at.collective is not None:
+                _thread.interrupt_main()
+                return
+            time.sleep(0.2)
+        _thread.interrupt_main()  # the assertions below say rank 0 never got into its all_reduce
+
+    try:
+        run(sh, START.format(n=2))
+        thread = threading.Thread(target=interrupt_once_rank_0_waits, daemon=True)
+        thread.start()
+        res, cap = run(sh, HUNG.replace(" --timeout 4", ""), ok=False)
+        thread.join(60)
+        n = res.execution_count
+        assert isinstance(res.error_in_exec, KeyboardInterrupt), repr(res.error_in_exec)
+        assert (f"neuron_lab: sending SIGINT to 2 ranks still running In[{n}] (0, 1)\n"
+                "neuron_lab: where they were:\n"
+                f"  rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: "
+                "dist.all_reduce(x)\n"
+                f"  rank 1 never reached all_reduce: at In[{n}] line 5: time.sleep(60)\n") in cap.stderr
+        for e in session_of(sh).ranks.engines:  # each woken: rank 0 out of its collective, rank 1 out of its sleep
+            e.busy.wait(60)
+            assert e.free()
+        assert ranks_error(sh, "%%neuron ranks\nprint(dist.get_rank())\n") == (
+            f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
+            "other ranks' next collectives would meet out of step, so no collective can run again; "
+            "`%neuron ranks start 2 --restart` starts the group afresh")
+        run(sh, "%neuron ranks stop")
+        assert _gone(_children() - before)
+    finally:
+        signal.signal(signal.SIGINT, handler)
         _kill(_children() - before)
 
 

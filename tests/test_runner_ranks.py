@@ -223,6 +223,57 @@ def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stop
     assert doc["cells"][1]["ranks"]["ranks"][1]["report"]["error"] == "ValueError: rank 1 has a bad shard"
 
 
+HANGS = """
+    import time, torch, torch.distributed as dist
+    import torch_neuronx
+    dist.init_process_group(backend="neuron")
+    x = torch.ones(4).to(torch.device("neuron", torch.neuron.current_device()))
+    # %%
+    if dist.get_rank() == 1:
+        time.sleep(120)
+    else:
+        dist.all_reduce(x)
+    # %%
+    print("never")
+"""
+
+
+def test_a_hung_cell_prints_where_each_rank_was_interrupts_every_rank_and_exits_5(tmp_path, monkeypatch):
+    """Rank 1 skips the all_reduce and sleeps: past --timeout, the hang view (the one `%%neuron ranks` shows) on
+    stderr and in --json names rank 0's all_reduce and its line and rank 1's line; every rank is interrupted (the
+    emulated collective wakes on it) and nothing is left running."""
+    path = script(tmp_path, "hang.py", HANGS)
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)
+    code, text = run(tmp_path, path.name, "--nproc", "2", "--timeout", "15", "--json", "run.json")
+    assert code == options.EXIT_HUNG, text
+    assert not left_running(marker, deadline_s=10)
+    view = ["rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at hang.py:9: dist.all_reduce(x)",
+            "rank 1 never reached all_reduce: at hang.py:7: time.sleep(120)"]
+    said = ("neuron-lab run: [2/3] hang.py:5 ran past --timeout 15 s; every rank still in it was interrupted. "
+            "where the ranks were at the deadline:\n" + "".join(f"    {line}\n" for line in view))
+    assert said in text, text
+    doc = load(tmp_path / "run.json")
+    assert doc["exit_code"] == options.EXIT_HUNG
+    assert doc["summary"]["hang"] == {"cell": 2, "lines": view}
+    assert doc["cells"][1]["ranks"]["ranks"][0]["stuck"]["collective"]["op"] == "all_reduce"
+    assert [rec["status"] for rec in doc["cells"][2]["records"]] == ["not run", "not run"]
+    assert all(rank["report"] is not None for rank in doc["cells"][1]["ranks"]["ranks"])  # interrupted, not killed
+
+
+def test_a_hung_notebook_cell_names_the_notebooks_lines(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    chunks = textwrap.dedent(HANGS).strip().split("# %%\n")
+    nb.cells = [nbformat.v4.new_code_cell(chunk.strip()) for chunk in chunks]
+    nbformat.write(nb, tmp_path / "hang.ipynb")
+    code, text = run(tmp_path, "hang.ipynb", "--nproc", "2", "--timeout", "10")
+    assert code == options.EXIT_HUNG, text
+    assert ("neuron-lab run: [2/3] In[2] ran past --timeout 10 s; every rank still in it was interrupted. where the "
+            "ranks were at the deadline:\n"
+            "    rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[2] line 4: dist.all_reduce(x)\n"
+            "    rank 1 never reached all_reduce: at In[2] line 2: time.sleep(120)\n") in text, text
+
+
 def test_a_notebook_whose_ranks_cell_fails_exits_with_it_and_leaves_no_engine_or_controller(tmp_path, monkeypatch):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (

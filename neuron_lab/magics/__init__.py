@@ -282,9 +282,11 @@ class NeuronMagics(Magics):
                 first, _, table = str(e).partition("\n")
                 raise UsageError(f"%neuron ranks attach: {first}" + (f"\n{table}" if table else "")) from None
             return None
+        if args.action in ("interrupt", "stop") and not running:
+            return _Text("neuron_lab ranks: none running")
+        if args.action == "interrupt":
+            return _Text(s.ranks.interrupt())
         if args.action == "stop":
-            if not running:
-                return _Text("neuron_lab ranks: none running")
             return self._stop_ranks()
         return s.ranks if running else _Text("neuron_lab ranks: none running; start them with "
                                              "`%neuron ranks start N`")

@@ -217,9 +217,11 @@ def build() -> NeuronArgumentParser:
                  description="`start N`: ranks 0..N-1 on ipyparallel engines (local, mpi, slurm or ssh; torchrun's "
                              "variables set, neuron:RANK each); `attach`: the engines of a cluster that runs already. "
                              "A `%%neuron ranks` cell runs on all of them and reports each rank's time, memory, "
-                             "fallbacks, collectives and error, and the skew. `stop` stops them (attached: detaches).")
-    ra.add_argument("action", nargs="?", choices=("start", "attach", "stop"),
-                    help="start N ranks; attach to an ipyparallel cluster that runs already; or stop them")
+                             "fallbacks, collectives and error, and the skew. `interrupt`: KeyboardInterrupt on every "
+                             "rank still running a cell, and where each was. `stop` stops them (attached: detaches).")
+    ra.add_argument("action", nargs="?", choices=("start", "attach", "interrupt", "stop"),
+                    help="start N ranks; attach to an ipyparallel cluster that runs already; interrupt every rank "
+                         "still running a cell; or stop them")
     ra.add_argument("n", nargs="?", type=int, metavar="N", help=f"how many ranks to start, 1 to {MAX_RANKS}")
     ra.add_argument("--timeout", type=float, metavar="S",
                     help="start: seconds to wait for the engines and, at a collective, for the other ranks "
@@ -343,7 +345,8 @@ def ssh_given(args: argparse.Namespace) -> list[str]:
 
 
 def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) -> None:
-    """``start N [--timeout S] [--restart]`` / ``stop`` / nothing (status) on a line; ``[--timeout S]`` on a cell."""
+    """``start N [--timeout S] [--restart]`` / ``interrupt`` / ``stop`` / nothing (status) on a line;
+    ``[--timeout S]`` on a cell."""
     def refuse(why: str) -> UsageError:
         return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks')}")
 

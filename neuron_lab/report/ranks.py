@@ -158,7 +158,7 @@ class RanksReport(ShownAsText):
         ops = sorted({r.stuck.op for r in stuck if r.stuck.op})
         lines = []
         for (outside, text), ranks in sorted(alike.items(), key=lambda kv: (kv[0][0], kv[1][0])):  # by first rank
-            who = f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}"
+            who = ranks_named(ranks)
             lines.append(f"{who} never reached {' or '.join(ops)}: {text.removeprefix('in no collective, ')}"
                          if outside and ops else f"{who} {text}")
         return lines
@@ -188,6 +188,11 @@ class RanksReport(ShownAsText):
         from neuron_lab.report.html import render_ranks_html
 
         return render_ranks_html(self)
+
+
+def ranks_named(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 0-1``."""
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}"
 
 
 def ranks_label(ranks: Iterable[int]) -> str:

@@ -74,6 +74,7 @@ class Run:
     ``on_start``, called once the kernel started, when nbclient has just put its own Ctrl-C handler in place:
     by default this kernel's :func:`on_ctrl_c` replaces it, the ranks' replaces it with one for every rank.
     ``trace`` (``--trace``) names the file each cell's Chrome trace goes to; the kernel is told just before the cell.
+    ``on_timeout`` (several ranks) is awaited when a cell passes ``--timeout``, and interrupts this kernel itself.
     ``on_progress`` gets each new step of a long compile's progress line while its cell runs (the line itself, a
     display the kernel empties as the cell ends, is left out of the executed notebook).
     """
@@ -84,12 +85,14 @@ class Run:
                  on_start: Callable[[], None] | None = None,
                  trace: Callable[[CellRecord], str] | None = None,
                  on_progress: Callable[[CellRecord, str], None] | None = None,
-                 preflight_s: float | None = None) -> None:
+                 preflight_s: float | None = None,
+                 on_timeout: Callable[[CellRecord], Awaitable[None]] | None = None) -> None:
         self.program, self.env, self.timeout, self.trace = program, env, timeout, trace
         self.preflight_s = preflight_s  # a rank of several: its preflight, waiting this long for the others
-        self.on_cell, self.on_ready, self.pace = on_cell, on_ready, pace
+        self.on_cell, self.on_ready, self.pace, self.on_timeout = on_cell, on_ready, pace, on_timeout
         self.on_start = on_start or (lambda: on_ctrl_c([(self.client, self.outcome)]))
         self.stopped: str | None = None  # why the caller ended this kernel (another rank failed)
+        self.executing = False  # a cell of the program runs in the kernel now (not the runner's own requests)
         self.outcome = Outcome([CellRecord(index, k) for k, index in enumerate(program.code_cells, 1)])
         self.script: dict[str, Any] | None = None  # what the kernel needs to name a script's lines (agent.Script)
         if program.kind == "script":
@@ -142,6 +145,7 @@ class Run:
                                                                       f"{self.preflight_s!r})"))["table"]
                     if self.outcome.preflight is not None:
                         return  # the ranks differ: none runs the program (it would hang or fail far from the cause)
+                    await _ask(self.client, f"{_AGENT}.answer_where(get_ipython())")  # a cell past --timeout asks
                 await self._load()
                 await self._cells()
                 self.client.set_widgets_metadata()  # the widgets' last state, saved as Jupyter saves it
@@ -228,6 +232,7 @@ class Run:
 
     async def _execute(self, cell: Any, rec: CellRecord) -> None:
         """Run one cell; how it ended goes into ``rec`` (status and error)."""
+        self.executing = True
         try:
             await self.client.async_execute_cell(cell, rec.index, execution_count=self.client.code_cells_executed + 1)
             rec.status = OK
@@ -241,11 +246,20 @@ class Run:
             rec.status = TIMEOUT
             rec.error = {"ename": "CellTimeoutError", "evalue": f"the cell ran past --timeout {self.timeout:g} s",
                          "traceback": ""}
-            await nbclient.util.ensure_async(self.client.km.interrupt_kernel())  # the kernel finishes the report
+            if self.on_timeout is not None:  # several ranks: where each is, then every rank interrupted
+                await self.on_timeout(rec)
+            else:
+                await self.interrupt()  # the kernel finishes the report
         except DeadKernelError:
             rec.status = STOPPED if self.stopped else DIED
             why = self.stopped or "the kernel process ended while the cell ran"
             rec.error = {"ename": rec.status, "evalue": why, "traceback": ""}
+        finally:
+            self.executing = False
+
+    async def interrupt(self) -> None:
+        """SIGINT to the kernel, as Jupyter's stop button sends it: its running cell raises KeyboardInterrupt."""
+        await nbclient.util.ensure_async(self.client.km.interrupt_kernel())
 
     async def stop(self, why: str) -> None:
         """End this kernel now, because of ``why``: the running cell ends as ``stopped``, the rest are not run.

@@ -140,7 +140,9 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
     _say(ranks_view.starting(program, world, args.nnodes))
     outcome = ranks.run(program, envs, args.timeout, on_cell=on_cell,
                         on_ready=lambda rank, info: _say(ranks_view.ready(rank, info)),
-                        traces=[trace(r) for r in range(world)])
+                        traces=[trace(r) for r in range(world)], store=store)
+    if outcome.hung is not None:
+        print(*ranks_view.hang_said(outcome, total, args.timeout), sep="\n", file=sys.stderr, flush=True)
     checked = gates.evaluate(ranks_view.gate_reports(outcome), args)
     code = ranks_exit_code(outcome, checked)
     if outcome.preflight is not None:
@@ -165,11 +167,14 @@ def run_ranks(args: argparse.Namespace, program: inputs.Program, env: dict[str, 
 
 
 def ranks_exit_code(outcome: ranks.RanksOutcome, checked: list[gates.GateResult]) -> int:
-    """As :func:`exit_code`, over every rank: Ctrl-C, then a rank's dead kernel, a rank's failed cell, a gate."""
+    """As :func:`exit_code`, over every rank: Ctrl-C, then a rank's dead kernel, a hang (a cell past --timeout), a
+    rank's failed cell, a gate."""
     if outcome.interrupted:
         return options.EXIT_INTERRUPTED
     if outcome.kernel_errors or outcome.preflight is not None:
         return options.EXIT_KERNEL
+    if outcome.hung is not None:
+        return options.EXIT_HUNG
     if any(c.status in FAILED for o in outcome.ranks for c in o.cells):
         return options.EXIT_CELL_ERROR
     if any(not g.passed for g in checked):

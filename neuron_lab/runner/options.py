@@ -14,6 +14,7 @@ EXIT_CELL_ERROR = 1  # a cell raised (or ran past --timeout); the run stops ther
 EXIT_USAGE = 2  # bad usage or bad input: unknown option, bad size, missing or unreadable file
 EXIT_GATE = 3  # every cell ran, but a gate failed (--fail-on-fallback, --max-peak-memory, ...)
 EXIT_KERNEL = 4  # the kernel died, or could not start or load neuron_lab
+EXIT_HUNG = 5  # --nproc: a cell ran past --timeout (a hang); every rank was interrupted, the hang view says where
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 
 DESCRIPTION = """\
@@ -30,6 +31,8 @@ MEANINGS = {
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported",
     EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab (--nproc: or the ranks' preflight found "
                  "them differing)",
+    EXIT_HUNG: "--nproc: a cell ran past --timeout; every rank still in it was interrupted, and stderr and --json "
+               "say where each rank was (the collective it waited in and its line)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
 
@@ -52,7 +55,8 @@ def examples(rows: tuple[tuple[str, str], ...]) -> str:
 
 
 EPILOG = "exit codes:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in MEANINGS.items()) + f"""\
-A cell error or timeout (1) outranks a failed gate (3); a kernel failure (4) outranks both; Ctrl-C (130) all.
+A cell error or timeout (1) outranks a failed gate (3); a hang (5) and a kernel failure (4) outrank both, the
+kernel failure the hang; Ctrl-C (130) all.
 --json, --html and --output are written in every case but {EXIT_USAGE}, with the cells that ran.
 --trace DIR is checked (created if missing) before any cell runs: one that cannot be written into is {EXIT_USAGE};
 an earlier run's DIR/cell-*.json are removed then (no other file). Each cell that ran writes DIR/cell-001.json,
@@ -138,7 +142,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="NEURON_LAB_COVERAGE in the kernel: a bundled coverage's name or a coverage file")
     p.add_argument("--profile", dest="coverage", action=Renamed, new="--coverage", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=seconds, metavar="S", default=None,
-                   help=f"seconds each cell may run (more than 0, at most {MAX_TIMEOUT_S:g})")
+                   help=f"seconds each cell may run (more than 0, at most {MAX_TIMEOUT_S:g}); --nproc: past it, where "
+                        f"each rank is, then every rank interrupted (exit {EXIT_HUNG})")
     p.add_argument("--nproc", "--nproc-per-node", type=ranks, metavar="N", default=None,
                    help="run N ranks as torchrun --nproc-per-node N does, one kernel each, and merge their reports")
     p.add_argument("--nnodes", type=ranks, metavar="M", default=1,

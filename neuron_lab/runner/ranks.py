@@ -9,7 +9,9 @@ the program's ``init_process_group``) every rank takes the preflight (``session.
 nothing, and the run shows the table.
 When a rank fails (raises, times out, is interrupted, its kernel dies or never starts) the kernels of the ranks
 still running a cell are ended: they may be waiting in a collective for the failed rank, which would wait forever;
-no rank starts another cell.
+no rank starts another cell. A cell past ``--timeout`` is a hang: before any rank is interrupted, every rank still in
+the cell is asked where it is, out-of-band (``session.stuck``: the collective it waits in and its line, the hang view
+``%neuron ranks`` shows), then each is interrupted.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any
 
 import nbformat
 
+from neuron_lab.agent import Script
 from neuron_lab.report.rank_lines import collapse
+from neuron_lab.report.ranks import Stuck
 from neuron_lab.runner.execute import Outcome, Run, on_ctrl_c
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import NOT_RUN, OK, STOPPED, CellRecord
-from neuron_lab.session import placement, preflight
+from neuron_lab.session import launch, placement, preflight, stuck
 
 
 @dataclass
@@ -39,6 +43,8 @@ class RanksOutcome:
     failure: str | None = None  # the first failure, which stopped the other ranks: "rank 1 failed (error in t.py:5)"
     seconds: float = 0.0
     hosts: list[str] = field(default_factory=list)  # each rank's host, in rank order
+    hung: int | None = None  # the cell that ran past --timeout, when one did: every rank in it was interrupted
+    stuck: dict[int, Stuck] = field(default_factory=dict)  # where each rank in that cell was then, as it said
 
     @property
     def interrupted(self) -> bool:
@@ -61,11 +67,13 @@ class RanksOutcome:
 
 def run(program: Program, envs: list[dict[str, str]], timeout: float | None,
         on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None],
-        traces: list[Callable[[CellRecord], str] | None] | None = None) -> RanksOutcome:
+        traces: list[Callable[[CellRecord], str] | None] | None = None,
+        store: launch.AgentStore | None = None) -> RanksOutcome:
     """Run ``program`` once per environment; ``on_cell`` gets the outcome so far and a cell's number once every
     rank is done with that cell, ``on_ready`` each rank's kernel-ready info; ``traces`` names each rank's trace
-    files (``--trace``, as :class:`execute.Run` takes it)."""
-    return asyncio.run(_Ranks(program, envs, timeout, on_cell, on_ready, traces).main())
+    files (``--trace``, as :class:`execute.Run` takes it); ``store``: the ranks' rendezvous, where a cell past
+    ``--timeout`` asks them where they are."""
+    return asyncio.run(_Ranks(program, envs, timeout, on_cell, on_ready, traces, store).main())
 
 
 class _Ranks:
@@ -73,13 +81,16 @@ class _Ranks:
 
     def __init__(self, program: Program, envs: list[dict[str, str]], timeout: float | None,
                  on_cell: Callable[[RanksOutcome, int], None], on_ready: Callable[[int, dict[str, Any]], None],
-                 traces: list[Callable[[CellRecord], str] | None] | None = None) -> None:
+                 traces: list[Callable[[CellRecord], str] | None] | None = None,
+                 store: launch.AgentStore | None = None) -> None:
         self.on_cell, n = on_cell, len(envs)
+        self.store = store
         self.runs = [Run(dataclasses.replace(program, nb=copy.deepcopy(program.nb)), env, timeout,
                          on_cell=functools.partial(self._finished, r), on_ready=functools.partial(on_ready, r),
                          pace=functools.partial(self._pace, r), on_start=self._catch_ctrl_c,
                          trace=None if traces is None else traces[r],
-                         preflight_s=preflight.TIMEOUT_S if timeout is None else max(timeout, preflight.TIMEOUT_S))
+                         preflight_s=preflight.TIMEOUT_S if timeout is None else max(timeout, preflight.TIMEOUT_S),
+                         on_timeout=self._timed_out)
                      for r, env in enumerate(envs)]
         self.cells = len(program.code_cells)
         self.outcome = RanksOutcome([run.outcome for run in self.runs], self.runs[0].program.nb,
@@ -89,6 +100,8 @@ class _Ranks:
         self.done[0].set()
         self.shown = 0  # cells handed to on_cell
         self.stops: list[asyncio.Future[None]] = []
+        self.asked: asyncio.Future[None] | None = None  # the hang view, asked once, when a cell first timed out
+        self.interrupted: set[int] = set()
 
     async def main(self) -> RanksOutcome:
         start = time.monotonic()
@@ -124,6 +137,30 @@ class _Ranks:
         self.running[r] = True
         return True
 
+    async def _timed_out(self, rec: CellRecord) -> None:
+        """A cell past ``--timeout`` on some rank: first (once) where every rank still in it is, then an interrupt to
+        each, so that none is left waiting in a collective for the others (the emulated one wakes on it)."""
+        if self.asked is None:
+            self.asked = asyncio.ensure_future(self._ask_where(rec.number))
+        await self.asked
+        for q, run in enumerate(self.runs):
+            if run.executing and q not in self.interrupted:  # not one handing its report over
+                self.interrupted.add(q)
+                await run.interrupt()
+
+    async def _ask_where(self, number: int) -> None:
+        self.outcome.hung = number
+        in_cell = [q for q, run in enumerate(self.runs) if run.executing]
+        if self.store is None or not in_cell:
+            return
+        said = await asyncio.get_running_loop().run_in_executor(None, stuck.ask, self.store.tcp, 1, in_cell)
+        script = self.runs[0].script
+        for q, where in said.items():
+            at = Stuck.from_dict(where)
+            if at.site is not None and script is not None:
+                at = dataclasses.replace(at, site=Script(**script).line(at.site))
+            self.outcome.stuck[q] = at
+
     def _finished(self, r: int, rec: CellRecord) -> None:
         self.running[r], self.finished[r] = False, rec.number
         if rec.status not in (OK, STOPPED):
@@ -131,12 +168,13 @@ class _Ranks:
         self._advance()
 
     def _fail(self, r: int, why: str) -> None:
-        """The first failure ends the kernels of the other ranks still in a cell."""
+        """The first failure ends the kernels of the other ranks still in a cell (not those a hang interrupted: they
+        are ending, and hand their reports over)."""
         if self.outcome.failure is not None:
             return
         self.outcome.failure = f"rank {r} failed ({why})"
         for q, run in enumerate(self.runs):
-            if q != r and self.running[q]:
+            if q != r and self.running[q] and q not in self.interrupted:
                 self.stops.append(asyncio.ensure_future(
                     run.stop(f"{self.outcome.failure}; a collective here would wait for it forever")))
 

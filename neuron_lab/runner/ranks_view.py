@@ -17,7 +17,7 @@ from neuron_lab.report.aggregate import merge_reports
 from neuron_lab.report.html import render_ranks_html
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RankResult, RanksReport
-from neuron_lab.report.ranks_rows import ranks_summary_parts
+from neuron_lab.report.ranks_rows import HANG_HEAD, ranks_summary_parts
 from neuron_lab.report.text import render_ranks_text
 from neuron_lab.runner import export, progress
 from neuron_lab.runner.execute import Outcome
@@ -73,7 +73,8 @@ def window(outcome: RanksOutcome, number: int) -> RanksReport:
     """Cell ``number`` on every rank as one RanksReport, titled as the cell's reports are."""
     records = outcome.cell(number)
     title = next((rec.label for rec in records if rec.report is not None), records[0].label)
-    return RanksReport(title, [RankResult(r, rec.as_report(), _problem(rec), _where(o), outcome.hosts[r])
+    stuck = outcome.stuck if number == outcome.hung else {}
+    return RanksReport(title, [RankResult(r, rec.as_report(), _problem(rec), _where(o), outcome.hosts[r], stuck.get(r))
                                for r, (rec, o) in enumerate(zip(records, outcome.ranks, strict=True))])
 
 
@@ -132,6 +133,19 @@ def summary(program: Program, outcome: RanksOutcome) -> list[str]:
     return lines
 
 
+def hang(outcome: RanksOutcome) -> list[str]:
+    """The hang view of the cell that ran past ``--timeout`` (the model's, as ``%%neuron ranks`` shows it); [] when
+    none did."""
+    return [] if outcome.hung is None else window(outcome, outcome.hung).hang()
+
+
+def hang_said(outcome: RanksOutcome, total: int, timeout: float) -> list[str]:
+    """What stderr says of a hang: the cell, that every rank in it was interrupted, and where each rank was."""
+    label = outcome.cell(outcome.hung)[0].label
+    return [f"neuron-lab run: [{outcome.hung}/{total}] {label} ran past --timeout {timeout:g} s; every rank still "
+            f"in it was interrupted. {HANG_HEAD}:", *(INDENT + line for line in hang(outcome))]
+
+
 def gate_reports(outcome: RanksOutcome) -> list[Report]:
     """Every rank's cell reports, cell by cell, each titled ``rank R <cell>`` so a gate blames the rank too."""
     out = []
@@ -159,6 +173,8 @@ def document(args: argparse.Namespace, program: Program, outcome: RanksOutcome, 
             "backend": [o.info for o in outcome.ranks],
             "options": {k: v for k, v in vars(args).items() if k not in ("path", "func", "command")},
             "cells": cells, "summary": {"seconds": round(outcome.seconds, 3), "failure": outcome.failure,
+                                        "hang": None if outcome.hung is None else {"cell": outcome.hung,
+                                                                                   "lines": hang(outcome)},
                                         "ranks": whole_run(program, outcome).as_dict()},
             "gates": [g.as_dict() for g in checked], "exit_code": code,
             "kernel_errors": [{"rank": r, "error": why, "kernel_stderr": outcome.ranks[r].kernel_stderr}

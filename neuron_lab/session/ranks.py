@@ -17,7 +17,8 @@ into one (:func:`~neuron_lab.trace.profile_timeline.merge_ranks`) and, with ``--
 engines wrote into a folder of its own into one file (:func:`~neuron_lab.trace.merge.merge`), a process per rank.
 
 Nothing here waits on a process that is gone: engines are watched by pid while a cell runs, so a dead rank is
-reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free.
+reported at once; a rank past the cell's deadline is reported and interrupted, and keeps its place until it is free
+(one waiting in a collective is left there, until ``%neuron ranks interrupt`` interrupts every rank still busy).
 Engines in a Slurm job are watched through the job's state (``session.slurm_job``) and the controller's heartbeats:
 a job cancelled outside the notebook is said so on the next cell, and ``stop`` cancels the job (the launcher's
 ``scancel``). Engines started over ssh are watched by pid where their host is this machine, else by the controller's
@@ -46,7 +47,7 @@ from traitlets.config import Config
 
 from neuron_lab import settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label
+from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label, ranks_named
 from neuron_lab.session import launch, placement, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
@@ -65,7 +66,7 @@ FETCH_TIMEOUT_S = 30.0  # an engine that finished its cell hands its report over
 SETTLE_TRIES = 50  # no-ops sent at most while a kernel still aborts requests after a failed cell
 PEER_GRACE_S = 5.0  # ranks still in a cell this long after another rank failed in it are reported and interrupted
 LEFT_WAITING = ("left waiting in its collective, not interrupted: the matching call on the other ranks frees it, "
-                "at the latest the group's timeout ends it")
+                "at the latest the group's timeout ends it; `%neuron ranks interrupt` ends it now")
 # what gloo raises once a collective outlived the group's timeout: the group's pairs are closed for good after it
 _GROUP_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Application timeout caused pair closure")
 _CELL_FRAME = re.compile(r"^In\[(\d+)\] line (\d+)")  # a stack frame in a cell, as trace.sites writes it
@@ -310,10 +311,14 @@ class Ranks(ShownAsText):
         timed_out = [(r.rank, m) for r in rr.failed if (m := _GROUP_TIMEOUT.search(r.problem or ""))]
         if timed_out:
             rank, m = timed_out[0]
-            self.broken = (f"the process group broke in {rr.title}: rank {rank}'s collective outlived the group's "
-                           f"timeout ({self.timeout_s:g} s; gloo: {m.string[m.start():]}), so no collective can run "
-                           f"again; `{self._restart()}` starts the group afresh")
+            self._break(rr.title, f"rank {rank}'s collective outlived the group's timeout ({self.timeout_s:g} s; "
+                                  f"gloo: {m.string[m.start():]})")
         return rr
+
+    def _break(self, title: str, why: str) -> None:
+        """The group can run no collective again: every next cell says so in one line, with what to run."""
+        self.broken = (f"the process group broke in {title}: {why}, so no collective can run again; "
+                       f"`{self._restart()}` starts the group afresh")
 
     def _run(self, code: Callable[[int], str], title: str, cell: int | None, line_offset: int,
              timeout_s: float | None, output_window_s: float) -> list[RankResult]:
@@ -344,7 +349,7 @@ class Ranks(ShownAsText):
         try:
             self._wait(running, results, deadline, timeout_s, title)
         except KeyboardInterrupt:
-            self._interrupt([r for r in running if r not in results], running, title)
+            self._interrupt([r for r in running if r not in results and not running[r].ready()], running, title)
             raise
         finally:
             for rank, ar in running.items():
@@ -385,7 +390,8 @@ class Ranks(ShownAsText):
                     results[rank] = RankResult(rank, error=(
                         f"still running {PEER_GRACE_S:g} s after rank {failed_at[0]} failed (waiting for it at a "
                         f"collective?): busy until its cell ends, at the latest when the group's timeout "
-                        f"({self.timeout_s:g} s) ends the collective; `%neuron ranks start N --restart` starts afresh"),
+                        f"({self.timeout_s:g} s) ends the collective; `%neuron ranks interrupt` ends it now, "
+                        "`%neuron ranks start N --restart` starts afresh"),
                         where=e.where)
                 return
             if waiting and deadline is not None and time.monotonic() >= deadline:
@@ -399,7 +405,7 @@ class Ranks(ShownAsText):
                                                where=self.engines[rank].where, stuck=stuck.get(rank))
                 for rank in left:
                     self.engines[rank].busy, self.engines[rank].busy_title = running[rank], title
-                self._interrupt([r for r in waiting if r not in left], running, title)
+                self._interrupt([r for r in waiting if r not in left], running, title, stuck)
                 return
             if waiting:
                 next(iter(waiting.values())).wait(POLL_S)
@@ -419,15 +425,52 @@ class Ranks(ShownAsText):
             out[rank] = Stuck.from_dict({**said, "site": site})
         return out
 
-    def _interrupt(self, ranks: list[int], running: dict[int, Any], title: str) -> None:
-        """SIGINT to ranks still in the cell (``%%px`` does so on Ctrl-C); each stays busy until it is free."""
+    def interrupt(self) -> str:
+        """``%neuron ranks interrupt``: SIGINT to every rank still running a cell (one a deadline left waiting in its
+        collective, too), then wait until each is free; which ranks were interrupted and where each was then."""
+        busy = [e for e in self.engines if e.alive() and not e.free()]
+        if not busy:
+            return "neuron_lab ranks: no rank is running a cell; nothing to interrupt"
+        titles = ", ".join(dict.fromkeys(e.busy_title for e in busy))
+        view = self._interrupt([e.rank for e in busy], {e.rank: e.busy for e in busy}, titles, show=False)
+        deadline = time.monotonic() + FETCH_TIMEOUT_S
+        for e in busy:
+            e.busy.wait(max(0.0, deadline - time.monotonic()))
+        still = [e.rank for e in busy if not e.free()]
+        lines = [f"neuron_lab ranks: interrupted {ranks_named([e.rank for e in busy])} running {titles}; "
+                 "where each was:", *(f"  {line}" for line in view)]
+        if still:
+            lines.append(f"  {ranks_named(still)} still running {FETCH_TIMEOUT_S:g} s after the interrupt "
+                         "(blocked outside Python?); `%neuron ranks stop` ends them")
+        if self.broken is not None:
+            lines.append(f"  {self.broken}")
+        return "\n".join(lines)
+
+    def _interrupt(self, ranks: list[int], running: dict[int, Any], title: str,
+                   stuck: dict[int, Stuck] | None = None, show: bool = True) -> list[str]:
+        """SIGINT to ranks still in the cell (``%%px`` does so on Ctrl-C); each stays busy until it is free. Where
+        each was just before (``stuck``, else asked now: the hang view, printed when ``show``), its lines returned.
+        A rank woken inside a collective leaves its peers' next collectives out of step with its own: the group
+        breaks."""
         live = [r for r in ranks if self.engines[r].alive()]
+        asked = stuck is None
+        stuck = self._where_stuck(live) if stuck is None else stuck
+        view = RanksReport(title, [RankResult(r, error="interrupted", stuck=stuck.get(r)) for r in live]).hang()
         for r in live:
             self.engines[r].busy, self.engines[r].busy_title = running[r], title
         if live:
             print(f"neuron_lab: sending SIGINT to {count(len(live), 'rank')} still running {title} "
                   f"({', '.join(map(str, live))})", file=sys.stderr)
-            self.client.send_signal(signal.SIGINT, targets=live, block=False)
+            if asked and show and view:
+                print("neuron_lab: where they were:", *(f"  {line}" for line in view), sep="\n", file=sys.stderr)
+            # through each engine's nanny (ipyparallel's control channel): local, mpi, Slurm and attached engines alike
+            self.client.send_signal(signal.SIGINT, targets=[self.engines[r].engine_id for r in live], block=False)
+        inside = [r for r in live if r in stuck and stuck[r].collective is not None]
+        if inside:
+            ops = " and ".join(sorted({stuck[r].op for r in inside}))
+            self._break(title, f"{ranks_named(inside)} interrupted inside {ops}, which the other ranks' next "
+                               "collectives would meet out of step")
+        return view
 
     def _settle(self, e: Engine) -> None:
         """After a cell that failed on ``e``, wait until its kernel takes requests again.

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from neuron_lab import settings
-from neuron_lab.backend.emulator import lifecycle, mismatch
+from neuron_lab.backend.emulator import interruptible, lifecycle, mismatch
 from neuron_lab.backend.emulator import runtime as _rt
 from neuron_lab.backend.events import OpEvent, signature_of
 from neuron_lab.kinds import COLLECTIVE, SOURCE, UNSUPPORTED
@@ -93,7 +93,7 @@ def _done(works: Sequence[dist.Work], value: Any, after: Callable[[], None] | No
     one left there aborts the process ("terminate called without an active exception").
     """
     for w in works:
-        w.wait()
+        interruptible.wait(w)
     if group is not None:
         # Gloo's worker drops its own reference to this work just after completing it; hold ours until the next
         # collective completes (its single worker has dropped this one by then), so the last reference, and with it
@@ -117,7 +117,7 @@ class _Pending(dist.Work):
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         try:
-            return self._work.wait(timeout) if timeout else self._work.wait()
+            return self._work.wait(timeout) if timeout else self._work.wait()  # gloo's own: no slices
         finally:
             done, self.on_done = self.on_done, None
             if done is not None:

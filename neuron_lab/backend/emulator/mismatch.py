@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from neuron_lab.backend.emulator import interruptible
+
 MAX_DIMS = 8  # sizes kept in a fingerprint; a tensor with more also carries its element count
 _WIDTH = 3 + MAX_DIMS  # how many tensors, dtype, ndim, then sizes (or -1)
 _DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)  # the same on every rank
@@ -45,7 +47,7 @@ def check(gloo: Any, size: int, name: str, tensors: list[torch.Tensor]) -> None:
         return
     mine = _fingerprint(tensors)
     every = torch.empty(size * _WIDTH, dtype=torch.int64)
-    gloo._allgather_base(every, mine).wait()
+    interruptible.wait(gloo._allgather_base(every, mine))
     rows = every.view(size, _WIDTH).tolist()
     if all(r == rows[0] for r in rows):
         return
