@@ -65,3 +65,14 @@ def test_nested_windows_each_count_every_call() -> None:
         for _ in range(10):
             torch.atan2(x, x)
     assert _sites(outer)[0].count == 30 and _sites(inner)[0].count == 10
+
+
+def test_a_backward_fallback_on_autograds_thread_is_counted_at_the_line_the_main_thread_waits_on() -> None:
+    x = torch.rand(8, 3, device="neuron", requires_grad=True)
+    with neuron_lab.track() as report:
+        for _ in range(12):
+            y = torch.linalg.cross(x, x * 2).sum(); forward = sys._getframe().f_lineno  # noqa: E702
+            y.backward(); backward = sys._getframe().f_lineno  # noqa: E702
+    row, sites = _sites(report, "aten::linalg_cross.out")
+    assert {line: s.count for line, s in sites.items()} == {forward: 12, backward: 24}
+    assert row.unattributed == 0

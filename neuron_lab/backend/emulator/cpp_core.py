@@ -172,7 +172,8 @@ class CoreRecorder(OpRecorder):
         # the core keeps one set of roles); the counts it kept under the old subscribers go to their tallies first.
         by_line = [(fn, kinds, roles) for fn, kinds, roles in self._subscribers if roles is not None]
         fn, kinds, roles = by_line[0] if len(by_line) == 1 else (None, (), None)
-        self._hand_over(self._core.set_lines(_mask(k for k in kinds if self._by_kind.get(k) == (fn,)), roles))
+        lined = _mask(k for k in kinds if self._by_kind.get(k) == (fn,))
+        self._hand_over(self._core.set_lines(lined, roles, threading.main_thread().ident))
 
     def flush(self, keep: bool = True) -> None:
         counts = self._core.take_lines()

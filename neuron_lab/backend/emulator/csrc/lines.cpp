@@ -29,6 +29,7 @@ struct Tally {
 int lined = 0;
 PyObject* roles_fn = nullptr;  // owned
 int64_t epoch = 0;
+unsigned long main_ident = 0;  // the main thread's (threading.main_thread().ident)
 // Never freed (the core outlives the interpreter's teardown); code objects held while cached, so no pointer is reused.
 auto& roles = *new std::unordered_map<PyObject*, int>();
 auto& tallies = *new std::unordered_map<Line, Tally, LineHash>();
@@ -46,14 +47,11 @@ int role_of(PyObject* code) {
   return static_cast<int>(role);
 }
 
-}  // namespace
+enum Walked { kFound, kNone, kAsked };
 
-bool line_of(const void* op, int kind, Line* line) {
-  if (!((lined >> kind) & 1) || roles_fn == nullptr) return false;
-  *line = Line{op, kind};
-  line->epoch = epoch;
-  PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());
-  bool found = false;
+// From `frame` (a new reference, taken) outwards: the user's frame, and the innermost library frame if `line` has none.
+Walked walk(PyFrameObject* frame, Line* line) {
+  Walked found = kNone;
   while (frame != nullptr) {
     PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(frame));
     int role;
@@ -65,11 +63,14 @@ bool line_of(const void* op, int kind, Line* line) {
       throw;
     }
     Py_DECREF(code);  // the roles cache holds it
-    if (role == kAsk) break;
+    if (role == kAsk) {
+      found = kAsked;
+      break;
+    }
     if (role == kUser) {
       line->user = code;
       line->user_at = PyFrame_GetLasti(frame);
-      found = true;
+      found = kFound;
       break;
     }
     if (role == kLibrary && line->library == nullptr) {
@@ -82,6 +83,27 @@ bool line_of(const void* op, int kind, Line* line) {
   }
   Py_XDECREF(frame);
   return found;
+}
+
+PyThreadState* main_thread() {
+  for (PyThreadState* t = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); t; t = PyThreadState_Next(t)) {
+    if (t->thread_id == main_ident) return t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool line_of(const void* op, int kind, Line* line) {
+  if (!((lined >> kind) & 1) || roles_fn == nullptr) return false;
+  *line = Line{op, kind};
+  line->epoch = epoch;
+  PyThreadState* self = PyThreadState_Get();
+  Walked w = walk(PyThreadState_GetFrame(self), line);
+  if (w != kNone || self->thread_id == main_ident) return w == kFound;
+  // Autograd's device threads run no user code: the call was caused by the line the main thread waits on.
+  PyThreadState* main = main_thread();
+  return main != nullptr && walk(PyThreadState_GetFrame(main), line) == kFound;
 }
 
 bool count_at(const Line& line, int64_t host_ns) {
@@ -109,7 +131,8 @@ std::vector<Counted> take_counts() {
   return out;
 }
 
-void set_lines(int kinds_mask, PyObject* roles_callback) {
+void set_lines(int kinds_mask, PyObject* roles_callback, unsigned long main_thread) {
+  main_ident = main_thread;
   // Unlinked first, released after: a release may run Python code, which may deliver a call.
   auto old_tallies = std::move(tallies);
   auto old_roles = std::move(roles);

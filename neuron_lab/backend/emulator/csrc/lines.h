@@ -27,8 +27,8 @@ struct Counted {  // calls at one line since the last take; `tally` is a new ref
   int64_t calls, host_ns;
 };
 
-// The line of this call of `op`, when calls of `kind` are counted by line and the walk meets the user's frame;
-// false sends the call to the subscriber. Throws pybind11::error_already_set when the roles callback raises.
+// The line of this call of `op`, when calls of `kind` are counted by line and the walk meets the user's frame (on
+// another thread with none, the main thread's); false sends the call to the subscriber. Throws pybind11::error_already_set when the roles callback raises.
 bool line_of(const void* op, int kind, Line* line);
 // Counts the call at `line` when the subscriber gave the line a tally; says whether it did.
 bool count_at(const Line& line, int64_t host_ns);
@@ -36,8 +36,9 @@ bool count_at(const Line& line, int64_t host_ns);
 void keep_tally(const Line& line, PyObject* tally);
 // The calls counted since the last take, zeroed here.
 std::vector<Counted> take_counts();
-// The kinds counted by line (a bit per kind) and the subscriber's roles callback (nullptr: none); the tallies and
-// roles cached so far are dropped: take_counts() first.
-void set_lines(int kinds_mask, PyObject* roles);
+// The kinds counted by line (a bit per kind), the subscriber's roles callback (nullptr: none) and the main thread's
+// ident (a call on another thread with no user frame is the main thread's line's); the tallies and roles cached so
+// far are dropped: take_counts() first.
+void set_lines(int kinds_mask, PyObject* roles, unsigned long main_thread);
 
 }  // namespace neuron_lab

@@ -381,13 +381,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("forget_kinds", &forget_kinds);
   m.def("set_wanted", &set_wanted);
   m.def("set_lines",
-        [](int kinds_mask, py::object roles) {
+        [](int kinds_mask, py::object roles, unsigned long main_thread) {
           py::list counts = taken();
-          set_lines(kinds_mask, roles.is_none() ? nullptr : roles.ptr());
+          set_lines(kinds_mask, roles.is_none() ? nullptr : roles.ptr(), main_thread);
           return counts;
         },
         "Count calls of these kinds (a bit per kind) by line, roles(code) naming each code object's role (None: "
-        "none); returns the counts kept so far, as take_lines() does.");
+        "none), the main thread's ident naming the thread whose line a thread with no user frame takes; returns the "
+        "counts kept so far, as take_lines() does.");
   m.def("take_lines", &taken,
         "The calls counted by line since the last take, as (tally, calls, host_ns), the tally being what the "
         "subscriber returned for the line's call.");
