@@ -76,3 +76,14 @@ def test_a_backward_fallback_on_autograds_thread_is_counted_at_the_line_the_main
     row, sites = _sites(report, "aten::linalg_cross.out")
     assert {line: s.count for line, s in sites.items()} == {forward: 12, backward: 24}
     assert row.unattributed == 0
+
+
+def test_without_call_sites_every_call_is_counted_in_its_row() -> None:
+    x = torch.rand(8, 3, device="neuron", requires_grad=True)
+    with neuron_lab.track(callsites=False) as report:
+        for _ in range(15):
+            torch.linalg.cross(x, x * 2).sum().backward()
+            torch.atan2(x, x)
+    cross, sites = _sites(report, "aten::linalg_cross.out")
+    assert (cross.count, cross.unattributed, sites) == (45, 45, {})
+    assert _sites(report)[0].count == 15

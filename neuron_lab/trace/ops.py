@@ -20,7 +20,7 @@ from functools import partial
 from types import CodeType
 
 from neuron_lab import kinds
-from neuron_lab.backend.events import OpEvent
+from neuron_lab.backend.events import USER, OpEvent
 from neuron_lab.kinds import OFF_DEVICE, SYNC
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
@@ -70,7 +70,7 @@ class OpTrace:
             row.nbytes += nbytes
             if sc is None:
                 row.unattributed += 1
-                return None
+                return tally
             sc.count += 1
             if sc.count > self.stack_limit:
                 return tally
@@ -81,15 +81,20 @@ class OpTrace:
         return None
 
     def role(self, code: CodeType) -> int:
-        """A code object's role (``subscribe(roles=)``), as the locator decides it."""
-        return self.locator.role(code)
+        """A code object's role (``subscribe(roles=)``), as the locator decides it; without call sites every code is
+        the user's, so that a producer keys a call by its caller's line and counts it, unattributed, in its row."""
+        return USER if self.locator is None else self.locator.role(code)
 
-    def _tally(self, row: OpRow, sc: SiteCount, calls: int, host_ns: int) -> None:
-        """Calls of ``row``'s op at ``sc``'s line that a producer counted (no stacks: the line has its own)."""
+    def _tally(self, row: OpRow, sc: SiteCount | None, calls: int, host_ns: int) -> None:
+        """Calls of ``row``'s op at ``sc``'s line (None: no line) that a producer counted (no stacks: the line has
+        its own)."""
         with self._lock:
             row.count += calls
             row.host_ns += host_ns
-            sc.count += calls
+            if sc is None:
+                row.unattributed += calls
+            else:
+                sc.count += calls
 
     def _first(self, event: OpEvent, where: tuple | None) -> tuple[OpRow, SiteCount | None, Tally | None]:
         """The row of a call whose (op, line) is new, made once (under the lock); its line's count and tally."""
@@ -98,8 +103,8 @@ class OpTrace:
         if row is None:
             row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason, shapes=event.shapes,
                                           dtypes=event.dtypes, ranks=event.ranks)
-        if where is None:
-            return row, None, None
+        if where is None:  # with call sites on, a call with no user frame: not one a producer counts by line
+            return row, None, partial(self._tally, row, None) if self.locator is None else None
         file, line, via = where
         sc = SiteCount(self.locator.site(file, line), via=None if via is None else self.locator.site(*via))
         row.sites.append(sc)

@@ -184,8 +184,7 @@ class Tracker:
         watched = b.begin_window()  # the device's own account of the window starts here (TorchNeuron: cleared)
         self._ooms_before = b.memory_reading(self.report.device, synchronize=False).ooms
         self._unwatch_ooms = b.watch_ooms(self._heard_oom)
-        self._unsubscribe = b.subscribe(self._ops.record, REPORTED | watched,
-                                        self._ops.role if self._ops.locator is not None else None)
+        self._unsubscribe = b.subscribe(self._ops.record, REPORTED | watched, self._ops.role)
         try:
             self._compiles.start()
         except BaseException:  # a Ctrl-C that lands here leaves no compile window open (dynamo's log filters)
