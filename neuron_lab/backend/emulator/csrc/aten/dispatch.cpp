@@ -1,7 +1,8 @@
 // How the emulated device runs ATen ops: one boxed PrivateUse1 fallback over zero-copy CPU aliases.
 //
 // The coverage profile decides only how a call is reported (native, CPU fallback, host kernel); counts
-// are aggregated here, and Python hears of a call only when its kind is one somebody subscribed to.
+// are aggregated here, and Python hears of a call only when its kind is one somebody subscribed to (and from a
+// subscriber that takes calls by line, only a line's first calls: lines.h).
 #include "aten/dispatch.h"
 
 #include "aten/host_alias.h"
