@@ -10,11 +10,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any, NamedTuple
 
 from torch import Tensor as _Tensor
 
 from neuron_lab.kinds import KINDS, NOTES
+
+# A code object's role for a subscriber that takes calls by line (``subscribe(..., roles=)``): a producer walking the
+# calling frames skips INTERNAL ones, notes the innermost LIBRARY one and stops at the innermost USER one; at an ASK
+# one it hands the call to the subscriber.
+INTERNAL, LIBRARY, USER, ASK = 0, 1, 2, 3
+Roles = Callable[[CodeType], int]
+Subscriber = Callable[["OpEvent", tuple, dict], Any]
 
 MAX_SIGNATURES = 4  # distinct (shapes, dtypes) kept per op
 SIGNATURE_PROBES = 256  # calls per op that are inspected for a new signature
@@ -122,9 +130,9 @@ class OpRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stats: dict[tuple[str, str, str], OpStats] = {}
-        self._subscribers: list[tuple[Callable[[OpEvent, tuple, dict], None], frozenset[str]]] = []
+        self._subscribers: list[tuple[Subscriber, frozenset[str], Roles | None]] = []
         self._wanted: frozenset[str] = frozenset()  # kinds some subscriber wants
-        self._by_kind: dict[str, tuple[Callable[[OpEvent, tuple, dict], None], ...]] = {}  # kind: its subscribers
+        self._by_kind: dict[str, tuple[Subscriber, ...]] = {}  # kind: its subscribers
         self.calls = 0  # ops recorded since the process started (downcast notes excluded); never cleared
         self.h2d_bytes = 0  # since the last clear()
         self.d2h_bytes = 0
@@ -173,13 +181,16 @@ class OpRecorder:
             self.transfers_total = (th + h2d, td + d2h)
 
     # -- subscription ------------------------------------------------------------------------
-    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],
-                  kinds: frozenset[str] | set[str] | None = None) -> Callable[[], None]:
+    def subscribe(self, fn: Subscriber, kinds: frozenset[str] | set[str] | None = None,
+                  roles: Roles | None = None) -> Callable[[], None]:
         """Call ``fn(event, args, kwargs)`` for every op of ``kinds`` (default: all) from now on.
 
-        Returns the unsubscribe function. Kinds nobody asked for cost no event at all.
+        Returns the unsubscribe function. Kinds nobody asked for cost no event at all. With ``roles`` (the
+        subscriber's role of a code object), a producer that counts calls by line itself (the compiled core) may hand
+        ``fn`` only a line's first calls: once ``fn`` returns a tally for a call, the producer counts further calls of
+        that op at that line and hands them over as ``tally(calls, host_ns)`` at :meth:`flush`.
         """
-        entry = (fn, frozenset(KINDS if kinds is None else kinds))
+        entry = (fn, frozenset(KINDS if kinds is None else kinds), roles)
         with self._lock:
             self._subscribers.append(entry)
             self._subscribers_changed()
@@ -195,12 +206,17 @@ class OpRecorder:
     def _subscribers_changed(self) -> None:
         """Each kind's subscribers as a tuple, made once here (a delivery takes one dict look-up and copies
         nothing), and the kinds anybody wants."""
-        self._wanted = frozenset().union(*(kinds for _, kinds in self._subscribers))
-        self._by_kind = {k: tuple(fn for fn, kinds in self._subscribers if k in kinds) for k in self._wanted}
+        self._wanted = frozenset().union(*(kinds for _, kinds, _ in self._subscribers))
+        self._by_kind = {k: tuple(fn for fn, kinds, _ in self._subscribers if k in kinds) for k in self._wanted}
         self._wanted_changed()
 
     def _wanted_changed(self) -> None:
         """Hook for recorders whose producer must know which kinds to deliver."""
+
+    def flush(self, keep: bool = True) -> None:
+        """Hand the calls a producer counted by line to their subscribers' tallies (``keep=False``: drop them).
+
+        Readers call it before reading a subscriber's counts mid-window; a change of subscribers flushes too."""
 
     # -- reading -----------------------------------------------------------------------------
     def stats(self, kind: str | None = None) -> list[OpStats]:

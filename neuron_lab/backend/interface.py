@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_lab.backend.coverage import Coverage
-from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats, WindowAccount
+from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats, Roles, WindowAccount
 from neuron_lab.backend.memory_reading import MemoryReading
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import FALLBACK, NATIVE
@@ -226,13 +226,18 @@ class NeuronBackend(ABC):
     def op_stats(self, kind: str | None = None) -> list[OpStats]:
         return self.recorder.stats(kind)
 
-    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],
-                  kinds: frozenset[str] | set[str] | None = None) -> Callable[[], None]:
-        """Op events of ``kinds`` (default: all) from now on; returns the unsubscribe function.
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], Any], kinds: frozenset[str] | set[str] | None = None,
+                  roles: Roles | None = None) -> Callable[[], None]:
+        """Op events of ``kinds`` (default: all) from now on; returns the unsubscribe function. ``roles``: a
+        subscriber that takes calls by line (:meth:`OpRecorder.subscribe`).
 
         On TorchNeuron, ops are only observed while somebody subscribes.
         """
-        return self.recorder.subscribe(fn, kinds)
+        return self.recorder.subscribe(fn, kinds, roles)
+
+    def flush_ops(self, keep: bool = True) -> None:
+        """Calls counted by line, handed to their subscribers before one reads its counts (:meth:`OpRecorder.flush`)."""
+        self.recorder.flush(keep)
 
     def op_calls(self) -> int:
         """Ops observed since the process started; never cleared, so windows can diff it."""

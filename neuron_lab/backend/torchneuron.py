@@ -27,7 +27,7 @@ from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuron_lab.backend import compile_failures, syncs, torchneuron_env
-from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, WindowAccount
+from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, Roles, WindowAccount
 from neuron_lab.backend.interface import NeuronBackend
 from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, SOURCE
 
@@ -259,10 +259,10 @@ class TorchNeuronBackend(NeuronBackend):
         self._tnx.clear_op_tracking()
         self.recorder.clear()
 
-    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], None],
-                  kinds: frozenset[str] | set[str] | None = None) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[[OpEvent, tuple, dict], Any], kinds: frozenset[str] | set[str] | None = None,
+                  roles: Roles | None = None) -> Callable[[], None]:
         """Events for ops on `neuron` from now on; the observer is active while anyone subscribes."""
-        unsubscribe_recorder = self.recorder.subscribe(fn, kinds)
+        unsubscribe_recorder = self.recorder.subscribe(fn, kinds, roles)
         with self._lock:
             self._subscribers += 1
             if self._observer is None:

@@ -5,7 +5,9 @@ Only the reported kinds (fallback, host, downcast, sync, ...) are delivered here
 backend), so the cost is on calls that are already slow. Looking up the site is a walk up the
 frame chain with a per-code-object cache (a few microseconds); the full stack is formatted only
 for the first ``stack_limit`` calls of each (op, site), so a training loop pays for stacks a
-bounded number of times while every call is still counted at its line.
+bounded number of times while every call is still counted at its line. Past those, :meth:`OpTrace.record` returns
+the line's tally: a producer that walks frames itself (the compiled core, given :meth:`OpTrace.role`) counts the
+line's further calls without calling Python, and hands them to the tally when the backend is flushed.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ from __future__ import annotations
 import copy
 import sys
 import threading
+from collections.abc import Callable
+from functools import partial
+from types import CodeType
 
 from neuron_lab import kinds
-from neuron_lab.backend.events import OpEvent
+from neuron_lab.backend.events import USER, OpEvent
 from neuron_lab.kinds import OFF_DEVICE, SYNC
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
+
+Tally = Callable[[int, int], None]  # (calls, host_ns) a producer counted at one line
 
 
 class OpTrace:
@@ -30,16 +37,16 @@ class OpTrace:
         self.stack_depth = stack_depth
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str, str, int], OpRow] = {}  # (op, overload, kind, group size)
-        # (op, overload, kind, group size, (file, line, library line) or None): the row and its line's count (None:
-        # no line), so that a call that met its op and line before is one look-up
-        self._counts: dict[tuple, tuple[OpRow, SiteCount | None]] = {}
+        # (op, overload, kind, group size, (file, line, library line) or None): the row, its line's count (None: no
+        # line) and the line's tally, so that a call that met its op and line before is one look-up
+        self._counts: dict[tuple, tuple[OpRow, SiteCount | None, Tally | None]] = {}
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
 
-    def record(self, event: OpEvent, args: tuple, kwargs: dict) -> None:
+    def record(self, event: OpEvent, args: tuple, kwargs: dict) -> Tally | None:
         """The backend's subscriber (a bound method: the interpreter calls it inline, an instance's ``__call__``
-        it does not)."""
+        it does not). Returns the line's tally once the line needs nothing but counts."""
         if self.paused:
-            return
+            return None
         name, overload, kind, reason, shapes, dtypes, host_ns, nbytes, ranks = event
         locator = self.locator
         where = None
@@ -57,34 +64,51 @@ class OpTrace:
             hit = self._counts.get(key)
             if hit is None:
                 hit = self._counts[key] = self._first(event, where)
-            row, sc = hit
+            row, sc, tally = hit
             row.count += 1
             row.host_ns += host_ns
             row.nbytes += nbytes
             if sc is None:
                 row.unattributed += 1
-                return
+                return tally
             sc.count += 1
             if sc.count > self.stack_limit:
-                return
+                return tally
         stack = locator.stack(sys._getframe(1), self.stack_depth)
         with self._lock:
             if stack not in sc.stacks:
                 sc.stacks.append(stack)
+        return None
 
-    def _first(self, event: OpEvent, where: tuple | None) -> tuple[OpRow, SiteCount | None]:
-        """The row of a call whose (op, line) is new, made once (under the lock); and its line's count."""
+    def role(self, code: CodeType) -> int:
+        """A code object's role (``subscribe(roles=)``), as the locator decides it; without call sites every code is
+        the user's, so that a producer keys a call by its caller's line and counts it, unattributed, in its row."""
+        return USER if self.locator is None else self.locator.role(code)
+
+    def _tally(self, row: OpRow, sc: SiteCount | None, calls: int, host_ns: int) -> None:
+        """Calls of ``row``'s op at ``sc``'s line (None: no line) that a producer counted (no stacks: the line has
+        its own)."""
+        with self._lock:
+            row.count += calls
+            row.host_ns += host_ns
+            if sc is None:
+                row.unattributed += calls
+            else:
+                sc.count += calls
+
+    def _first(self, event: OpEvent, where: tuple | None) -> tuple[OpRow, SiteCount | None, Tally | None]:
+        """The row of a call whose (op, line) is new, made once (under the lock); its line's count and tally."""
         key = (event.name, event.overload, event.kind, event.ranks)
         row = self._rows.get(key)
         if row is None:
             row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason, shapes=event.shapes,
                                           dtypes=event.dtypes, ranks=event.ranks)
-        if where is None:
-            return row, None
+        if where is None:  # with call sites on, a call with no user frame: not one a producer counts by line
+            return row, None, partial(self._tally, row, None) if self.locator is None else None
         file, line, via = where
         sc = SiteCount(self.locator.site(file, line), via=None if via is None else self.locator.site(*via))
         row.sites.append(sc)
-        return row, sc
+        return row, sc, partial(self._tally, row, sc)
 
     @property
     def fallback_calls(self) -> int:

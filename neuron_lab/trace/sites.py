@@ -15,9 +15,8 @@ import threading
 from types import CodeType, FrameType
 
 from neuron_lab import frames
+from neuron_lab.backend.events import ASK, INTERNAL, LIBRARY, USER
 from neuron_lab.report.model import Site
-
-_INTERNAL, _LIBRARY, _USER = 0, 1, 2
 
 
 class Locator:
@@ -59,10 +58,10 @@ class Locator:
             role = roles.get(id(code))
             if role is None:
                 role = self._role_of(code)
-            if role == _USER:
+            if role == USER:
                 if frame.f_lineno != code.co_firstlineno or not _compiled_entry(frame):
                     return frame, library
-            elif role == _LIBRARY and library is None:
+            elif role == LIBRARY and library is None:
                 library = frame
             frame = frame.f_back
         return None, library
@@ -70,10 +69,17 @@ class Locator:
     def _role_of(self, code: CodeType) -> int:
         role = self._role.get(id(code))
         if role is None:
-            role = self._role[id(code)] = (_USER if self.is_user_code(code) else
-                                           _INTERNAL if frames.is_internal(code.co_filename) else _LIBRARY)
+            role = self._role[id(code)] = (USER if self.is_user_code(code) else
+                                           INTERNAL if frames.is_internal(code.co_filename) else LIBRARY)
             self._codes.append(code)
         return role
+
+    def role(self, code: CodeType) -> int:
+        """The code object's role for a producer that walks frames itself (``subscribe(roles=)``): as :meth:`frames`
+        decides it; ASK for dynamo's code of a compiled function, whose ``def`` line :meth:`frames` passes over."""
+        role = self._role_of(code)
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        return ASK if role == USER and dynamo is not None and code in dynamo.orig_code_map else role
 
     def locate(self, frame: FrameType | None) -> Site | None:
         f = self.user_frame(frame)
@@ -85,7 +91,7 @@ class Locator:
         shell's (IPython's) and none above them. Longer than ``depth``: the outermost line and the innermost
         ``depth - 1``."""
         chain = self._chain(frame)
-        if not any(self._role_of(f.f_code) == _USER for f in chain):
+        if not any(self._role_of(f.f_code) == USER for f in chain):
             user = self.user_frame(frame)  # autograd's thread: the main thread's line
             chain += [] if user is None else self._chain(user)
         if len(chain) > depth:
@@ -104,9 +110,9 @@ class Locator:
         f = frame
         while f is not None and not frames.is_shell(f.f_code.co_filename):  # a cell magic's body: not the magic's line
             role = self._role_of(f.f_code)
-            if role != _INTERNAL and not _compiled_entry(f):
+            if role != INTERNAL and not _compiled_entry(f):
                 chain.append(f)
-                if role == _USER:
+                if role == USER:
                     outermost_user = len(chain)
             f = f.f_back
         return chain[:outermost_user] if outermost_user else chain

@@ -74,10 +74,12 @@ class Tracker:
             return
         b = self.backend
         calls, (h2d, d2h) = b.op_calls(), b.transfer_totals()
+        b.flush_ops()  # the calls counted by line so far are the window's; those the block makes are not
         self._ops.paused += 1
         try:
             yield
         finally:
+            b.flush_ops(keep=False)
             self._ops.paused -= 1
             h2d2, d2h2 = b.transfer_totals()
             self._excluded_calls += b.op_calls() - calls
@@ -89,11 +91,14 @@ class Tracker:
         thread."""
         if not self._running:
             return self._ops.fallback_calls, self._ops.sync_calls, self.report.ops, self.report.wall_s
+        self.backend.flush_ops()
         return (self._ops.fallback_calls, self._ops.sync_calls,
                 self.backend.op_calls() - self._calls_before - self._excluded_calls, time.perf_counter() - self._t0)
 
     def rows_so_far(self) -> list[OpRow]:
         """The window's op rows so far (fallbacks, host ops, downcasts), as copies: safe from any thread."""
+        if self._running:
+            self.backend.flush_ops()
         return [r for r in self._ops.rows(copies=True) if r.kind in REPORTED]
 
     def compiling(self) -> dict[str, Any] | None:
@@ -179,7 +184,7 @@ class Tracker:
         watched = b.begin_window()  # the device's own account of the window starts here (TorchNeuron: cleared)
         self._ooms_before = b.memory_reading(self.report.device, synchronize=False).ooms
         self._unwatch_ooms = b.watch_ooms(self._heard_oom)
-        self._unsubscribe = b.subscribe(self._ops.record, REPORTED | watched)
+        self._unsubscribe = b.subscribe(self._ops.record, REPORTED | watched, self._ops.role)
         try:
             self._compiles.start()
         except BaseException:  # a Ctrl-C that lands here leaves no compile window open (dynamo's log filters)

@@ -3,8 +3,9 @@
 The C++ core (``_core``, built from ``csrc/``) registers the device guard, hooks, allocator, generators
 and the PrivateUse1 kernels itself when it is imported, so importing it is the commitment: ``load()``
 is called only once the emulator is going to install. Per-op counts stay in C++; Python is called
-only for the op kinds a subscriber asked for, and to classify an op the first time it meets a new
-dtype set.
+only for the op kinds a subscriber asked for (for a subscriber that takes calls by line, only for a line's first
+calls: the core counts the rest at their line, ``csrc/lines.cpp``), and to classify an op the first time it meets a
+new dtype set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 import importlib.util
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -133,10 +135,16 @@ class CoreMemory:
                 for ptr, n, dtype, shape, created, site, _device in self._core.live_allocations()]
 
 
+def _mask(kinds: Iterable[str]) -> int:
+    """The core's bit per kind."""
+    return sum(1 << CORE_KINDS.index(k) for k in set(kinds))
+
+
 class CoreRecorder(OpRecorder):
     """The op aggregates the compiled core keeps, behind :class:`OpRecorder`'s reading interface.
 
-    The core calls :meth:`deliver` for the kinds some subscriber wants; everything else is counted in C++.
+    The core calls :meth:`deliver` for the kinds some subscriber wants; everything else is counted in C++, and so
+    are the further calls at a line whose subscriber returned a tally for it (:meth:`OpRecorder.subscribe`).
     """
 
     def __init__(self, core: ModuleType) -> None:  # noqa: D107  (the counters live in the core, not here)
@@ -147,14 +155,35 @@ class CoreRecorder(OpRecorder):
         self._core = core
 
     def deliver(self, name: str, overload: str, kind: str, reason: str, shapes: tuple, dtypes: tuple,
-                host_ns: int, args: tuple) -> None:
+                host_ns: int, args: tuple) -> Any:
+        """Hands one call to the kind's subscribers; returns what a sole subscriber returned (a line's tally)."""
         event = (syncs.event(qualified(name, overload), shapes, dtypes) if kind == SYNC
                  else _new_tuple(OpEvent, (name, overload, kind, reason, shapes, dtypes, host_ns, 0, 0)))
-        for fn in self._by_kind.get(kind, ()):
+        fns = self._by_kind.get(kind, ())
+        if len(fns) == 1:
+            return fns[0](event, args, {})
+        for fn in fns:
             fn(event, args, {})
+        return None
 
     def _wanted_changed(self) -> None:
-        self._core.set_wanted(sum(1 << CORE_KINDS.index(k) for k in self._wanted))
+        self._core.set_wanted(_mask(self._wanted))
+        # The core counts calls by line for the kinds whose one subscriber takes them so (one such subscriber only:
+        # the core keeps one set of roles); the counts it kept under the old subscribers go to their tallies first.
+        by_line = [(fn, kinds, roles) for fn, kinds, roles in self._subscribers if roles is not None]
+        fn, kinds, roles = by_line[0] if len(by_line) == 1 else (None, (), None)
+        lined = _mask(k for k in kinds if self._by_kind.get(k) == (fn,))
+        self._hand_over(self._core.set_lines(lined, roles, threading.main_thread().ident))
+
+    def flush(self, keep: bool = True) -> None:
+        counts = self._core.take_lines()
+        if keep:
+            self._hand_over(counts)
+
+    @staticmethod
+    def _hand_over(counts: list[tuple[Any, int, int]]) -> None:
+        for tally, calls, host_ns in counts:
+            tally(calls, host_ns)
 
     def stats(self, kind: str | None = None) -> list[OpStats]:
         rows = [OpStats(name, overload, k, reason, count, host_ns,

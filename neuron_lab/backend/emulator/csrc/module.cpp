@@ -4,6 +4,7 @@
 // delivered there included) travels back through the dispatcher and is re-raised unchanged.
 #include "aten/dispatch.h"
 #include "aten/host_alias.h"
+#include "lines.h"
 #include "profiler/profiler.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -204,6 +205,14 @@ Policy policy_from(const py::dict& d) {
   return p;
 }
 
+py::list taken() {
+  py::list out;
+  for (const auto& c : take_counts()) {
+    out.append(py::make_tuple(py::reinterpret_steal<py::object>(c.tally), c.calls, c.host_ns));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes) {
@@ -237,10 +246,15 @@ std::unordered_map<uint64_t, Delivery>& deliveries() {
 }  // namespace
 
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
-             const std::string& reason, const Signature& sig, int64_t host_ns, const std::vector<c10::IValue>& args) {
+             const std::string& reason, c10::function_ref<const Signature&()> signature, int64_t host_ns,
+             const std::vector<c10::IValue>& args) {
   py::gil_scoped_acquire gil;
   if (deliver_fn == nullptr) return;
   try {
+    Line line;
+    const bool lined = line_of(key, kind, &line);
+    if (lined && count_at(line, host_ns)) return;
+    const Signature& sig = signature();
     auto& d = deliveries()[reinterpret_cast<uintptr_t>(key) * kMaxKinds + kind];
     if (!d.name) {
       d.name = py::str(name);
@@ -260,7 +274,8 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
     py::tuple pyargs(args.size());
     for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
     py::handle fn(deliver_fn);
-    fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
+    py::object tally = fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
+    if (lined && !tally.is_none()) keep_tally(line, tally.ptr());
   } catch (py::error_already_set& e) {
     rethrow(e);
   }
@@ -365,6 +380,18 @@ PYBIND11_MODULE(_core, m) {
   m.def("clear_ops", &clear_op_rows);
   m.def("forget_kinds", &forget_kinds);
   m.def("set_wanted", &set_wanted);
+  m.def("set_lines",
+        [](int kinds_mask, py::object roles, unsigned long main_thread) {
+          py::list counts = taken();
+          set_lines(kinds_mask, roles.is_none() ? nullptr : roles.ptr(), main_thread);
+          return counts;
+        },
+        "Count calls of these kinds (a bit per kind) by line, roles(code) naming each code object's role (None: "
+        "none), the main thread's ident naming the thread whose line a thread with no user frame takes; returns the "
+        "counts kept so far, as take_lines() does.");
+  m.def("take_lines", &taken,
+        "The calls counted by line since the last take, as (tally, calls, host_ns), the tally being what the "
+        "subscriber returned for the line's call.");
   m.def("op_calls", &op_calls);
 
   // torch.profiler

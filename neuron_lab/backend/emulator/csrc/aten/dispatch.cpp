@@ -1,7 +1,8 @@
 // How the emulated device runs ATen ops: one boxed PrivateUse1 fallback over zero-copy CPU aliases.
 //
 // The coverage profile decides only how a call is reported (native, CPU fallback, host kernel); counts
-// are aggregated here, and Python hears of a call only when its kind is one somebody subscribed to.
+// are aggregated here, and Python hears of a call only when its kind is one somebody subscribed to (and from a
+// subscriber that takes calls by line, only a line's first calls: lines.h).
 #include "aten/dispatch.h"
 
 #include "aten/host_alias.h"
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace neuron_lab {
@@ -428,14 +430,25 @@ int count(Plan& p, int kind, const std::string& reason, int64_t host_ns) {
   return (probe ? kProbe : 0) | (((wanted.load() >> kind) & 1) ? kDeliver : 0);
 }
 
+// Made only when a probe or a delivery needs it (a call counted at its line does not).
+struct LazySignature {
+  const Stack& args;
+  std::optional<Signature> sig;
+  const Signature& operator()() {
+    if (!sig) sig = signature_of(args);
+    return *sig;
+  }
+};
+
 void examine(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args, int wants) {
-  Signature sig = signature_of(args);
+  LazySignature sig{args};
   if (wants & kProbe) {
     OpStat& st = p.stats[kind];
+    const Signature& s = sig();
     std::lock_guard<std::mutex> g(plans_mu);
     if (st.signatures.size() < kMaxSignatures &&
-        std::find(st.signatures.begin(), st.signatures.end(), sig) == st.signatures.end()) {
-      st.signatures.push_back(sig);
+        std::find(st.signatures.begin(), st.signatures.end(), s) == st.signatures.end()) {
+      st.signatures.push_back(s);
     }
   }
   if (wants & kDeliver) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
@@ -597,7 +610,8 @@ void set_sync_kind(int kind) {
 void sync_point(Plan& p, const Stack& args) {
   const int k = sync_kind.load();
   if (k < 0 || !((wanted.load() >> k) & 1)) return;
-  deliver(&p, p.name, p.overload, k, "", signature_of(args), 0, args);
+  LazySignature sig{args};
+  deliver(&p, p.name, p.overload, k, "", sig, 0, args);
 }
 
 void count_transfer(int64_t to_device, int64_t to_host) {

@@ -117,8 +117,10 @@ struct QuietHost {
 // -- Python, called from C++ (module.cpp): each takes the GIL and turns a Python exception into a
 // C++ exception that PyTorch re-raises unchanged in Python (KeyboardInterrupt included).
 std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes);
-// `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key.
+// `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key. A call
+// at a line its subscriber is done with is only counted there (lines.h): no signature, no Python call.
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
-             const std::string& reason, const Signature& sig, int64_t host_ns, const std::vector<c10::IValue>& args);
+             const std::string& reason, c10::function_ref<const Signature&()> sig, int64_t host_ns,
+             const std::vector<c10::IValue>& args);
 
 }  // namespace neuron_lab

@@ -1,0 +1,153 @@
+// Reported calls counted by line in C++ (lines.h): a walk of the calling frames with each code object's role cached by
+// pointer (Python decides a role once), then one hash-map increment per call.
+#include "lines.h"
+
+#include <pybind11/pybind11.h>
+
+#include <functional>
+#include <unordered_map>
+#include <utility>
+
+namespace neuron_lab {
+namespace {
+
+enum Role : int { kInternal = 0, kLibrary = 1, kUser = 2, kAsk = 3 };  // neuron_lab.backend.events
+
+struct LineHash {
+  size_t operator()(const Line& l) const {
+    size_t h = std::hash<const void*>()(l.op) ^ (static_cast<size_t>(l.kind) << 1);
+    h = h * 31 + std::hash<const void*>()(l.user) + static_cast<size_t>(l.user_at);
+    return h * 31 + std::hash<const void*>()(l.library) + static_cast<size_t>(l.library_at);
+  }
+};
+
+struct Tally {
+  PyObject* fn;  // owned
+  int64_t calls = 0, host_ns = 0;
+};
+
+int lined = 0;
+PyObject* roles_fn = nullptr;  // owned
+int64_t epoch = 0;
+unsigned long main_ident = 0;  // the main thread's (threading.main_thread().ident)
+// Never freed (the core outlives the interpreter's teardown); code objects held while cached, so no pointer is reused.
+auto& roles = *new std::unordered_map<PyObject*, int>();
+auto& tallies = *new std::unordered_map<Line, Tally, LineHash>();
+
+int role_of(PyObject* code) {
+  auto it = roles.find(code);
+  if (it != roles.end()) return it->second;
+  const int64_t asked = epoch;
+  PyObject* got = PyObject_CallOneArg(roles_fn, code);
+  if (got == nullptr) throw pybind11::error_already_set();
+  long role = PyLong_AsLong(got);
+  Py_DECREF(got);
+  if (role == -1 && PyErr_Occurred()) throw pybind11::error_already_set();
+  if (asked != epoch) return static_cast<int>(role);  // another thread set new roles meanwhile: not cached in theirs
+  Py_INCREF(code);
+  roles.emplace(code, static_cast<int>(role));
+  return static_cast<int>(role);
+}
+
+enum Walked { kFound, kNone, kAsked };
+
+// From `frame` (a new reference, taken) outwards: the user's frame, and the innermost library frame if `line` has none.
+Walked walk(PyFrameObject* frame, Line* line) {
+  Walked found = kNone;
+  while (frame != nullptr) {
+    PyObject* code = reinterpret_cast<PyObject*>(PyFrame_GetCode(frame));
+    int role;
+    try {
+      role = role_of(code);
+    } catch (...) {
+      Py_DECREF(code);
+      Py_DECREF(frame);
+      throw;
+    }
+    Py_DECREF(code);  // the roles cache holds it
+    if (role == kAsk) {
+      found = kAsked;
+      break;
+    }
+    if (role == kUser) {
+      line->user = code;
+      line->user_at = PyFrame_GetLasti(frame);
+      found = kFound;
+      break;
+    }
+    if (role == kLibrary && line->library == nullptr) {
+      line->library = code;
+      line->library_at = PyFrame_GetLasti(frame);
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  return found;
+}
+
+PyThreadState* main_thread() {
+  for (PyThreadState* t = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); t; t = PyThreadState_Next(t)) {
+    if (t->thread_id == main_ident) return t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool line_of(const void* op, int kind, Line* line) {
+  if (!((lined >> kind) & 1) || roles_fn == nullptr) return false;
+  *line = Line{op, kind};
+  line->epoch = epoch;
+  PyThreadState* self = PyThreadState_Get();
+  Walked w = walk(PyThreadState_GetFrame(self), line);
+  if (w != kNone || self->thread_id == main_ident) return w == kFound;
+  // Autograd's device threads run no user code: the call was caused by the line the main thread waits on.
+  PyThreadState* main = main_thread();
+  return main != nullptr && walk(PyThreadState_GetFrame(main), line) == kFound;
+}
+
+bool count_at(const Line& line, int64_t host_ns) {
+  auto it = tallies.find(line);
+  if (it == tallies.end()) return false;
+  it->second.calls += 1;
+  it->second.host_ns += host_ns;
+  return true;
+}
+
+void keep_tally(const Line& line, PyObject* tally) {
+  if (line.epoch != epoch) return;  // the roles changed while the subscriber ran
+  auto [it, fresh] = tallies.try_emplace(line, Tally{tally});
+  if (fresh) Py_INCREF(tally);
+}
+
+std::vector<Counted> take_counts() {
+  std::vector<Counted> out;
+  for (auto& [line, t] : tallies) {
+    if (t.calls == 0) continue;
+    Py_INCREF(t.fn);
+    out.push_back({t.fn, t.calls, t.host_ns});
+    t.calls = t.host_ns = 0;
+  }
+  return out;
+}
+
+void set_lines(int kinds_mask, PyObject* roles_callback, unsigned long main_thread) {
+  main_ident = main_thread;
+  // Unlinked first, released after: a release may run Python code, which may deliver a call.
+  auto old_tallies = std::move(tallies);
+  auto old_roles = std::move(roles);
+  tallies.clear();
+  roles.clear();
+  PyObject* old_fn = roles_fn;
+  Py_XINCREF(roles_callback);
+  roles_fn = roles_callback;
+  lined = roles_callback == nullptr ? 0 : kinds_mask;
+  epoch += 1;
+  for (auto& [_, t] : old_tallies) Py_DECREF(t.fn);
+  for (auto& [code, _] : old_roles) Py_DECREF(code);
+  Py_XDECREF(old_fn);
+}
+
+}  // namespace neuron_lab

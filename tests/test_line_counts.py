@@ -1,0 +1,89 @@
+"""Calls counted by line: past a line's first calls the compiled core counts further calls there itself (the pure-Python
+core hands every call to the subscriber); either way a report has every call at its line, live reads see them
+mid-window, and work excluded from a window is not counted."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import neuron_lab
+from neuron_lab.trace.tracker import Tracker
+
+
+def _sites(report, op="aten::atan2.out"):
+    (row,) = [r for r in report.fallbacks if r.op == op]
+    return row, {s.site.line: s for s in row.sites}
+
+
+def _twice(x):
+    return torch.atan2(x, x), torch.atan2(x, x)  # two calls of one line: two instructions, one site
+
+
+def test_every_call_is_counted_at_its_line_with_at_most_stack_limit_stacks() -> None:
+    x = torch.randn(4, device="neuron")
+    with neuron_lab.track(stack_limit=2) as report:
+        for _ in range(40):
+            torch.atan2(x, x); here = sys._getframe().f_lineno  # noqa: E702
+        for _ in range(9):
+            _twice(x)
+    row, sites = _sites(report)
+    twice = _twice.__code__.co_firstlineno + 1
+    assert (row.count, row.unattributed) == (58, 0)
+    assert {line: s.count for line, s in sites.items()} == {here: 40, twice: 18}
+    assert all(1 <= len(s.stacks) <= 2 for s in sites.values())
+
+
+def test_live_reads_see_every_call_so_far_and_excluded_work_is_not_counted() -> None:
+    x = torch.randn(4, device="neuron")
+    t = Tracker().start()
+    try:
+        for _ in range(30):
+            torch.atan2(x, x)
+        assert t.live()[0] == 30
+        with t.excluded():
+            for _ in range(20):
+                torch.atan2(x, x)
+        for _ in range(5):
+            torch.atan2(x, x)
+        assert [r.count for r in t.rows_so_far() if r.op == "aten::atan2.out"] == [35]
+    finally:
+        report = t.stop()
+    row, sites = _sites(report)
+    assert row.count == 35 and sum(s.count for s in sites.values()) == 35
+
+
+def test_nested_windows_each_count_every_call() -> None:
+    x = torch.randn(4, device="neuron")
+    with neuron_lab.track() as outer:
+        for _ in range(10):
+            torch.atan2(x, x)
+        with neuron_lab.track() as inner:
+            for _ in range(10):
+                torch.atan2(x, x)
+        for _ in range(10):
+            torch.atan2(x, x)
+    assert _sites(outer)[0].count == 30 and _sites(inner)[0].count == 10
+
+
+def test_a_backward_fallback_on_autograds_thread_is_counted_at_the_line_the_main_thread_waits_on() -> None:
+    x = torch.rand(8, 3, device="neuron", requires_grad=True)
+    with neuron_lab.track() as report:
+        for _ in range(12):
+            y = torch.linalg.cross(x, x * 2).sum(); forward = sys._getframe().f_lineno  # noqa: E702
+            y.backward(); backward = sys._getframe().f_lineno  # noqa: E702
+    row, sites = _sites(report, "aten::linalg_cross.out")
+    assert {line: s.count for line, s in sites.items()} == {forward: 12, backward: 24}
+    assert row.unattributed == 0
+
+
+def test_without_call_sites_every_call_is_counted_in_its_row() -> None:
+    x = torch.rand(8, 3, device="neuron", requires_grad=True)
+    with neuron_lab.track(callsites=False) as report:
+        for _ in range(15):
+            torch.linalg.cross(x, x * 2).sum().backward()
+            torch.atan2(x, x)
+    cross, sites = _sites(report, "aten::linalg_cross.out")
+    assert (cross.count, cross.unattributed, sites) == (45, 45, {})
+    assert _sites(report)[0].count == 15
