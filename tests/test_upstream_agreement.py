@@ -20,6 +20,7 @@ CLASS = "TestTiny"
 def _instantiated() -> type:
     backend.activate()  # before PyTorch's device-type bases are read, so PrivateUse1TestBase is one of them
     from torch.testing._internal.common_device_type import dtypes, instantiate_device_type_tests
+    from torch.testing import make_tensor
     from torch.testing._internal.common_utils import TestCase
 
     class TestTiny(TestCase):
@@ -36,6 +37,9 @@ def _instantiated() -> type:
         def test_wrong(self, device):
             self.assertEqual(torch.zeros(2, device=device).cpu(), torch.ones(2))
 
+        def test_made(self, device):  # make_tensor fills its input with uniform_, a documented CPU fallback
+            self.assertEqual(make_tensor((2,), device=device, dtype=torch.float32).abs().shape, (2,))
+
         def test_skipped(self, device):
             self.skipTest("not here")
 
@@ -47,16 +51,19 @@ def _instantiated() -> type:
 def test_counts_recall_flag_rate_and_failures_from_the_backends_reports():
     cls = _instantiated()
     names = sorted(n for n in dir(cls) if n.startswith("test_") and "_neuron" in n)
-    assert names == ["test_add_neuron", "test_mul_neuron_float64", "test_roll_neuron", "test_skipped_neuron",
-                     "test_wrong_neuron"]
+    assert names == ["test_add_neuron", "test_made_neuron", "test_mul_neuron_float64", "test_roll_neuron",
+                     "test_skipped_neuron", "test_wrong_neuron"]
     tests = {t["test"]: t for t in ua.run_tests(cls, names)}
     assert {n: t["outcome"] for n, t in tests.items()} == {
-        "test_add_neuron": "pass", "test_mul_neuron_float64": "pass", "test_roll_neuron": "pass",
+        "test_add_neuron": "pass", "test_made_neuron": "pass", "test_mul_neuron_float64": "pass", "test_roll_neuron": "pass",
         "test_skipped_neuron": "skip", "test_wrong_neuron": "fail"}
     assert "aten::add" in tests["test_add_neuron"]["ops"]["native"]
     assert not set(tests["test_add_neuron"]["ops"]) & ua.PREDICTING
     assert tests["test_roll_neuron"]["ops"]["possible"] == ["aten::roll"]
     assert "aten::mul" in tests["test_mul_neuron_float64"]["ops"]["downcast"]
+    made = tests["test_made_neuron"]
+    assert made["ops"]["fallback"] == ["aten::uniform_"]  # reported, but made by the harness, not by the test
+    assert "fallback" not in made["own"] and "aten::abs" in made["own"]["native"]
 
     expected = [{"class": CLASS, "test": n, "dtypes": []}
                 for n in ("test_roll_neuron", "test_wrong_neuron", "test_skipped_neuron", "test_gone_neuron")]
@@ -64,7 +71,9 @@ def test_counts_recall_flag_rate_and_failures_from_the_backends_reports():
     s = ua.summarize(result, expected)["per_class"][CLASS]
     assert (s["expected"], s["ran_expected"], s["skipped_expected"], s["missing"]) == (4, 2, 1, 1)
     assert (s["predicted"], s["recall"], s["by_group"]) == (1, 50.0, {"possible": 1})
-    assert (s["ran_others"], s["flagged"], s["flag_rate"]) == (2, 1, 50.0)  # add: nothing; mul: a downcast
-    assert s["others_by_group"] == {"downcast": 1}
+    assert (s["ran_others"], s["flagged"], s["flag_rate"]) == (3, 2, 200 / 3)  # mul: a downcast; made: uniform_
+    assert s["others_by_group"] == {"downcast": 1, "certain": 1}
+    own = ua.summarize(result, expected, field="own")["per_class"][CLASS]
+    assert (own["flagged"], own["others_by_group"]) == (1, {"downcast": 1})
     assert s["failed_expected"] == 1
     assert [t["test"] for t in ua.misses(result, expected)] == ["test_wrong_neuron"]
