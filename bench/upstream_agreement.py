@@ -247,7 +247,7 @@ def summarize(result: dict, rows: list[dict] | None = None, field: str = "ops") 
     for cls in result["listed"]:
         per[cls] = {"expected": sum(1 for c, _ in expected if c == cls)}
     for part in [*per.values(), total := {"expected": len(expected)}]:
-        part.update(ran_expected=0, predicted=0, skipped_expected=0, failed_expected=0, ran_others=0, flagged=0,
+        part.update(ran_expected=0, predicted=0, skipped_expected=0, failed_expected=0, ran_others=0, flagged=0, failed_others=0,
                     by_group=Counter(), others_by_group=Counter())
     for t in result["tests"]:
         groups = [g for g, kinds in GROUPS.items() if any(t.get(field, {}).get(k) for k in kinds)]
@@ -263,6 +263,7 @@ def summarize(result: dict, rows: list[dict] | None = None, field: str = "ops") 
             elif t["outcome"] not in ("skip", "crash"):
                 part["ran_others"] += 1
                 part["flagged"] += bool(groups)
+                part["failed_others"] += t["outcome"] in FAILED
                 part["others_by_group"].update(groups)
     for cls, part in [*per.items(), ("all", total)]:
         run_here = cls in result["listed"] or cls == "all"
@@ -289,7 +290,7 @@ def report(s: dict) -> None:
         print(f"{cls:26} recall {p['predicted']:3}/{p['ran_expected']:3} ({p['recall']:5.1f}%) "
               f"of {p['expected']:3} expected ({p['skipped_expected']} skipped, {p['missing']} not run here); "
               f"flag rate {p['flagged']:4}/{p['ran_others']:4} ({p['flag_rate']:5.1f}%); "
-              f"fail here {p['failed_expected']:3}")
+              f"fail here {p['failed_expected']:3} expected, {p['failed_others']:3} others")
         print(" " * 27 + "by kind, recall / flag rate: " + ", ".join(
             f"{g} {p['recall_by_group'][g]:.0f}%/{p['flag_rate_by_group'][g]:.0f}%" for g in GROUPS))
 
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         report(s)
     total = found[0]["total"]
     print(f"fail on the emulator too: {total['failed_expected']} of the {total['ran_expected']} expected failures "
-          "that ran")
+          f"that ran; fail here only: {total['failed_others']} of the {total['ran_others']} other tests")
     if args.misses:
         for t in misses(result, field="own"):
             native = ",".join(o.removeprefix("aten::") for o in t["own"].get(NATIVE, []))
