@@ -189,6 +189,33 @@ def plan(cls: str, names: list[str], expected: set[str], others: int | None) -> 
     return [n for n in names if n in expected] + rest
 
 
+def run_chunk(cls: str, names: list[str], args: argparse.Namespace, stop: float, stem: Path) -> list[dict]:
+    """Run ``names`` in worker processes until all ran or the deadline passed: a worker that dies marks the test it
+    was running as a crash (with its last line of stderr), and a new worker goes on after it."""
+    done: list[dict] = []
+    while names and (left := stop - time.monotonic()) > 0:
+        listed, rows = stem.with_suffix(".names.json"), stem.with_suffix(".jsonl")
+        listed.write_text(json.dumps(names))
+        rows.write_text("")
+        cmd = [sys.executable, __file__, "--worker", cls, "--pytorch-tests", args.pytorch_tests,
+               "--names", str(listed), "--out", str(rows), "--test-timeout", str(args.test_timeout)]
+        try:
+            proc = subprocess.run(cmd, timeout=left, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)
+            why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
+        except subprocess.TimeoutExpired:
+            why = ""
+        ran = [json.loads(x) for x in rows.read_text().splitlines() if x.strip()]
+        listed.unlink()
+        rows.unlink()
+        done += ran
+        names = names[len(ran):]
+        if names and why:
+            done.append({"test": names[0], "outcome": "crash", "detail": why, "ops": {}, "own": {}})
+            names = names[1:]
+    return done
+
+
 def run(args: argparse.Namespace) -> dict:
     rows = expectations()
     out = Path(args.out)
@@ -203,29 +230,12 @@ def run(args: argparse.Namespace) -> dict:
         listed[cls] = len(names)
         todo = plan(cls, names, expected, args.others)
         for i in range(0, len(todo), CHUNK):
-            left = stop - time.monotonic()
-            if left <= 0:
+            if time.monotonic() >= stop:
                 break
-            chunk = out.with_suffix(f".{cls}.{i}.names.json")
-            chunk.write_text(json.dumps(todo[i:i + CHUNK]))
-            before = lines.stat().st_size
-            tmp = out.with_suffix(f".{cls}.{i}.jsonl")
-            tmp.write_text("")
-            cmd = [sys.executable, __file__, "--worker", cls, "--pytorch-tests", args.pytorch_tests,
-                   "--names", str(chunk), "--out", str(tmp), "--test-timeout", str(args.test_timeout)]
-            try:
-                subprocess.run(cmd, timeout=left, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                pass
-            done = [json.loads(x) for x in tmp.read_text().splitlines() if x.strip()]
-            ran = {d["test"] for d in done}
-            crashed = [n for n in todo[i:i + CHUNK] if n not in ran][:1]  # the worker died on the next one
+            done = run_chunk(cls, todo[i:i + CHUNK], args, stop, out.with_suffix(f".{cls}.{i}"))
             with open(lines, "a") as f:
-                for d in done + [{"test": n, "outcome": "crash", "detail": "", "ops": {}} for n in crashed]:
-                    f.write(json.dumps({"class": cls, **d}) + "\n")
-            tmp.unlink()
-            chunk.unlink()
-            print(f"{cls}: {i + len(done)}/{len(todo)} run ({lines.stat().st_size - before} bytes)", flush=True)
+                f.writelines(json.dumps({"class": cls, **d}) + "\n" for d in done)
+            print(f"{cls}: {i + len(done)}/{len(todo)} run", flush=True)
     ran = [json.loads(x) for x in lines.read_text().splitlines() if x.strip()]
     result = {"coverage": os.environ.get("NEURON_LAB_COVERAGE", "torchneuron-combined"),
               "pytorch_tests": args.pytorch_tests, "listed": listed, "tests": ran}
@@ -247,8 +257,8 @@ def summarize(result: dict, rows: list[dict] | None = None, field: str = "ops") 
     for cls in result["listed"]:
         per[cls] = {"expected": sum(1 for c, _ in expected if c == cls)}
     for part in [*per.values(), total := {"expected": len(expected)}]:
-        part.update(ran_expected=0, predicted=0, skipped_expected=0, failed_expected=0, ran_others=0, flagged=0, failed_others=0,
-                    by_group=Counter(), others_by_group=Counter())
+        part.update(ran_expected=0, predicted=0, skipped_expected=0, failed_expected=0, ran_others=0, flagged=0,
+                    failed_others=0, by_group=Counter(), others_by_group=Counter())
     for t in result["tests"]:
         groups = [g for g, kinds in GROUPS.items() if any(t.get(field, {}).get(k) for k in kinds)]
         for part in (per[t["class"]], total):

@@ -19,8 +19,8 @@ CLASS = "TestTiny"
 
 def _instantiated() -> type:
     backend.activate()  # before PyTorch's device-type bases are read, so PrivateUse1TestBase is one of them
-    from torch.testing._internal.common_device_type import dtypes, instantiate_device_type_tests
     from torch.testing import make_tensor
+    from torch.testing._internal.common_device_type import dtypes, instantiate_device_type_tests
     from torch.testing._internal.common_utils import TestCase
 
     class TestTiny(TestCase):
