@@ -307,7 +307,10 @@ def report(s: dict) -> None:
 
 def figures_of(s: dict) -> list[dict]:
     t, of = s["total"], f" ({s['field']})"
-    out = [figure("upstream expected failures not predicted" + of, [100.0 - t["recall"]], "%", TARGET_MISS),
+    out = [figure("upstream expected failures not predicted, of those that ran" + of, [100.0 - t["recall"]], "%",
+                  TARGET_MISS),
+           figure("upstream expected failures not predicted, of all (not run: missed)" + of,
+                  [100.0 - _share(t["predicted"], t["expected"])], "%", TARGET_MISS),
            figure("upstream other tests flagged" + of, [t["flag_rate"]], "%", None)]
     return out + [figure(f"{cls} expected failures predicted" + of, [p["recall"]], "%", None)
                   for cls, p in s["per_class"].items() if p["ran_expected"]]
