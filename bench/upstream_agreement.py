@@ -21,6 +21,7 @@ figure of ``bench/prediction_agreement.py`` instead, and says so.
         --figures out/upstream_figures.json                     # all six classes (an hour or more on 2 cores)
     python bench/upstream_agreement.py --pytorch-tests … --classes TestScatterGather --others 50
     python bench/upstream_agreement.py --summary out/upstream.json --misses   # recount a run, list its misses
+    python bench/upstream_agreement.py --summary out/nn.json out/rest.json    # two runs of other classes as one
 """
 
 from __future__ import annotations
@@ -243,6 +244,13 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def merged(results: list[dict]) -> dict:
+    """Runs of different classes (run side by side, say) as one."""
+    return {"coverage": results[0]["coverage"], "pytorch_tests": results[0]["pytorch_tests"],
+            "listed": {c: n for r in results for c, n in r["listed"].items()},
+            "tests": [t for r in results for t in r["tests"]]}
+
+
 def _share(n: int, of: int) -> float:
     return 100.0 * n / of if of else 0.0
 
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test-timeout", type=float, default=TEST_TIMEOUT_S)
     ap.add_argument("--out", default="out/upstream.json", help="per-test rows (JSON), kept out of the repository")
     ap.add_argument("--figures", help="write the figures here (bench/figures.py)")
-    ap.add_argument("--summary", help="recount an earlier --out instead of running")
+    ap.add_argument("--summary", nargs="+", help="recount earlier --out files (runs of other classes: one count)")
     ap.add_argument("--misses", action="store_true", help="list the unpredicted expected failures and their ops")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
@@ -333,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
     if args.summary:
-        result = json.loads(Path(args.summary).read_text())
+        result = merged([json.loads(Path(p).read_text()) for p in args.summary])
     elif args.pytorch_tests:
         result = run(args)
     else:
