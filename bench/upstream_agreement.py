@@ -195,7 +195,7 @@ def plan(cls: str, names: list[str], expected: set[str], others: int | None) -> 
 
 def run_chunk(cls: str, names: list[str], args: argparse.Namespace, stop: float, stem: Path) -> list[dict]:
     """Run ``names`` in worker processes until all ran or the deadline passed: a worker that dies marks the test it
-    was running as a crash (with its last line of stderr), and a new worker goes on after it."""
+    was running as a crash (with its exit status and last line of stderr), and a new worker goes on after it."""
     done: list[dict] = []
     while names and (left := stop - time.monotonic()) > 0:
         listed, rows = stem.with_suffix(".names.json"), stem.with_suffix(".jsonl")
@@ -206,7 +206,7 @@ def run_chunk(cls: str, names: list[str], args: argparse.Namespace, stop: float,
         try:
             proc = subprocess.run(cmd, timeout=left, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True)
-            why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
+            why = ": ".join([f"exit status {proc.returncode}", *proc.stderr.strip().splitlines()[-1:]])[:200]
         except subprocess.TimeoutExpired:
             why = ""
         ran = [json.loads(x) for x in rows.read_text().splitlines() if x.strip()]

@@ -77,3 +77,46 @@ def test_counts_recall_flag_rate_and_failures_from_the_backends_reports():
     assert (own["flagged"], own["others_by_group"]) == (1, {"downcast": 1})
     assert (s["failed_expected"], s["failed_others"]) == (1, 0)
     assert [t["test"] for t in ua.misses(result, expected)] == ["test_wrong_neuron"]
+
+
+SYNTHETIC = '''
+import os
+
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_utils import TestCase
+
+
+class TestScatterGather(TestCase):
+    def test_a_gather(self, device):
+        torch.zeros(3, device=device).gather(0, torch.tensor([0, 1], device=device))
+
+    def test_b_dies(self, device):
+        os._exit(3)
+
+    def test_c_after(self, device):
+        torch.ones(2, device=device).add(1)
+
+
+instantiate_device_type_tests(TestScatterGather, globals())
+'''
+
+
+def test_the_driver_runs_a_class_in_workers_and_goes_on_after_a_worker_dies(tmp_path):
+    """The script end to end on a class of ours standing in for PyTorch's file: the test whose worker died is a
+    crash with the worker's exit, and a new worker runs the tests after it."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "test_scatter_gather_ops.py").write_text(SYNTHETIC)
+    out = tmp_path / "run.json"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, str(root / "bench" / "upstream_agreement.py"), "--pytorch-tests", str(tmp_path),
+                    "--classes", "TestScatterGather", "--out", str(out), "--deadline", "300"],
+                   check=True, capture_output=True, timeout=400, env={**os.environ, "PYTHONPATH": str(root)})
+    tests = {t["test"]: t for t in json.loads(out.read_text())["tests"]}
+    assert {n: t["outcome"] for n, t in tests.items()} == {
+        "test_a_gather_neuron": "pass", "test_b_dies_neuron": "crash", "test_c_after_neuron": "pass"}
+    assert "aten::gather" in tests["test_a_gather_neuron"]["own"]["downcast"]  # its int64 index
+    assert tests["test_b_dies_neuron"]["detail"].startswith("exit status 3")
