@@ -5,7 +5,8 @@ TorchNeuron lists 708 PyTorch upstream tests it expects to fail on `neuron` (bun
 for the op and dtypes it exercises, a coverage classifies the call as not native (CPU fallback or host op), or one
 of its dtypes is a 64-bit dtype the device downcasts. The op is read from the test's name (``test_ReflectionPad_…``
 -> ``aten::reflection_pad*``): the longest op a backend can see whose name starts the snake-cased test name.
-No torch device is used: this reads data only.
+No torch device is used: this reads data only. ``bench/upstream_agreement.py`` measures the same by running the
+tests on the emulator (it needs PyTorch's test files); this reading is its fallback without them.
 
     python bench/prediction_agreement.py                 # share per coverage, and per test class
     python bench/prediction_agreement.py --misses 20     # the first unpredicted tests
