@@ -598,7 +598,7 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
   for (const at::Tensor* t : tensors) {  // a result over a CPU scalar's bytes is its own, as in Call::back
     if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
   }
-  at::Tensor out = on_device(adopt(r, device), r);
+  at::Tensor out = presented(r, device);
   tally(p, kind, host_ns, args);
   return out;
 }
