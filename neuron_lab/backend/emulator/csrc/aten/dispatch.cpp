@@ -558,43 +558,76 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
 }
 
-at::Tensor direct(const c10::OperatorHandle& op, Plan& p, std::initializer_list<const at::Tensor*> tensors,
+namespace {
+
+// The typed kernels' plain path: every tensor defined, on one device or a CPU scalar, no 64-bit dtype, no profiler,
+// no quirk of the op in the policy. Its device and device dtypes; false: the call goes to run().
+bool plain(const Plan& p, c10::ArrayRef<const at::Tensor*> tensors, c10::DeviceIndex* device, uint64_t* mask) {
+  if (p.on_device || p.int_as_float || p.implicit_rng || p.always_grad_input || p.data_dependent || profiling()) {
+    return false;
+  }
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined()) return false;
+    if (t->device().type() == c10::DeviceType::PrivateUse1) {
+      if (*device >= 0 && t->device().index() != *device) return false;
+      *device = t->device().index();
+      *mask |= uint64_t(1) << static_cast<int>(t->scalar_type());
+    } else if (!t->is_cpu() || t->dim() != 0) {
+      return false;
+    }
+  }
+  return *device >= 0 && !(*mask & rules.wide_mask);
+}
+
+// How long a plain call's host kernel took.
+int64_t timed(c10::function_ref<void()> kernel) {
+  int64_t t0 = now_ns();
+  {
+    QuietHost quiet;
+    kernel();
+  }
+  return now_ns() - t0;
+}
+
+// Counts a plain call as run() would.
+void tally(Plan& p, const Classified& kind, int64_t host_ns, c10::function_ref<Stack()> args) {
+  if (int wants = count(p, kind.kind, kind.reason, host_ns)) examine(p, kind.kind, kind.reason, host_ns, args(), wants);
+}
+
+}  // namespace
+
+at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
                   c10::function_ref<at::Tensor()> kernel, c10::function_ref<Stack()> args) {
-  auto boxed = [&] {
+  c10::DeviceIndex device = -1;
+  uint64_t mask = 0;
+  if (!plain(p, tensors, &device, &mask)) {
     Stack stack = args();
     run(op, &stack);
     return stack.back().toTensor();
-  };
-  if (p.on_device || p.int_as_float || p.implicit_rng || p.always_grad_input || p.data_dependent || profiling()) {
-    return boxed();
   }
-  c10::DeviceIndex device = -1;
-  uint64_t mask = 0;
-  for (const at::Tensor* t : tensors) {
-    if (!t->defined()) return boxed();
-    if (t->device().type() == c10::DeviceType::PrivateUse1) {
-      if (device >= 0 && t->device().index() != device) return boxed();
-      device = t->device().index();
-      mask |= uint64_t(1) << static_cast<int>(t->scalar_type());
-    } else if (!t->is_cpu() || t->dim() != 0) {
-      return boxed();
-    }
-  }
-  if (device < 0 || (mask & rules.wide_mask)) return boxed();
   const Classified& kind = kind_of(p, mask);
-  int64_t t0 = now_ns();
   at::Tensor r;
-  {
-    QuietHost quiet;
-    r = kernel();
-  }
-  int64_t host_ns = now_ns() - t0;
+  int64_t host_ns = timed([&] { r = kernel(); });
   for (const at::Tensor* t : tensors) {  // a result over a CPU scalar's bytes is its own, as in Call::back
     if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
   }
-  at::Tensor out = on_device(adopt(r, device), r);
-  if (int wants = count(p, kind.kind, kind.reason, host_ns)) examine(p, kind.kind, kind.reason, host_ns, args(), wants);
+  at::Tensor out = presented(r, device);
+  tally(p, kind, host_ns, args);
   return out;
+}
+
+at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c10::ArrayRef<const at::Tensor*> tensors,
+                    c10::function_ref<void()> kernel, c10::function_ref<Stack()> args) {
+  c10::DeviceIndex device = -1;
+  uint64_t mask = 0;
+  if (self.device().type() != c10::DeviceType::PrivateUse1 || !plain(p, tensors, &device, &mask)) {
+    Stack stack = args();
+    run(op, &stack);
+    return self;
+  }
+  const Classified& kind = kind_of(p, mask);
+  tally(p, kind, timed(kernel), args);
+  return self;
 }
 
 Plan& named(const char* name, const char* overload) {

@@ -94,8 +94,11 @@ void run(const c10::OperatorHandle& op, Stack* stack);
 // A typed kernel's call (unboxed.cpp). On the plain path (every tensor on one device or a CPU scalar, no 64-bit
 // dtype, no profiler, no quirk of the op in the policy) `kernel` computes on host aliases, and its result is
 // presented and counted as run() would; any other call is run() itself, over the stack `args` makes.
-at::Tensor direct(const c10::OperatorHandle& op, Plan& p, std::initializer_list<const at::Tensor*> tensors,
+at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
                   c10::function_ref<at::Tensor()> kernel, c10::function_ref<Stack()> args);
+// The same for an in-place op: `kernel` writes `self`'s host alias (self is on the device), and self is the result.
+at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c10::ArrayRef<const at::Tensor*> tensors,
+                    c10::function_ref<void()> kernel, c10::function_ref<Stack()> args);
 void count_transfer(int64_t to_device, int64_t to_host);
 // A device-to-host read of `p`'s call (item, a copy to the CPU, a data-dependent shape): delivered to Python as a
 // call of kind `sync` only while somebody wants that kind; nothing else is kept.

@@ -37,10 +37,39 @@ c10::Storage cpu_alias_storage(const c10::Storage& device, bool growable) {
       growable ? c10::GetCPUAllocator() : nullptr, growable));
 }
 
-// The non-resizable CPU alias a kernel computes on: same bytes, same layout.
+namespace {
+
+// Whether a block's cached alias still is `t`'s: over the block's own host storage, in t's dtype and layout, a plain
+// CPU tensor (no math bits, no autograd, no wrapped number). A kernel may have changed its layout since.
+bool fits(const at::Tensor& a, const Block& b, const at::Tensor& t) {
+  if (!a.defined()) return false;
+  const c10::TensorImpl* impl = a.unsafeGetTensorImpl();
+  return impl->storage().unsafeGetStorageImpl() == b.host.unsafeGetStorageImpl() && a.dtype() == t.dtype() &&
+         impl->autograd_meta() == nullptr && !impl->is_wrapped_number() && !a.is_conj() && !a.is_neg() &&
+         a.storage_offset() == t.storage_offset() && a.sizes() == t.sizes() && a.strides() == t.strides();
+}
+
+// The block's cached alias for `t` (made and kept if it had none that fits); undefined if another thread holds it.
+at::Tensor cached(Block& b, const at::Tensor& t) {
+  if (b.alias.busy.exchange(true, std::memory_order_acquire)) return {};
+  if (!fits(b.alias.tensor, b, t)) b.alias.tensor = over(b.host, kCPU, t);
+  at::Tensor out = b.alias.tensor;
+  b.alias.busy.store(false, std::memory_order_release);
+  return out;
+}
+
+}  // namespace
+
+// The non-resizable CPU alias a kernel computes on: same bytes, same layout. A device tensor without math bits over a
+// whole block takes the block's cached one.
 at::Tensor host(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
-  return over(cpu_alias_storage(t.storage()), kCPU, t);
+  const c10::Storage& st = t.storage();
+  Block* b = NeuronAllocator::block_of(st.data_ptr());
+  if (b && !t.is_conj() && !t.is_neg() && b->host.data() == st.data() && b->host.nbytes() == st.nbytes()) {
+    if (at::Tensor a = cached(*b, t); a.defined()) return a;
+  }
+  return over(cpu_alias_storage(st), kCPU, t);
 }
 
 at::Tensor on_device(c10::Storage storage, const at::Tensor& like) {
@@ -61,8 +90,16 @@ c10::Storage adopt(const at::Tensor& r, c10::DeviceIndex device) {
   return st;
 }
 
-at::Tensor host_alias(const at::Tensor& t) {
-  return host(t);
+at::Tensor host_alias(const at::Tensor& t) {  // Python may keep it or change it: never a block's cached one
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+  return over(cpu_alias_storage(t.storage()), kCPU, t);
+}
+
+at::Tensor presented(const at::Tensor& r, c10::DeviceIndex device) {
+  c10::Storage st = adopt(r, device);
+  Block* b = NeuronAllocator::block_of(st.data_ptr());
+  if (b && r.is_cpu() && fits(r, *b, r)) b->alias.tensor = r;  // a fresh block: no other thread knows it yet
+  return on_device(std::move(st), r);
 }
 
 at::Tensor from_host(const at::Tensor& r, c10::DeviceIndex device) {

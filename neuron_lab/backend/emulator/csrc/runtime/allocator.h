@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <atomic>
 #include <cstdint>
@@ -52,8 +53,20 @@ struct MemorySnapshot {
   std::vector<std::vector<TraceEntry>> traces;  // per device, oldest first
 };
 
+// The CPU tensor a typed kernel last computed on over a block's bytes (host_alias.cpp): the next op on a device
+// tensor of the same layout takes it instead of a new TensorImpl. Not part of a block's description: copies and
+// moves leave it behind. `busy` keeps two threads from taking it at once.
+struct HostAlias {
+  at::Tensor tensor;
+  std::atomic<bool> busy{false};
+  HostAlias() = default;
+  HostAlias(const HostAlias&) {}
+  HostAlias& operator=(const HostAlias&) { return *this; }
+};
+
 struct Block {
   c10::Storage host;  // the CPU storage that owns the bytes
+  HostAlias alias;
   void* ptr = nullptr;
   size_t nbytes = 0;  // requested
   Segment segment;  // the size class it reserved, at its emulated device address
@@ -129,7 +142,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   size_t max_entries_ = 0;
   std::mutex mu_;
   std::vector<DeviceMemory> devices_;
-  std::unordered_map<const void*, Block*> by_ptr_;  // every live block, of every device
+  ska::flat_hash_map<const void*, Block*> by_ptr_;  // every live block, of every device
   std::map<int64_t, std::pair<c10::DeviceIndex, int64_t>> windows_;  // open peak windows: id -> (device, highest
                                                                      // allocated on it since)
   int64_t next_window_ = 0, next_serial_ = 0, total_ = 0;
