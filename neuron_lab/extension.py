@@ -92,14 +92,12 @@ class _Note(ShownAsText):
 
 def _display(obj: Any, shell: Any) -> None:
     """Show ``obj`` (a report, a note) under the cell as its text and, where the shell shows HTML (a kernel, not a
-    terminal), its HTML: rendered once each, directly, as IPython would (its ``display()`` asks a dozen formatters
-    per object, every cell)."""
-    from IPython.display import display
-
+    terminal), its HTML: rendered once each and published through the shell, as ``display()`` would (which asks a
+    dozen formatters per object, every cell)."""
     data = {"text/plain": str(obj)}
     if "text/html" in shell.display_formatter.active_types:
         data["text/html"] = obj._repr_html_()
-    display(data, raw=True)
+    shell.display_pub.publish(data=data, metadata={})
 
 
 def _unshown(report: Any, shell: Any) -> Any:
