@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import torch
 
 from neuron_lab import backend as _backend
@@ -29,9 +28,8 @@ from neuron_lab.report.model import HandledOom, Memory, OpRow, OutOfMemory, Prof
 from neuron_lab.trace.compiles import CompileTrace, with_account
 from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.reconcile import reconcile
+from neuron_lab.trace.rss import rss
 from neuron_lab.trace.sites import FileLocator, Locator
-
-_process = psutil.Process()
 
 
 @dataclass(frozen=True)
@@ -176,7 +174,7 @@ class Tracker:
     def start(self) -> Tracker:
         b = self.backend
         reading = self._open_memory(self.report.device)
-        self._rss_before = _process.memory_info().rss
+        self._rss_before = rss()
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_totals()
         watched = b.begin_window()  # the device's own account of the window starts here (TorchNeuron: cleared)
@@ -211,7 +209,7 @@ class Tracker:
         r.ooms_handled = self._handled_ooms(error, reading.ooms)
         peak = b.close_peak_window(self._peak_window)
         r.memory = Memory(self._mem_before, after, max(peak, after, self._mem_before),
-                          b.capacity(), _process.memory_info().rss - self._rss_before)
+                          b.capacity(), rss() - self._rss_before)
         r.wall_s = wall
         r.ops = b.op_calls() - self._calls_before - self._excluded_calls
         h2d, d2h = b.transfer_totals()
