@@ -74,7 +74,7 @@ _bench_loop_s, _bench_loop_cpu = time.perf_counter() - _bench_t0, time.process_t
 PLAIN, PLAIN_AGAIN = "no extension", "no extension, again"
 OFF, ON = "extension, call sites off", "extension, call sites on"
 CONFIGS = (PLAIN, OFF, PLAIN_AGAIN, ON)  # the starting order; it rotates per round
-TARGETS = {OFF: 1.03, ON: 1.10}
+TARGETS = {OFF: 1.03, ON: 1.03}  # issue 31: the extension as loaded (call sites on by default) costs <= 3% a cell
 NOISY = 0.05  # an A/A interquartile range wider than this either side of 1 gets a note
 MEASURES = (("loop", "loop (in cell)"), ("cell", "whole run_cell"))
 OBSERVING = re.compile(re.escape(os.sep).join(("", "neuron_lab", r"(trace|session|report|magics)", ""))
@@ -109,9 +109,12 @@ def configure(shell, config: str) -> None:
     assert session.config.callsites == (config == ON) and session.config.auto_report
 
 
-def run_loop(shell, loop: str, profiler: cProfile.Profile | None = None) -> tuple[dict[str, float], str]:
-    """Seconds of one cell (the loop inside it and the whole run_cell; wall and process CPU), and its output."""
-    gc.collect()
+def run_loop(shell, loop: str, profiler: cProfile.Profile | None = None,
+             collect: bool = True) -> tuple[dict[str, float], str]:
+    """Seconds of one cell (the loop inside it and the whole run_cell; wall and process CPU), and its output;
+    after a full garbage collection (outside the times) unless ``collect`` is False (the caller made it)."""
+    if collect:
+        gc.collect()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         if profiler is not None:
@@ -182,9 +185,9 @@ def counted(rounds: int, steps: int, batch: int = 64, width: int = 128) -> None:
             for i in range(len(CONFIGS)):
                 config = CONFIGS[(r + i) % len(CONFIGS)]
                 configure(shell, config)
-                gc.collect()
+                gc.collect()  # outside the count: a full collection of torch's heap outweighs a short cell
                 with callgrind.count(config):
-                    run_loop(shell, loop)
+                    run_loop(shell, loop, collect=False)
     finally:
         configure(shell, PLAIN)
 

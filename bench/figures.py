@@ -1,8 +1,8 @@
 """One format for every bench figure, so bench/table.py can gather them into one table and compare two runs.
 
 A figure is a dict: ``name``, ``value`` (a float), ``unit`` (``"x"`` for a ratio to a baseline, ``"us"``, ``"%"``,
-``"s"``), ``target`` (the bound it must stay at or under, or None), ``spread`` (the interquartile range of the
-rounds, when there were rounds), ``ci`` (a 95% confidence interval of the median, from the rounds' order
+``"s"``, ``"syncs"``), ``target`` (the bound it must stay at or under, or None), ``spread`` (the interquartile range
+of the rounds, when there were rounds), ``ci`` (a 95% confidence interval of the median, from the rounds' order
 statistics: whether the rounds resolve the target) and ``holds``. A bench script writes ``{"figures": [...]}``
 with ``--figures``.
 """

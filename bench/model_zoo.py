@@ -192,6 +192,16 @@ def resnet() -> Built:
     return ResNetForImageClassification(cfg), {"pixel_values": _pixels(), "labels": _labels()}, _hf_loss
 
 
+def resnet18() -> Built:
+    """resnet-18's layout (basic blocks, depths 2-2-2-2, widths 64-512) in transformers' ResNet: timm's resnet18
+    needs torchvision, which does not import beside the CPU torch wheel here."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2], layer_type="basic",
+                       num_labels=10)
+    return ResNetForImageClassification(cfg), {"pixel_values": _pixels(64), "labels": _labels()}, _hf_loss
+
+
 def convnext() -> Built:
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
@@ -306,6 +316,7 @@ ZOO: dict[str, tuple[str, Callable[[], Built]]] = {
     "swin": ("transformers", swin),
     "clip": ("transformers", clip),
     "resnet": ("transformers", resnet),
+    "resnet18": ("transformers", resnet18),
     "convnext": ("transformers", convnext),
     "mobilenet-v2": ("transformers", mobilenet_v2),
     "timm-resnet18": ("timm", _timm("resnet18")),

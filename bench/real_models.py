@@ -1,6 +1,7 @@
 """Real models' AdamW training steps on `neuron` as ratios to CPU eager, measured in one run, single-threaded.
 
-Issue 31's targets, compiled core: tiny GPT-2, Llama and BERT (transformers) and timm's resnet18, one AdamW
+Issue 31's targets, compiled core: tiny GPT-2, Llama and BERT (transformers) and resnet18 (transformers' ResNet in
+resnet-18's layout: timm's needs torchvision, which does not import beside the CPU torch wheel), one AdamW
 step each (forward, loss, backward, step, zero_grad), built by bench/model_zoo.py's builders (tiny configs,
 random init, nothing downloaded), plus a small MLP's step and a 64x64 add. The CPU and `neuron` copies of a
 model (same weights, same batch) run alternately, round by round; each round's ratio is the device run's
@@ -23,7 +24,8 @@ import torch
 import neuron_lab  # noqa: F401  (activates the emulator when autoload is off)
 
 MODELS = {"tiny GPT-2 AdamW step": ("gpt2", 1.10), "tiny Llama AdamW step": ("llama", 1.10),
-          "tiny BERT AdamW step": ("bert", 1.10), "timm resnet18 AdamW step": ("timm-resnet18", 1.05)}
+          "tiny BERT AdamW step": ("bert", 1.10),
+          "resnet18 (transformers ResNet, resnet-18 layout) AdamW step": ("resnet18", 1.05)}
 
 
 def _cpu_time(fn, number: int) -> float:
@@ -80,7 +82,7 @@ def measure(rounds: int) -> list[dict]:
         torch.manual_seed(0)
         try:
             built = model_zoo.ZOO[model][1]()
-        except ImportError as e:  # timm needs torchvision; a missing library is said, not a failure
+        except ImportError as e:  # a missing library is said, not a failure
             print(f"{name}: skipped ({e})")
             continue
         out.append(figures.figure(name, _ratio_rounds(_trainer(*built), rounds, 2), "x", target))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import figures  # bench/ is the script directory
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
@@ -85,6 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=20)
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--figures", help="also write the syncs added per cell here (bench/table.py)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     rows = {c: measure(c, a.cells) for c in CONFIGS}
@@ -97,6 +99,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"target": TARGET, "configurations": rows}, f, indent=1)
+    figures.write(a.figures, [figures.figure(f"device syncs added per cell: {c}", [r["synchronizes"] + r["reads"]],
+                                             "syncs", TARGET) for c, r in rows.items()])
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ MAGICS = "NeuronMagics"  # the name IPython's magics registry keeps the loaded e
 def load(shell: Any) -> None:
     if _magics_of(shell) is not None:
         return
-    from IPython.display import display
-
     from neuron_lab.magics import NeuronMagics
     from neuron_lab.session import Session, settings_of
     from neuron_lab.trace.profile import quiet_kineto
@@ -43,10 +41,10 @@ def load(shell: Any) -> None:
     def show(report: Any) -> None:
         if not (config.auto_report and report.touched_device):
             return
-        display(_unshown(report, shell))
+        _display(_unshown(report, shell), shell)
         if not said_int64 and any(expected_downcast(r) for r in report.downcasts):
             said_int64.append(True)
-            display(_Note(INT64_NOTE))  # shown as the report is, under it: not in the cell's own stdout
+            _display(_Note(INT64_NOTE), shell)  # shown as the report is, under it: not in the cell's own stdout
 
     session.listeners.append(show)
     session.start()
@@ -90,6 +88,16 @@ class _Note(ShownAsText):
         from neuron_lab.report.html import sentence
 
         return f"<div style='font-family:monospace;font-size:12px'>{sentence(self.text)}</div>"
+
+
+def _display(obj: Any, shell: Any) -> None:
+    """Show ``obj`` (a report, a note) under the cell as its text and, where the shell shows HTML (a kernel, not a
+    terminal), its HTML: rendered once each and published through the shell, as ``display()`` would (which asks a
+    dozen formatters per object, every cell)."""
+    data = {"text/plain": str(obj)}
+    if "text/html" in shell.display_formatter.active_types:
+        data["text/html"] = obj._repr_html_()
+    shell.display_pub.publish(data=data, metadata={})
 
 
 def _unshown(report: Any, shell: Any) -> Any:

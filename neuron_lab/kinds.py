@@ -67,20 +67,28 @@ def order(kind: str) -> int:
 def row_order(row: Any) -> tuple[int, int, int, str]:
     """How every listing sorts a report's op rows: by section (:func:`sections`), the most host time first (what
     slowed the window), then the most calls."""
-    at = next((i for i, (_, members) in enumerate(sections()) if row.kind in members), len(KINDS) + order(row.kind))
-    return at, -row.host_ns, -row.count, row.op
+    at = _SECTION_OF.get(row.kind)
+    return (len(KINDS) + order(row.kind) if at is None else at), -row.host_ns, -row.count, row.op
 
 
 def title(kind: str) -> str:
     return KINDS[kind].title if kind in KINDS else kind
 
 
-def sections() -> list[tuple[Kind, frozenset[str]]]:
+def sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
     """How reports group their rows: every kind that ran off the device in one section (titled by the first of
     them: CPU fallbacks, host ops marked as such), then each other reported kind in its own, in table order."""
+    return _SECTIONS
+
+
+def _sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
     off = [k for k in KINDS.values() if k.off_device and k.reported]
     rest = [(k, frozenset({k.name})) for k in KINDS.values() if k.reported and not k.off_device]
-    return ([(off[0], frozenset(k.name for k in off))] if off else []) + rest
+    return tuple(([(off[0], frozenset(k.name for k in off))] if off else []) + rest)
+
+
+_SECTIONS = _sections()  # the table is fixed at import: every report and every sort reads these
+_SECTION_OF = {name: i for i, (_, members) in enumerate(_SECTIONS) for name in members}
 
 
 def as_json() -> list[dict[str, Any]]:

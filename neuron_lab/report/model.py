@@ -401,9 +401,16 @@ class Report(ShownAsText):
         return [r for r in self.ops_not_native if r.kind == DOWNCAST]
 
     def sections(self) -> list[tuple[Kind, list[OpRow]]]:
-        """The report's non-empty row sections, as :func:`neuron_lab.kinds.sections` groups them."""
+        """The report's non-empty row sections, as :func:`neuron_lab.kinds.sections` groups them; a final report's
+        are grouped once (its text, its HTML and their summary lines each ask)."""
+        kept = self.__dict__.get("_sections")
+        if kept is not None:
+            return list(kept)
         out = [(kind, [r for r in self.ops_not_native if r.kind in members]) for kind, members in sections()]
-        return [(kind, rows) for kind, rows in out if rows]
+        out = [(kind, rows) for kind, rows in out if rows]
+        if self._final:
+            object.__setattr__(self, "_sections", tuple(out))
+        return out
 
     @property
     def fallback_calls(self) -> int:

@@ -6,6 +6,7 @@ terminal and a notebook show the same facts in the same words; a renderer adds o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from neuron_lab import kinds
@@ -77,7 +78,14 @@ def shape_text(row: OpRow) -> str:
     moved = f"{format_size(row.nbytes)} over {row.ranks} ranks  " if row.ranks else ""
     if not row.shapes:
         return moved.rstrip()
-    return moved + ", ".join(f"{list(s)} {d}" for s, d in zip(row.shapes, row.dtypes))
+    return moved + _shapes_text(tuple(row.shapes), tuple(row.dtypes))
+
+
+@functools.lru_cache(maxsize=512)
+def _shapes_text(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...]) -> str:
+    """Shapes and dtypes as text, made once per signature: every cell of a loop reports the same ones (an
+    optimizer's ``_foreach`` calls list every parameter), in its text and its HTML."""
+    return ", ".join(f"{list(s)} {d}" for s, d in zip(shapes, dtypes))
 
 
 def expected_downcast(row: OpRow) -> bool:

@@ -26,6 +26,7 @@ class Locator:
         # keyed by id: a code object's own hash is recomputed on every look-up (its constants, names, bytecode)
         self._role: dict[int, int] = {}
         self._codes: list[CodeType] = []  # those in _role, kept alive: an id is not reused while it is cached
+        self._lines: dict[tuple[int, int], str] = {}  # (id of a code object in _role, line): its stack frame
 
     def is_user_file(self, filename: str) -> bool:
         raise NotImplementedError
@@ -96,11 +97,17 @@ class Locator:
             chain += [] if user is None else self._chain(user)
         if len(chain) > depth:
             chain = chain[:depth - 1] + chain[-1:]
-        out = []
-        for f in reversed(chain):
-            s = self.site(f.f_code.co_filename, f.f_lineno)
-            out.append(f"{s.label} in {f.f_code.co_name}: {s.source}")
-        return tuple(out)
+        return tuple(self._frame_line(f.f_code, f.f_lineno) for f in reversed(chain))
+
+    def _frame_line(self, code: CodeType, line: int) -> str:
+        """A stack frame as "where in function: source", formatted once per line of a code object (the chain
+        kept ``code`` in :attr:`_codes`, so its id is not reused): a loop's calls repeat the same few frames."""
+        key = (id(code), line)
+        text = self._lines.get(key)
+        if text is None:
+            s = self.site(code.co_filename, line)
+            text = self._lines[key] = f"{s.label} in {code.co_name}: {s.source}"
+        return text
 
     def _chain(self, frame: FrameType | None) -> list[FrameType]:
         """The library and user frames at or above ``frame``, innermost first, up to the outermost user frame below

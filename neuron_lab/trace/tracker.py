@@ -18,19 +18,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab.backend.coverage import rewrites
+from neuron_lab.backend.memory_reading import MemoryReading
 from neuron_lab.kinds import OFF_DEVICE, REPORTED
 from neuron_lab.report.model import HandledOom, Memory, OpRow, OutOfMemory, Profiled, Report, Site
 from neuron_lab.trace.compiles import CompileTrace, with_account
 from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.reconcile import reconcile
+from neuron_lab.trace.rss import rss
 from neuron_lab.trace.sites import FileLocator, Locator
-
-_process = psutil.Process()
 
 
 @dataclass(frozen=True)
@@ -170,19 +169,21 @@ class Tracker:
     def memory_before(self) -> int:
         return self._mem_before
 
-    def _open_memory(self, device: str) -> None:
-        """Baseline and peak window on the window's device (the notebook's, not the current one)."""
-        self._mem_before = self.backend.memory_reading(device, synchronize=False).allocated  # the last window synced
+    def _open_memory(self, device: str) -> MemoryReading:
+        """Baseline and peak window on the window's device (the notebook's, not the current one); the reading."""
+        reading = self.backend.memory_reading(device, synchronize=False)  # the last window synced
+        self._mem_before = reading.allocated
         self._peak_window = self.backend.open_peak_window(device)  # the emulator leaves the user's peak alone
+        return reading
 
     def start(self) -> Tracker:
         b = self.backend
-        self._open_memory(self.report.device)
-        self._rss_before = _process.memory_info().rss
+        reading = self._open_memory(self.report.device)
+        self._rss_before = rss()
         self._calls_before = b.op_calls()
         self._transfers_before = b.transfer_totals()
         watched = b.begin_window()  # the device's own account of the window starts here (TorchNeuron: cleared)
-        self._ooms_before = b.memory_reading(self.report.device, synchronize=False).ooms
+        self._ooms_before = reading.ooms
         self._unwatch_ooms = b.watch_ooms(self._heard_oom)
         self._unsubscribe = b.subscribe(self._ops.record, REPORTED | watched, self._ops.role)
         try:
@@ -213,7 +214,7 @@ class Tracker:
         r.ooms_handled = self._handled_ooms(error, reading.ooms)
         peak = b.close_peak_window(self._peak_window)
         r.memory = Memory(self._mem_before, after, max(peak, after, self._mem_before),
-                          b.capacity(), _process.memory_info().rss - self._rss_before)
+                          b.capacity(), rss() - self._rss_before)
         r.wall_s = wall
         r.ops = b.op_calls() - self._calls_before - self._excluded_calls
         h2d, d2h = b.transfer_totals()
