@@ -1,7 +1,7 @@
 """What `%%neuron parity` and `%%neuron compare` cost beyond the runs they must make, as ratios from one run.
 
 One in-process IPython shell with the extension loaded (auto-report off) trains bench/workload.py's
-MLP for a few AdamW steps per cell. Every round, after a ``gc.collect()``, runs the plain cell, the
+lowered MLP for a few AdamW steps per cell. Every round, after a ``gc.collect()``, runs the plain cell, the
 same cell under ``%%neuron parity`` and under ``%%neuron compare --warmup 0 --runs 2``, in an order
 that rotates per round. The ratios, medians over rounds:
 
@@ -25,13 +25,13 @@ import time
 
 import torch
 from extension_overhead import make_shell  # bench/ is the script directory
-from workload import MODEL
+from workload import LOWERED
 
 import neuron_lab  # noqa: F401  (activates the emulator when autoload is off)
 
 torch.set_num_threads(1)
 
-SETUP = "import torch\nimport torch.nn.functional as F\n\n" + MODEL
+SETUP = "import torch\nimport torch.nn.functional as F\n\n" + LOWERED  # compare compiles it
 STEPS = """\
 for _ in range({steps}):
     opt.zero_grad(set_to_none=True)
