@@ -194,7 +194,7 @@ def join_ranks(shell: Any, timeout_s: float, notebook_pid: int | None = None,
 def answer_where(shell: Any) -> Payload:
     """``neuron-lab run --nproc``: from now on this rank says where it is when the runner asks (a cell past
     ``--timeout``), as an engine of ``%neuron ranks`` does."""
-    stuck.serve(int(os.environ["RANK"]), lambda: _where(shell))
+    stuck.serve(int(settings.env("RANK").text() or 0), lambda: _where(shell))
     return Payload(None)
 
 

@@ -212,7 +212,8 @@ register_env("NEURON_LAB_SSH_HOST", "the index of the host an ssh engine was sta
              "(set by `%neuron ranks start N --engines ssh`)", "neuron_lab.session.ssh_engines", listed=False)
 register_env("NEURON_LAB_HOST", "the emulated host this rank is on (one per host of `--nnodes M`, `--hosts M`)",
              "neuron_lab.session.placement", listed=False)
-register_env("RANK", "this process's global rank", f"{E}.neuronx.profiling", listed=False, default="0")
+register_env("RANK", "this process's global rank", f"{E}.neuronx.profiling", "neuron_lab.agent", listed=False,
+             default="0")
 del B, E
 
 # -- %config NeuronLab.<name> -----------------------------------------------------------------------------------------
