@@ -23,6 +23,7 @@ from test_ranks_ssh import _cluster_procs, _none_left
 
 from neuron_lab.extension import session_of
 from neuron_lab.session import ranks_address
+from neuron_lab.session.ranks import Ranks, RanksError
 from neuron_lab.session.ranks_address import LOOPBACK, choose
 
 
@@ -61,6 +62,13 @@ def test_loopback_is_told_by_address_or_name() -> None:
     assert [ranks_address.is_loopback(a) for a in ("127.0.0.1", "localhost", "::1", "192.0.2.2",
                                                    "no-such-host.invalid")] == [True, True, True, False, False]
     assert ranks_address.ip_of("localhost") == "127.0.0.1"
+
+
+def test_an_address_that_does_not_resolve_stops_the_start_before_anything_starts() -> None:
+    with pytest.raises(RanksError) as e:
+        Ranks.start(2, address="no-such-host.invalid")
+    assert str(e.value).startswith("the ranks' address 'no-such-host.invalid' does not resolve (")
+    assert str(e.value).endswith("); `%config NeuronLab.ranks_address = 'IP'` sets it")
 
 
 def test_ssh_engines_at_a_non_loopback_address_reach_the_controller_and_store_there_and_run_a_ddp_step(

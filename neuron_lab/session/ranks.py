@@ -192,6 +192,15 @@ class Ranks(ShownAsText):
 
         if engines == "ssh" and ssh is None:
             raise RanksError(NEED_HOSTS)
+        address = ranks_address.choose(address, engines, [ssh.host_name(i) for i in range(len(ssh.hosts))]
+                                       if engines == "ssh" else ())
+        try:  # the controller listens there (on loopback, as ipyparallel's default), and its connection files name it
+            here = ranks_address.is_loopback(address)
+            address = ranks_address.LOOPBACK if here else address
+            listen = {} if here else {"controller_ip": ranks_address.ip_of(address)}
+        except OSError as e:
+            raise RanksError(f"the ranks' address {address!r} does not resolve ({_one_line(e)}); "
+                             "`%config NeuronLab.ranks_address = 'IP'` sets it") from None
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
         launcher: Any = engines
         config = Config()
@@ -204,15 +213,6 @@ class Ranks(ShownAsText):
         elif engines == "ssh":
             for name, value in ssh.traits(n, profile_dir).items():
                 setattr(config.SSHEngineSetLauncher, name, value)
-        address = ranks_address.choose(address, engines, [ssh.host_name(i) for i in range(len(ssh.hosts))]
-                                       if engines == "ssh" else ())
-        try:  # the controller listens there (on loopback, as ipyparallel's default), and its connection files name it
-            here = ranks_address.is_loopback(address)
-            address = ranks_address.LOOPBACK if here else address
-            listen = {} if here else {"controller_ip": ranks_address.ip_of(address)}
-        except OSError as e:
-            raise RanksError(f"the ranks' address {address!r} (NeuronLab.ranks_address) does not resolve: "
-                             f"{_one_line(e)}") from None
         cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
                               engine_launcher_class=launcher, config=config, **listen)
         restart = (f"%neuron ranks start {n}" + (f" --hosts {hosts}" if hosts > 1 else "")
