@@ -208,6 +208,10 @@ register_env("LOCAL_WORLD_SIZE", "how many ranks run on this host", f"{E}.topolo
 register_env("NEURON_LAB_RANKS_ENGINES", "the engines `%neuron ranks start N` starts when it is not given "
              "--engines (`neuron-lab run --engines` sets it for a notebook's kernel)", "neuron_lab.magics",
              choices=("local", "mpi", "slurm"), default="local")
+register_env("NEURON_LAB_RANKS_ADDRESS", "the address at which `%neuron ranks` engines on other hosts reach the "
+             "notebook's controller and rendezvous store (their MASTER_ADDR), when NeuronLab.ranks_address is not "
+             "set; default: loopback for engines on this machine, else as docs/distributed.md says",
+             "neuron_lab.session.ranks_address")
 register_env("NEURON_LAB_SSH_HOST", "the index of the host an ssh engine was started on, in `--ssh-hosts` order "
              "(set by `%neuron ranks start N --engines ssh`)", "neuron_lab.session.ssh_engines", listed=False)
 register_env("NEURON_LAB_HOST", "the emulated host this rank is on (one per host of `--nnodes M`, `--hosts M`)",
@@ -238,6 +242,10 @@ register_config("compile_progress_s", float, 0.7, "A compile running this long s
 register_config("ranks_output_window_s", float, 0.5, "How long a line one rank of a `%%neuron ranks` cell printed "
                 "waits for the other ranks to print it too, to be shown once with their ranks; then it is shown with "
                 "the ranks that printed it by then.", minimum=0)
+register_config("ranks_address", str, "", "The address at which `%neuron ranks` engines reach the notebook's "
+                "ipyparallel controller and the ranks' rendezvous store (their MASTER_ADDR); empty: "
+                "NEURON_LAB_RANKS_ADDRESS, else loopback for engines on this machine, the interface routing to the "
+                "first ssh host, or the FQDN for Slurm.")
 register_config("auto_dashboard", bool, False, "Show a compact live strip (memory bar, fallback count, mode) under "
                 "each cell while it runs (widget frontends).")
 register_config("display_as", str, "auto", "How the live views show: widgets (auto: under a kernel) or static "

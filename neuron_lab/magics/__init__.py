@@ -265,7 +265,8 @@ class NeuronMagics(Magics):
                     print(f"neuron_lab: {problem}", file=sys.stderr)
                 ssh = SSHOptions.parse(args.ssh_hosts) if args.ssh_hosts else None
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or engines, slurm=slurm, instance=args.instance, ssh=ssh)
+                                      engines=args.engines or engines, slurm=slurm, instance=args.instance, ssh=ssh,
+                                      address=s.config.ranks_address)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line
                 raise UsageError(f"%neuron ranks start: {first}; nothing is left running"
@@ -277,7 +278,7 @@ class NeuronMagics(Magics):
                                             "stop` first")
             try:
                 s.ranks = Ranks.attach(args.profile or None, args.cluster_file, args.sshserver,
-                                       args.timeout or DEFAULT_TIMEOUT_S)
+                                       args.timeout or DEFAULT_TIMEOUT_S, address=s.config.ranks_address)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")
                 raise UsageError(f"%neuron ranks attach: {first}" + (f"\n{table}" if table else "")) from None

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 from neuron_lab import settings
 from neuron_lab.session import placement
+from neuron_lab.session.ranks_address import LOOPBACK
 
-MASTER_ADDR = "127.0.0.1"
+MASTER_ADDR = LOOPBACK  # all ranks on this machine; others reach it at `session.ranks_address`
 _INSTANCE = settings.env("NEURON_LAB_INSTANCE")
 
 
@@ -26,20 +27,23 @@ class AgentStore:
     """The ranks' rendezvous store, hosted by the launcher for as long as this object lives.
 
     The OS picks its port as it starts listening, so no other process can take the port between its choice and its
-    use; a free port chosen first for rank 0 to listen on later can be taken (a CI run failed with EADDRINUSE)."""
+    use; a free port chosen first for rank 0 to listen on later can be taken (a CI run failed with EADDRINUSE).
+    It listens on every interface (TCPStore's server does, whatever its host), so ranks on other hosts reach it at
+    ``address``, the ``MASTER_ADDR`` they are given."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str = MASTER_ADDR) -> None:
         from torch.distributed import TCPStore
 
-        self.tcp = TCPStore(MASTER_ADDR, 0, is_master=True, wait_for_workers=False)
+        self.address = address
+        self.tcp = TCPStore(address, 0, is_master=True, wait_for_workers=False)
         self.port: int = self.tcp.port
 
 
 def free_port() -> int:
     """A port nothing listens on now, for ``NEURON_RT_ROOT_COMM_ID``: the Neuron runtime binds it later, as
-    TorchNeuron's process group picks one on rank 0 when the variable is unset."""
+    TorchNeuron's process group picks one on rank 0 when the variable is unset (free on every interface)."""
     with socket.socket() as s:
-        s.bind((MASTER_ADDR, 0))
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 
@@ -55,8 +59,8 @@ def host_instances(text: str, nnodes: int) -> list[str]:
     return names * nnodes if len(names) == 1 else names
 
 
-def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1,
-              instances: Sequence[str] = ()) -> list[dict[str, str]]:
+def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1, instances: Sequence[str] = (),
+              master_addr: str = MASTER_ADDR) -> list[dict[str, str]]:
     """``base`` plus torchrun's variables for each of ``nproc`` ranks on each of ``nnodes`` nodes, in rank order,
     whose rendezvous is an :class:`AgentStore` listening on ``port``. Several nodes are hosts emulated on this
     machine: each rank is told its host's name (``NEURON_LAB_HOST``); the rendezvous stays on this machine.
@@ -66,13 +70,14 @@ def rank_envs(base: dict[str, str], nproc: int, port: int, nnodes: int = 1,
     memory are its host's.
     """
     emulated = nnodes > 1 or bool(instances)
-    return place_envs(base, placement.one_host(nproc, MASTER_ADDR, nnodes), port, emulated, instances)
+    return place_envs(base, placement.one_host(nproc, master_addr, nnodes), port, emulated, instances, master_addr)
 
 
-def place_envs(base: dict[str, str], places: list[placement.Place], port: int,
-               emulated: bool = False, instances: Sequence[str] = ()) -> list[dict[str, str]]:
+def place_envs(base: dict[str, str], places: list[placement.Place], port: int, emulated: bool = False,
+               instances: Sequence[str] = (), master_addr: str = MASTER_ADDR) -> list[dict[str, str]]:
     """:func:`rank_envs` for ranks the scheduler placed (in the order of ``places``); ``emulated``: their hosts
-    are emulated on this machine, and each rank is told its host's name (and its instance, given ``instances``)."""
+    are emulated on this machine, and each rank is told its host's name (and its instance, given ``instances``);
+    ``master_addr``: where they reach the store (and the runtime's bootstrap, ``NEURON_RT_ROOT_COMM_ID``)."""
     root_comm_port = free_port()
     common = {"ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
               "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:12], "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -80,5 +85,5 @@ def place_envs(base: dict[str, str], places: list[placement.Place], port: int,
         common["OMP_NUM_THREADS"] = "1"
     hosts = [{placement.HOST_ENV: placement.emulated_host(p.node),
               **({_INSTANCE.name: instances[p.node]} if instances else {})} if emulated else {} for p in places]
-    return [{**base, **common, **placement.rank_env(p, MASTER_ADDR, port, root_comm_port), **host}
+    return [{**base, **common, **placement.rank_env(p, master_addr, port, root_comm_port), **host}
             for p, host in zip(places, hosts, strict=True)]

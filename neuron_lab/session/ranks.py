@@ -48,7 +48,7 @@ from traitlets.config import Config
 from neuron_lab import settings
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label, ranks_named
-from neuron_lab.session import launch, placement, stuck
+from neuron_lab.session import launch, placement, ranks_address, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.session.slurm_job import JobWatch, SlurmOptions
@@ -175,13 +175,14 @@ class Ranks(ShownAsText):
     @classmethod
     def start(cls, n: int, timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
               hosts: int = 1, engines: str = "local", slurm: SlurmOptions | None = None,
-              instance: str | None = None, ssh: SSHOptions | None = None) -> Ranks:
+              instance: str | None = None, ssh: SSHOptions | None = None, address: str = "") -> Ranks:
         """Start ``n`` engines with ipyparallel's ``engines`` launcher and make them ranks 0..n-1 of one process
         group, each rank where its scheduler placed it (``hosts`` > 1: on that many hosts emulated on this machine,
         ``n // hosts`` ranks each, each host of its ``instance`` shape: ``launch.host_instances``); ``slurm``: the
         ``sbatch`` options of a Slurm job of engines; ``ssh``: the hosts of ssh engines, ``n // len(hosts)`` on
-        each, ranked host by host in their order (``session.ssh_engines``). On any failure every process (or job)
-        started is stopped again and :class:`RanksError` says why."""
+        each, ranked host by host in their order (``session.ssh_engines``); ``address``: where the engines reach the
+        controller and the store (``NeuronLab.ranks_address``; empty: ``session.ranks_address``'s rule). On any
+        failure every process (or job) started is stopped again and :class:`RanksError` says why."""
         if not 1 <= n <= MAX_RANKS:
             raise ValueError(f"N must be from 1 to {MAX_RANKS}, not {n}")
         try:
@@ -191,6 +192,15 @@ class Ranks(ShownAsText):
 
         if engines == "ssh" and ssh is None:
             raise RanksError(NEED_HOSTS)
+        address = ranks_address.choose(address, engines, [ssh.host_name(i) for i in range(len(ssh.hosts))]
+                                       if engines == "ssh" else ())
+        try:  # the controller listens there (on loopback, as ipyparallel's default), and its connection files name it
+            here = ranks_address.is_loopback(address)
+            address = ranks_address.LOOPBACK if here else address
+            listen = {} if here else {"controller_ip": ranks_address.ip_of(address)}
+        except OSError as e:
+            raise RanksError(f"the ranks' address {address!r} does not resolve ({_one_line(e)}); "
+                             "`%config NeuronLab.ranks_address = 'IP'` sets it") from None
         profile_dir = tempfile.mkdtemp(prefix="neuron-lab-ranks-")  # the user's own IPython profile stays untouched
         launcher: Any = engines
         config = Config()
@@ -204,7 +214,7 @@ class Ranks(ShownAsText):
             for name, value in ssh.traits(n, profile_dir).items():
                 setattr(config.SSHEngineSetLauncher, name, value)
         cluster = ipp.Cluster(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=True,
-                              engine_launcher_class=launcher, config=config)
+                              engine_launcher_class=launcher, config=config, **listen)
         restart = (f"%neuron ranks start {n}" + (f" --hosts {hosts}" if hosts > 1 else "")
                    + (f" --instance {instance}" if instance else "")
                    + (f" --engines {engines}" if engines != "local" else "") + (slurm.flags() if slurm else "")
@@ -222,7 +232,7 @@ class Ranks(ShownAsText):
             _wait_engines(client, n, started + timeout_s, job, cluster)
             ends_with = () if job else (os.getpid(), cluster.controller.pid)  # a notebook killed without a stop
             engines_up, store = _join(client, n, hosts, timeout_s, started + timeout_s, progress, job, ends_with,
-                                      instance, ssh if engines == "ssh" else None)
+                                      instance, ssh if engines == "ssh" else None, address)
         except BaseException as e:
             _shutdown(cluster, client, profile_dir)
             if job is not None:
@@ -234,10 +244,12 @@ class Ranks(ShownAsText):
 
     @classmethod
     def attach(cls, profile: str | None = None, cluster_file: str | None = None, sshserver: str | None = None,
-               timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print) -> Ranks:
+               timeout_s: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = print,
+               address: str = "") -> Ranks:
         """The engines of an ipyparallel cluster that runs already (a team's ``ipcluster start``), found by its
         IPython ``profile`` or its ``cluster_file``, through ``sshserver``'s tunnel if given, made ranks as started
-        engines are. Nothing of that cluster is stopped, on a failure or at :meth:`stop`: the notebook detaches."""
+        engines are, reaching the store at ``address`` (``NeuronLab.ranks_address``; empty: loopback). Nothing
+        of that cluster is stopped, on a failure or at :meth:`stop`: the notebook detaches."""
         try:
             from ipyparallel import Client
         except ImportError:
@@ -262,7 +274,8 @@ class Ranks(ShownAsText):
             if not 1 <= n <= MAX_RANKS:
                 raise RanksError(f"the cluster at {where} has {count(n, 'engine')}; ranks need 1 to {MAX_RANKS}")
             progress(f"neuron_lab: attached to the {count(n, 'engine')} of the ipyparallel cluster at {where}")
-            engines, store = _join(client, n, 1, timeout_s, started + timeout_s, progress, None, ())
+            engines, store = _join(client, n, 1, timeout_s, started + timeout_s, progress, None, (),
+                                   address=ranks_address.choose(address, "attach"))
         except BaseException as e:
             client.close()
             raise _start_error(e, timeout_s) from None
@@ -563,7 +576,8 @@ class Ranks(ShownAsText):
         up = [e for e in self.engines if e.alive()]
         on = "ipyparallel" if self.attached is None else f"the ipyparallel cluster at {self.attached} (attached)"
         lines = [f"neuron_lab ranks: {len(up)} of {count(len(self.engines), 'rank')} up on {on}, process "
-                 f"group `neuron` (MASTER_ADDR=127.0.0.1 MASTER_PORT={self.store.port}, timeout {self.timeout_s:g} s)"]
+                 f"group `neuron` (MASTER_ADDR={self.store.address} MASTER_PORT={self.store.port}, "
+                 f"timeout {self.timeout_s:g} s)"]
         if self.job is not None:
             lines.append(f"  Slurm job {self.job.job_id}: {self.job.state() or 'unknown to squeue and sacct'}")
         for e in self.engines:
@@ -624,14 +638,15 @@ def _merge_traces(folder: str, export: str, ranks: list[int]) -> str | None:
 
 def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, progress: Callable[[str], None],
           job: JobWatch | None, ends_with: tuple[int, ...], instance: str | None = None,
-          ssh: SSHOptions | None = None) -> tuple[list[Engine], launch.AgentStore]:
+          ssh: SSHOptions | None = None, address: str = launch.MASTER_ADDR) -> tuple[list[Engine], launch.AgentStore]:
     """The registered engines made ranks 0..n-1 of one process group that meets at a store hosted here: each rank
     where its scheduler placed it (``hosts`` > 1 or an ``instance``: on that many hosts emulated, ``n // hosts`` ranks
     each, each host of its instance shape; ``ssh``: host by host in the order of its hosts); an engine on this
-    machine ends when the processes ``ends_with`` are gone (none: engines this notebook did not start)."""
+    machine ends when the processes ``ends_with`` are gone (none: engines this notebook did not start); ``address``:
+    their ``MASTER_ADDR``."""
     from ipyparallel import Reference
 
-    store = launch.AgentStore()  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
+    store = launch.AgentStore(address)  # the ranks' rendezvous, hosted here as torchrun's agent hosts it
     port = store.port
     ids = sorted(client.ids)[:n]
     seen = [placement.Seen(host, env)
@@ -641,23 +656,23 @@ def _join(client: Any, n: int, hosts: int, timeout_s: float, deadline: float, pr
     names: list[str] | None = None  # each rank's host, where its launcher names it
     if hosts > 1 or instance:
         envs = launch.rank_envs(base, n // hosts, port, hosts,
-                                launch.host_instances(instance, hosts) if instance else ())
+                                launch.host_instances(instance, hosts) if instance else (), address)
     elif ssh is not None:  # host by host in --ssh-hosts order; several hosts that are one machine are emulated
         index = [int(s.env.get(HOST_INDEX, "-1")) for s in seen]
         order = sorted(range(n), key=lambda i: (index[i], ids[i]))
         ids, seen, index = [ids[i] for i in order], [seen[i] for i in order], [index[i] for i in order]
         emulated = len({s.host for s in seen}) < len(set(index))
         envs = launch.place_envs(base, placement.place([placement.Seen(ssh.hosts[i], {}) for i in index]), port,
-                                 emulated)
+                                 emulated, master_addr=address)
         names = None if emulated else [ssh.host_name(i) for i in index]
     else:  # each engine's rank from its scheduler's variables (mpiexec's, srun's), or host by host
         places = placement.place(seen)
         by_rank = sorted(range(n), key=lambda i: places[i].rank)
-        envs = launch.place_envs(base, [places[i] for i in by_rank], port)
+        envs = launch.place_envs(base, [places[i] for i in by_rank], port, master_addr=address)
         ids, seen = [ids[i] for i in by_rank], [seen[i] for i in by_rank]
     here = [s.host == socket.gethostname() for s in seen]  # its pid can be watched
     progress(f"neuron_lab: {count(n, 'engine')} up; loading neuron_lab and joining the process group "
-             f"(MASTER_ADDR=127.0.0.1 MASTER_PORT={port})…")
+             f"(MASTER_ADDR={address} MASTER_PORT={port})…")
     pids = client[ids].apply_async(os.getpid).get(timeout=timeout_s)
     for i in range(n):
         client[ids[i]].execute(_set_env_code(envs[i]), silent=True, block=False)
