@@ -207,7 +207,9 @@ register_env("LOCAL_RANK", "this process's rank on its host", f"{E}.topology", f
 register_env("LOCAL_WORLD_SIZE", "how many ranks run on this host", f"{E}.topology", listed=False)
 register_env("NEURON_LAB_RANKS_ENGINES", "the engines `%neuron ranks start N` starts when it is not given "
              "--engines (`neuron-lab run --engines` sets it for a notebook's kernel)", "neuron_lab.magics",
-             choices=("local", "mpi", "slurm"), default="local")
+             choices=("local", "mpi", "slurm", "ssh"), default="local")
+register_env("NEURON_LAB_RANKS_SSH_HOSTS", "the hosts `%neuron ranks start N` starts ssh engines on when it is not "
+             "given --ssh-hosts (`neuron-lab run --ssh-hosts` sets it for a notebook's kernel)", "neuron_lab.magics")
 register_env("NEURON_LAB_RANKS_ADDRESS", "the address at which `%neuron ranks` engines on other hosts reach the "
              "notebook's controller and rendezvous store (their MASTER_ADDR), when NeuronLab.ranks_address is not "
              "set; default: loopback for engines on this machine, else as docs/distributed.md says",

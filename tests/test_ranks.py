@@ -536,6 +536,19 @@ def test_ranks_refusals(plain_shell: InteractiveShell, cell: str, message: str) 
     assert session_of(plain_shell).ranks is None
 
 
+def test_neuron_lab_runs_ssh_engines_and_hosts_are_the_starts_defaults(plain_shell, monkeypatch) -> None:
+    """`neuron-lab run --engines ssh --ssh-hosts ...` sets them for the kernel: a notebook's plain `start N` takes
+    them, and is refused as the line would be (checked before any engine starts)."""
+    monkeypatch.setenv("NEURON_LAB_RANKS_ENGINES", "ssh")
+    monkeypatch.setenv("NEURON_LAB_RANKS_SSH_HOSTS", "a,b")
+    msg = ranks_error(plain_shell, "%neuron ranks start 3")
+    assert msg.startswith("%neuron ranks start: the 3 ranks do not divide evenly over the 2 ssh hosts"), msg
+    monkeypatch.delenv("NEURON_LAB_RANKS_SSH_HOSTS")
+    msg = ranks_error(plain_shell, "%neuron ranks start 2")
+    assert msg.startswith("%neuron ranks start: ssh engines need their hosts"), msg
+    assert session_of(plain_shell).ranks is None
+
+
 def test_status_and_stop_without_ranks_say_so(plain_shell: InteractiveShell) -> None:
     sh = plain_shell
     assert str(run(sh, "%neuron ranks")[0].result) == ("neuron_lab ranks: none running; start them with "

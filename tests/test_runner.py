@@ -433,6 +433,24 @@ def test_a_profile_that_cannot_load_is_bad_input(tmp_path, capsys):
     assert err.startswith("neuron-lab run: --coverage: no coverage 'no-such-coverage'") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--engines", "ssh"], "ssh engines need their hosts: `--engines ssh --ssh-hosts node1,node2`"),
+    (["--ssh-hosts", "node1"], "--ssh-hosts goes with --engines ssh"),
+    (["--engines", "ssh", "--ssh-hosts", "node1,node1"], "--ssh-hosts: 'node1,node1' names a host twice; give each "
+                                                         "host once"),
+])
+def test_ssh_engines_for_a_notebooks_ranks_need_their_hosts(tmp_path, capsys, extra, message):
+    nb = notebook(tmp_path / "nb.ipynb", "print(1)")
+    assert main.main([str(nb), *extra]) == options.EXIT_USAGE
+    assert capsys.readouterr().err == f"neuron-lab run: {message}\n"
+
+
+def test_ssh_engines_and_their_hosts_reach_the_kernel():
+    args = main.parser().parse_args(["nb.ipynb", "--engines", "ssh", "--ssh-hosts", "node1,user@node2:2222"])
+    env = main.kernel_env(args)
+    assert (env["NEURON_LAB_RANKS_ENGINES"], env["NEURON_LAB_RANKS_SSH_HOSTS"]) == ("ssh", "node1,user@node2:2222")
+
+
 @pytest.mark.parametrize(("contents", "message"), [
     (b"\x89PNG\r\n\x1a\n\xff", "not a JSON text file (byte 0x89 at offset 0 is not UTF-8)"),
     (b"[" * 100_000 + b"]" * 100_000, "invalid coverage: its JSON is nested too deeply"),

@@ -34,6 +34,7 @@ from neuron_lab.units import ShownAsText, count
 
 _PARSER = _parser.build()
 _RANKS_ENGINES = settings.env("NEURON_LAB_RANKS_ENGINES")
+_RANKS_SSH_HOSTS = settings.env("NEURON_LAB_RANKS_SSH_HOSTS")
 
 
 class ReportList(ShownAsText):
@@ -263,9 +264,14 @@ class NeuronMagics(Magics):
                 engines, problem = _RANKS_ENGINES.choice()  # `neuron-lab run --engines KIND`'s default
                 if problem and not args.engines:
                     print(f"neuron_lab: {problem}", file=sys.stderr)
-                ssh = SSHOptions.parse(args.ssh_hosts) if args.ssh_hosts else None
+                engines = args.engines or engines
+                hosts = args.ssh_hosts or (_RANKS_SSH_HOSTS.text() if engines == "ssh" else "")  # or the runner's
+                try:
+                    ssh = SSHOptions.parse(hosts) if hosts else None
+                except ValueError as e:
+                    raise RanksError(f"--ssh-hosts: {e}") from None
                 s.ranks = Ranks.start(args.n, args.timeout or DEFAULT_TIMEOUT_S, hosts=args.hosts or 1,
-                                      engines=args.engines or engines, slurm=slurm, instance=args.instance, ssh=ssh,
+                                      engines=engines, slurm=slurm, instance=args.instance, ssh=ssh,
                                       address=s.config.ranks_address)
             except RanksError as e:
                 first, _, table = str(e).partition("\n")  # a preflight's table follows its first line

@@ -391,12 +391,13 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
             if not args.ssh_hosts:
                 raise refuse(NEED_HOSTS)
             try:
-                hosts = SSHOptions.parse(args.ssh_hosts).hosts
+                ssh = SSHOptions.parse(args.ssh_hosts)
             except ValueError as e:
                 raise refuse(f"--ssh-hosts: {e}") from None
-            if args.n % len(hosts):
-                raise refuse(f"the {args.n} ranks do not divide evenly over the {len(hosts)} ssh hosts (as many "
-                             "ranks on each host)")
+            try:
+                ssh.check(args.n)
+            except ValueError as e:
+                raise refuse(str(e)) from None
         if args.hosts is not None and args.nodes is not None:
             raise refuse("--hosts emulates hosts on the Slurm job's one node; --nodes asks Slurm for real ones")
         if slurm_given(args) and args.engines != "slurm":

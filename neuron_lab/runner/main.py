@@ -32,6 +32,7 @@ from neuron_lab.runner import (
 )
 from neuron_lab.runner.records import FAILED, CellRecord
 from neuron_lab.session import launch
+from neuron_lab.session.ssh_engines import NEED_HOSTS, SSHOptions
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +56,14 @@ def kernel_env(args: argparse.Namespace) -> dict[str, str]:
         env[settings.env("NEURON_LAB_BACKEND").name] = args.backend  # the kernel reads it
     if args.engines:
         env[settings.env("NEURON_LAB_RANKS_ENGINES").name] = args.engines  # its `%neuron ranks start N` does
+    if (args.engines == "ssh") != bool(args.ssh_hosts):
+        raise inputs.InputError(NEED_HOSTS if args.ssh_hosts is None else "--ssh-hosts goes with --engines ssh")
+    if args.ssh_hosts:
+        try:
+            SSHOptions.parse(args.ssh_hosts)
+        except ValueError as e:
+            raise inputs.InputError(f"--ssh-hosts: {e}") from None
+        env[settings.env("NEURON_LAB_RANKS_SSH_HOSTS").name] = args.ssh_hosts
     if args.coverage:
         try:
             coverage.load(args.coverage)

@@ -152,9 +152,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance", metavar="NAME[,NAME...]", default=None,
                    help="each emulated host's instance shape (trn2.48xlarge: every host; trn2.48xlarge,trn1.32xlarge: "
                         "one per host), so each rank gets its host's devices, cores and memory")
-    p.add_argument("--engines", choices=("local", "mpi", "slurm"), default=None,
+    p.add_argument("--engines", choices=("local", "mpi", "slurm", "ssh"), default=None,
                    help="the ipyparallel engines a notebook's `%%neuron ranks start N` starts "
                         "(NEURON_LAB_RANKS_ENGINES in the kernel; default: the environment's, else local)")
+    p.add_argument("--ssh-hosts", metavar="HOST[,HOST...]", default=None,
+                   help="--engines ssh: the hosts, [user@]host[:port] each (NEURON_LAB_RANKS_SSH_HOSTS in the kernel)")
     p.add_argument("--json", metavar="FILE", dest="json_file", help="write the session report as JSON")
     p.add_argument("--html", metavar="FILE", dest="html_file", help="write the executed notebook as HTML")
     p.add_argument("--output", metavar="FILE", dest="output_file", help="write the executed notebook (.ipynb)")

@@ -192,6 +192,11 @@ class Ranks(ShownAsText):
 
         if engines == "ssh" and ssh is None:
             raise RanksError(NEED_HOSTS)
+        if engines == "ssh":
+            try:
+                ssh.check(n)
+            except ValueError as e:
+                raise RanksError(str(e)) from None
         address = ranks_address.choose(address, engines, [ssh.host_name(i) for i in range(len(ssh.hosts))]
                                        if engines == "ssh" else ())
         try:  # the controller listens there (on loopback, as ipyparallel's default), and its connection files name it

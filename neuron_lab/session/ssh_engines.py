@@ -45,6 +45,12 @@ class SSHOptions:
             raise ValueError(f"{hosts!r} names a host twice; give each host once")
         return cls(names)
 
+    def check(self, n: int) -> None:
+        """ValueError unless the ``n`` ranks divide evenly over the hosts (as many ranks on each)."""
+        if n % len(self.hosts):
+            raise ValueError(f"the {n} ranks do not divide evenly over the {len(self.hosts)} ssh hosts (as many "
+                             "ranks on each host)")
+
     def host_name(self, index: int) -> str:
         """Host ``index`` as a person names it (no user, no port)."""
         return _host_name(self.hosts[index])
