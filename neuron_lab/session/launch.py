@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
 
 from neuron_lab import settings
 from neuron_lab.session import placement
@@ -37,6 +39,14 @@ class AgentStore:
         self.address = address
         self.tcp = TCPStore(address, 0, is_master=True, wait_for_workers=False)
         self.port: int = self.tcp.port
+
+
+def store_client(env: Mapping[str, str], timeout: float) -> Any:
+    """A rank's own client of the group's store, at its environment's ``MASTER_ADDR``/``MASTER_PORT``: the preflight
+    check's, and one for each answering thread (``stuck``, ``rank_pulse``), which never shares the main thread's."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout))
 
 
 def free_port() -> int:

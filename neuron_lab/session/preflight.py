@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
 from neuron_lab._version import __version__
 from neuron_lab.report.rows import Table
 from neuron_lab.report.text import columns
-from neuron_lab.session import placement
+from neuron_lab.session import launch, placement
 
 AGREE_PREFIXES = ("TORCH_NEURONX_", "NEURON_RT_", "FI_EFA_")
 AGREE_NAMES = ("FI_PROVIDER",)
@@ -79,13 +78,10 @@ def table(ranks: list[dict[str, Any]]) -> str:
 def check(timeout_s: float, env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Put this rank's facts in the rendezvous store, read every rank's, and raise :class:`PreflightMismatch` (on
     every rank alike) when they differ; every rank's facts otherwise."""
-    from torch.distributed import TCPStore
-
     env = os.environ if env is None else env
     mine = facts(env)
     size = int(env.get("WORLD_SIZE", "1"))
-    store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                     timeout=timedelta(seconds=timeout_s))
+    store = launch.store_client(env, timeout_s)
     store.set(_KEY.format(mine["rank"]), json.dumps(mine))
     keys = [_KEY.format(r) for r in range(size)]
     store.wait(keys)  # the store's timeout bounds it: a rank that never came is its TimeoutError

@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from neuron_lab import backend
-from neuron_lab.session.launch import MASTER_ADDR
+from neuron_lab.session.launch import MASTER_ADDR, store_client
 from neuron_lab.units import format_capacity
 
 ASKED = "neuron_lab/pulse/asked"  # the number of the notebook's newest question (a store counter)
@@ -38,11 +38,9 @@ RUNNING, IDLE, WAITING, SILENT, LOST, STOPPED = ("running", "idle", "waiting in 
 # -- on each rank ---------------------------------------------------------------------------------------------------
 def serve(rank: int, session: Any, env: dict[str, str] | None = None) -> threading.Thread:
     """Answer the notebook's questions from a daemon thread, for as long as the group's store is there."""
-    from torch.distributed import DistStoreError, TCPStore
+    from torch.distributed import DistStoreError
 
-    env = dict(os.environ) if env is None else env
-    store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                     timeout=timedelta(seconds=WAIT_S))
+    store = store_client(dict(os.environ) if env is None else env, WAIT_S)
 
     def answer() -> None:
         answered = 0

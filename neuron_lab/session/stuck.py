@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
+
+from neuron_lab.session.launch import store_client
 
 ASK = "neuron_lab/stuck/ask/{}"  # the notebook's n-th question
 ANSWER = "neuron_lab/stuck/{}/{}"  # rank r's answer to question n
@@ -28,11 +29,9 @@ POLL_S = 0.05
 def serve(rank: int, where: Callable[[], dict[str, Any]], env: dict[str, str] | None = None) -> threading.Thread:
     """Answer the notebook's questions from a daemon thread, for as long as the store is there: ``where()`` (called
     on that thread) says where the main thread is."""
-    from torch.distributed import DistStoreError, TCPStore
+    from torch.distributed import DistStoreError
 
-    env = dict(os.environ) if env is None else env
-    store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                     timeout=timedelta(seconds=IDLE_WAIT_S))
+    store = store_client(dict(os.environ) if env is None else env, IDLE_WAIT_S)
 
     def answer() -> None:
         n = 1
