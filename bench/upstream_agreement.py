@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -44,6 +43,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from figures import figure, write  # bench/ is the script directory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from time_limit import time_limit  # noqa: E402  (tools/ is not a package: one deadline for every sweep)
 
 from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, POSSIBLE, UNSUPPORTED
 
@@ -74,20 +76,6 @@ def expectations() -> list[dict]:
 
 
 # -- the worker: one chunk of one class, in its own process ---------------------------------------------------------
-@contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    def on_alarm(signum, frame):
-        raise TestTimeout(f"ran past {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def instantiated(module: str, cls: str) -> type:
     """``cls`` of the upstream ``module`` as instantiated for the PrivateUse1 device (the emulator is active first,
     so PyTorch's device-type bases include PrivateUse1TestBase)."""
@@ -144,7 +132,7 @@ def run_tests(test_class: type, names: list[str], timeout_s: float = TEST_TIMEOU
             seen.clear()
             own.clear()
             result = unittest.TestResult()
-            with contextlib.suppress(TestTimeout), _deadline(timeout_s):
+            with contextlib.suppress(TestTimeout), time_limit(timeout_s, TestTimeout, "test"):
                 unittest.TestSuite([test_class(name)]).run(result)
             verdict, detail = outcome(result)
             yield {"test": name, "outcome": verdict, "detail": detail,

@@ -20,16 +20,18 @@ import copy
 import itertools
 import json
 import os
-import signal
-import threading
+import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from time_limit import time_limit  # noqa: E402  (tools/ is not a package: one deadline for every sweep)
 
 MAX_SAMPLES = 200  # per entry: all samples of all but a few entries (max_pool2d has 1440)
 SAMPLE_TIMEOUT_S = 20.0
@@ -86,23 +88,9 @@ def load_known_failures(path: Path = KNOWN_FAILURES) -> dict[str, str]:
     return known
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise SampleTimeout in Python code running past ``seconds`` (main thread only; C calls finish first)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise SampleTimeout(f"sample ran past {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Raise SampleTimeout in a sample still running past ``seconds``."""
+    return time_limit(seconds, SampleTimeout, "sample")
 
 
 def _map(x: Any, fn, key: str | None = None) -> Any:
