@@ -2,9 +2,12 @@
 `%%neuron ranks` cells that all_reduce and take a DDP step, a profiled cell (one timeline with each rank's lanes, one
 merged trace), a rank that raises, a rank that is killed, restart and stop; and every refusal of the grammar.
 
-The two engines start once per module (15-20 s on a loaded 2-core machine; the file takes about 50 s). Every wait is
-bounded: the ranks start with ``--timeout 60`` (engines and collectives), the cells that could wait run with
-``--timeout 60``, and whatever a test started is killed by pid on its way out.
+The two engines start once per module (15-20 s on a loaded 2-core machine) and serve every test that needs two ranks
+of one group; the tests that break it (a killed rank, an interrupted collective, a collective past the group's
+timeout) run last, each restarting it as its own assertions need or getting it restarted by :func:`ranks` (4 starts in
+all, where a group per test took 6). Every wait is bounded: the ranks start with ``--timeout 60`` (engines and
+collectives), the cells that could wait run with ``--timeout 60``, and whatever a test started is killed by pid on its
+way out.
 """
 
 from __future__ import annotations
@@ -121,6 +124,18 @@ def ranks_shell() -> Iterator[tuple[InteractiveShell, str]]:
             yield sh, cap.stdout
         finally:
             _kill(_children() - before)
+
+
+@pytest.fixture
+def ranks(ranks_shell) -> InteractiveShell:
+    """The module's shell with its 2 ranks up, free and in one unbroken group of ``START``'s timeout: the group the
+    module started, or, where an earlier test broke it, a restart."""
+    sh, _ = ranks_shell
+    r = session_of(sh).ranks
+    if not (r is not None and r.broken is None and r.timeout_s == 60 and len(r.engines) == 2
+            and all(e.alive() and e.free() for e in r.engines)):
+        run(sh, START.format(n=2) + " --restart")
+    return sh
 
 
 @pytest.fixture(scope="module")
@@ -447,8 +462,8 @@ def test_a_rank_left_waiting_for_a_failed_rank_is_reported_at_once_and_freed_by_
     assert busy.free()
 
 
-def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no_process(ranks_shell) -> None:
-    sh, _ = ranks_shell
+def test_a_killed_engine_is_reported_dead_and_restart_replaces_it(ranks: InteractiveShell) -> None:
+    sh = ranks
     pids = _pids(sh)
     res, _cap = run(sh, "%%neuron ranks --profile --timeout 60\nimport os, signal, torch, torch.distributed as dist\n"
                         "x = torch.ones(8, device=device) * 2\n"
@@ -467,18 +482,12 @@ def test_a_killed_engine_is_reported_dead_restart_replaces_it_and_stop_leaves_no
     assert [line.split()[-1] for line in status[1:]] == ["up", "died"]
 
     old = _ranks_tree()
-    run(sh, START.format(n=1) + " --restart")
+    run(sh, START.format(n=2) + " --restart")  # the group the interrupt tests below take
     assert _gone(old)
-    [new] = _pids(sh)
+    new = _pids(sh)
+    assert len(new) == 2 and not set(new) & set(pids)
     res, _ = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nw = dist.get_world_size()\n")
-    assert [r.report.device for r in res.result.ranks] == ["neuron:0"]
-
-    cluster = _ranks_tree()
-    res, _ = run(sh, "%neuron ranks stop")
-    assert str(res.result) == f"neuron_lab ranks: stopped 1 rank (pids {new})"
-    assert _gone(cluster)
-    assert session_of(sh).ranks is None
-    assert "no ranks are running" in ranks_error(sh, "%%neuron ranks\nprint(1)\n")
+    assert [r.report.device for r in res.result.ranks] == ["neuron:0", "neuron:1"]
 
 
 # -- the grammar --------------------------------------------------------------------------------------------------
@@ -626,70 +635,42 @@ def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and
         _kill(_children() - before)
 
 
-def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_in_one_line(
-        plain_shell: InteractiveShell) -> None:
-    """gloo closes the group's connections once a collective times out; the next cells used to fail one by one."""
-    sh, before = plain_shell, _children()
-    try:
-        run(sh, "%neuron ranks start 2 --timeout 15")
-        res, _ = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
-                         "x = torch.ones(2, device=device)\nif dist.get_rank() == 0:\n    dist.all_reduce(x)\n",
-                     ok=False)
-        assert isinstance(res.error_in_exec, RanksFailed), repr(res.error_in_exec)
-        first = res.execution_count
-        msg = ranks_error(sh, "%%neuron ranks --timeout 60\ndist.all_reduce(x)\n")
-        assert re.fullmatch(rf"%%neuron ranks: the process group broke in In\[{first}\]: rank 0's collective outlived "
-                            r"the group's timeout \(15 s; gloo: Timed out waiting 15000ms for \w+ operation to "
-                            r"complete\), so no collective can run again; `%neuron ranks start 2 --restart` starts "
-                            r"the group afresh", msg), msg
-        run(sh, "%neuron ranks stop")
-        assert _gone(_children() - before)
-    finally:
-        _kill(_children() - before)
-
-
 def test_ranks_interrupt_wakes_a_rank_in_its_collective_says_where_each_was_and_the_next_cell_says_what_to_run(
-        plain_shell: InteractiveShell) -> None:
+        ranks: InteractiveShell) -> None:
     """Rank 1 skips the all_reduce and sleeps; the deadline interrupts it and leaves rank 0 in its all_reduce, which
     `%neuron ranks interrupt` ends (the emulated collective waits in slices, so the KeyboardInterrupt lands); rank 0
     was woken inside its collective, so the next cell says in one line that the group broke and what to run."""
-    sh, before = plain_shell, _children()
-    try:
-        run(sh, START.format(n=2))
-        res, _ = run(sh, HUNG, ok=False)
-        n = res.execution_count
-        zero, one = session_of(sh).ranks.engines
-        one.busy.wait(60)
-        assert one.free() and not zero.free()
-        res, cap = run(sh, "%neuron ranks interrupt")
-        assert str(res.result).splitlines() == [
-            f"neuron_lab ranks: interrupted rank 0 running In[{n}]; where each was:",
-            f"  rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: dist.all_reduce(x)",
-            f"  the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the other ranks' next "
-            "collectives would meet out of step, so no collective can run again; `%neuron ranks start 2 --restart` "
-            "starts the group afresh"]
-        assert f"neuron_lab: sending SIGINT to 1 rank still running In[{n}] (0)" in cap.stderr
-        assert zero.free()  # the interrupt ended its all_reduce: its cell is over
-        assert str(run(sh, "%neuron ranks interrupt")[0].result) == (
-            "neuron_lab ranks: no rank is running a cell; nothing to interrupt")
-        assert ranks_error(sh, "%%neuron ranks\nprint(dist.get_rank())\n") == (
-            f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
-            "other ranks' next collectives would meet out of step, so no collective can run again; "
-            "`%neuron ranks start 2 --restart` starts the group afresh")
-        run(sh, START.format(n=2) + " --restart")
-        _, cap = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nprint('rank', dist.get_rank())\n")
-        assert "rank 0" in cap.stdout and "rank 1" in cap.stdout
-        run(sh, "%neuron ranks stop")
-        assert _gone(_children() - before)
-    finally:
-        _kill(_children() - before)
+    sh = ranks
+    res, _ = run(sh, HUNG, ok=False)
+    n = res.execution_count
+    zero, one = session_of(sh).ranks.engines
+    one.busy.wait(60)
+    assert one.free() and not zero.free()
+    res, cap = run(sh, "%neuron ranks interrupt")
+    assert str(res.result).splitlines() == [
+        f"neuron_lab ranks: interrupted rank 0 running In[{n}]; where each was:",
+        f"  rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at In[{n}] line 7: dist.all_reduce(x)",
+        f"  the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the other ranks' next "
+        "collectives would meet out of step, so no collective can run again; `%neuron ranks start 2 --restart` "
+        "starts the group afresh"]
+    assert f"neuron_lab: sending SIGINT to 1 rank still running In[{n}] (0)" in cap.stderr
+    assert zero.free()  # the interrupt ended its all_reduce: its cell is over
+    assert str(run(sh, "%neuron ranks interrupt")[0].result) == (
+        "neuron_lab ranks: no rank is running a cell; nothing to interrupt")
+    assert ranks_error(sh, "%%neuron ranks\nprint(dist.get_rank())\n") == (
+        f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
+        "other ranks' next collectives would meet out of step, so no collective can run again; "
+        "`%neuron ranks start 2 --restart` starts the group afresh")
+    run(sh, START.format(n=2) + " --restart")  # the group the next test takes
+    _, cap = run(sh, "%%neuron ranks\nimport torch.distributed as dist\nprint('rank', dist.get_rank())\n")
+    assert "rank 0" in cap.stdout and "rank 1" in cap.stdout
 
 
 def test_the_kernels_interrupt_while_a_ranks_cell_waits_interrupts_every_rank_and_shows_where_each_was(
-        plain_shell: InteractiveShell) -> None:
+        ranks: InteractiveShell) -> None:
     """Jupyter's stop button (KeyboardInterrupt in the notebook) while rank 0 waits in an all_reduce that rank 1
     skipped: the hang view on stderr, SIGINT to both ranks, and the group broken by rank 0's woken collective."""
-    sh, before = plain_shell, _children()
+    sh = ranks
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
 
     def interrupt_once_rank_0_waits() -> None:
@@ -703,7 +684,6 @@ def test_the_kernels_interrupt_while_a_ranks_cell_waits_interrupts_every_rank_an
         _thread.interrupt_main()  # the assertions below say rank 0 never got into its all_reduce
 
     try:
-        run(sh, START.format(n=2))
         thread = threading.Thread(target=interrupt_once_rank_0_waits, daemon=True)
         thread.start()
         res, cap = run(sh, HUNG.replace(" --timeout 4", ""), ok=False)
@@ -722,11 +702,33 @@ def test_the_kernels_interrupt_while_a_ranks_cell_waits_interrupts_every_rank_an
             f"%%neuron ranks: the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the "
             "other ranks' next collectives would meet out of step, so no collective can run again; "
             "`%neuron ranks start 2 --restart` starts the group afresh")
-        run(sh, "%neuron ranks stop")
-        assert _gone(_children() - before)
     finally:
         signal.signal(signal.SIGINT, handler)
-        _kill(_children() - before)
+
+
+def test_after_a_collective_outlived_the_groups_timeout_the_next_cell_says_so_and_stop_leaves_no_process(
+        ranks_shell) -> None:
+    """gloo closes the group's connections once a collective times out; the next cells used to fail one by one. Last
+    of the module's group: its stop leaves nothing running."""
+    sh, _ = ranks_shell
+    run(sh, "%neuron ranks start 2 --timeout 15 --restart")  # the group this test breaks, with a short timeout
+    res, _ = run(sh, "%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+                     "x = torch.ones(2, device=device)\nif dist.get_rank() == 0:\n    dist.all_reduce(x)\n",
+                 ok=False)
+    assert isinstance(res.error_in_exec, RanksFailed), repr(res.error_in_exec)
+    first = res.execution_count
+    msg = ranks_error(sh, "%%neuron ranks --timeout 60\ndist.all_reduce(x)\n")
+    assert re.fullmatch(rf"%%neuron ranks: the process group broke in In\[{first}\]: rank 0's collective outlived "
+                        r"the group's timeout \(15 s; gloo: Timed out waiting 15000ms for \w+ operation to "
+                        r"complete\), so no collective can run again; `%neuron ranks start 2 --restart` starts "
+                        r"the group afresh", msg), msg
+
+    pids, cluster = _pids(sh), _ranks_tree()
+    res, _ = run(sh, "%neuron ranks stop")
+    assert str(res.result) == f"neuron_lab ranks: stopped 2 ranks (pids {pids[0]}, {pids[1]})"
+    assert _gone(cluster)
+    assert session_of(sh).ranks is None
+    assert "no ranks are running" in ranks_error(sh, "%%neuron ranks\nprint(1)\n")
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None,
