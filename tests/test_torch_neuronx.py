@@ -122,9 +122,11 @@ def test_torch_neuronx_is_the_first_import_in_the_installed_venv() -> None:
     assert proc.stdout.split() == ["[]", "True", "neuron:0", "12.0"]
 
 
+@pytest.mark.core_in_child
 def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_path) -> None:
     """Built from a copy of the sources, so the build never writes into the tree other tests import from; it carries
-    every data file the package reads."""
+    every data file the package reads. Its files are no core's: the compiled pass alone builds it, and its child
+    starts on the default core."""
     wheel, src = wheel_without_core(tmp_path)
     site = tmp_path / "site"
     # the files the package reads at run time (coverage data, the widgets' scripts), not its build inputs
@@ -135,7 +137,7 @@ def test_the_wheel_installs_the_startup_hook_into_site_packages(run_python, tmp_
         assert set(STARTUP) <= set(z.namelist())  # at the top of the wheel: site-packages itself
         assert sorted(data - set(z.namelist())) == []
         z.extractall(site, members=list(STARTUP))
-    assert first_import(run_python, site, {})["emulated"]
+    assert first_import(run_python, site, {"NEURON_LAB_CORE": "auto"})["emulated"]
 
 
 def test_the_emulation_is_served_even_with_backend_autoload_off(run_python) -> None:
