@@ -577,41 +577,6 @@ def test_a_start_that_fails_leaves_nothing_running(plain_shell: InteractiveShell
         _kill(_children() - before)
 
 
-def test_ranks_on_two_emulated_hosts_name_their_host_and_each_owns_its_hosts_first_device(
-        plain_shell: InteractiveShell) -> None:
-    sh, before = plain_shell, _children()
-    try:
-        _, cap = run(sh, START.format(n=2) + " --hosts 2")
-        pids = [e.pid for e in session_of(sh).ranks.engines]
-        assert f"neuron_lab: rank 0 ready: pid {pids[0]}, neuron:0 on host0" in cap.stdout
-        assert f"neuron_lab: rank 1 ready: pid {pids[1]}, neuron:0 on host1" in cap.stdout
-        status = str(run(sh, "%neuron ranks")[0].result).splitlines()
-        assert [line.split()[:5] for line in status[1:]] == [["rank", "0", "host0", "pid", str(pids[0])],
-                                                             ["rank", "1", "host1", "pid", str(pids[1])]]
-        res, cap = run(sh, "%%neuron ranks --timeout 60\nimport os, torch, torch.distributed as dist\n"
-                           "x = torch.ones(2, device='neuron')\ndist.all_reduce(x)\n"
-                           "print(os.environ['GROUP_RANK'], os.environ['NEURON_RT_ROOT_COMM_ID'].split(':')[0])\n")
-        for rank in (0, 1):
-            assert f"[stdout:{rank}] {rank} 127.0.0.1\n" in cap.stdout
-        rr = res.result
-        assert [(r.rank, r.host, r.report.device) for r in rr.ranks] == [(0, "host0", "neuron:0"),
-                                                                          (1, "host1", "neuron:0")]
-        assert [line.split()[:3] for line in str(rr).splitlines()[1:4]] == [
-            ["rank", "host", "device"], ["0", "host0", "neuron:0"], ["1", "host1", "neuron:0"]]
-        res, cap = run(sh, DDP_AND_FSDP2)
-        assert_ddp_and_fsdp2(res.result, ["host0", "host1"], cap.stdout)
-        engine = psutil.Process(pids[1])
-        engine.kill()  # every engine of host1: the host is lost
-        psutil.wait_procs([engine], timeout=30)
-        assert ranks_error(sh, "%%neuron ranks\nprint('never')\n") == (
-            f"%%neuron ranks: host host1 is lost, with its rank 1 (pid {pids[1]}): the others would wait for it at "
-            "their first collective; `%neuron ranks start 2 --hosts 2 --restart` starts the group afresh")
-        run(sh, "%neuron ranks stop")
-        assert _gone(_children() - before)
-    finally:
-        _kill(_children() - before)
-
-
 def test_a_planted_setting_mismatch_stops_the_start_with_the_preflight_table_and_nothing_running(
         plain_shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
     from neuron_lab.session import launch
