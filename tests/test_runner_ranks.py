@@ -408,16 +408,25 @@ HOSTS = """
 """
 
 
-def test_two_emulated_hosts_of_two_ranks_get_torchruns_multi_node_ranks_and_the_report_names_each_host(tmp_path):
+def test_two_emulated_hosts_of_two_ranks_get_torchruns_ranks_each_its_instance_shape_and_are_named_in_the_report(
+        tmp_path):
+    """One run of 4 kernels for both: the hosts' ranks and names, and each host's own instance shape."""
     path = script(tmp_path, "hosts.py", HOSTS)
-    code, text = run(tmp_path, path.name, "--nnodes", "2", "--nproc-per-node", "2", "--json", "run.json")
+    code, text = run(tmp_path, path.name, "--nnodes", "2", "--nproc-per-node", "2",
+                     "--instance", "trn2.48xlarge,trn1.32xlarge", "--json", "run.json")
     assert code == 0, text
     assert "on 4 ranks (2 emulated hosts × 2): starting 4 kernels" in text
     for r in range(4):
         assert re.search(rf"^    {r}     host{r // 2}  {dev(r % 2)}  .* 1 call, 8 B, ", text, re.M), text
+    # trn2.48xlarge: 24 GiB per logical core at LNC=2; trn1.32xlarge: 16 GiB per NeuronCore
+    for rank, gib in enumerate([24, 24, 16, 16]):
+        assert re.search(rf"^rank {rank} kernel ready · .* · device {re.escape(dev(rank % 2))} · {gib}\.00 GiB · ",
+                         text, re.M), text
     doc = load(tmp_path / "run.json")
-    assert [(r["rank"], r["host"]) for r in doc["cells"][0]["ranks"]["ranks"]] == [(r, f"host{r // 2}")
-                                                                                   for r in range(4)]
+    ranks = doc["cells"][0]["ranks"]["ranks"]
+    assert [(r["rank"], r["host"]) for r in ranks] == [(r, f"host{r // 2}") for r in range(4)]
+    assert [(r["host"], r["report"]["memory"]["capacity"] >> 30) for r in ranks] == [
+        ("host0", 24), ("host0", 24), ("host1", 16), ("host1", 16)]
     assert doc["nproc"] == 4
 
 
@@ -449,35 +458,12 @@ def test_ranks_that_differ_stop_the_run_before_init_process_group_with_the_prefl
     assert not left_running(marker, deadline_s=10)
 
 
-SHAPES = """
-    import torch
-    import torch.distributed as dist
-    dist.init_process_group(backend="neuron")
-    dev = torch.device("neuron", torch.neuron.current_device())
-    x = torch.ones(2, device=dev)
-    dist.all_reduce(x)
-"""
-
-
-def test_each_emulated_host_has_its_own_instance_shape_with_its_cores_and_memory(tmp_path):
-    path = script(tmp_path, "shapes.py", SHAPES)
-    code, text = run(tmp_path, path.name, "--nnodes", "2", "--nproc-per-node", "2",
-                     "--instance", "trn2.48xlarge,trn1.32xlarge", "--json", "run.json")
-    assert code == 0, text
-    # trn2.48xlarge: 24 GiB per logical core at LNC=2; trn1.32xlarge: 16 GiB per NeuronCore
-    for rank, gib in enumerate([24, 24, 16, 16]):
-        assert re.search(rf"^rank {rank} kernel ready · .* · device {re.escape(dev(rank % 2))} · {gib}\.00 GiB · ",
-                         text, re.M), text
-    doc = load(tmp_path / "run.json")
-    ranks = doc["cells"][0]["ranks"]["ranks"]
-    assert [(r["host"], r["report"]["memory"]["capacity"] >> 30) for r in ranks] == [
-        ("host0", 24), ("host0", 24), ("host1", 16), ("host1", 16)]
-
-
-def test_an_instance_the_emulator_does_not_know_or_one_too_many_is_a_usage_error(tmp_path):
-    path = script(tmp_path, "shapes.py", SHAPES)
-    code, text = run(tmp_path, path.name, "--nnodes", "2", "--instance", "trn2.48xlarge,trn1.32xlarge,trn1.2xlarge")
-    assert code == options.EXIT_USAGE
-    assert "neuron-lab run: --instance: 3 instances for 2 hosts: give one for all, or one per host" in text
-    code, text = run(tmp_path, path.name, "--nnodes", "2", "--instance", "p5.48xlarge")
-    assert code == options.EXIT_USAGE and "--instance: 'p5.48xlarge' is not an instance the emulator knows" in text
+def test_an_instance_the_emulator_does_not_know_or_one_too_many_is_a_usage_error(tmp_path, capsys):
+    """Refused before any kernel starts: in this process, as the other usage errors."""
+    path = script(tmp_path, "hosts.py", HOSTS)
+    assert main.main([str(path), "--nnodes", "2", "--instance", "trn2.48xlarge,trn1.32xlarge,trn1.2xlarge"]) == \
+        options.EXIT_USAGE
+    said = "neuron-lab run: --instance: 3 instances for 2 hosts: give one for all, or one per host"
+    assert said in capsys.readouterr().err
+    assert main.main([str(path), "--nnodes", "2", "--instance", "p5.48xlarge"]) == options.EXIT_USAGE
+    assert "--instance: 'p5.48xlarge' is not an instance the emulator knows" in capsys.readouterr().err
