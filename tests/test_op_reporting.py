@@ -113,6 +113,18 @@ def test_hot_ops_count_classify_deliver_and_hold_memory_as_every_op(b):
     assert ("aten::add", "Tensor") in _rows(b, "downcast")
 
 
+def test_hot_ops_probe_signatures_without_a_subscriber(b):
+    """With nobody subscribed, a typed kernel's signature comes from its tensors alone, as the fallback's from its
+    arguments: the user's tensors' shapes and dtypes, a wrapped Python number left out."""
+    x = torch.ones(4, 4, device="neuron")
+    b.clear_op_tracking()
+    x * 3
+    x.add_(x)
+    sigs = {(s.name, s.overload): s.signatures for s in b.op_stats("native")}
+    assert sigs[("aten::mul", "Tensor")] == [(((4, 4),), ("float32",))]
+    assert sigs[("aten::add_", "Tensor")] == [(((4, 4), (4, 4)), ("float32", "float32"))]
+
+
 def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):
     a = torch.eye(3, device="neuron") * 2
     torch.linalg.inv(a)

@@ -74,16 +74,24 @@ void for_each_tensor(const c10::IValue& v, F f) {
   }
 }
 
+void add_to(Signature& s, const at::Tensor& t) {
+  // A wrapped Python number (the 3 of `x * 3`) is no tensor of the user's: the Python core sees a number there.
+  if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+  s.shapes.push_back(t.sizes().vec());
+  s.dtypes.push_back(dtype_name(t.scalar_type()));
+}
+
 Signature signature_of(const Stack& args) {
   Signature s;
-  for (const auto& v : args) {
-    for_each_tensor(v, [&](const at::Tensor& t) {
-      // A wrapped Python number (the 3 of `x * 3`) is no tensor of the user's: the Python core sees a number there.
-      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-      s.shapes.push_back(t.sizes().vec());
-      s.dtypes.push_back(dtype_name(t.scalar_type()));
-    });
-  }
+  for (const auto& v : args) for_each_tensor(v, [&](const at::Tensor& t) { add_to(s, t); });
+  return s;
+}
+
+// A typed kernel's signature, from its tensors alone: no argument stack (whose copies of Python-owned tensors each
+// take the GIL to count a reference).
+Signature signature_of(c10::ArrayRef<const at::Tensor*> tensors) {
+  Signature s;
+  for (const at::Tensor* t : tensors) add_to(s, *t);
   return s;
 }
 
@@ -415,19 +423,32 @@ namespace {
 
 enum Wants : int { kProbe = 1, kDeliver = 2 };
 
-// Counts one call; says whether its arguments are wanted: a signature probe, a delivery to Python.
+// Counts one call; says whether its arguments are wanted: a signature probe, a delivery to Python. Past the probes
+// the count takes no lock (a clear in between at worst counts one call in the new window or the old).
 int count(Plan& p, int kind, const std::string& reason, int64_t host_ns) {
-  bool probe;
+  bool probe = false;
   OpStat& st = p.stats[kind];
-  {
+  if (st.count.load(std::memory_order_relaxed) >= kSignatureProbes) {
+    st.count.fetch_add(1, std::memory_order_relaxed);
+    st.host_ns.fetch_add(host_ns, std::memory_order_relaxed);
+  } else {
     std::lock_guard<std::mutex> g(plans_mu);
-    if (st.count == 0) st.reason = reason;
-    st.count += 1;
-    st.host_ns += host_ns;
-    probe = st.count <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
+    if (st.count.load(std::memory_order_relaxed) == 0) st.reason = reason;
+    const int64_t n = st.count.fetch_add(1, std::memory_order_relaxed) + 1;
+    st.host_ns.fetch_add(host_ns, std::memory_order_relaxed);
+    probe = n <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
   }
-  if (kind != kDowncast) calls += 1;
-  return (probe ? kProbe : 0) | (((wanted.load() >> kind) & 1) ? kDeliver : 0);
+  if (kind != kDowncast) calls.fetch_add(1, std::memory_order_relaxed);
+  return (probe ? kProbe : 0) | (((wanted.load(std::memory_order_relaxed) >> kind) & 1) ? kDeliver : 0);
+}
+
+// Keeps `s` among the kind's first distinct signatures.
+void keep_signature(OpStat& st, const Signature& s) {
+  std::lock_guard<std::mutex> g(plans_mu);
+  if (st.signatures.size() < kMaxSignatures &&
+      std::find(st.signatures.begin(), st.signatures.end(), s) == st.signatures.end()) {
+    st.signatures.push_back(s);
+  }
 }
 
 // Made only when a probe or a delivery needs it (a call counted at its line does not).
@@ -442,15 +463,7 @@ struct LazySignature {
 
 void examine(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args, int wants) {
   LazySignature sig{args};
-  if (wants & kProbe) {
-    OpStat& st = p.stats[kind];
-    const Signature& s = sig();
-    std::lock_guard<std::mutex> g(plans_mu);
-    if (st.signatures.size() < kMaxSignatures &&
-        std::find(st.signatures.begin(), st.signatures.end(), s) == st.signatures.end()) {
-      st.signatures.push_back(s);
-    }
-  }
+  if (wants & kProbe) keep_signature(p.stats[kind], sig());
   if (wants & kDeliver) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
 }
 
@@ -589,9 +602,15 @@ int64_t timed(c10::function_ref<void()> kernel) {
   return now_ns() - t0;
 }
 
-// Counts a plain call as run() would.
-void tally(Plan& p, const Classified& kind, int64_t host_ns, c10::function_ref<Stack()> args) {
-  if (int wants = count(p, kind.kind, kind.reason, host_ns)) examine(p, kind.kind, kind.reason, host_ns, args(), wants);
+// Counts a plain call as run() would; its argument stack is made only for a delivery.
+void tally(Plan& p, const Classified& kind, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
+           c10::function_ref<Stack()> args) {
+  const int wants = count(p, kind.kind, kind.reason, host_ns);
+  if (wants & kDeliver) {
+    examine(p, kind.kind, kind.reason, host_ns, args(), wants);
+  } else if (wants & kProbe) {
+    keep_signature(p.stats[kind.kind], signature_of(tensors));
+  }
 }
 
 }  // namespace
@@ -612,7 +631,7 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
     if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
   }
   at::Tensor out = presented(r, device);
-  tally(p, kind, host_ns, args);
+  tally(p, kind, host_ns, tensors, args);
   return out;
 }
 
@@ -626,7 +645,7 @@ at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c1
     return self;
   }
   const Classified& kind = kind_of(p, mask);
-  tally(p, kind, timed(kernel), args);
+  tally(p, kind, timed(kernel), tensors, args);
   return self;
 }
 
@@ -682,7 +701,9 @@ std::vector<OpRow> op_rows() {
   for (const auto& [_, p] : plans) {
     for (int k = 0; k < kMaxKinds; ++k) {
       const auto& st = p->stats[k];
-      if (st.count) rows.push_back({p->name, p->overload, st.reason, k, st.count, st.host_ns, st.signatures});
+      const int64_t n = st.count.load(std::memory_order_relaxed);
+      if (n) rows.push_back({p->name, p->overload, st.reason, k, n, st.host_ns.load(std::memory_order_relaxed),
+                             st.signatures});
     }
   }
   return rows;
@@ -692,7 +713,12 @@ void clear_op_rows() {
   {
     std::lock_guard<std::mutex> g(plans_mu);
     for (auto& [_, p] : plans) {
-      for (auto& st : p->stats) st = OpStat();
+      for (auto& st : p->stats) {
+        st.count.store(0, std::memory_order_relaxed);
+        st.host_ns.store(0, std::memory_order_relaxed);
+        st.reason.clear();
+        st.signatures.clear();
+      }
     }
   }
   h2d = 0;

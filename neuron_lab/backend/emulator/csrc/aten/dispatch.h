@@ -31,9 +31,10 @@ struct Signature {
   bool operator==(const Signature& o) const { return shapes == o.shapes && dtypes == o.dtypes; }
 };
 
+// count and host_ns are atomic: past its first calls (the signature probes) an op is counted without a lock.
 struct OpStat {
-  int64_t count = 0;
-  int64_t host_ns = 0;
+  std::atomic<int64_t> count{0};
+  std::atomic<int64_t> host_ns{0};
   std::string reason;
   std::vector<Signature> signatures;
 };

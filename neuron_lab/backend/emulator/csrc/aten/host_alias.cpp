@@ -39,14 +39,19 @@ c10::Storage cpu_alias_storage(const c10::Storage& device, bool growable) {
 
 namespace {
 
-// Whether a block's cached alias still is `t`'s: over the block's own host storage, in t's dtype and layout, a plain
-// CPU tensor (no math bits, no autograd, no wrapped number). A kernel may have changed its layout since.
-bool fits(const at::Tensor& a, const Block& b, const at::Tensor& t) {
-  if (!a.defined()) return false;
+// Whether `a` may be the block's cached alias: a plain CPU tensor (no math bits, no autograd, no wrapped number)
+// over the block's own host storage.
+bool plain_alias(const at::Tensor& a, const Block& b) {
   const c10::TensorImpl* impl = a.unsafeGetTensorImpl();
-  return impl->storage().unsafeGetStorageImpl() == b.host.unsafeGetStorageImpl() && a.dtype() == t.dtype() &&
-         impl->autograd_meta() == nullptr && !impl->is_wrapped_number() && !a.is_conj() && !a.is_neg() &&
-         a.storage_offset() == t.storage_offset() && a.sizes() == t.sizes() && a.strides() == t.strides();
+  return impl->storage().unsafeGetStorageImpl() == b.host.unsafeGetStorageImpl() && impl->autograd_meta() == nullptr &&
+         !impl->is_wrapped_number() && !a.is_conj() && !a.is_neg();
+}
+
+// Whether a block's cached alias still is `t`'s: a plain alias in t's dtype and layout. A kernel may have changed its
+// layout since.
+bool fits(const at::Tensor& a, const Block& b, const at::Tensor& t) {
+  return a.defined() && plain_alias(a, b) && a.dtype() == t.dtype() && a.storage_offset() == t.storage_offset() &&
+         a.sizes() == t.sizes() && a.strides() == t.strides();
 }
 
 // The block's cached alias for `t` (made and kept if it had none that fits); undefined if another thread holds it.
@@ -98,7 +103,7 @@ at::Tensor host_alias(const at::Tensor& t) {  // Python may keep it or change it
 at::Tensor presented(const at::Tensor& r, c10::DeviceIndex device) {
   c10::Storage st = adopt(r, device);
   Block* b = NeuronAllocator::block_of(st.data_ptr());
-  if (b && r.is_cpu() && fits(r, *b, r)) b->alias.tensor = r;  // a fresh block: no other thread knows it yet
+  if (b && r.is_cpu() && plain_alias(r, *b)) b->alias.tensor = r;  // a fresh block: no other thread knows it yet
   return on_device(std::move(st), r);
 }
 
