@@ -216,25 +216,31 @@ class Executor:
             torch.set_rng_state(cpu_state)
 
     def _run_resizing(self, op, plan, hargs, hkwargs, args, kwargs):
-        """An ``out=`` that must grow: compute into host temporaries, resize the device output, copy."""
-        temps = {}
+        """An ``out=`` that must grow: compute into host temporaries, resize the device output, copy.
+
+        Only host aliases are swapped (they cannot grow); a float32 stand-in of the 64-bit rule grows by itself.
+        """
+        temps: list[tuple[Tensor, Tensor]] = []
+
+        def temp(dev, host):
+            if isinstance(dev, Tensor) and not dev.is_cpu and not host.untyped_storage().resizable():
+                temps.append((dev, torch.empty(0, dtype=dev.dtype, device=_CPU)))
+                return temps[-1][1]
+            return host
+
         for slot in plan.write_args:
             holder, orig = (hargs, args) if isinstance(slot, int) else (hkwargs, kwargs)
             if isinstance(slot, int) and slot >= len(orig):
                 continue
             dev = orig[slot]
-            if isinstance(dev, Tensor) and not dev.is_cpu:
-                holder[slot] = torch.empty(0, dtype=dev.dtype, device=_CPU)
-                temps[slot] = (dev, holder[slot])
+            if isinstance(dev, Tensor):
+                holder[slot] = temp(dev, holder[slot])
             elif isinstance(dev, (list, tuple)):
-                holder[slot] = [torch.empty(0, dtype=d.dtype, device=_CPU) for d in dev]
-                temps[slot] = (dev, holder[slot])
+                holder[slot] = [temp(d, h) for d, h in zip(dev, holder[slot])]
         out = op(*hargs, **hkwargs)
-        for dev, tmp in temps.values():
-            pairs = zip(dev, tmp) if isinstance(dev, (list, tuple)) else [(dev, tmp)]
-            for d, t in pairs:
-                d.resize_(t.shape)
-                self.bridge.to_host(d).copy_(t)
+        for d, t in temps:
+            d.resize_(t.shape)
+            self.bridge.to_host(d).copy_(t)
         return out
 
     def _run_downcast(self, op, plan, hargs, hkwargs, args, kwargs):
@@ -257,7 +263,7 @@ class Executor:
         hkwargs = {k: down(k, v) for k, v in hkwargs.items()}
         if "dtype" in hkwargs and hkwargs["dtype"] == torch.float64:
             hkwargs["dtype"] = torch.float32
-        out = op(*hargs, **hkwargs)
+        out = self._call(op, plan, hargs, hkwargs, args, kwargs)  # other outs grow and take their layout as usual
         for dev, low in written:  # a kernel may have resized the stand-in (an out= that must grow)
             if dev.shape != low.shape:
                 dev.resize_(low.shape)
@@ -339,7 +345,8 @@ def _sync_layouts(slots: tuple[int | str, ...], hargs: list, hkwargs: dict, args
     """Give written device tensors the shape a CPU kernel gave their host aliases.
 
     A kernel resizes an ``out=`` alias in place when its storage is big enough (always for zero-size
-    results); that changes the alias's metadata only, so the device tensor must take the same layout.
+    results); that changes the alias's metadata only, so the device tensor must take the same layout. A float32
+    stand-in of the 64-bit rule is no alias: its copy-back settles that one.
     """
     for slot in slots:
         if isinstance(slot, int):
@@ -351,7 +358,7 @@ def _sync_layouts(slots: tuple[int | str, ...], hargs: list, hkwargs: dict, args
                 continue
             dev, host = kwargs[slot], hkwargs[slot]
         for d, h in zip(dev, host) if isinstance(dev, (list, tuple)) else ((dev, host),):
-            if isinstance(d, Tensor) and isinstance(h, Tensor) and not d.is_cpu and (
+            if isinstance(d, Tensor) and isinstance(h, Tensor) and not d.is_cpu and h.dtype == d.dtype and (
                     h.shape != d.shape or h.stride() != d.stride() or h.storage_offset() != d.storage_offset()):
                 redispatch_to_cpu(aten.set_.source_Storage_storage_offset, d, d.untyped_storage(),
                                   h.storage_offset(), h.shape, h.stride())
