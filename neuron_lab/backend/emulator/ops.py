@@ -244,23 +244,33 @@ class Executor:
         return out
 
     def _run_downcast(self, op, plan, hargs, hkwargs, args, kwargs):
-        """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
+        """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible.
+
+        TorchNeuron casts float64 tensors with dimensions (base.py, ``_cast_tensor_if_float64``): a call whose float64
+        tensors are all 0-dim computes exactly; beside a cast one, a 0-dim one is cast too, as a float32 kernel
+        reads it.
+        """
         written: list[tuple[Tensor, Tensor]] = []  # (device tensor, the float32 stand-in the kernel writes)
         write_slots = set(plan.write_args)
         for i, a in enumerate(op._schema.arguments):
             if f"{plan.name}.{a.name}" in policy.UNDECLARED_WRITES:
                 write_slots |= {i, a.name}
 
-        def down(slot, a):
+        if not any(_has_dims64(a) for a in (*hargs, *hkwargs.values())):
+            return self._call(op, plan, hargs, hkwargs, args, kwargs)
+
+        def down(slot, a, dev):
             if isinstance(a, Tensor) and a.dtype == torch.float64:
                 low = a.to(torch.float32)
                 if slot in write_slots:
-                    written.append((args[slot] if isinstance(slot, int) else kwargs[slot], low))
+                    written.append((dev, low))
                 return low
+            if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):  # a tensor list: each tensor
+                return type(a)(down(slot, t, d) for t, d in zip(a, dev))
             return a
 
-        hargs = [down(i, a) for i, a in enumerate(hargs)]
-        hkwargs = {k: down(k, v) for k, v in hkwargs.items()}
+        hargs = [down(i, a, args[i]) for i, a in enumerate(hargs)]
+        hkwargs = {k: down(k, v, kwargs.get(k)) for k, v in hkwargs.items()}
         if "dtype" in hkwargs and hkwargs["dtype"] == torch.float64:
             hkwargs["dtype"] = torch.float32
         out = self._call(op, plan, hargs, hkwargs, args, kwargs)  # other outs grow and take their layout as usual
@@ -309,6 +319,13 @@ class Executor:
 
         k.__name__ = f"neuron_{op._schema.name.split('::')[-1]}"
         return k
+
+
+def _has_dims64(a) -> bool:
+    """Whether ``a`` is (or lists) a float64 tensor with dimensions: what TorchNeuron's 64-bit rule casts."""
+    if isinstance(a, Tensor):
+        return a.dtype == torch.float64 and a.dim() != 0
+    return isinstance(a, (list, tuple)) and any(isinstance(t, Tensor) and _has_dims64(t) for t in a)
 
 
 def _check_out_devices(plan: _Plan, args: tuple, kwargs: dict) -> None:
