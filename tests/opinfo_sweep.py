@@ -20,6 +20,7 @@ import copy
 import itertools
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -189,8 +190,10 @@ def _seed() -> None:
     """What ``torch.manual_seed`` does here (CPU and `neuron` generators), at a fraction of its cost.
 
     On a build without CUDA, every ``torch.manual_seed`` formats the caller's stack for CUDA's, XPU's and MTIA's
-    lazy-init queues: milliseconds under pytest's deep stacks, and the sweep seeds about 40,000 times.
+    lazy-init queues: milliseconds under pytest's deep stacks, and the sweep seeds about 40,000 times. Python's
+    ``random`` too: some sample generators draw from it (hinge_embedding_loss's margin), and runs must see the same.
     """
+    random.seed(SEED)
     _manual_seed(SEED)
 
 
