@@ -200,3 +200,13 @@ def test_a_non_float64_out_under_the_64_bit_rule_takes_the_cpus_shape(op, outs, 
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
         assert g.cpu().tolist() == w.tolist()
+
+
+def test_the_64_bit_rule_leaves_a_call_of_0_dim_float64_tensors_exact() -> None:
+    """TorchNeuron's base.py casts float64 tensors with dimensions only: 0-dim ones alone compute in float64 (they were
+    computed in float32 here); beside a tensor with dimensions, the call computes in float32."""
+    a, b = torch.tensor(1 + 1e-10, dtype=torch.float64), torch.tensor(1e-10, dtype=torch.float64)
+    alone = torch.add(a.to("neuron"), b.to("neuron"))
+    assert alone.dtype == torch.float64 and alone.item() == 1 + 2e-10
+    beside = torch.add(a.reshape(1).to("neuron"), b.to("neuron"))
+    assert beside.dtype == torch.float64 and beside.cpu().tolist() == [1.0]
