@@ -50,7 +50,8 @@ SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_n
                           "test_dashboard_browser", "test_browser_rig", "test_make", "test_opinfo_conformance",
                           "test_runner_ranks", "test_distributed", "test_ranks", "test_runner_trace",
                           "test_moduleinfo_conformance", "test_out_conformance", "test_checkup", "test_ranks_slurm",
-                          "test_ranks_attach", "test_ranks_ssh", "test_ranks_multihost", "test_dashboard_ranks"})
+                          "test_ranks_attach", "test_ranks_ssh", "test_ranks_multihost", "test_dashboard_ranks",
+                          "test_opinfo64_conformance"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

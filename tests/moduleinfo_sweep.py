@@ -33,8 +33,6 @@ DTYPES = (torch.float32, torch.float64)
 MODES = ("train", "eval")
 KNOWN_FAILURES = Path(__file__).with_name("moduleinfo_known_failures.txt")
 DOWNCAST = "downcast"  # the prefix of a key swept with the 64-bit rule on
-# assert_close's defaults per dtype; under the 64-bit rule float64 is computed in float32, so float32's apply.
-TOLERANCES = {torch.float32: (1e-5, 1.3e-6), torch.float64: (1e-7, 1e-7)}
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,8 @@ def run_entry(entry: Entry, downcast: bool = False, max_samples: int = MAX_SAMPL
                 max_samples))
     except Exception as e:  # noqa: BLE001  (the generator failing on the CPU is a CPU-side verdict)
         return result("cpu_error", "module_inputs: " + common._first_line(e))
-    atol, rtol = TOLERANCES[torch.float32 if downcast else entry.dtype]
+    # under the 64-bit rule float64 is computed in float32, so float32's tolerances apply
+    atol, rtol = common.DEFAULT_TOLERANCES[torch.float32 if downcast else entry.dtype]
     compared, cpu_failure = 0, ""
     for i, module_input in enumerate(inputs):
         if module_input.forward_input is None:

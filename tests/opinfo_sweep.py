@@ -20,6 +20,7 @@ import copy
 import itertools
 import json
 import os
+import random
 import sys
 import time
 import warnings
@@ -155,17 +156,21 @@ def _meta_leaf(v: Any, key: str | None) -> Any:
     return (tuple(v.shape), v.dtype, v.stride()) if isinstance(v, torch.Tensor) else _cpu_leaf(v, key)
 
 
-def tolerances(op) -> tuple[float, float]:
-    """(atol, rtol): assert_close's float32 defaults, widened by the OpInfo's own device-independent overrides."""
+# assert_close's default (atol, rtol) per dtype.
+DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1.3e-6), torch.float64: (1e-7, 1e-7)}
+
+
+def tolerances(op, dtype: torch.dtype = DTYPE) -> tuple[float, float]:
+    """(atol, rtol): assert_close's defaults for ``dtype``, widened by the OpInfo's own device-independent overrides."""
     from torch.testing._internal.common_device_type import toleranceOverride
 
-    atol, rtol = 1e-5, 1.3e-6
+    atol, rtol = DEFAULT_TOLERANCES[dtype]
     for info in op.decorators:
-        if getattr(info, "device_type", None) is not None or DTYPE not in (getattr(info, "dtypes", None) or [DTYPE]):
+        if getattr(info, "device_type", None) is not None or dtype not in (getattr(info, "dtypes", None) or [dtype]):
             continue
         for dec in getattr(info, "decorators", [info]):
-            if isinstance(dec, toleranceOverride) and DTYPE in dec.d:
-                atol, rtol = max(atol, dec.d[DTYPE].atol), max(rtol, dec.d[DTYPE].rtol)
+            if isinstance(dec, toleranceOverride) and dtype in dec.d:
+                atol, rtol = max(atol, dec.d[dtype].atol), max(rtol, dec.d[dtype].rtol)
     return atol, rtol
 
 
@@ -173,8 +178,10 @@ def _seed() -> None:
     """What ``torch.manual_seed`` does here (CPU and `neuron` generators), at a fraction of its cost.
 
     On a build without CUDA, every ``torch.manual_seed`` formats the caller's stack for CUDA's, XPU's and MTIA's
-    lazy-init queues: milliseconds under pytest's deep stacks, and the sweep seeds about 40,000 times.
+    lazy-init queues: milliseconds under pytest's deep stacks, and the sweep seeds about 40,000 times. Python's
+    ``random`` too: some sample generators draw from it (hinge_embedding_loss's margin), and runs must see the same.
     """
+    random.seed(SEED)
     _manual_seed(SEED)
 
 
@@ -192,7 +199,8 @@ def _call(op, sample) -> tuple[Any, Any]:
     return out, sample.input
 
 
-def _compare(op, sample, got: tuple[Any, Any], want: tuple[Any, Any]) -> None:
+def _compare(op, sample, got: tuple[Any, Any], want: tuple[Any, Any], dtype: torch.dtype = DTYPE) -> None:
+    """Raise unless ``got`` agrees with ``want`` at ``dtype``'s tolerances for ``op``."""
     if op.name in UNINITIALISED:
         got_meta, want_meta = _map(got, _meta_leaf), _map(want, _meta_leaf)
         assert got_meta == want_meta, f"metadata differs: {got_meta} != {want_meta}"
@@ -200,7 +208,7 @@ def _compare(op, sample, got: tuple[Any, Any], want: tuple[Any, Any]) -> None:
     process = sample.output_process_fn_grad
     got = (process(_map(got[0], _cpu_leaf)), _map(got[1], _cpu_leaf))
     want = (process(want[0]), want[1])
-    atol, rtol = tolerances(op)
+    atol, rtol = tolerances(op, dtype)
     torch.testing.assert_close(_map(got, _cpu_leaf), _map(want, _cpu_leaf), atol=atol, rtol=rtol, equal_nan=True)
 
 
@@ -209,8 +217,8 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0][:300] if msg else ''}"
 
 
-def _samples(op, device: str, max_samples: int) -> list:
-    """The first ``max_samples`` of what ``op.sample_inputs(device, DTYPE, set_seed=False)`` yields.
+def _samples(op, device: str, max_samples: int, dtype: torch.dtype = DTYPE) -> list:
+    """The first ``max_samples`` of what ``op.sample_inputs(device, dtype, set_seed=False)`` yields.
 
     Its generator is called directly: ``sample_inputs`` wraps it in an iterator that looks for a unittest
     test function up the caller's stack (``inspect.stack()``, which walks every module in ``sys.modules`` per frame):
@@ -218,7 +226,7 @@ def _samples(op, device: str, max_samples: int) -> list:
     """
     _seed()
     with _time_limit(SAMPLE_TIMEOUT_S):
-        return list(itertools.islice(op.sample_inputs_func(op, device, DTYPE, False), max_samples))
+        return list(itertools.islice(op.sample_inputs_func(op, device, dtype, False), max_samples))
 
 
 def run_entry(op, max_samples: int = MAX_SAMPLES) -> EntryResult:
@@ -315,6 +323,28 @@ def problems(results: list[EntryResult], known: dict[str, str], known_file: str,
     return found
 
 
+def check_lists(ops: list, known: dict[str, str], expected_cpu_errors: dict[str, str], floor: float,
+                minimum: int) -> None:
+    """A sweep's lists name real entries, each once, and fix a rate at or over ``floor`` (of more than ``minimum``
+    entries that run on the CPU)."""
+    keys = {entry_key(op) for op in ops}
+    assert sorted(set(known) - keys) == []
+    assert sorted(set(expected_cpu_errors) - keys) == []
+    assert sorted(set(known) & set(expected_cpu_errors)) == []
+    cpu_ok = len(ops) - len(expected_cpu_errors)
+    assert cpu_ok > minimum
+    assert (cpu_ok - len(known)) / cpu_ok >= floor
+
+
+def pin_shard(results: list[EntryResult], report: dict[str, Any], path: Path, known: dict[str, str], known_file: str,
+              expected_cpu_errors: dict[str, str]) -> None:
+    """Write a shard's report to ``path``; fail unless its verdicts are exactly the lists' (see ``problems``)."""
+    write_json(path, report)
+    found = problems(results, known, known_file, set(expected_cpu_errors))
+    assert not found, "\n".join(found)
+    assert report["pass"] == report["cpu_ok"] - sum(r.key in known for r in results)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically, so a reader in another process never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -323,22 +353,28 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("out/opinfo.json"))
-    p.add_argument("--samples", type=int, default=MAX_SAMPLES)
+def run_cli(argv: list[str] | None, doc: str, default_out: str, all_entries: Callable[[], list],
+            run: Callable[[list, int], list[EntryResult]], max_samples: int, known_file: Path,
+            summary: Callable[[list[EntryResult]], dict[str, Any]] = summarize) -> dict[str, Any]:
+    """A sweep's command line: --out, --samples, --only; runs the entries chosen, publishes and returns the report."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(default_out))
+    p.add_argument("--samples", type=int, default=max_samples)
     p.add_argument("--only", nargs="*", help="entry keys to run (default: all)")
     a = p.parse_args(argv)
-    ops = entries()
-    if a.only:
-        ops = [op for op in ops if entry_key(op) in set(a.only)]
+    ops = [op for op in all_entries() if not a.only or entry_key(op) in a.only]
     t0 = time.perf_counter()
-    report = summarize(sweep(ops, a.samples))
+    report = summary(run(ops, a.samples))
     report["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    known = load_known_failures()
+    known = load_known_failures(known_file)
     report["unexpected"] = sorted(k for k, v in report["entries"].items()
                                   if v["status"] in ("fail", "error") and k not in known)
     publish(a.out, report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_cli(argv, __doc__, "out/opinfo.json", entries, sweep, MAX_SAMPLES, KNOWN_FAILURES)
     return 0
 
 

@@ -14,7 +14,6 @@ An entry is ``cpu_error`` when no sample's ``out=`` call runs on the CPU (outsid
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from collections.abc import Callable
@@ -177,16 +176,7 @@ def sweep(ops: list, max_samples: int = MAX_SAMPLES) -> list[common.EntryResult]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("out/out_sweep.json"))
-    p.add_argument("--samples", type=int, default=MAX_SAMPLES)
-    p.add_argument("--only", nargs="*", help="entry keys to run (default: all)")
-    a = p.parse_args(argv)
-    ops = [op for op in entries() if not a.only or common.entry_key(op) in a.only]
-    t0 = time.perf_counter()
-    report = common.summarize(sweep(ops, a.samples))
-    report["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    common.publish(a.out, report)
+    common.run_cli(argv, __doc__, "out/out_sweep.json", entries, sweep, MAX_SAMPLES, KNOWN_FAILURES)
     return 0
 
 

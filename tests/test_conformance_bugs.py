@@ -180,3 +180,33 @@ def test_results_under_the_64_bit_rule_keep_the_dtypes_pytorch_gives() -> None:
     assert f.dtype == torch.complex128 and torch.allclose(f.cpu(), torch.fft.rfft(x), atol=1e-5)
     h = torch.histogramdd(torch.rand(10, 2, dtype=torch.float64).to("neuron"), bins=[3, 3])
     assert h.hist.dtype == torch.float64 and [e.dtype for e in h.bin_edges] == [torch.float64] * 2
+
+
+_X64 = torch.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("op", "outs"), [
+    (lambda x, out: torch.kthvalue(x, 2, 1, out=out), (torch.float64, torch.long)),
+    (lambda x, out: torch.median(x, 1, out=out), (torch.float64, torch.long)),
+    (lambda x, out: torch.logical_and(x, x > 1, out=out[0]), (torch.bool,)),
+    (lambda x, out: torch.eq(x, 2.0, out=out[0]), (torch.bool,)),
+], ids=["kthvalue", "median", "logical_and", "eq"])
+@pytest.mark.parametrize("size", [(1,), (6,)], ids=["grows", "same-numel"])
+def test_a_non_float64_out_under_the_64_bit_rule_takes_the_cpus_shape(op, outs, size) -> None:
+    """Beside float64 inputs computed in float32, an out= of another dtype (indices, a mask) is resized as on the
+    CPU: one that must grow raised "not resizable" on the pure-Python core; one with room kept its old shape."""
+    want = op(_X64, tuple(torch.empty(size, dtype=d) for d in outs))
+    got = op(_X64.to("neuron"), tuple(torch.empty(size, dtype=d, device="neuron") for d in outs))
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+        assert g.cpu().tolist() == w.tolist()
+
+
+def test_the_64_bit_rule_leaves_a_call_of_0_dim_float64_tensors_exact() -> None:
+    """TorchNeuron's base.py casts float64 tensors with dimensions only: 0-dim ones alone compute in float64 (they were
+    computed in float32 here); beside a tensor with dimensions, the call computes in float32."""
+    a, b = torch.tensor(1 + 1e-10, dtype=torch.float64), torch.tensor(1e-10, dtype=torch.float64)
+    alone = torch.add(a.to("neuron"), b.to("neuron"))
+    assert alone.dtype == torch.float64 and alone.item() == 1 + 2e-10
+    beside = torch.add(a.reshape(1).to("neuron"), b.to("neuron"))
+    assert beside.dtype == torch.float64 and beside.cpu().tolist() == [1.0]

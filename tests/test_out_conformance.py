@@ -3,7 +3,7 @@
 The sweep (tests/out_sweep.py) runs as NSHARDS tests so that `pytest -n 2` spreads it over workers. Each
 shard pins its verdicts exactly: its failing entries are the listed known failures, no more and no fewer. With
 every shard pinned, the rate over the entries whose ``out=`` runs on the CPU is fixed by the list and the
-CPU-side errors, which test_floor_follows_from_the_lists checks before anything runs.
+CPU-side errors, which test_the_lists_fix_the_floor checks before anything runs.
 """
 
 from __future__ import annotations
@@ -31,17 +31,9 @@ def ops() -> list:
     return sweep.entries()
 
 
-def test_the_lists_name_real_entries(ops) -> None:
-    keys = {common.entry_key(op) for op in ops}
-    assert sorted(set(KNOWN) - keys) == []
-    assert sorted(set(EXPECTED_CPU_ERRORS) - keys) == []
-    assert sorted(set(KNOWN) & set(EXPECTED_CPU_ERRORS)) == []
-
-
-def test_floor_follows_from_the_lists(ops) -> None:
-    cpu_ok = len(ops) - len(EXPECTED_CPU_ERRORS)
-    assert cpu_ok > 300  # op_db as of torch 2.13: 325 float32 entries take out= and are not exempt from test_out
-    assert (cpu_ok - len(KNOWN)) / cpu_ok >= FLOOR
+def test_the_lists_fix_the_floor(ops) -> None:
+    # op_db as of torch 2.13: 325 float32 entries take out= and are not exempt from test_out
+    common.check_lists(ops, KNOWN, EXPECTED_CPU_ERRORS, FLOOR, minimum=300)
 
 
 @pytest.mark.parametrize("shard", range(NSHARDS))
@@ -50,7 +42,5 @@ def test_out_shard(shard: int, ops) -> None:
     results = sweep.sweep(common.shard_of(ops, shard, NSHARDS))
     report = common.summarize(results)
     report.update(shard=shard, floor=FLOOR, wall_seconds=round(time.perf_counter() - t0, 2))
-    common.write_json(OUT / "out_sweep" / f"shard_{shard}.json", report)
-    problems = common.problems(results, KNOWN, sweep.KNOWN_FAILURES.name, set(EXPECTED_CPU_ERRORS))
-    assert not problems, "\n".join(problems)
-    assert report["pass"] == report["cpu_ok"] - sum(r.key in KNOWN for r in results)
+    common.pin_shard(results, report, OUT / "out_sweep" / f"shard_{shard}.json", KNOWN, sweep.KNOWN_FAILURES.name,
+                     EXPECTED_CPU_ERRORS)

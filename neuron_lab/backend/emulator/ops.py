@@ -216,48 +216,64 @@ class Executor:
             torch.set_rng_state(cpu_state)
 
     def _run_resizing(self, op, plan, hargs, hkwargs, args, kwargs):
-        """An ``out=`` that must grow: compute into host temporaries, resize the device output, copy."""
-        temps = {}
+        """An ``out=`` that must grow: compute into host temporaries, resize the device output, copy.
+
+        Only host aliases are swapped (they cannot grow); a float32 stand-in of the 64-bit rule grows by itself.
+        """
+        temps: list[tuple[Tensor, Tensor]] = []
+
+        def temp(dev, host):
+            if isinstance(dev, Tensor) and not dev.is_cpu and not host.untyped_storage().resizable():
+                temps.append((dev, torch.empty(0, dtype=dev.dtype, device=_CPU)))
+                return temps[-1][1]
+            return host
+
         for slot in plan.write_args:
             holder, orig = (hargs, args) if isinstance(slot, int) else (hkwargs, kwargs)
             if isinstance(slot, int) and slot >= len(orig):
                 continue
             dev = orig[slot]
-            if isinstance(dev, Tensor) and not dev.is_cpu:
-                holder[slot] = torch.empty(0, dtype=dev.dtype, device=_CPU)
-                temps[slot] = (dev, holder[slot])
+            if isinstance(dev, Tensor):
+                holder[slot] = temp(dev, holder[slot])
             elif isinstance(dev, (list, tuple)):
-                holder[slot] = [torch.empty(0, dtype=d.dtype, device=_CPU) for d in dev]
-                temps[slot] = (dev, holder[slot])
+                holder[slot] = [temp(d, h) for d, h in zip(dev, holder[slot])]
         out = op(*hargs, **hkwargs)
-        for dev, tmp in temps.values():
-            pairs = zip(dev, tmp) if isinstance(dev, (list, tuple)) else [(dev, tmp)]
-            for d, t in pairs:
-                d.resize_(t.shape)
-                self.bridge.to_host(d).copy_(t)
+        for d, t in temps:
+            d.resize_(t.shape)
+            self.bridge.to_host(d).copy_(t)
         return out
 
     def _run_downcast(self, op, plan, hargs, hkwargs, args, kwargs):
-        """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible."""
+        """float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible.
+
+        TorchNeuron casts float64 tensors with dimensions (base.py, ``_cast_tensor_if_float64``): a call whose float64
+        tensors are all 0-dim computes exactly; beside a cast one, a 0-dim one is cast too, as a float32 kernel
+        reads it.
+        """
         written: list[tuple[Tensor, Tensor]] = []  # (device tensor, the float32 stand-in the kernel writes)
         write_slots = set(plan.write_args)
         for i, a in enumerate(op._schema.arguments):
             if f"{plan.name}.{a.name}" in policy.UNDECLARED_WRITES:
                 write_slots |= {i, a.name}
 
-        def down(slot, a):
+        if not any(_has_dims64(a) for a in (*hargs, *hkwargs.values())):
+            return self._call(op, plan, hargs, hkwargs, args, kwargs)
+
+        def down(slot, a, dev):
             if isinstance(a, Tensor) and a.dtype == torch.float64:
                 low = a.to(torch.float32)
                 if slot in write_slots:
-                    written.append((args[slot] if isinstance(slot, int) else kwargs[slot], low))
+                    written.append((dev, low))
                 return low
+            if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):  # a tensor list: each tensor
+                return type(a)(down(slot, t, d) for t, d in zip(a, dev))
             return a
 
-        hargs = [down(i, a) for i, a in enumerate(hargs)]
-        hkwargs = {k: down(k, v) for k, v in hkwargs.items()}
+        hargs = [down(i, a, args[i]) for i, a in enumerate(hargs)]
+        hkwargs = {k: down(k, v, kwargs.get(k)) for k, v in hkwargs.items()}
         if "dtype" in hkwargs and hkwargs["dtype"] == torch.float64:
             hkwargs["dtype"] = torch.float32
-        out = op(*hargs, **hkwargs)
+        out = self._call(op, plan, hargs, hkwargs, args, kwargs)  # other outs grow and take their layout as usual
         for dev, low in written:  # a kernel may have resized the stand-in (an out= that must grow)
             if dev.shape != low.shape:
                 dev.resize_(low.shape)
@@ -305,6 +321,13 @@ class Executor:
         return k
 
 
+def _has_dims64(a) -> bool:
+    """Whether ``a`` is (or lists) a float64 tensor with dimensions: what TorchNeuron's 64-bit rule casts."""
+    if isinstance(a, Tensor):
+        return a.dtype == torch.float64 and a.dim() != 0
+    return isinstance(a, (list, tuple)) and any(isinstance(t, Tensor) and _has_dims64(t) for t in a)
+
+
 def _check_out_devices(plan: _Plan, args: tuple, kwargs: dict) -> None:
     """A CPU ``out=`` or in-place self beside device inputs (the fallback runs only when there are some) is
     refused, 0-dim or not, as PyTorch refuses an output of another device."""
@@ -339,7 +362,8 @@ def _sync_layouts(slots: tuple[int | str, ...], hargs: list, hkwargs: dict, args
     """Give written device tensors the shape a CPU kernel gave their host aliases.
 
     A kernel resizes an ``out=`` alias in place when its storage is big enough (always for zero-size
-    results); that changes the alias's metadata only, so the device tensor must take the same layout.
+    results); that changes the alias's metadata only, so the device tensor must take the same layout. A float32
+    stand-in of the 64-bit rule is no alias: its copy-back settles that one.
     """
     for slot in slots:
         if isinstance(slot, int):
@@ -351,7 +375,7 @@ def _sync_layouts(slots: tuple[int | str, ...], hargs: list, hkwargs: dict, args
                 continue
             dev, host = kwargs[slot], hkwargs[slot]
         for d, h in zip(dev, host) if isinstance(dev, (list, tuple)) else ((dev, host),):
-            if isinstance(d, Tensor) and isinstance(h, Tensor) and not d.is_cpu and (
+            if isinstance(d, Tensor) and isinstance(h, Tensor) and not d.is_cpu and h.dtype == d.dtype and (
                     h.shape != d.shape or h.stride() != d.stride() or h.storage_offset() != d.storage_offset()):
                 redispatch_to_cpu(aten.set_.source_Storage_storage_offset, d, d.untyped_storage(),
                                   h.storage_offset(), h.shape, h.stride())

@@ -311,6 +311,15 @@ c10::IValue widened(const c10::IValue& v) {
 // float64 in, float32 compute, float64 out: TorchNeuron's silent downcast made visible.
 bool downcast(const Plan& p, const Stack& orig, Stack& hargs, std::vector<Lowered>& written) {
   if (!emulate_downcast.load() || p.is_view) return false;
+  // TorchNeuron casts float64 tensors with dimensions (base.py, _cast_tensor_if_float64): a call whose float64 tensors
+  // are all 0-dim computes exactly; beside a cast one, a 0-dim one is cast too, as a float32 kernel reads it.
+  bool dims64 = false;
+  for (const auto& v : hargs) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      dims64 |= t.defined() && t.scalar_type() == at::kDouble && t.dim() != 0;
+    });
+  }
+  if (!dims64) return false;
   auto low = [](const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t; };
   for (size_t i = 0; i < hargs.size(); ++i) {
     bool writes = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end() ||
