@@ -365,10 +365,16 @@ bool fits_int32(const at::Tensor& t) {
   const int64_t n = t.numel();
   if (n == 0) return true;
   if (t.is_contiguous()) {
+    // Biased by 2**31, a value fits when its high 32 bits are zero. Four lanes, so -O2 vectorizes the loop.
     const auto* d = reinterpret_cast<const uint64_t*>(t.const_data_ptr<int64_t>());
-    uint64_t over = 0;
-    for (int64_t i = 0; i < n; ++i) over |= (d[i] + 0x80000000ull) >> 32;
-    return over == 0;
+    constexpr uint64_t kBias = 0x80000000ull;
+    uint64_t over[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      for (int k = 0; k < 4; ++k) over[k] |= d[i + k] + kBias;
+    }
+    for (; i < n; ++i) over[0] |= d[i] + kBias;
+    return ((over[0] | over[1] | over[2] | over[3]) >> 32) == 0;
   }
   auto [lo, hi] = at::aminmax(t);
   return lo.item<int64_t>() >= INT32_MIN && hi.item<int64_t>() <= INT32_MAX;
