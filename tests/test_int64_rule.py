@@ -86,3 +86,15 @@ def test_exact_int64_as_a_setting(run_python) -> None:
     assert got["add"] == [BIG + 1, 8] and got["sum"] == 2**32
     assert got["reason"].endswith("(reported only here; NEURON_LAB_EMULATE_DOWNCAST=1 computes float64 in float32 and "
                                   "int64 in int32)")
+
+
+def test_a_0_dim_int64_alone_stays_exact() -> None:
+    """TorchNeuron's autocast casts non-0-dim int64 tensors only (``dtype_autocast.py:52``); what its compiler does
+    with a call on 0-dim ones alone no source says, so the emulator keeps them exact."""
+    s = torch.tensor(BIG).to("neuron")
+    assert (s + 1).item() == BIG + 1
+
+
+def test_a_sparse_int64_result_is_refused_as_any_sparse_result() -> None:
+    with pytest.raises(NotImplementedError, match="tensors are not supported on the neuron device"):
+        torch.tensor([[0, BIG]]).to("neuron").to_sparse()

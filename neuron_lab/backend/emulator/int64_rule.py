@@ -21,7 +21,7 @@ _INT32 = torch.iinfo(torch.int32)
 
 def fits(t: Tensor) -> bool:
     """Whether every value of an int64 host tensor fits in int32 (the cheap path: nothing to wrap)."""
-    if not t.numel():
+    if not t.numel() or t.layout != torch.strided:  # a sparse result is refused as the device's anyway
         return True
     lo, hi = torch.aminmax(t)
     return _INT32.min <= int(lo) and int(hi) <= _INT32.max
@@ -31,24 +31,30 @@ def _wrapped(t: Tensor) -> Tensor:
     return t.to(torch.int32).to(torch.int64)
 
 
-def _input(a: Any, written: bool, in_list: bool = False) -> Any:
+def _input(a: Any, written: bool, cast: list[bool], in_list: bool = False) -> Any:
     if isinstance(a, Tensor):
-        if a.dtype != torch.int64 or (a.dim() == 0 and not in_list) or fits(a):
+        if a.dtype != torch.int64 or (a.dim() == 0 and not in_list):
+            return a
+        cast[0] = True
+        if fits(a):
             return a
         if written:  # an in-place self or an out=: its device bytes hold the wrapped values, as TorchNeuron's do
             return a.copy_(a.to(torch.int32))
         return _wrapped(a)
     if isinstance(a, (list, tuple)) and any(isinstance(b, Tensor) for b in a):
-        return type(a)(_input(b, written, True) for b in a)
+        return type(a)(_input(b, written, cast, True) for b in a)
     return a
 
 
-def wrap_inputs(hargs: list, hkwargs: dict, writes: Container[int | str]) -> None:
-    """Give the kernel its int64 host arguments as TorchNeuron's autocast gives them: wrapped to int32."""
+def wrap_inputs(hargs: list, hkwargs: dict, writes: Container[int | str]) -> bool:
+    """Give the kernel its int64 host arguments as TorchNeuron's autocast gives them: wrapped to int32. Whether
+    there was one it casts (a call on 0-dim int64 tensors alone is not cast: its results stay exact too)."""
+    cast = [False]
     for i, a in enumerate(hargs):
-        hargs[i] = _input(a, i in writes)
+        hargs[i] = _input(a, i in writes, cast)
     for k, v in hkwargs.items():
-        hkwargs[k] = _input(v, k in writes)
+        hkwargs[k] = _input(v, k in writes, cast)
+    return cast[0]
 
 
 def wrap_results(out: Any, written: list[Tensor], to_host: Callable[[Tensor], Tensor]) -> Any:

@@ -176,7 +176,7 @@ class Executor:
         int32 = lowered and torch.int64 in wide and plan.name not in policy.KEEPS_INT64 and kind[0] not in OFF_DEVICE
         t0 = time.perf_counter_ns()
         if int32:
-            int64_rule.wrap_inputs(hargs, hkwargs, plan.write_args)
+            int32 = int64_rule.wrap_inputs(hargs, hkwargs, plan.write_args)
         if lowered and torch.float64 in wide:
             out = self._run_downcast(op, plan, hargs, hkwargs, args, kwargs)
         else:

@@ -363,7 +363,7 @@ void dropout_on_device(c10::DeviceIndex device, const Stack& hargs, Stack* stack
 // cost one pass that finds nothing to do.
 bool fits_int32(const at::Tensor& t) {
   const int64_t n = t.numel();
-  if (n == 0) return true;
+  if (n == 0 || t.layout() != c10::kStrided) return true;  // a sparse result is refused as the device's anyway
   if (t.is_contiguous()) {
     // Biased by 2**31, a value fits when its high 32 bits are zero. Four lanes, so -O2 vectorizes the loop.
     const auto* d = reinterpret_cast<const uint64_t*>(t.const_data_ptr<int64_t>());
@@ -385,31 +385,37 @@ at::Tensor wrapped(const at::Tensor& t) {
 }
 
 // An int64 argument as the kernel takes it: a non-0-dim tensor, or a list's (any), wrapped; a written one in place.
-at::Tensor int32_input(const at::Tensor& t, bool written, bool in_list) {
-  if (!t.defined() || t.scalar_type() != at::kLong || (t.dim() == 0 && !in_list) || fits_int32(t)) return t;
+// `cast`: there was one the rule casts.
+at::Tensor int32_input(const at::Tensor& t, bool written, bool in_list, bool& cast) {
+  if (!t.defined() || t.scalar_type() != at::kLong || (t.dim() == 0 && !in_list)) return t;
+  cast = true;
+  if (fits_int32(t)) return t;
   if (written) return t.copy_(t.to(at::kInt));
   return wrapped(t);
 }
 
-void wrap_int64_inputs(const Plan& p, Stack& hargs) {
+// Whether the call had an int64 argument the rule casts (0-dim int64 tensors alone are not: results stay exact).
+bool wrap_int64_inputs(const Plan& p, Stack& hargs) {
+  bool cast = false;
   for (size_t i = 0; i < hargs.size(); ++i) {
     bool writes = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end();
     auto& v = hargs[i];
     if (v.isTensor()) {
-      v = int32_input(v.toTensor(), writes, false);
+      v = int32_input(v.toTensor(), writes, false, cast);
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(int32_input(t, writes, true));
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(int32_input(t, writes, true, cast));
       v = out;
     } else if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> out;
       for (const auto& t : v.toOptionalTensorList()) {
         std::optional<at::Tensor> ot = t;
-        out.push_back(ot ? std::optional<at::Tensor>(int32_input(*ot, writes, true)) : std::nullopt);
+        out.push_back(ot ? std::optional<at::Tensor>(int32_input(*ot, writes, true, cast)) : std::nullopt);
       }
       v = out;
     }
   }
+  return cast;
 }
 
 // The device tensors a call wrote, wrapped in place where a value went past int32.
@@ -583,9 +589,9 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
       drop_grad_input = true;
     }
   }
-  const bool int32 = emulate_downcast.load() && ((c.mask >> static_cast<int>(at::kLong)) & 1) && !p.is_view &&
+  bool int32 = emulate_downcast.load() && ((c.mask >> static_cast<int>(at::kLong)) & 1) && !p.is_view &&
                      !p.keeps_int64 && !((rules.off_device_kinds >> kind.kind) & 1) && !(c.mask & rules.host_mask);
-  if (int32) wrap_int64_inputs(p, hargs);
+  if (int32) int32 = wrap_int64_inputs(p, hargs);
   std::vector<Lowered> written;
   const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && !(c.mask & rules.host_mask) &&
                        downcast(p, orig, hargs, written);
