@@ -151,7 +151,8 @@ register_env("NEURON_RT_VIRTUAL_CORE_SIZE", "the older name of NEURON_LOGICAL_NC
 register_env("NEURON_LAB_BUILD_CORE", "0 at install time: skip building the compiled core", "setup.py",
              default="1")
 register_env("NEURON_LAB_EMULATE_DOWNCAST", "TorchNeuron's 64-bit rule: 1 (default) computes float64 ops in "
-             "float32 as TorchNeuron does; 0 keeps 64-bit exact", E, default="1")
+             "float32 and int64 ops in int32 (values past int32 wrap; copies keep int64) as TorchNeuron does; 0 keeps "
+             "64-bit exact", E, default="1")
 register_env("NEURON_LAB_COMPILE_LOWERING", "how the emulator runs compiled graphs (default eager: op by op on the "
              "device, fast compiles, per-op reports; inductor: host Inductor, compiled speed)", f"{E}.lowering",
              "neuron_lab.session.config", choices=("eager", "inductor"), default="eager", fold_case=False)

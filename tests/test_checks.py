@@ -483,8 +483,8 @@ def test_a_float64_computation_that_loses_precision_is_named_as_torchneurons_64b
         "the code magnifies float32's rounding): TorchNeuron's 64-bit rule computes float64 in float32, so a Trn "
         "instance differs alike; NEURON_LAB_EMULATE_DOWNCAST=0 checks exact 64-bit · first: variable y"), text
     assert "FAIL" not in text.splitlines()[0]
-    assert "64-bit downcast emulated (float64 computed in float32, as TorchNeuron; NEURON_LAB_EMULATE_DOWNCAST=0 " \
-           "keeps it exact)" in text
+    assert "64-bit downcast emulated (float64 computed in float32, int64 in int32, as TorchNeuron; " \
+           "NEURON_LAB_EMULATE_DOWNCAST=0 keeps it exact)" in text
     assert "2 64-bit op calls (aten::sub, aten::mul)" in text
     assert r.as_dict()["drift_64bit"] is True
 
@@ -497,6 +497,25 @@ def test_float64_rounding_within_float32s_tolerance_is_named_so(shell):
     assert z.within_float32 and r.drift_64bit
     assert check_summary_line(r).startswith("parity neuron:0 vs cpu: 64-bit drift (1 of 2 items, float64, within "
                                             "float32's tolerances): TorchNeuron's 64-bit rule"), check_summary_line(r)
+
+
+def test_an_int64_value_past_int32_is_named_as_torchneurons_64bit_rule(shell):
+    """int64 computes in int32 on TorchNeuron: a value past int32 wraps there, and parity says it is the rule's."""
+    run(shell, "import torch\nx = torch.tensor([2**40 + 5, 7]).to(device)")
+    res, _ = run(shell, "%%neuron parity\ny = x + 1\nz = torch.arange(3, device=device) * 2")
+    r = res.result
+    (y,) = r.agreement.failed
+    assert y.name == "y" and y.int32_wrap and y.actual_dtype == "int64" and r.drift_64bit
+    assert check_summary_line(r).startswith(
+        "parity neuron:0 vs cpu: 64-bit drift (1 of 3 items, int64, values past int32 wrapped): TorchNeuron's 64-bit "
+        "rule computes int64 in int32, so a Trn instance differs alike; NEURON_LAB_EMULATE_DOWNCAST=0 checks exact "
+        "64-bit"), check_summary_line(r)
+
+
+def test_an_int64_mismatch_within_int32_is_not_called_64bit_drift(shell):
+    run(shell, "import torch\nx = torch.tensor([5, 7]).to(device)")
+    res, _ = run(shell, "%%neuron parity\ny = x + (1 if x.device.type == 'cpu' else 2)")
+    assert not res.result.drift_64bit and "FAIL (1 of " in check_summary_line(res.result)
 
 
 def test_a_float32_mismatch_is_not_called_64bit_drift(shell):
@@ -525,8 +544,8 @@ def test_the_same_float64_cell_agrees_with_exact_64bit(run_python):
                           "text": str(r)}))
     """, {"NEURON_LAB_EMULATE_DOWNCAST": "0"})
     assert out["passed"] and out["emulated"] is False and out["downcasts"] == 2
-    assert "64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=0; TorchNeuron computes float64 in float32)" \
-        in out["text"]
+    assert "64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=0; TorchNeuron computes float64 in float32, " \
+        "int64 in int32)" in out["text"]
 
 
 # -- bad flags -------------------------------------------------------------------------------------

@@ -159,6 +159,14 @@ def _leaf(name: str, var: str, actual: Any, expected: Any, rtol: float | None, a
                 actual_dtype=type(actual).__name__, expected_dtype=type(expected).__name__)
 
 
+def _past_int32(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether int64 values apart are TorchNeuron's 64-bit rule's: the expected ones go past int32, or the actual
+    ones are the expected wrapped to int32."""
+    info = torch.iinfo(torch.int32)
+    return bool(((expected < info.min) | (expected > info.max)).any()) or bool(
+        (actual == expected.to(torch.int32).to(torch.int64)).all())
+
+
 def _missing(name: str, var: str, side: str) -> Item:
     return Item(name, var, False, f"missing in the {side} run")
 
@@ -179,6 +187,7 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
     except Exception as ex:  # sparse layouts, meta tensors, ...
         item.problem = f"not comparable: {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}"
         return item
+    ints = (a, e) if a.dtype == e.dtype == torch.int64 else None
     wide = torch.complex128 if a.is_complex() or e.is_complex() else torch.float64
     a, e = a.to(wide), e.to(wide)
     diff = (a - e).abs()
@@ -200,6 +209,8 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
     elif item.mismatched and actual.dtype == torch.float64:
         r32, a32 = _TOLERANCES[torch.float32]
         item.within_float32 = not bool((diff > max(atol, a32) + max(rtol, r32) * scale).any())
+    elif item.mismatched and ints is not None:
+        item.int32_wrap = _past_int32(*ints)
     if diff.numel():
         excess = torch.where(bad, diff - allowed, torch.full_like(diff, -1.0)) if item.mismatched else diff
         flat = int(excess.reshape(-1).argmax())

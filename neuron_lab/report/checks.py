@@ -45,6 +45,7 @@ class Item:
     atol_needed: float | None = None  # the smallest atol that, with this rtol, lets every element pass
     unchanged: bool = False  # the run left it as it found it (an input, a parameter nothing stepped)
     within_float32: bool = False  # float64 over tolerance, but within float32's: what TorchNeuron's 64-bit rule makes
+    int32_wrap: bool = False  # int64 apart where the expected values go past int32: what the 64-bit rule wraps
 
 
 @dataclass
@@ -154,11 +155,12 @@ class ParityResult(_Rendered):
 
     @property
     def drift_64bit(self) -> bool:
-        """Whether the difference is TorchNeuron's 64-bit rule's: the device computed float64 in float32, and every
-        item over tolerance is a float64 value (no error, no other dtype, no loss step apart)."""
+        """Whether the difference is TorchNeuron's 64-bit rule's: the device computed float64 in float32 and int64 in
+        int32, and every item over tolerance is a float64 value or an int64 one past int32 (no error, no other dtype,
+        no loss step apart)."""
         a = self.agreement
         return (self.downcast_emulation and self.downcasts > 0 and bool(a.failed)
-                and all(i.problem is None and i.actual_dtype == "float64" for i in a.failed)
+                and all(i.problem is None and (i.actual_dtype == "float64" or i.int32_wrap) for i in a.failed)
                 and not (a.actual_error or a.expected_error or (a.divergence and a.divergence.step)))
 
     def as_dict(self) -> dict[str, Any]:

@@ -40,11 +40,18 @@ def verdict(a: Agreement) -> str:
 
 def drift_64bit_verdict(a: Agreement) -> str:
     """A parity difference that TorchNeuron's 64-bit rule explains, named as such and not as a generic mismatch."""
-    how = ("within float32's tolerances" if all(i.within_float32 for i in a.failed)
-           else "past float32's tolerances too: the code magnifies float32's rounding")
-    return (f"64-bit drift ({len(a.failed)} of {count(len(a.items), 'item')}, float64, {how}): TorchNeuron's 64-bit "
-            f"rule computes float64 in float32, so a Trn instance differs alike; NEURON_LAB_EMULATE_DOWNCAST=0 checks "
-            f"exact 64-bit")
+    floats = [i for i in a.failed if not i.int32_wrap]
+    said, rule = [], []
+    if floats:
+        said.append("float64, " + ("within float32's tolerances" if all(i.within_float32 for i in floats)
+                                   else "past float32's tolerances too: the code magnifies float32's rounding"))
+        rule.append("float64 in float32")
+    if len(floats) < len(a.failed):
+        said.append("int64, values past int32 wrapped")
+        rule.append("int64 in int32")
+    return (f"64-bit drift ({len(a.failed)} of {count(len(a.items), 'item')}, {'; '.join(said)}): TorchNeuron's "
+            f"64-bit rule computes {' and '.join(rule)}, so a Trn instance differs alike; "
+            f"NEURON_LAB_EMULATE_DOWNCAST=0 checks exact 64-bit")
 
 
 def divergence_text(d: Divergence) -> str:
@@ -120,11 +127,11 @@ def check_context(result: CheckResult) -> str:
     if not result.coverage:  # the real device: no coverage, and it always computes 64-bit ops in 32 bits
         parts.append("float64 computed in float32 by the device")
     elif result.downcast_emulation:
-        parts.append("64-bit downcast emulated (float64 computed in float32, as TorchNeuron; "
+        parts.append("64-bit downcast emulated (float64 computed in float32, int64 in int32, as TorchNeuron; "
                      "NEURON_LAB_EMULATE_DOWNCAST=0 keeps it exact)")
     else:
         parts.append("64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=0; TorchNeuron computes float64 in "
-                     "float32)")
+                     "float32, int64 in int32)")
     if result.downcasts:
         ops = ", ".join(result.downcast_ops[:4]) + (" …" if len(result.downcast_ops) > 4 else "")
         parts.append(f"{count(result.downcasts, '64-bit op call')} ({ops})")

@@ -17,8 +17,8 @@ from neuron_lab.units import count, format_capacity, format_delta, format_second
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
 HOST_RSS_MATERIAL = 256 * 2**20  # the host process's growth a report names unasked ("full" always names it)
 INT64_NOTE = ("neuron_lab: int64 tensors (indices, counts) compute as int32 on the device, as TorchNeuron's runtime "
-              "does: expected, no action needed, said once; reports name float64 downcasts, which can lose precision "
-              "(`%neuron report --full` lists every downcast)")
+              "does (values past int32 wrap; copies keep them): expected for indices, said once; reports name float64 "
+              "downcasts, which can lose precision (`%neuron report --full` lists every downcast)")
 
 
 @dataclass

@@ -263,7 +263,7 @@ class CoreBridge:
 
 def configure(core: ModuleType, capacities: list[int], classify: Any, recorder: CoreRecorder, site: Any,
               emulate_downcast: bool) -> None:
-    core.set_policy(policy.for_core(emulate_downcast))  # the rules the pure-Python core reads from policy.py
+    core.set_policy(policy.for_core(emulate_downcast, CORE_KINDS))  # the rules the Python core reads from policy.py
     core.configure(capacities, list(CORE_KINDS), classify, recorder.deliver, site, emulate_downcast)
     # torch.profiler: calls of off-device kinds are host work ("CPU fallback: aten::nonzero"), the rest device kernels
     core.set_trace_kinds(list(CORE_KINDS),

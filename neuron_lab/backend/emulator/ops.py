@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from neuron_lab.backend import syncs
-from neuron_lab.backend.emulator import policy
+from neuron_lab.backend.emulator import int64_rule, policy
 from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
 from neuron_lab.backend.emulator.memory import Allocator
 from neuron_lab.backend.events import OpRecorder, signature_of
-from neuron_lab.kinds import DOWNCAST, SYNC
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, SYNC
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
@@ -95,7 +95,7 @@ class Executor:
         self.bridge = HostBridge(allocator)
         self.recorder = recorder
         self.generator = torch.Generator()
-        self.emulate_downcast = emulate_downcast  # NEURON_LAB_EMULATE_DOWNCAST: float64 computed in float32
+        self.emulate_downcast = emulate_downcast  # NEURON_LAB_EMULATE_DOWNCAST: 64-bit computed in 32-bit
         self._plans: dict[Any, _Plan] = {}
         self._kinds: dict[tuple, tuple[str, str]] = {}
         self.native: dict[str, Callable[..., Any]] = {}
@@ -171,12 +171,18 @@ class Executor:
         int_input = None
         if plan.name in policy.INT_AS_FLOAT and isinstance(hargs[0], Tensor) and not hargs[0].is_floating_point():
             int_input, hargs[0] = hargs[0].dtype, hargs[0].float()
+        lowered = wide and self.emulate_downcast and not plan.is_view and not any(
+            _DTYPE_NAMES[d] in policy.HOST_DTYPES for d in dtypes)
+        int32 = lowered and torch.int64 in wide and plan.name not in policy.KEEPS_INT64 and kind[0] not in OFF_DEVICE
         t0 = time.perf_counter_ns()
-        if wide and self.emulate_downcast and torch.float64 in wide and not plan.is_view and not any(
-                _DTYPE_NAMES[d] in policy.HOST_DTYPES for d in dtypes):
+        if int32:
+            int32 = int64_rule.wrap_inputs(hargs, hkwargs, plan.write_args)
+        if lowered and torch.float64 in wide:
             out = self._run_downcast(op, plan, hargs, hkwargs, args, kwargs)
         else:
             out = self._call(op, plan, hargs, hkwargs, args, kwargs)
+        if int32:
+            out = int64_rule.wrap_results(out, _written(plan, args, kwargs), self.bridge.to_host)
         host_ns = time.perf_counter_ns() - t0
         if int_input is not None:
             out = out.to(int_input)
@@ -326,6 +332,19 @@ def _has_dims64(a) -> bool:
     if isinstance(a, Tensor):
         return a.dtype == torch.float64 and a.dim() != 0
     return isinstance(a, (list, tuple)) and any(isinstance(t, Tensor) and _has_dims64(t) for t in a)
+
+
+def _written(plan: _Plan, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The device tensors a call wrote: its in-place self, its out= (each of a list)."""
+    found = []
+    for slot in plan.write_args:
+        holder = args if isinstance(slot, int) else kwargs
+        if isinstance(slot, int) and slot >= len(args) or isinstance(slot, str) and slot not in kwargs:
+            continue
+        for t in holder[slot] if isinstance(holder[slot], (list, tuple)) else (holder[slot],):
+            if isinstance(t, Tensor) and not t.is_cpu:
+                found.append(t)
+    return found
 
 
 def _check_out_devices(plan: _Plan, args: tuple, kwargs: dict) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from neuron_lab.backend import syncs
 from neuron_lab.backend.emulator import DOWNCAST_ENV
+from neuron_lab.kinds import OFF_DEVICE
 
 # Ops that may take CPU index tensors beside device tensors, as on CUDA.
 # Schema names of in-place overloads keep their underscore (aten::index_put_), so both spellings are listed.
@@ -50,7 +51,12 @@ WIDE_DTYPES = ("float64", "int64")
 # Dtypes TorchNeuron computes on the CPU (the device has no complex numbers): a call holding one keeps float64, so
 # torch.complex(x, y) of float64 parts still writes its complex128 out.
 HOST_DTYPES = ("complex128",)
-DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit ({how} here; {env}={flip} {flip_does})"
+# Ops that keep int64 on TorchNeuron under the 64-bit rule: its kernels of plumbing, copies and clone never cast int64
+# (copy_, _to_copy and contiguous are registered with disable_dtype_autocast; clone, empty, set_, resize_ and the
+# views are C++ kernels), while every other device kernel (torch-mlir and XLA) computes int64 in int32.
+KEEPS_INT64 = PLUMBING | {"aten::clone", "aten::contiguous", "aten::new_empty", "aten::select_backward"}
+DOWNCAST_REASON = "{names} on TorchNeuron computes in 32-bit{wraps} ({how} here; {env}={flip} {flip_does})"
+INT64_WRAPS = ": int64 values beyond int32 wrap, copies keep int64"
 
 # A device tensor beside one of another device (or a CPU tensor with dimensions outside MIXED_OK, or a CPU
 # tensor the op writes: an out= or an in-place self).
@@ -64,18 +70,22 @@ UNSUPPORTED_LAYOUT = ("neuron emulator: {layout} tensors are not supported on th
 def downcast_reason(wide: frozenset[str] | set[str], emulate_downcast: bool) -> str:
     """Why a call on the 64-bit dtypes ``wide`` is reported as a downcast, under NEURON_LAB_EMULATE_DOWNCAST."""
     names = sorted(wide)
-    how = "computed in 32-bit" if emulate_downcast and "float64" in names else "reported only"
-    flip, flip_does = ("0", "keeps float64 exact") if emulate_downcast else ("1", "computes float64 in float32")
-    return DOWNCAST_REASON.format(names="/".join(names), how=how, env=DOWNCAST_ENV, flip=flip, flip_does=flip_does)
+    how = "computed in 32-bit" if emulate_downcast else "reported only"
+    flip, flip_does = (("0", "keeps 64-bit exact") if emulate_downcast
+                       else ("1", "computes float64 in float32 and int64 in int32"))
+    return DOWNCAST_REASON.format(names="/".join(names), wraps=INT64_WRAPS if "int64" in names else "", how=how,
+                                  env=DOWNCAST_ENV, flip=flip, flip_does=flip_does)
 
 
-def for_core(emulate_downcast: bool) -> dict[str, Any]:
+def for_core(emulate_downcast: bool, kinds: tuple[str, ...]) -> dict[str, Any]:
     """The rules as the compiled core's ``set_policy`` takes them: name lists, and every downcast reason made
-    ahead (one per set of wide dtypes), so an op call looks its text up instead of building it."""
+    ahead (one per set of wide dtypes), so an op call looks its text up instead of building it. ``kinds`` is the
+    core's numbering of the kinds: the ones that run off the device (computed on the CPU, int64 exact) by index."""
     subsets = [frozenset(c) for n in range(1, len(WIDE_DTYPES) + 1) for c in combinations(WIDE_DTYPES, n)]
     return dict(mixed_ok=sorted(MIXED_OK), int_as_float=sorted(INT_AS_FLOAT),
                 always_grad_input=sorted(ALWAYS_GRAD_INPUT), implicit_rng=sorted(IMPLICIT_RNG),
-                undeclared_writes=sorted(UNDECLARED_WRITES),
+                undeclared_writes=sorted(UNDECLARED_WRITES), keeps_int64=sorted(KEEPS_INT64),
+                off_device_kinds=[i for i, k in enumerate(kinds) if k in OFF_DEVICE],
                 host_dtypes=list(HOST_DTYPES),
                 on_device=sorted(ON_DEVICE), data_dependent=sorted(syncs.DATA_DEPENDENT_OPS),
                 downcast_reasons=[(sorted(s), downcast_reason(s, emulate_downcast)) for s in subsets],

@@ -193,6 +193,8 @@ Policy policy_from(const py::dict& d) {
   p.on_device = names("on_device");
   p.undeclared_writes = names("undeclared_writes");
   p.data_dependent = names("data_dependent");
+  p.keeps_int64 = names("keeps_int64");
+  for (int k : d["off_device_kinds"].cast<std::vector<int>>()) p.off_device_kinds |= uint64_t(1) << k;
   p.host_mask = mask_of(d["host_dtypes"].cast<std::vector<std::string>>());
   for (const auto& [dtypes, reason] :
        d["downcast_reasons"].cast<std::vector<std::pair<std::vector<std::string>, std::string>>>()) {

@@ -51,6 +51,7 @@ void apply_rules(Plan& p) {
   p.int_as_float = rules.int_as_float.count(p.name) > 0;
   p.always_grad_input = rules.always_grad_input.count(p.name) > 0;
   p.data_dependent = rules.data_dependent.count(p.name) > 0;
+  p.keeps_int64 = rules.keeps_int64.count(p.name) > 0;
   // set_() has a kernel of its own (set_empty); its other overloads bind a storage on the device tensor itself.
   p.on_device = rules.on_device.count(p.name) > 0 && !(p.name == "aten::set_" && p.overload.empty());
 }
@@ -374,6 +375,94 @@ void dropout_on_device(c10::DeviceIndex device, const Stack& hargs, Stack* stack
   stack->push_back(mask);
 }
 
+// TorchNeuron's 64-bit rule for int64 (int64_rule.py says why): a device kernel takes its int64 inputs as int32 and
+// gives int32 results back as int64. Computed in int64 on wrapped inputs, results wrapped; values that fit in int32
+// cost one pass that finds nothing to do.
+bool fits_int32(const at::Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0 || t.layout() != c10::kStrided) return true;  // a sparse result is refused as the device's anyway
+  if (t.is_contiguous()) {
+    // Biased by 2**31, a value fits when its high 32 bits are zero. Four lanes, so -O2 vectorizes the loop.
+    const auto* d = reinterpret_cast<const uint64_t*>(t.const_data_ptr<int64_t>());
+    constexpr uint64_t kBias = 0x80000000ull;
+    uint64_t over[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      for (int k = 0; k < 4; ++k) over[k] |= d[i + k] + kBias;
+    }
+    for (; i < n; ++i) over[0] |= d[i] + kBias;
+    return ((over[0] | over[1] | over[2] | over[3]) >> 32) == 0;
+  }
+  auto [lo, hi] = at::aminmax(t);
+  return lo.item<int64_t>() >= INT32_MIN && hi.item<int64_t>() <= INT32_MAX;
+}
+
+at::Tensor wrapped(const at::Tensor& t) {
+  return t.to(at::kInt).to(at::kLong);
+}
+
+// An int64 argument as the kernel takes it: a non-0-dim tensor, or a list's (any), wrapped; a written one in place.
+// `cast`: there was one the rule casts.
+at::Tensor int32_input(const at::Tensor& t, bool written, bool in_list, bool& cast) {
+  if (!t.defined() || t.scalar_type() != at::kLong || (t.dim() == 0 && !in_list)) return t;
+  cast = true;
+  if (fits_int32(t)) return t;
+  if (written) return t.copy_(t.to(at::kInt));
+  return wrapped(t);
+}
+
+// Whether the call had an int64 argument the rule casts (0-dim int64 tensors alone are not: results stay exact).
+bool wrap_int64_inputs(const Plan& p, Stack& hargs) {
+  bool cast = false;
+  for (size_t i = 0; i < hargs.size(); ++i) {
+    bool writes = std::find(p.write_args.begin(), p.write_args.end(), static_cast<int>(i)) != p.write_args.end();
+    auto& v = hargs[i];
+    if (v.isTensor()) {
+      v = int32_input(v.toTensor(), writes, false, cast);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(int32_input(t, writes, true, cast));
+      v = out;
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const auto& t : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> ot = t;
+        out.push_back(ot ? std::optional<at::Tensor>(int32_input(*ot, writes, true, cast)) : std::nullopt);
+      }
+      v = out;
+    }
+  }
+  return cast;
+}
+
+// The device tensors a call wrote, wrapped in place where a value went past int32.
+void wrap_int64_written(const Plan& p, const Stack& orig) {
+  auto wrap = [](const at::Tensor& dev) {
+    if (!dev.defined() || dev.device().type() != c10::DeviceType::PrivateUse1 || dev.scalar_type() != at::kLong) return;
+    at::Tensor h = host(dev);
+    if (!fits_int32(h)) h.copy_(h.to(at::kInt));
+  };
+  for (int i : p.write_args) {
+    if (orig[i].isTensor()) {
+      wrap(orig[i].toTensor());
+    } else if (orig[i].isTensorList()) {
+      for (const at::Tensor& t : orig[i].toTensorList()) wrap(t);
+    }
+  }
+}
+
+// A new result restored to int64 from the int32 TorchNeuron computes.
+c10::IValue int32_result(const c10::IValue& v) {
+  auto wrap = [](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == at::kLong && !fits_int32(t) ? wrapped(t) : t;
+  };
+  if (v.isTensor()) return wrap(v.toTensor());
+  if (!v.isTensorList()) return v;
+  c10::List<at::Tensor> out;
+  for (const at::Tensor& t : v.toTensorList()) out.push_back(wrap(t));
+  return out;
+}
+
 const std::string& downcast_reason(uint64_t mask) {
   return rules.downcast_reasons.at(mask & rules.wide_mask);
 }
@@ -522,6 +611,9 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
       drop_grad_input = true;
     }
   }
+  bool int32 = emulate_downcast.load() && ((c.mask >> static_cast<int>(at::kLong)) & 1) && !p.is_view &&
+                     !p.keeps_int64 && !((rules.off_device_kinds >> kind.kind) & 1) && !(c.mask & rules.host_mask);
+  if (int32) int32 = wrap_int64_inputs(p, hargs);
   std::vector<Lowered> written;
   const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && !(c.mask & rules.host_mask) &&
                        downcast(p, orig, hargs, written);
@@ -559,6 +651,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     if (dev.sizes() != low.sizes()) dev.resize_(low.sizes());
     host(dev).copy_(low);
   }
+  if (int32) wrap_int64_written(p, orig);
 
   // Results: written arguments are returned as the caller's tensors; new results become device memory.
   const size_t m = p.write_returns.size();
@@ -572,6 +665,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     if (int_input != c10::ScalarType::Undefined && v.isTensor()) v = v.toTensor().to(int_input);
     if (drop_grad_input && i == 0) v = at::Tensor();
     if (lowered) v = widened(v);
+    if (int32) v = int32_result(v);
     v = c.back(v);
   }
 

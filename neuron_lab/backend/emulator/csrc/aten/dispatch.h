@@ -75,6 +75,7 @@ struct Plan {
   int dtype_arg = -1;
   bool is_view = false, mixed_ok = false, implicit_rng = false, on_device = false, int_as_float = false;
   bool always_grad_input = false;
+  bool keeps_int64 = false;  // its TorchNeuron kernel keeps int64 under the 64-bit rule (a copy, clone, plumbing)
   // An in-place op (`add_`, `_foreach_mul_`; not the resize family): its written arguments keep their bytes, so a
   // kernel computes on their blocks' own host storages, as on a read argument's, instead of on a growable alias.
   bool in_place = false;

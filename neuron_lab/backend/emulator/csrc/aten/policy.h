@@ -19,6 +19,9 @@ struct Policy {
   std::unordered_set<std::string> undeclared_writes;
   // Ops whose result's shape depends on the data (nonzero, unique): on a device, a read back to the host.
   std::unordered_set<std::string> data_dependent;
+  // Ops whose TorchNeuron kernels keep int64 under the 64-bit rule (copies, clone, plumbing).
+  std::unordered_set<std::string> keeps_int64;
+  uint64_t off_device_kinds = 0;  // kinds (one bit per index) of calls computed on the CPU: int64 stays exact
   uint64_t host_mask = 0;  // dtypes TorchNeuron computes on the CPU: a call holding one is not downcast
   uint64_t wide_mask = 0;  // dtypes (one bit per ScalarType) TorchNeuron computes in 32 bits
   std::unordered_map<uint64_t, std::string> downcast_reasons;  // the wide dtypes of a call -> its downcast reason
