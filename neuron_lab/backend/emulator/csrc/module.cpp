@@ -288,7 +288,8 @@ void abort_check(const std::string& name, const std::string& overload, const std
   try {
     py::tuple pyargs(args.size());
     for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
-    py::handle(abort_fn)(name, overload, pyargs);
+    py::handle fn(abort_fn);
+    fn(name, overload, pyargs);
   } catch (py::error_already_set& e) {
     rethrow(e);
   }
