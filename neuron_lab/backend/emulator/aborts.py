@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import warnings
 
-import torch
+from torch import Tensor
+from torch.nn import Parameter
 
 from neuron_lab import frames, settings
 from neuron_lab.backend.emulator import runtime
@@ -34,10 +35,13 @@ class AbortRiskError(RuntimeError):
 
 
 def _has_parameter(args: tuple, kwargs: dict) -> bool:
+    """Whether a parameter is among the arguments (or in a tensor list). ``nn.Parameter``'s isinstance is Python
+    code, so it is asked of tensors only: most arguments of these ops are sizes."""
     for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.nn.Parameter):
-            return True
-        if isinstance(a, (list, tuple)) and any(isinstance(b, torch.nn.Parameter) for b in a):
+        if isinstance(a, (list, tuple)):
+            if a and isinstance(a[0], Tensor) and any(isinstance(b, Parameter) for b in a):
+                return True
+        elif isinstance(a, Tensor) and isinstance(a, Parameter):
             return True
     return False
 
@@ -53,9 +57,11 @@ def _user_line() -> tuple[str, int]:
 def check(name: str, overload: str, args: tuple, kwargs: dict | None = None) -> None:
     """Flag a call of ``name`` (an op of the coverage's ``aborts``) when a parameter is among its arguments."""
     kwargs = kwargs or {}
+    if not _has_parameter(args, kwargs):
+        return
     rt = runtime.get()
     rule = rt.coverage.abort_rule(name)
-    if rule is None or not _has_parameter(args, kwargs):
+    if rule is None:
         return
     mode, _ = _MODE.choice()
     if mode == "off":
