@@ -21,6 +21,7 @@ COLLECTIVE = "collective"  # a torch.distributed call on a `neuron` process grou
 POSSIBLE = "possible"  # may fall back on TorchNeuron: evidence short of its documentation (source, gates, xfails)
 UNSUPPORTED = "unsupported"  # a call TorchNeuron does not support (the emulator still runs it): a note, gateable
 SYNC = "sync"  # a device-to-host read (.item(), print, .tolist(), .cpu(), a data-dependent shape): a note
+ABORT = "abort"  # an op on a parameter that a report saw abort the process on TorchNeuron: an error, gateable
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,12 @@ class Kind:
     note: bool = False  # a note on a call that is recorded under its own kind as well: not counted as a call
     timed_as: str = "on the host"  # what a row's time measures, as a section's title says it
     why: str = ""  # one sentence every renderer shows under the section: why these calls cost on Trainium
+    error: bool = False  # error-level: its section comes first, and it warns or raises as it happens
+
+    @property
+    def heading(self) -> str:
+        """Its section's heading in every renderer: the title, marked as an error for error-level kinds."""
+        return f"error: {self.title}" if self.error else self.title
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -51,6 +58,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(SYNC, "device-to-host syncs", "sync", off_device=False, reported=True, one_line=True, note=True,
          why="On Trainium each read of device data by the host ends the Adaptive Eager fusion group and stalls "
              "the queue until the device has finished everything before it."),
+    Kind(ABORT, "may abort the process on TorchNeuron", "possible abort", off_device=False, reported=True, note=True,
+         error=True, why="A public report saw TorchNeuron kill the Python process (SIGABRT or SIGSEGV) on this op "
+                         "applied to a parameter: the process and everything in it are lost."),
     Kind(NATIVE, "native ops", "op", off_device=False, reported=False),
 )}
 REPORTED = frozenset(k.name for k in KINDS.values() if k.reported)  # the kinds whose calls a report lists
@@ -76,15 +86,17 @@ def title(kind: str) -> str:
 
 
 def sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
-    """How reports group their rows: every kind that ran off the device in one section (titled by the first of
-    them: CPU fallbacks, host ops marked as such), then each other reported kind in its own, in table order."""
+    """How reports group their rows: error-level kinds first, each in its own section, then every kind that ran off
+    the device in one section (titled by the first of them: CPU fallbacks, host ops marked as such), then each other
+    reported kind in its own, in table order."""
     return _SECTIONS
 
 
 def _sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
+    errors = [(k, frozenset({k.name})) for k in KINDS.values() if k.reported and k.error]
     off = [k for k in KINDS.values() if k.off_device and k.reported]
-    rest = [(k, frozenset({k.name})) for k in KINDS.values() if k.reported and not k.off_device]
-    return tuple(([(off[0], frozenset(k.name for k in off))] if off else []) + rest)
+    rest = [(k, frozenset({k.name})) for k in KINDS.values() if k.reported and not k.off_device and not k.error]
+    return tuple(errors + ([(off[0], frozenset(k.name for k in off))] if off else []) + rest)
 
 
 _SECTIONS = _sections()  # the table is fixed at import: every report and every sort reads these

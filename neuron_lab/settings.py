@@ -156,6 +156,10 @@ register_env("NEURON_LAB_EMULATE_DOWNCAST", "TorchNeuron's 64-bit rule: 1 (defau
 register_env("NEURON_LAB_COMPILE_LOWERING", "how the emulator runs compiled graphs (default eager: op by op on the "
              "device, fast compiles, per-op reports; inductor: host Inductor, compiled speed)", f"{E}.lowering",
              "neuron_lab.session.config", choices=("eager", "inductor"), default="eager", fold_case=False)
+register_env("NEURON_LAB_ABORTS", "an op on a parameter that a public report saw abort the process on TorchNeuron "
+             "(the coverage's aborts): warn (default) reports it as an error-level row and warns once per op and line; "
+             "raise stops the op before it runs; off says nothing", f"{E}.aborts",
+             choices=("warn", "raise", "off"), default="warn")
 register_env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0 disables PyTorch's backend autoload", "neuron_lab.cli",
              default="1")
 # TorchNeuron's own, as users tune them (tnx docs/environment_variables.md and the code that reads each); the ones

@@ -40,7 +40,7 @@ BAD = [
     (without("name"), "name: expected a string, got nothing"),
     (with_(date=20261101), "date: expected a string, got 20261101"),
     (with_(op={}), "unknown field 'op' (a coverage file has schema_version, name, source, date, provenance, default, "
-                   "downcast_dtypes, dtypes, ops)"),
+                   "downcast_dtypes, dtypes, ops, aborts)"),
     (with_(ops=[1]), "ops: expected an object mapping op names (such as \"aten::add\") to rules, got a list"),
     (with_(ops={"add": {"kind": "native"}}), "ops['add']: not an op name (such as \"aten::add\")"),
     (with_(ops={OP: "native"}), "ops['aten::add']: expected an object {\"kind\": one of native, fallback, host, "
@@ -62,7 +62,7 @@ BAD = [
      "ops['aten::add']: unknown field 'when' (a rule has kind, reason, evidence, dtypes, otherwise)"),
     (with_(ops={OP: {"kind": "possible", "evidence": "a hunch"}}),
      "ops['aten::add'].evidence: expected one of documented, reported, host kernel, not registered, registered, "
-     "dtype gate, empty gate, upstream xfail, no evidence, got 'a hunch'"),
+     "dtype gate, empty gate, upstream xfail, xla report, no evidence, got 'a hunch'"),
     (with_(dtypes="x"), "dtypes: expected an object mapping dtype names (such as \"complex64\") to rules, got 'x'"),
     (with_(dtypes={"cplx": {"kind": "fallback"}}), "dtypes['cplx']: not a dtype name (such as \"complex64\")"),
     (with_(dtypes={"complex64": {"kind": "fallback", "dtypes": ["float32"]}}),

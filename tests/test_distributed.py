@@ -427,8 +427,8 @@ def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(
                 dist.send(x, 1)
             else:
                 dist.recv(x, 0)
-        from neuron_lab.runner.gates import unsupported_gate
-        gate = unsupported_gate([rep])
+        from neuron_lab.runner.gates import kind_gate
+        gate = kind_gate([rep], "unsupported", "--fail-on-unsupported")
         report(rows={f"{r.kind} {r.op}": [r.count, r.nbytes, r.ranks, [[s.site.line, s.count] for s in r.sites]]
                      for r in rep.ops_not_native if r.kind in ("collective", "unsupported")},
                why={r.op: r.why for r in rep.ops_not_native if r.kind == "unsupported"},

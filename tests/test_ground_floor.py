@@ -17,19 +17,23 @@ from neuron_lab.units import ShownAsText
 
 def test_the_kinds_table_orders_titles_and_groups_every_kind() -> None:
     assert list(kinds.KINDS) == ["fallback", "host", "possible", "unsupported", "downcast", "nki", "collective",
-                                 "sync", "native"]
-    names = ("fallback", "host", "possible", "unsupported", "downcast", "nki", "collective", "sync", "native", "nosuch")
-    assert [kinds.order(k) for k in names] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert kinds.OFF_DEVICE == {"fallback", "host"} and kinds.NOTES == {"unsupported", "downcast", "sync"}
-    assert kinds.REPORTED == {"fallback", "host", "possible", "unsupported", "downcast", "nki", "collective", "sync"}
-    assert [(k.name, members) for k, members in kinds.sections()] == [
-        ("fallback", {"fallback", "host"}), ("possible", {"possible"}), ("unsupported", {"unsupported"}),
+                                 "sync", "abort", "native"]
+    names = ("fallback", "host", "possible", "unsupported", "downcast", "nki", "collective", "sync", "abort", "native",
+             "nosuch")
+    assert [kinds.order(k) for k in names] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert kinds.OFF_DEVICE == {"fallback", "host"} and kinds.NOTES == {"unsupported", "downcast", "sync", "abort"}
+    assert kinds.REPORTED == {"fallback", "host", "possible", "unsupported", "downcast", "nki", "collective", "sync",
+                              "abort"}
+    assert [(k.name, members) for k, members in kinds.sections()] == [  # error-level kinds first
+        ("abort", {"abort"}), ("fallback", {"fallback", "host"}), ("possible", {"possible"}),
+        ("unsupported", {"unsupported"}),
         ("downcast", {"downcast"}), ("nki", {"nki"}), ("collective", {"collective"}), ("sync", {"sync"})]
     assert kinds.title("downcast") == "64-bit downcasts" and kinds.title("nosuch") == "nosuch"
     assert kinds.title("unsupported") == "not supported on TorchNeuron"
     assert kinds.as_json()[0] == {"name": "fallback", "title": "CPU fallbacks", "call": "CPU fallback call",
                                   "off_device": True, "reported": True, "one_line": False, "note": False,
-                                  "timed_as": "on the host", "why": ""}
+                                  "timed_as": "on the host", "why": "", "error": False}
+    assert kinds.KINDS["abort"].heading == "error: may abort the process on TorchNeuron"
 
 
 def test_reports_and_merges_follow_the_kinds_table() -> None:

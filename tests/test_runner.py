@@ -587,3 +587,20 @@ def test_a_long_first_compile_prints_each_step_once_and_leaves_no_progress_outpu
     assert not [o for c in out.cells if c.cell_type == "code" for o in c.outputs
                 if "application/vnd.neuron-lab.progress+json" in o.get("data", {})]
     assert path.exists()
+
+
+def test_the_abort_gate_fails_a_notebook_that_interpolates_a_parameter_bicubically(tmp_path):
+    """An op a public report saw abort the process on TorchNeuron, on a parameter: the cell's report has the
+    error-level row with the report's URL, the run warns (NEURON_LAB_ABORTS=warn, the default) and
+    ``--fail-on-abort`` exits 3 naming the op and line."""
+    nb = notebook(tmp_path / "nb.ipynb", "import torch, torch.nn.functional as F\n"
+                  "w = torch.nn.Parameter(torch.randn(1, 1, 4, 4).to(device))",
+                  "y = F.interpolate(w, scale_factor=2, mode='bicubic')")
+    r = run(tmp_path, str(nb), "--backend", "emulator", "--fail-on-abort", env={"NEURON_LAB_ABORTS": ""})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "error: may abort the process on TorchNeuron (1 op, 1 call" in r.stdout, r.stdout
+    assert "https://github.com/huggingface/optimum-neuron/pull/1119" in r.stdout
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("  FAIL  --fail-on-abort: ")]
+    assert line.startswith("  FAIL  --fail-on-abort: 1 possible abort of 1 op: aten::upsample_bicubic2d"), line
+    assert "at In[2] line 1" in line, line
+    assert r.stdout.rstrip().endswith("exit 3: a gate failed: --fail-on-abort"), r.stdout[-500:]

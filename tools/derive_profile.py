@@ -7,11 +7,14 @@ tests lists the tests it expects to fail (``tests/pytorch_tests/failing_test_met
 script reads both statically (stdlib only) and writes one evidence file::
 
     python tools/derive_profile.py SOURCE_DIR --commit SHA -o OUT.json
-    python tools/derive_profile.py --combine CERTAIN.json DERIVED.json EVIDENCE.json -o COMBINED.json
+    python tools/derive_profile.py --combine CERTAIN.json DERIVED.json EVIDENCE.json [--aborts ABORTS.json] \
+        -o COMBINED.json
 
 ``--combine`` writes one coverage from the three: what the documented coverage (2.33's table) says does not run on
 the device stays certain (``fallback``/``host``); an op the derived coverage says falls back, or that only gated
 implementations serve for some dtypes (a gate naming the dtypes it accepts), becomes ``possible`` with its reason.
+``--aborts`` adds the ops public reports saw abort the process when applied to a parameter
+(``coverage/evidence/torchneuron-aborts.json``), each with the reports' URLs and the stack they were seen on.
 
 Each gate is ``{"op", "class", "path", "line", "dtypes", "conditions"}``: the ops the class registers under
 TorchNeuron's overload names (``None`` when the class is registered elsewhere), the dtypes its ``can_handle``
@@ -182,18 +185,46 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
     return out
 
 
+_ABORT_XLA = ("seen on torch-neuronx's XLA trace path ({urls}): applied to a parameter not yet materialised, this op "
+              "killed the Python process (SIGABRT or SIGSEGV); no public report for the native backend, so it may "
+              "abort there too")
+_ABORT = "seen aborting the process when applied to a parameter ({urls}), on {stacks}"
+
+
+def aborts(evidence: dict) -> dict[str, dict]:
+    """The ``aborts`` table of a coverage: each op a report names, with the reports' URLs, the stack they were seen
+    on and their evidence class (``xla report`` unless a report was on the native backend). Reports that name no op
+    (the same crashes, by model) are cited as well."""
+    reports = evidence["reports"]
+    by_model = [r for r in reports if not r["ops"]]
+    out = {}
+    for op in sorted({op for r in reports for op in r["ops"]}):
+        naming = [r for r in reports if op in r["ops"]]
+        xla = all(r["stack"].startswith("torch-xla") for r in naming)
+        urls = ", ".join(r["url"] for r in naming)
+        why = _ABORT_XLA.format(urls=urls) if xla else _ABORT.format(
+            urls=urls, stacks="; ".join(sorted({r["stack"] for r in naming})))
+        source = "; ".join(f"{r['url']} ({r['versions']})" for r in naming + by_model)
+        out[op] = {"reason": f"{why}\nsource: {source}", "evidence": "xla report" if xla else "reported"}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source", type=Path, nargs="?", help="TorchNeuron files at their repository paths")
     ap.add_argument("--commit")
     ap.add_argument("--combine", nargs=3, type=Path, metavar=("CERTAIN", "DERIVED", "EVIDENCE"))
+    ap.add_argument("--aborts", type=Path, metavar="ABORTS", help="with --combine: the abort reports' evidence file")
     ap.add_argument("--name", default="torchneuron-combined")
     ap.add_argument("--repo", default=DEFAULT_REPO)
     ap.add_argument("-o", "--output", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.combine:
         certain, derived, evidence = (json.loads(p.read_text()) for p in args.combine)
-        args.output.write_text(json.dumps(combine(certain, derived, evidence, args.name), indent=1) + "\n")
+        out = combine(certain, derived, evidence, args.name)
+        if args.aborts:
+            out["aborts"] = aborts(json.loads(args.aborts.read_text()))
+        args.output.write_text(json.dumps(out, indent=1) + "\n")
         return 0
     if args.source is None or args.commit is None:
         ap.error("SOURCE and --commit are needed unless --combine is given")

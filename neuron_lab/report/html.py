@@ -157,7 +157,7 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
             why = f"<br><small>{escape(kind.why)}</small>" if kind.why else ""
             parts.append(f"<div>{sentence(one_line(kind, rows))}{why}</div>")
             continue
-        title = f"{kind.title}: {count(sum(x.count for x in rows), 'call')}" if kind.off_device else kind.title
+        title = f"{kind.title}: {count(sum(x.count for x in rows), 'call')}" if kind.off_device else kind.heading
         parts.append(op_table(title, rows, full, refs, kind.timed_as))
         if kind.why:
             parts.append(f"<div><small>{escape(kind.why)}</small></div>")

@@ -125,7 +125,7 @@ def op_sections(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool = Fal
     lines = []
     for kind, rows in sections:
         section = ([one_line(kind, rows)] if kind.one_line and not full
-                   else op_lines(kind.title, rows, full, refs, kind.timed_as))
+                   else op_lines(kind.heading, rows, full, refs, kind.timed_as))
         lines += section[:1] + ([f"  {kind.why}"] if kind.why and len(section) > 1 else []) + section[1:]
     return lines + reason_lines(refs)
 

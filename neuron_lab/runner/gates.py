@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_lab.kinds import KINDS, OFF_DEVICE, UNSUPPORTED
+from neuron_lab.kinds import ABORT, KINDS, OFF_DEVICE, UNSUPPORTED
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Report
 from neuron_lab.report.sites import called_at
@@ -52,7 +52,9 @@ def evaluate(reports: list[Report], args: argparse.Namespace) -> list[GateResult
     if args.fail_on_graph_break:
         out.append(graph_break_gate(reports))
     if args.fail_on_unsupported:
-        out.append(unsupported_gate(reports))
+        out.append(kind_gate(reports, UNSUPPORTED, "--fail-on-unsupported"))
+    if args.fail_on_abort:
+        out.append(kind_gate(reports, ABORT, "--fail-on-abort"))
     return out
 
 
@@ -121,14 +123,15 @@ def graph_break_gate(reports: list[Report]) -> GateResult:
                       [r.title for r in reports if r.compiles.breaks])
 
 
-def unsupported_gate(reports: list[Report]) -> GateResult:
-    """Fails on any call the reports mark as not supported on TorchNeuron, naming each with its first line."""
-    name, limit = "--fail-on-unsupported", f"no calls {KINDS[UNSUPPORTED].title}"
-    rows = [r for r in merge_rows(reports) if r.kind == UNSUPPORTED]
+def kind_gate(reports: list[Report], kind: str, name: str) -> GateResult:
+    """Fails on any call the reports list under ``kind`` (not supported on TorchNeuron, may abort the process on
+    it), naming each with its first line and why."""
+    title, call = KINDS[kind].title, KINDS[kind].call
+    limit = f"no calls {title}"
+    rows = [r for r in merge_rows(reports) if r.kind == kind]
     if not rows:
-        return GateResult(name, True, f"no calls {KINDS[UNSUPPORTED].title}", limit, "none")
+        return GateResult(name, True, limit, limit, "none")
     calls = sum(r.count for r in rows)
-    why = (f"{count(calls, KINDS[UNSUPPORTED].call)} of {count(len(rows), 'op')}: "
-           + "; ".join(f"{op_line(r)} ({r.why})" for r in rows))
+    why = f"{count(calls, call)} of {count(len(rows), 'op')}: " + "; ".join(f"{op_line(r)} ({r.why})" for r in rows)
     return GateResult(name, False, why, limit, count(calls, "call"),
-                      [r.title for r in reports if any(o.kind == UNSUPPORTED for o in r.ops_not_native)])
+                      [r.title for r in reports if any(o.kind == kind for o in r.ops_not_native)])

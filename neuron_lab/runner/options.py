@@ -28,7 +28,8 @@ MEANINGS = {
     EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script, a "
                 "profile that does not load, a --trace folder that cannot be written into), or an output file "
                 "that cannot be written",
-    EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported",
+    EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported, "
+               "--fail-on-abort",
     EXIT_KERNEL: "the kernel died, or could not start or load neuron_lab (--nproc: or the ranks' preflight found "
                  "them differing)",
     EXIT_HUNG: "--nproc: a cell ran past --timeout; every rank still in it was interrupted, and stderr and --json "
@@ -174,6 +175,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fail-on-unsupported", action="store_true",
                    help="fail on any call TorchNeuron does not support (collectives it lacks or restricts: send/recv, "
                         "a subgroup barrier, uneven all_to_all, complex all_reduce, float64 broadcast, fp8 all_gather)")
+    g.add_argument("--fail-on-abort", action="store_true",
+                   help="fail on any call a public report saw abort the process on TorchNeuron (an op of the "
+                        "coverage's aborts on a parameter; NEURON_LAB_ABORTS=warn, the default, reports them)")
 
 
 def op_matches(spec: str, op: str) -> bool:

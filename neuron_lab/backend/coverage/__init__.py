@@ -20,7 +20,7 @@ from typing import Any
 from neuron_lab import settings
 from neuron_lab.backend.coverage import schema
 from neuron_lab.deprecation import renamed
-from neuron_lab.kinds import FALLBACK, HOST, NATIVE, POSSIBLE, SOURCE
+from neuron_lab.kinds import ABORT, FALLBACK, HOST, NATIVE, POSSIBLE, SOURCE
 
 SCHEMA_VERSION = 1
 _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
@@ -71,6 +71,7 @@ class Coverage:
     downcast_dtypes: frozenset[str] = frozenset({"float64", "int64"})
     path: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)  # how a derived coverage was made (repo, commit, ...)
+    aborts: dict[str, OpRule] = field(default_factory=dict)  # ops a report saw abort the process on a parameter
 
     def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
         """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``.
@@ -88,6 +89,14 @@ class Coverage:
                 return drule.kind, drule.shown
         rule = rule or OpRule(self.default, self.default_reason, evidence=self.default_evidence)
         return rule.kind, rule.shown
+
+    def abort_rule(self, name: str) -> OpRule | None:
+        """The rule of an op a report saw abort the process when applied to a parameter, or None."""
+        return self.aborts.get(_key(name))
+
+    def abort_ops(self) -> list[str]:
+        """The op names whose calls :meth:`abort_rule` may flag, in-place forms too: the cores check only these."""
+        return sorted({n for k in self.aborts for n in (k, k + "_")})
 
     def fallback_names(self) -> list[str]:
         return sorted(n for n, r in self.ops.items() if r.kind != NATIVE)
@@ -112,6 +121,8 @@ class Coverage:
             "downcast_dtypes": sorted(self.downcast_dtypes),
             "dtypes": {k: rule(v) for k, v in sorted(self.dtype_rules.items())},
             "ops": {k: rule(v) for k, v in sorted(self.ops.items())},
+            **({"aborts": {k: {"reason": v.reason, "evidence": v.evidence} for k, v in sorted(self.aborts.items())}}
+               if self.aborts else {}),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -143,6 +154,7 @@ def from_dict(d: Any, path: str = "") -> Coverage:
         downcast_dtypes=frozenset(d.get("downcast_dtypes", ("float64", "int64"))),
         path=path,
         provenance=dict(d.get("provenance", {})),
+        aborts={_key(k): OpRule(ABORT, v["reason"], evidence=v["evidence"]) for k, v in d.get("aborts", {}).items()},
     )
 
 

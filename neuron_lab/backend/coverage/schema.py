@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops")
+TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops",
+              "aborts")
 REQUIRED = ("schema_version", "name", "source", "date")
 
 # How sure a prediction is, by the class of its evidence (a rule's "evidence"): the one table every coverage names.
@@ -25,6 +26,8 @@ EVIDENCE: dict[str, tuple[str, str]] = {
     "dtype gate": ("likely", "its kernels' can_handle turns this dtype away in TorchNeuron's source"),
     "empty gate": ("likely", "its kernel's can_handle turns an empty tensor away in TorchNeuron's source"),
     "upstream xfail": ("possible", "TorchNeuron's own runs of PyTorch's tests fail for this op and dtype"),
+    "xla report": ("possible", "a public report saw it on torch-neuronx's XLA trace path; none shows the native "
+                               "backend doing it"),
     "no evidence": ("possible", "no source names it"),
 }
 
@@ -88,6 +91,24 @@ def _table(field: str, value: Any, noun: tuple[str, str], example: str, key_ok, 
         _rule(f"{field}[{key!r}]", rule, kinds, dtypes)
 
 
+def _aborts(value: Any) -> None:
+    """``aborts``: op names to ``{"reason", "evidence"}``, the ops a report saw abort the process on a parameter."""
+    if not isinstance(value, dict):
+        raise ValueError(f"aborts: expected an object mapping op names (such as \"aten::im2col\") to "
+                         f"{{\"reason\": ..., \"evidence\": ...}}, got {shown(value)}")
+    for key, rule in value.items():
+        field = f"aborts[{key!r}]"
+        if "::" not in key:
+            raise ValueError(f"aborts[{shown(key)}]: not an op name (such as \"aten::im2col\")")
+        if not isinstance(rule, dict) or set(rule) - {"reason", "evidence"}:
+            raise ValueError(f"{field}: expected an object with reason and evidence, got {shown(rule)}")
+        if not isinstance(rule.get("reason"), str):
+            raise ValueError(f"{field}.reason: expected a string, got {shown(rule.get('reason'))}")
+        if rule.get("evidence") not in EVIDENCE:
+            raise ValueError(f"{field}.evidence: expected one of {', '.join(EVIDENCE)}, got "
+                             f"{shown(rule.get('evidence'))}")
+
+
 def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
     """Raise ``ValueError`` naming the first field of ``d`` that is not a valid coverage file's."""
     if not isinstance(d, dict):
@@ -111,3 +132,5 @@ def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
                dtypes=False)
     if "ops" in d:
         _table("ops", d["ops"], ("an op name", "op names"), '"aten::add"', lambda k: "::" in k, kinds, dtypes=True)
+    if "aborts" in d:
+        _aborts(d["aborts"])

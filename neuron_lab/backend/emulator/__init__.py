@@ -58,8 +58,8 @@ def install(coverage=None) -> _rt.Runtime:
     if core is not None:
         recorder = cpp_core.CoreRecorder(core)
         pieces = dict(memory=cpp_core.CoreMemory(core), recorder=recorder, devices=cpp_core.CoreDevices(core),
-                      bridge=cpp_core.CoreBridge(core), on_coverage=lambda _c: core.forget_kinds(), libraries=[],
-                      trace=cpp_core.CoreTrace(core))
+                      bridge=cpp_core.CoreBridge(core), on_coverage=lambda c: cpp_core.set_coverage(core, c),
+                      libraries=[], trace=cpp_core.CoreTrace(core))
         rt = _rt.Runtime(_rt.COMPILED, why, topo, coverage=coverage, **pieces)
         cpp_core.configure(core, topo.capacities, lambda name, dtypes: rt.classify(name, frozenset(dtypes)),
                            recorder, _allocation_site, emulate_downcast)
@@ -72,6 +72,7 @@ def install(coverage=None) -> _rt.Runtime:
         rt = _rt.Runtime(_rt.PYTHON, why, topo, coverage=coverage, **pieces)
     rt.problems = problems
     rt.emulate_downcast = emulate_downcast
+    rt.on_coverage(coverage)
     _rt.set_runtime(rt)
     lifecycle.watch()  # the runtime counts as started at the user's first device use, as TorchNeuron's
     if topo.local_rank is not None:  # a torchrun rank starts on its own device, as under TorchNeuron

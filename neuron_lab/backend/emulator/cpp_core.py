@@ -17,15 +17,18 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from neuron_lab import settings
 from neuron_lab.backend import syncs
-from neuron_lab.backend.emulator import policy
+from neuron_lab.backend.emulator import aborts, policy
 from neuron_lab.backend.events import OpEvent, OpRecorder, OpStats, qualified
 from neuron_lab.kinds import DOWNCAST, KINDS, NATIVE, SYNC
+
+if TYPE_CHECKING:
+    from neuron_lab.backend.coverage import Coverage
 
 _CORE = settings.env("NEURON_LAB_CORE")
 CORE_ENV, CORE_CHOICES = _CORE.name, _CORE.choices
@@ -259,6 +262,13 @@ class CoreBridge:
 
     def from_host(self, r: torch.Tensor, device: int | None = None) -> torch.Tensor:
         return self._from_host(r, -1 if device is None else device)
+
+
+def set_coverage(core: ModuleType, coverage: Coverage) -> None:
+    """The coverage changed: the core classifies every op afresh and hands the calls of the coverage's abort ops to
+    ``aborts.check`` (no other op calls into Python for it)."""
+    core.forget_kinds()
+    core.set_aborts(coverage.abort_ops(), aborts.check)
 
 
 def configure(core: ModuleType, capacities: list[int], classify: Any, recorder: CoreRecorder, site: Any,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from neuron_lab.backend import syncs
-from neuron_lab.backend.emulator import int64_rule, policy
+from neuron_lab.backend.emulator import aborts, int64_rule, policy
 from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
 from neuron_lab.backend.emulator.memory import Allocator
 from neuron_lab.backend.events import OpRecorder, signature_of
@@ -100,10 +100,12 @@ class Executor:
         self._kinds: dict[tuple, tuple[str, str]] = {}
         self.native: dict[str, Callable[..., Any]] = {}
         self.classify = classify
+        self._aborts: frozenset[str] = frozenset()  # ops whose calls aborts.check looks at (a coverage's aborts)
 
-    def forget_kinds(self) -> None:
-        """The coverage changed: classify every op afresh."""
+    def set_coverage(self, abort_ops: list[str]) -> None:
+        """The coverage changed: classify every op afresh, and check the calls of its ``abort_ops``."""
         self._kinds.clear()
+        self._aborts = frozenset(abort_ops)
 
     def plan(self, op) -> _Plan:
         p = self._plans.get(op)
@@ -143,6 +145,8 @@ class Executor:
         plan = self._plans.get(op) or self.plan(op)
         if plan.write_args:
             _check_out_devices(plan, args, kwargs)
+        if plan.name in self._aborts:
+            aborts.check(plan.name, plan.overload, args, kwargs)
         dtypes: list[torch.dtype] = []
         conv = self._host_arg
         hargs = [conv(a, plan, dtypes) for a in args]

@@ -87,4 +87,5 @@ def install(capacity: int, classify: Callable[[str, frozenset[str]], tuple[str, 
     native.install_native(executor, aten_lib)
     devices = PythonDevices(executor.generator, why_not_compiled, compiled_devices)
     return dict(memory=allocator, recorder=recorder, devices=devices, bridge=executor.bridge,
-                on_coverage=lambda _coverage: executor.forget_kinds(), libraries=[fallback_lib, aten_lib])
+                on_coverage=lambda coverage: executor.set_coverage(coverage.abort_ops()),
+                libraries=[fallback_lib, aten_lib])

@@ -30,6 +30,7 @@ namespace {
 PyObject* classify_fn = nullptr;
 PyObject* deliver_fn = nullptr;
 PyObject* site_fn = nullptr;
+PyObject* abort_fn = nullptr;
 
 [[noreturn]] void rethrow(py::error_already_set& e) {
   e.restore();
@@ -283,6 +284,19 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
   }
 }
 
+void abort_check(const std::string& name, const std::string& overload, const std::vector<c10::IValue>& args) {
+  py::gil_scoped_acquire gil;
+  if (abort_fn == nullptr) return;
+  try {
+    py::tuple pyargs(args.size());
+    for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
+    py::handle fn(abort_fn);
+    fn(name, overload, pyargs);
+  } catch (py::error_already_set& e) {
+    rethrow(e);
+  }
+}
+
 std::vector<std::string> allocation_site() {
   py::gil_scoped_acquire gil;
   if (site_fn == nullptr) return {};
@@ -318,6 +332,14 @@ PYBIND11_MODULE(_core, m) {
       },
       "Devices (one capacity each), the kinds of op call by index, and the Python callbacks: classify(name, "
       "dtypes), deliver(...), site().");
+
+  m.def(
+      "set_aborts",
+      [](const std::vector<std::string>& names, py::object check) {
+        set_callback(abort_fn, check);
+        set_abort_ops(names);
+      },
+      "The coverage's abort ops and check(name, overload, args), called before each of their calls runs.");
 
   m.def("set_policy", [](const py::dict& rules) { set_policy(policy_from(rules)); },
         "The rules both cores share (neuron_lab.backend.emulator.policy.for_core()): op quirk tables, the downcast "

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace neuron_lab {
 namespace {
@@ -42,6 +43,7 @@ std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Plan>> plans;
 std::atomic<int> wanted{0};
 std::atomic<bool> emulate_downcast{false};
 Policy rules;  // set once at configure, before any op runs; read without a lock
+std::unordered_set<std::string> abort_names;  // the coverage's abort ops; guarded by plans_mu
 std::atomic<int64_t> calls{0}, h2d{0}, d2h{0}, h2d_total{0}, d2h_total{0};
 
 // The policy's quirks for one op, looked up once per plan (and again if the policy is set anew).
@@ -52,6 +54,7 @@ void apply_rules(Plan& p) {
   p.always_grad_input = rules.always_grad_input.count(p.name) > 0;
   p.data_dependent = rules.data_dependent.count(p.name) > 0;
   p.keeps_int64 = rules.keeps_int64.count(p.name) > 0;
+  p.aborts.store(abort_names.count(p.name) > 0, std::memory_order_relaxed);
   // set_() has a kernel of its own (set_empty); its other overloads bind a storage on the device tensor itself.
   p.on_device = rules.on_device.count(p.name) > 0 && !(p.name == "aten::set_" && p.overload.empty());
 }
@@ -580,6 +583,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   const size_t n = op.schema().arguments().size();
   Stack orig(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
   stack->erase(stack->end() - n, stack->end());
+  if (p.aborts.load(std::memory_order_relaxed)) abort_check(p.name, p.overload, orig);
 
   Call c(p);
   for (const auto& v : orig) c.find_device(v);
@@ -679,7 +683,8 @@ namespace {
 // The typed kernels' plain path: every tensor defined, on one device or a CPU scalar, no 64-bit dtype, no profiler,
 // no quirk of the op in the policy. Its device and device dtypes; false: the call goes to run().
 bool plain(const Plan& p, c10::ArrayRef<const at::Tensor*> tensors, c10::DeviceIndex* device, uint64_t* mask) {
-  if (p.on_device || p.int_as_float || p.implicit_rng || p.always_grad_input || p.data_dependent || profiling()) {
+  if (p.on_device || p.int_as_float || p.implicit_rng || p.always_grad_input || p.data_dependent ||
+      p.aborts.load(std::memory_order_relaxed) || profiling()) {
     return false;
   }
   for (const at::Tensor* t : tensors) {
@@ -843,6 +848,12 @@ void set_wanted(int kinds_mask) {
 void set_policy(Policy policy) {
   std::lock_guard<std::mutex> g(plans_mu);
   rules = std::move(policy);
+  for (auto& [_, p] : plans) apply_rules(*p);
+}
+
+void set_abort_ops(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> g(plans_mu);
+  abort_names = std::unordered_set<std::string>(names.begin(), names.end());
   for (auto& [_, p] : plans) apply_rules(*p);
 }
 

@@ -80,6 +80,8 @@ struct Plan {
   // kernel computes on their blocks' own host storages, as on a read argument's, instead of on a growable alias.
   bool in_place = false;
   bool data_dependent = false;  // a device-to-host read: reported as a sync when somebody wants them
+  // An op of the coverage's aborts (set_abort_ops): each call is handed to Python's check before it runs.
+  std::atomic<bool> aborts{false};
   // device dtype set -> kind, reason. Entries are never freed (forget_kinds only unlinks them), so the last one
   // an op saw is read without a lock.
   std::unordered_map<uint64_t, const Classified*> kinds;
@@ -108,6 +110,8 @@ void sync_point(Plan& p, const Stack& args);
 void set_sync_kind(int kind);  // its index among the kinds; -1: none
 // The rules both cores share, from Python at configure; plans made before take them too.
 void set_policy(Policy policy);
+// The coverage's abort ops (neuron_lab.backend.emulator.aborts): only their calls pay for abort_check.
+void set_abort_ops(const std::vector<std::string>& names);
 
 // Hides a host kernel's own ATen calls from RecordFunction observers (profilers): they are how the emulator
 // computes, not ops of the device. Only while one listens: switching RecordFunction off rebuilds its thread-local
@@ -124,6 +128,8 @@ struct QuietHost {
 std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes);
 // `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key. A call
 // at a line its subscriber is done with is only counted there (lines.h): no signature, no Python call.
+// A call of an abort op, before it runs: Python flags it (a row, a warning) or raises when a parameter is among `args`.
+void abort_check(const std::string& name, const std::string& overload, const std::vector<c10::IValue>& args);
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
              const std::string& reason, c10::function_ref<const Signature&()> sig, int64_t host_ns,
              const std::vector<c10::IValue>& args);
