@@ -17,6 +17,7 @@ from neuron_lab.kinds import FALLBACK, HOST, NATIVE, NKI, POSSIBLE
 
 if TYPE_CHECKING:
     from neuron_lab.backend.coverage import Coverage
+    from neuron_lab.backend.coverage.conditions import ArgRule
     from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
     from neuron_lab.backend.emulator.core_api import DeviceMemory, DeviceSelection, DeviceTrace, HostViews
     from neuron_lab.backend.emulator.topology import Topology
@@ -82,17 +83,18 @@ class Runtime:
     trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # cpp_core.CoreTrace: work added to the device lanes
     in_graph: int = 0  # compiled graphs running now (nested): their ops are lowered, none falls back
 
-    def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
+    def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str, tuple[ArgRule, ...]]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the coverage
         says; inside a compiled graph TorchNeuron lowered, a CPU fallback or host op runs on the device, and an op
-        that may fall back in eager mode is the graph's too (its evidence is about eager dispatch, not lowering)."""
+        that may fall back in eager mode is the graph's too (its evidence is about eager dispatch, not lowering).
+        Last, the argument conditions the cores test each call against (only for an op otherwise native)."""
         reason = self.nki_ops.get(name)
         if reason is not None:
-            return NKI, reason
+            return NKI, reason, ()
         kind, reason = self.coverage.classify(name, dtypes)
         if self.in_graph and kind in (FALLBACK, HOST, POSSIBLE):
-            return NATIVE, ""
-        return kind, reason
+            return NATIVE, "", ()
+        return kind, reason, self.coverage.arg_rules(name) if kind == NATIVE and not self.in_graph else ()
 
     @contextmanager
     def compiled_graph(self) -> Iterator[None]:
