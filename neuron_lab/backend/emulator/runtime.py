@@ -27,7 +27,8 @@ COMPILED, PYTHON = "compiled", "python"
 
 # Hot functional overloads sent to the core's fallback directly, as a generated backend registers kernels:
 # one call instead of the structured wrapper's empty + `.out` pair. Composites whose result differs from the
-# CPU kernel's (group_norm on a channels-last input) go there too.
+# CPU kernel's (group_norm on a channels-last input) go there too, and composites TorchNeuron registers a kernel for
+# (_grouped_mm), so the call is reported, and its argument conditions tested, as TorchNeuron receives it.
 DIRECT_OPS = (
     "add.Tensor", "add_.Tensor", "add.Scalar", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor",
     "mul.Scalar", "mul_.Scalar", "div.Tensor", "div_.Tensor", "div.Scalar", "neg", "sqrt", "rsqrt",
@@ -39,6 +40,7 @@ DIRECT_OPS = (
     "zero_", "where.self", "native_layer_norm", "native_layer_norm_backward", "embedding_dense_backward",
     "eq.Scalar", "ne.Scalar", "gt.Scalar", "lt.Scalar", "maximum", "minimum", "clamp", "cat", "stack", "index.Tensor",
     "_fused_adamw_", "_fused_adam_", "_fused_sgd_", "native_group_norm", "native_group_norm_backward", "histc",
+    "_grouped_mm",
 )
 
 
