@@ -229,13 +229,14 @@ def residues(root: Path, gates: list[dict]) -> None:
         reading = READINGS.get(g["class"])
         if not _imported(g["path"]):
             g["used"] = "no: TorchNeuron never imports python_ops/legacy"
-        elif not tied and g["class"] != BASE:
+            continue
+        if not tied and g["class"] != BASE:
             g["used"] = "no: no registered op uses the class"
-        elif g["conditions"] and reading is not None and g["path"].startswith(reading.get("path", g["path"])):
+        if g["conditions"] and reading is not None and g["path"].startswith(reading.get("path", g["path"])):
             _check_quote(root, g, reading["quote"])
             g["reading"] = reading["condition"]
             g["args"] = reading.get("args")
-            g["used"] = reading.get("used", "")
+            g["used"] = reading["used"]
 
 
 def _rel(src: Source, name: str) -> str:
@@ -269,7 +270,7 @@ READINGS: dict[str, dict] = {
         "quote": "if seq_len_q % 512 != 0 or seq_len_k % 512 != 0:",
         "condition": "AttentionOpImpl's, and sequence lengths not multiples of 512, head_dim > 128, dropout_p > 0, "
                      "an attn_bias; ScaledDotProductAttnMLIRImpl takes those",
-        "used": "no residue of its own: the MLIR implementation takes what it turns away"},
+        "used": "through ScaledDotProductAttnMLIRImpl's reading: the op's residue is what that one turns away"},
     "ScaledDotProductAttnMLIRImpl": {
         "quote": "return not (query.ndim != 4 or key.ndim != 4 or value.ndim != 4)",
         "condition": "AttentionOpImpl's, and query, key or value not 4-D: no implementation takes such a call",
@@ -281,7 +282,7 @@ READINGS: dict[str, dict] = {
         "quote": "if seq_len_q % 512 != 0 or seq_len_k % 512 != 0:",
         "condition": "AttentionOpImpl's on query, key, value, and sequence lengths not multiples of 512, "
                      "head_dim > 128, an attn_bias; ScaledDotProductAttnBackwardMLIRImpl takes those",
-        "used": "no residue of its own: the MLIR implementation takes what it turns away"},
+        "used": "through ScaledDotProductAttnBackwardMLIRImpl's reading: the op's residue is what that one turns away"},
     "ScaledDotProductAttnBackwardMLIRImpl": {
         "quote": "if not super().can_handle(query, key, value):",
         "condition": "AttentionOpImpl's on query, key and value: no implementation takes such a call",
@@ -355,7 +356,8 @@ READINGS: dict[str, dict] = {
     "NativeMultiHeadAttnMidNKIImpl": {
         "quote": "return seq_len % 512 == 0",
         "condition": "q, k, v not 4-D or of different shapes, a sequence length not a multiple of 512; "
-                     "NativeMultiHeadAttnMidMLIRImpl takes the rest", "used": "no residue of its own"},
+                     "NativeMultiHeadAttnMidMLIRImpl takes the rest",
+        "used": "no: with the MLIR one's, an untaken call raises NotImplementedError (the mid op is no ATen op)"},
     "NativeMultiHeadAttnPrefixMLIRImpl": {
         "quote": "if query.ndim != 3 or key.ndim != 3 or value.ndim != 3:",
         "condition": "query, key, value not 3-D or of different shapes; qkv_weight/qkv_bias not (3E, E)/(3E,)",
@@ -368,7 +370,8 @@ READINGS: dict[str, dict] = {
         "path": "torch_neuronx/python_ops/xla_ops",
         "quote": "return mat1.dim() == 2 and mat2.dim() == 2",
         "condition": "mat1 or mat2 not 2-D",
-        "used": "no: AddmmOp (python_ops/addmm.py) is never registered; aten::addmm is torch-mlir's"},
+        "used": "no: AddmmOp (python_ops/addmm.py) is never registered; aten::addmm is torch-mlir's, which takes every "
+                "call"},
     "NativeMultiHeadAttnPrefixXLAImpl": {
         "path": "torch_neuronx/python_ops/xla_ops", "quote": "def can_handle",
         "condition": "shape checks of the XLA prefix", "used": "no: no Operation uses the class"},
