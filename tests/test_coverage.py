@@ -59,10 +59,10 @@ BAD = [
     (with_(ops={OP: {"kind": "native", "dtypes": [[[[[[1]]]]]]}}),
      "ops['aten::add'].dtypes[0]: expected a dtype name such as \"float64\", got a list"),
     (with_(ops={OP: {"kind": "native", "when": "always"}}),
-     "ops['aten::add']: unknown field 'when' (a rule has kind, reason, evidence, dtypes, otherwise)"),
+     "ops['aten::add']: unknown field 'when' (a rule has kind, reason, evidence, dtypes, otherwise, args)"),
     (with_(ops={OP: {"kind": "possible", "evidence": "a hunch"}}),
      "ops['aten::add'].evidence: expected one of documented, reported, host kernel, not registered, registered, "
-     "dtype gate, empty gate, upstream xfail, xla report, no evidence, got 'a hunch'"),
+     "dtype gate, empty gate, shape gate, upstream xfail, xla report, no evidence, got 'a hunch'"),
     (with_(dtypes="x"), "dtypes: expected an object mapping dtype names (such as \"complex64\") to rules, got 'x'"),
     (with_(dtypes={"cplx": {"kind": "fallback"}}), "dtypes['cplx']: not a dtype name (such as \"complex64\")"),
     (with_(dtypes={"complex64": {"kind": "fallback", "dtypes": ["float32"]}}),

@@ -60,11 +60,119 @@ def test_gates_and_expectations_from_a_synthetic_tree(tmp_path):
     data = json.loads(out.read_text())
     assert data["provenance"]["commit"] == HEAD
     gather, plain = data["gates"]
-    assert gather == {"ops": ["aten::gather.out"], "class": "GatherImpl", "path": "torch_neuronx/python_ops/gather.py",
-                      "line": 6, "dtypes": ["bfloat16", "float32"], "conditions": ["empty", "shape"]}
+    assert {k: gather[k] for k in ("ops", "class", "path", "line", "dtypes", "conditions", "residue")} == {
+        "ops": ["aten::gather.out"], "class": "GatherImpl", "path": "torch_neuronx/python_ops/gather.py", "line": 6,
+        "dtypes": ["bfloat16", "float32"], "conditions": ["empty", "shape"], "residue": {"aten::gather.out": "cpu"}}
     assert (plain["ops"], plain["dtypes"], plain["conditions"]) == (None, ["complex128", "complex64"], [])
+    assert plain["used"] == "no: no registered op uses the class"
     assert [(e["class"], e["dtypes"]) for e in data["expectations"]] == [
         ("TestA", []), ("TestA", ["float64"]), ("TestB", ["complex64", "int8"])]
+
+
+TABLE = '''\
+import torch
+from .base import Operation
+
+
+class NarrowImpl:
+    def can_handle(self, x, dim):
+        return x.dim() == 2
+
+
+class WideImpl:
+    def can_handle(self, x, dim):
+        return x.device.type == "neuron"
+
+    @property
+    def priority(self):
+        return super().priority - 10
+
+
+class ScanOp(Operation):
+    def _setup_implementations(self):
+        self._implementations.append(NarrowImpl())
+        self._implementations.append(WideImpl())
+
+    @property
+    def op_name(self):
+        return "cumsum"
+
+
+class StepOp(Operation):
+    def _setup_implementations(self):
+        self._implementations.append(NarrowImpl())
+
+    @property
+    def op_name(self):
+        return "scan_step"
+
+
+_scan = ScanOp()
+_step = StepOp()
+
+
+def cumsum_neuron(x, dim):
+    return _scan(x, dim)
+
+
+def cummax_neuron(x, dim):
+    return _step(x, dim)
+'''
+INIT = '''\
+aten_lib.impl("cumsum", cumsum_neuron, "PrivateUse1")
+aten_lib.impl("cummax", cummax_neuron, "PrivateUse1")
+'''
+
+
+def test_a_gate_matters_only_where_no_other_implementation_of_its_op_takes_the_call(tmp_path):
+    """Operation tables registered through aten_lib.impl: NarrowImpl is gated, but WideImpl (lower priority) takes
+    every cumsum call, so cumsum has no residue; cummax's Operation has NarrowImpl alone and an op_name that is no ATen
+    op, so what NarrowImpl turns away raises instead of falling back."""
+    root = _tree(tmp_path)
+    ops = root / "torch_neuronx" / "python_ops"
+    (ops / "scan.py").write_text(TABLE)
+    (ops / "__init__.py").write_text(INIT)
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(root), "--commit", HEAD, "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    narrow = next(g for g in json.loads(out.read_text())["gates"] if g["class"] == "NarrowImpl")
+    assert narrow["ops"] == ["aten::cummax", "aten::cumsum"]
+    assert narrow["residue"] == {"aten::cummax": "raises", "aten::cumsum": "none"}
+    assert narrow["order"] == ["aten::cummax: NarrowImpl (50)", "aten::cumsum: NarrowImpl (50), WideImpl (40)"]
+    assert "ScanOp (torch_neuronx/python_ops/scan.py) held by _scan, called by cumsum_neuron" in " ".join(narrow["via"])
+
+
+def test_a_reading_whose_quote_left_the_source_stops_the_derivation(tmp_path):
+    root = _tree(tmp_path)
+    xla = root / "torch_neuronx" / "python_ops" / "xla_ops"
+    xla.mkdir()
+    (xla / "topk_xla.py").write_text('@neuron_op("aten::topk")\nclass TopKXLAImpl:\n    def can_handle(self, x, k):\n'
+                                     '        return x.dim() > 0\n')
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(root), "--commit", HEAD, "-o", str(tmp_path / "o.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert ("the reading of TopKXLAImpl (torch_neuronx/python_ops/xla_ops/topk_xla.py) quotes "
+            "'if dim != input.dim() - 1:'") in proc.stderr
+
+
+def test_every_shape_and_empty_gate_is_tied_to_its_op_with_its_residue():
+    """The bundled evidence: each of the 34 gates that test shapes or empty tensors says what it serves and whether
+    it is used; topk's and _grouped_mm's residues are the CPU and carry their argument tests, gather's is none."""
+    data = json.loads(resources.files("neuron_lab.backend.coverage").joinpath(
+        "evidence/torchneuron-src-2026-04.json").read_text())
+    shaped = [g for g in data["gates"] if g["conditions"]]
+    assert len(shaped) == 34 and all(g.get("used") for g in shaped)
+    by = {(g["class"], g["path"].removeprefix("torch_neuronx/python_ops/")): g for g in data["gates"]}
+    topk = by["TopKXLAImpl", "xla_ops/topk_xla.py"]
+    assert topk["residue"] == {"aten::topk": "cpu", "aten::topk.out": "cpu", "aten::topk.values": "cpu"}
+    assert [t["test"] for t in topk["args"]["aten::topk"]] == ["below", "not_last_dim", "is"]
+    assert by["GroupedMMMLIRImpl", "grouped_mm.py"]["residue"] == {"aten::_grouped_mm": "cpu"}
+    assert by["GatherNKIImpl", "gather.py"]["residue"] == {"aten::gather": "none"}
+    assert by["AllReduceXLAOp", "xla_ops/all_reduce_xla.py"]["residue"] == {"c10d::all_reduce": "raises"}
+    assert by["TopKXLAImpl", "legacy/xla_ops/topk_xla.py"]["ops"] is None
+    untied = [g for g in data["gates"] if g["ops"] is None and "/legacy/" not in g["path"]]
+    assert len(untied) == 14
+    assert all(g["used"].startswith("no") for g in untied if g["class"] != "OperationImplementation")
 
 
 def test_bundled_evidence_matches_the_mirror_files():
@@ -107,5 +215,6 @@ def test_the_bundled_combined_coverage_is_what_combine_writes(tmp_path):
     certain = json.loads((cov / "torchneuron-2.33.json").read_text())["ops"]
     assert all(combined["ops"][op] == rule for op, rule in certain.items() if rule["kind"] != "native")
     kinds = [r["kind"] for r in combined["ops"].values()]
-    assert (kinds.count("fallback"), kinds.count("host"), kinds.count("possible")) == (19, 22, 12)
+    assert (kinds.count("fallback"), kinds.count("host"), kinds.count("possible")) == (19, 22, 14)
+    assert [a["arg"] for a in combined["ops"]["aten::_grouped_mm"]["args"]] == ["self", "mat2"]
     assert combined["default"]["kind"] == "possible"

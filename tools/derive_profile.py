@@ -12,15 +12,18 @@ script reads both statically (stdlib only) and writes one evidence file::
 
 ``--combine`` writes one coverage from the three: what the documented coverage (2.33's table) says does not run on
 the device stays certain (``fallback``/``host``); an op the derived coverage says falls back, or that only gated
-implementations serve for some dtypes (a gate naming the dtypes it accepts), becomes ``possible`` with its reason.
+implementations serve for some dtypes (a gate naming the dtypes it accepts), becomes ``possible`` with its reason;
+an op whose calls some arguments leave with no implementation gets those argument rules (``args``, ``possible``).
 ``--aborts`` adds the ops public reports saw abort the process when applied to a parameter
 (``coverage/evidence/torchneuron-aborts.json``), each with the reports' URLs and the stack they were seen on.
 
-Each gate is ``{"op", "class", "path", "line", "dtypes", "conditions"}``: the ops the class registers under
-TorchNeuron's overload names (``None`` when the class is registered elsewhere), the dtypes its ``can_handle``
-names (``is_complex()`` counts as complex64 and complex128) and the other conditions it tests (``empty``,
-``shape``). Each expectation is ``{"class", "test", "dtypes"}``, the dtypes parsed from the test name's
-``_neuron_<dtype>`` suffix (empty when the test runs for no dtype).
+Each gate is ``{"ops", "class", "path", "line", "dtypes", "conditions"}`` and what ``gate_residue.py`` adds: the ops
+the class serves under TorchNeuron's overload names, by any registration (``None``: none; ``via``: how, ``order``:
+the op's implementations by priority), per op where a call none takes goes (``residue``: ``cpu``, ``raises``,
+``none``), and for a shape or empty-tensor gate a person's reading (``reading``, ``args``, ``used``). ``dtypes``
+are the dtypes its ``can_handle`` names (``is_complex()`` counts as complex64 and complex128), ``conditions`` the
+other things it tests (``empty``, ``shape``). Each expectation is ``{"class", "test", "dtypes"}``, the dtypes parsed
+from the test name's ``_neuron_<dtype>`` suffix (empty when the test runs for no dtype).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from derive_coverage import DEFAULT_REPO, NEURON_OP_DECORATORS, _call_name, _dotted, _first_arg, _strings  # noqa: E402
+from gate_residue import residues  # noqa: E402
 
 SCHEMA_VERSION = 1
 OPS_DIR = "torch_neuronx/python_ops"
@@ -96,10 +100,12 @@ def extract_expectations(root: Path) -> list[dict]:
 
 
 def derive(root: Path, *, commit: str, repo: str = DEFAULT_REPO) -> dict:
+    gates = extract_gates(root)
+    residues(root, gates)
     return {
         "schema_version": SCHEMA_VERSION,
         "provenance": {"repo": repo, "commit": commit, "gates_from": OPS_DIR, "expectations_from": EXPECTATIONS_DIR},
-        "gates": extract_gates(root),
+        "gates": gates,
         "expectations": extract_expectations(root),
     }
 
@@ -133,6 +139,39 @@ def _key(name: str) -> str:
     return "aten::" + (base[:-1] if base.endswith("_") and not base.endswith("__") else base)
 
 
+_ARGS = ("{what}: no implementation of {op} in TorchNeuron's {date} source takes such a call ({gates}), so it may "
+         "fall back to the CPU")
+
+
+def _said(t: dict) -> str:
+    """An argument test in words: ``dim is not the last dimension of self``."""
+    v = t.get("value")
+    return {"ndim_not_in": lambda: f"{t['arg']} is not {' or '.join(map(str, v or []))}-D",
+            "not_last_dim": lambda: f"{t['arg']} is not the last dimension of {t.get('of')}",
+            "below": lambda: f"{t['arg']} is below {v}", "is": lambda: f"{t['arg']} is {v}",
+            "empty": lambda: f"{t['arg']} is empty"}[t["test"]]()
+
+
+def _add_arg_rules(ops: dict, gates: list[dict], date: str) -> None:
+    """The calls no implementation takes (a gate's ``args``, where its op's residue is the CPU) as argument rules of
+    the op's coverage entry, each naming every gate it comes from; only on an op that is otherwise native."""
+    found: dict[str, dict[str, tuple[dict, list[str]]]] = {}
+    for g in gates:
+        for op, tests in (g.get("args") or {}).items():
+            if (g["residue"] or {}).get(op) != "cpu":
+                continue
+            for t in tests:
+                _, names = found.setdefault(_key(op), {}).setdefault(json.dumps(t, sort_keys=True), (t, []))
+                names.append(f"{g['class']}.can_handle, {g['path']}:{g['line']}")
+    for op, tests in sorted(found.items()):
+        rule = ops.get(op)
+        if rule is None or "native" not in (rule["kind"], rule.get("otherwise")):
+            continue
+        rule["args"] = [{"kind": POSSIBLE, **t, "evidence": "empty gate" if t["test"] == "empty" else "shape gate",
+                         "reason": _ARGS.format(what=_said(t), op=op, date=date, gates="; ".join(names))}
+                        for t, names in tests.values()]
+
+
 def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
     """One coverage: ``certain``'s off-device ops as they are, ``derived``'s fallbacks and ``evidence``'s dtype gates
     (on ops ``certain`` calls native) as ``possible``."""
@@ -146,16 +185,18 @@ def combine(certain: dict, derived: dict, evidence: dict, name: str) -> dict:
                        "evidence": "not registered"}
     for gate in evidence["gates"]:
         accepts = [d for d in gate["dtypes"] if d.startswith(("float", "bfloat"))]
-        if not gate["ops"] or len(accepts) < 2 or "legacy/" in gate["path"]:
+        if not gate["ops"] or len(accepts) < 2:
             continue  # only a gate naming the floating dtypes it accepts is a dtype rule
         # Only the floating and complex dtypes it turns away: an int64 tensor in the call is often an index output.
         others = sorted(d for d in DTYPES if d.startswith(("float", "complex")) and d not in gate["dtypes"]
                         and d != "complex32")
-        for op in {_key(o) for o in gate["ops"]}:
+        # ...on an op whose other implementations do not take what it turns away
+        for op in {_key(o) for o, left in gate["residue"].items() if left == "cpu"}:
             if ops.get(op, {}).get("kind", "native") == "native":
                 ops[op] = {"kind": POSSIBLE, "dtypes": others, "otherwise": "native", "reason": _GATED.format(
                     dtypes=", ".join(others), date=date, cls=gate["class"], path=gate["path"], line=gate["line"],
                     accepts=", ".join(accepts)), "evidence": "dtype gate"}
+    _add_arg_rules(ops, evidence["gates"], date)
     failing: dict[str, list[dict]] = {}
     for row in evidence["expectations"]:
         op = op_of(row["test"], ops)

@@ -4,8 +4,9 @@ Every magic and flag comes from the ``%neuron`` parser (the same one that parses
 ``%neuron?``), every ``%config`` setting and environment variable from the settings registry
 (``neuron_lab/settings.py``, which ``neuron-lab doctor`` lists too). ``python tools/readme_reference.py
 --write`` rewrites the blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->`` in the pages that
-hold them (``docs/notebook.md``: the magics; ``docs/configuration.md``: the settings and the environment; other
-files can be named instead, and together they must hold every block once); ``--check`` fails when they are stale
+hold them (``docs/notebook.md``: the magics; ``docs/configuration.md``: the settings and the environment;
+``docs/torchneuron.md``: TorchNeuron's shape and empty-tensor gates, from the bundled evidence; other files can be named
+instead, and together they must hold every block once); ``--check`` fails when they are stale
 (the test suite runs the same comparison). A tool of this checkout, not
 part of the installed package: it documents the code beside it.
 """
@@ -89,7 +90,28 @@ def environment() -> str:
     return "\n".join(rows)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"magics": magics, "settings": settings, "environment": environment}
+def gates() -> str:
+    """TorchNeuron's shape and empty-tensor ``can_handle`` gates (``tools/derive_profile.py``'s evidence): each with
+    the op it guards, what it turns away, where a call no implementation takes goes, and whether a rule uses it."""
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("neuron_lab.backend.coverage").joinpath(
+        "evidence/torchneuron-src-2026-04.json").read_text(encoding="utf-8"))
+    rows = ["| gate (`python_ops/`file:line) | op | what it turns away | residue | used |", "|---|---|---|---|---|"]
+    for g in data["gates"]:
+        if not g["conditions"]:
+            continue
+        path = g["path"].removeprefix("torch_neuronx/python_ops/").removeprefix("torch_neuronx/")
+        ops = sorted({o.removeprefix("aten::").split(".")[0] for o in g["ops"] or []})
+        left = ", ".join(sorted(set((g["residue"] or {}).values()))) or "-"
+        rows.append(f"| `{g['class']}` `{path}:{g['line']}` | {', '.join(f'`{o}`' for o in ops) or '-'} | "
+                    f"{_cell(g.get('reading', '-'))} | {left} | {_cell(g['used'])} |")
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"magics": magics, "settings": settings, "environment": environment,
+                                        "gates": gates}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -97,7 +119,7 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = (ROOT / "docs" / "notebook.md", ROOT / "docs" / "configuration.md")  # where the blocks live
+PAGES = (ROOT / "docs" / "notebook.md", ROOT / "docs" / "configuration.md", ROOT / "docs" / "torchneuron.md")
 
 
 def present(text: str) -> list[str]:
@@ -121,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/readme_reference.py", description=__doc__.splitlines()[0])
     ap.add_argument("files", type=Path, nargs="*", default=list(PAGES),
                     help="the Markdown files that together hold every reference block once "
-                         "(default: docs/notebook.md docs/configuration.md)")
+                         "(default: docs/notebook.md docs/configuration.md docs/torchneuron.md)")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the blocks in place")
     mode.add_argument("--check", action="store_true", help="exit 1 when a block is stale")

@@ -19,6 +19,7 @@ from typing import Any
 
 from neuron_lab import settings
 from neuron_lab.backend.coverage import schema
+from neuron_lab.backend.coverage.conditions import ArgRule
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import ABORT, FALLBACK, HOST, NATIVE, POSSIBLE, SOURCE
 
@@ -44,16 +45,21 @@ class OpRule:
     dtypes: frozenset[str] | None = None  # only these dtypes take `kind`; others use the default
     otherwise: str | None = None  # the kind of the op's other dtypes, instead of the default (a dtype gate)
     evidence: str | None = None  # the class of its evidence (a key of schema.EVIDENCE): how sure the prediction is
+    args: tuple[ArgRule, ...] = ()  # per-call argument conditions, tried in order when the call is otherwise native
 
     @property
     def shown(self) -> str:
         """The reason as reports show it: its sentence, how sure it is and on what evidence, then its source."""
-        if self.evidence is None:
-            return self.reason
-        level, means = schema.EVIDENCE[self.evidence]
-        why, sep, source = self.reason.partition(SOURCE)
-        why = why.rstrip()
-        return f"{why}{'' if why.endswith('.') else '.'} Confidence: {level} ({self.evidence}: {means}).{sep}{source}"
+        return _shown(self.reason, self.evidence)
+
+
+def _shown(reason: str, evidence: str | None) -> str:
+    if evidence is None:
+        return reason
+    level, means = schema.EVIDENCE[evidence]
+    why, sep, source = reason.partition(SOURCE)
+    why = why.rstrip()
+    return f"{why}{'' if why.endswith('.') else '.'} Confidence: {level} ({evidence}: {means}).{sep}{source}"
 
 
 @dataclass
@@ -98,6 +104,11 @@ class Coverage:
         """The op names whose calls :meth:`abort_rule` may flag, in-place forms too: the cores check only these."""
         return sorted({n for k in self.aborts for n in (k, k + "_")})
 
+    def arg_rules(self, name: str) -> tuple[ArgRule, ...]:
+        """The argument conditions a call of ``name`` is tested against when :meth:`classify` calls it native."""
+        rule = self.ops.get(_key(name))
+        return rule.args if rule is not None else ()
+
     def fallback_names(self) -> list[str]:
         return sorted(n for n, r in self.ops.items() if r.kind != NATIVE)
 
@@ -110,6 +121,8 @@ class Coverage:
                 d["otherwise"] = r.otherwise
             if r.evidence is not None:
                 d["evidence"] = r.evidence
+            if r.args:
+                d["args"] = [_arg_dict(a) for a in r.args]
             return d
 
         return {
@@ -131,8 +144,20 @@ class Coverage:
 
 def _rule(d: dict[str, Any]) -> OpRule:
     dtypes = d.get("dtypes")
+    args = tuple(ArgRule(a["kind"], a["test"], a["arg"], _shown(a.get("reason", ""), a.get("evidence")),
+                         a.get("value"), a.get("of"), a.get("reason", ""), a.get("evidence"))
+                 for a in d.get("args", ()))
     return OpRule(d["kind"], d.get("reason", ""), frozenset(dtypes) if dtypes is not None else None, d.get("otherwise"),
-                  d.get("evidence"))
+                  d.get("evidence"), args)
+
+
+def _arg_dict(a: ArgRule) -> dict[str, Any]:
+    d: dict[str, Any] = {"kind": a.kind, "test": a.test, "arg": a.arg}
+    d.update({k: v for k, v in (("value", a.value), ("of", a.of)) if v is not None})
+    d["reason"] = a.reason
+    if a.evidence is not None:
+        d["evidence"] = a.evidence
+    return d
 
 
 def from_dict(d: Any, path: str = "") -> Coverage:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuron_lab.backend.coverage import conditions
+
 TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops",
               "aborts")
 REQUIRED = ("schema_version", "name", "source", "date")
@@ -25,6 +27,7 @@ EVIDENCE: dict[str, tuple[str, str]] = {
     "registered": ("likely", "TorchNeuron's source runs it on the device: a registered kernel or an allowed view"),
     "dtype gate": ("likely", "its kernels' can_handle turns this dtype away in TorchNeuron's source"),
     "empty gate": ("likely", "its kernel's can_handle turns an empty tensor away in TorchNeuron's source"),
+    "shape gate": ("likely", "no implementation's can_handle takes these arguments in TorchNeuron's source"),
     "upstream xfail": ("possible", "TorchNeuron's own runs of PyTorch's tests fail for this op and dtype"),
     "xla report": ("possible", "a public report saw it on torch-neuronx's XLA trace path; none shows the native "
                                "backend doing it"),
@@ -59,7 +62,7 @@ def _dtype_list(field: str, value: Any) -> None:
 
 
 def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
-    allowed = ("kind", "reason", "evidence", "dtypes", "otherwise") if dtypes else ("kind", "reason", "evidence")
+    allowed = ("kind", "reason", "evidence") + (("dtypes", "otherwise", "args") if dtypes else ())
     if not isinstance(value, dict):
         raise ValueError(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
                          f"got {shown(value)}")
@@ -77,6 +80,8 @@ def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
         _dtype_list(f"{field}.dtypes", value["dtypes"])
     if "otherwise" in value and value["otherwise"] not in kinds:
         raise ValueError(f"{field}.otherwise: expected one of {', '.join(kinds)}, got {shown(value['otherwise'])}")
+    if "args" in value:
+        conditions.check(f"{field}.args", value["args"], kinds, tuple(EVIDENCE))
 
 
 def _table(field: str, value: Any, noun: tuple[str, str], example: str, key_ok, kinds: tuple[str, ...],

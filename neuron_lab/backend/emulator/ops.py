@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from neuron_lab.backend import syncs
+from neuron_lab.backend.coverage import conditions
+from neuron_lab.backend.coverage.conditions import ArgRule
 from neuron_lab.backend.emulator import aborts, int64_rule, policy
 from neuron_lab.backend.emulator.host import CPU_KEYS, HostBridge
 from neuron_lab.backend.emulator.memory import Allocator
@@ -44,6 +46,7 @@ class _Plan:
     is_view: bool
     write_args: tuple[int | str, ...]  # arguments the op writes (self of in-place ops, out=)
     number_args: tuple[int | str, ...]  # Tensor arguments that may arrive as Python numbers (wrapped scalars)
+    arguments: dict[str, tuple[int | str, Any]]  # name -> (where it goes, its schema default): argument conditions
 
 
 def _plan(op: torch._ops.OpOverload) -> _Plan:
@@ -78,12 +81,27 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
     # which re-calling the op accepts only for the few ops on PyTorch's allow-list.
     numbers = () if torch._C._should_allow_numbers_as_tensors(name.removeprefix("aten::")) else tuple(
         where[a.name] for a in schema.arguments if str(a.type) in ("Tensor", "Tensor?"))
+    arguments = {a.name: (where[a.name], a.default_value) for a in schema.arguments}
     return _Plan(name, schema.overload_name, tuple(writes), gen, gen_name, name in policy.MIXED_OK,
                  name in policy.IMPLICIT_RNG,
-                 is_view, write_args, numbers)
+                 is_view, write_args, numbers, arguments)
 
 
-Classify = Callable[[str, frozenset[str]], tuple[str, str]]  # (op name, device dtypes) -> (kind, reason)
+# (op name, device dtypes) -> (kind, reason, the argument conditions each call is tested against)
+Classify = Callable[[str, frozenset[str]], tuple[str, str, tuple[ArgRule, ...]]]
+
+
+def _tested(kind: tuple[str, str, tuple[ArgRule, ...]], plan: _Plan, args: tuple, kwargs: dict
+            ) -> tuple[str, str, tuple[ArgRule, ...]]:
+    """The kind of one call of an op with argument conditions: the first condition it meets, else ``kind``."""
+    def value_of(name: str) -> Any:
+        slot, default = plan.arguments.get(name, (name, None))
+        if isinstance(slot, int) and slot < len(args):
+            return args[slot]
+        return kwargs.get(name, default)
+
+    rule = next((r for r in kind[2] if conditions.met(r, value_of)), None)
+    return kind if rule is None else (rule.kind, rule.shown, ())
 
 
 class Executor:
@@ -97,7 +115,7 @@ class Executor:
         self.generator = torch.Generator()
         self.emulate_downcast = emulate_downcast  # NEURON_LAB_EMULATE_DOWNCAST: 64-bit computed in 32-bit
         self._plans: dict[Any, _Plan] = {}
-        self._kinds: dict[tuple, tuple[str, str]] = {}
+        self._kinds: dict[tuple, tuple[str, str, tuple[ArgRule, ...]]] = {}
         self.native: dict[str, Callable[..., Any]] = {}
         self.classify = classify
         self._aborts: frozenset[str] = frozenset()  # ops whose calls aborts.check looks at (a coverage's aborts)
@@ -167,6 +185,8 @@ class Executor:
         kind = self._kinds.get(kind_key)
         if kind is None:
             kind = self._kinds[kind_key] = self.classify(plan.name, frozenset(_DTYPE_NAMES[d] for d in dtypes))
+        if kind[2]:
+            kind = _tested(kind, plan, args, kwargs)
         wide = [d for d in dtypes if d in _WIDE]
 
         drop_grad_input = plan.name in policy.ALWAYS_GRAD_INPUT and not hargs[-1][0]

@@ -9,9 +9,12 @@ resize) is missing here, and asking for it is a clear error that names the compi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from neuron_lab.backend.emulator.ops import Classify
 
 
 class Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -68,7 +71,7 @@ class PythonDevices:
 _keep: list[object] = []  # the hook and guard objects must outlive registration
 
 
-def install(capacity: int, classify: Callable[[str, frozenset[str]], tuple[str, str]], why_not_compiled: str,
+def install(capacity: int, classify: Classify, why_not_compiled: str,
             compiled_devices: int, emulate_downcast: bool) -> dict[str, object]:
     """Register the pure-Python core; returns the pieces the runtime holds."""
     from neuron_lab.backend.emulator import native

@@ -17,6 +17,7 @@ from neuron_lab.kinds import FALLBACK, HOST, NATIVE, NKI, POSSIBLE
 
 if TYPE_CHECKING:
     from neuron_lab.backend.coverage import Coverage
+    from neuron_lab.backend.coverage.conditions import ArgRule
     from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
     from neuron_lab.backend.emulator.core_api import DeviceMemory, DeviceSelection, DeviceTrace, HostViews
     from neuron_lab.backend.emulator.topology import Topology
@@ -26,7 +27,8 @@ COMPILED, PYTHON = "compiled", "python"
 
 # Hot functional overloads sent to the core's fallback directly, as a generated backend registers kernels:
 # one call instead of the structured wrapper's empty + `.out` pair. Composites whose result differs from the
-# CPU kernel's (group_norm on a channels-last input) go there too.
+# CPU kernel's (group_norm on a channels-last input) go there too, and composites TorchNeuron registers a kernel for
+# (_grouped_mm), so the call is reported, and its argument conditions tested, as TorchNeuron receives it.
 DIRECT_OPS = (
     "add.Tensor", "add_.Tensor", "add.Scalar", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor",
     "mul.Scalar", "mul_.Scalar", "div.Tensor", "div_.Tensor", "div.Scalar", "neg", "sqrt", "rsqrt",
@@ -38,6 +40,7 @@ DIRECT_OPS = (
     "zero_", "where.self", "native_layer_norm", "native_layer_norm_backward", "embedding_dense_backward",
     "eq.Scalar", "ne.Scalar", "gt.Scalar", "lt.Scalar", "maximum", "minimum", "clamp", "cat", "stack", "index.Tensor",
     "_fused_adamw_", "_fused_adam_", "_fused_sgd_", "native_group_norm", "native_group_norm_backward", "histc",
+    "_grouped_mm",
 )
 
 
@@ -82,17 +85,18 @@ class Runtime:
     trace: DeviceTrace = field(default_factory=NoDeviceTrace)  # cpp_core.CoreTrace: work added to the device lanes
     in_graph: int = 0  # compiled graphs running now (nested): their ops are lowered, none falls back
 
-    def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str]:
+    def classify(self, name: str, dtypes: frozenset[str]) -> tuple[str, str, tuple[ArgRule, ...]]:
         """How a call of ``name`` on device tensors of ``dtypes`` is reported: an NKI kernel, else as the coverage
         says; inside a compiled graph TorchNeuron lowered, a CPU fallback or host op runs on the device, and an op
-        that may fall back in eager mode is the graph's too (its evidence is about eager dispatch, not lowering)."""
+        that may fall back in eager mode is the graph's too (its evidence is about eager dispatch, not lowering).
+        Last, the argument conditions the cores test each call against (only for an op otherwise native)."""
         reason = self.nki_ops.get(name)
         if reason is not None:
-            return NKI, reason
+            return NKI, reason, ()
         kind, reason = self.coverage.classify(name, dtypes)
         if self.in_graph and kind in (FALLBACK, HOST, POSSIBLE):
-            return NATIVE, ""
-        return kind, reason
+            return NATIVE, "", ()
+        return kind, reason, self.coverage.arg_rules(name) if kind == NATIVE and not self.in_graph else ()
 
     @contextmanager
     def compiled_graph(self) -> Iterator[None]:

@@ -218,14 +218,29 @@ py::list taken() {
 
 }  // namespace
 
-std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes) {
+Classification classify(const std::string& name, const std::vector<std::string>& dtypes) {
   py::gil_scoped_acquire gil;
   try {
     TORCH_CHECK(classify_fn != nullptr, "neuron emulator: the core is not configured");
     py::handle fn(classify_fn);
     auto r = fn(name, py::tuple(py::cast(dtypes)));
     auto t = r.cast<py::tuple>();
-    return {kind_index(t[0].cast<std::string>()), t[1].cast<std::string>()};
+    Classification c{kind_index(t[0].cast<std::string>()), t[1].cast<std::string>(), {}};
+    for (py::handle rule : t[2]) {  // conditions.ArgRule
+      NamedArgTest a{rule.attr("test").cast<std::string>(), rule.attr("arg").cast<std::string>(), "",
+                     kind_index(rule.attr("kind").cast<std::string>()), {}, rule.attr("shown").cast<std::string>()};
+      if (!rule.attr("of").is_none()) a.of = rule.attr("of").cast<std::string>();
+      py::object value = rule.attr("value");
+      if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+        a.values = value.cast<std::vector<int64_t>>();
+      } else if (py::isinstance<py::bool_>(value)) {
+        a.values.push_back(value.cast<bool>() ? 1 : 0);
+      } else if (!value.is_none()) {
+        a.values.push_back(value.cast<int64_t>());
+      }
+      c.tests.push_back(std::move(a));
+    }
+    return c;
   } catch (py::error_already_set& e) {
     rethrow(e);
   }
@@ -331,7 +346,7 @@ PYBIND11_MODULE(_core, m) {
         configure_devices(capacities);
       },
       "Devices (one capacity each), the kinds of op call by index, and the Python callbacks: classify(name, "
-      "dtypes), deliver(...), site().");
+      "dtypes) -> (kind, reason, argument conditions), deliver(...), site().");
 
   m.def(
       "set_aborts",

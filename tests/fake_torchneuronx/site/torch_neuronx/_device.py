@@ -116,7 +116,7 @@ def register() -> None:
 
     allocator = NrtAllocator(capacity=CAPACITY)
     # The executor's own recorder and classification are private to the fake; nothing reads them.
-    executor = TrackingExecutor(allocator, OpRecorder(), lambda name, dtypes: ("native", ""))
+    executor = TrackingExecutor(allocator, OpRecorder(), lambda name, dtypes: ("native", "", ()))
     STATE = State(allocator, executor, hooks=[Hooks(), Guard()])
 
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)

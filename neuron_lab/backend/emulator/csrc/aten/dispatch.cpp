@@ -99,6 +99,51 @@ Signature signature_of(c10::ArrayRef<const at::Tensor*> tensors) {
   return s;
 }
 
+int arg_index(const Plan& p, const std::string& name) {
+  if (name.empty()) return -1;
+  auto i = p.schema->argumentIndexWithName(name);
+  return i ? static_cast<int>(*i) : -1;
+}
+
+ArgTest resolved(const Plan& p, NamedArgTest&& t) {
+  static const std::unordered_map<std::string, int> tests{
+      {"ndim_not_in", kNdimNotIn}, {"not_last_dim", kNotLastDim}, {"below", kBelow}, {"is", kIs}, {"empty", kEmpty}};
+  auto it = tests.find(t.test);
+  TORCH_CHECK(it != tests.end(), "neuron emulator: unknown argument test '", t.test, "'");
+  return ArgTest{it->second, arg_index(p, t.arg), arg_index(p, t.of), t.kind, std::move(t.values),
+                 std::move(t.reason)};
+}
+
+// Whether one call meets `t` (conditions.met, the same rules): an argument that is not what the test reads never does.
+bool meets(const ArgTest& t, const Stack& args) {
+  if (t.arg < 0) return false;
+  const c10::IValue& v = args[t.arg];
+  switch (t.test) {
+    case kNdimNotIn:
+      return v.isTensor() && std::find(t.values.begin(), t.values.end(), v.toTensor().dim()) == t.values.end();
+    case kEmpty:
+      return v.isTensor() && v.toTensor().numel() == 0;
+    case kIs:
+      return v.isBool() && v.toBool() == (t.values.at(0) != 0);
+    case kBelow:
+      return v.isInt() && v.toInt() < t.values.at(0);
+    case kNotLastDim: {
+      if (!v.isInt() || t.of < 0 || !args[t.of].isTensor()) return false;
+      const int64_t ndim = std::max<int64_t>(args[t.of].toTensor().dim(), 1), d = v.toInt();
+      return (d < 0 ? d + ndim : d) != ndim - 1;
+    }
+  }
+  return false;
+}
+
+// The kind and reason of one call: its op's, or the first argument condition's it meets.
+std::pair<int, const std::string*> kind_of_call(const Classified& k, const Stack& args) {
+  for (const ArgTest& t : k.tests) {
+    if (meets(t, args)) return {t.kind, &t.reason};
+  }
+  return {k.kind, &k.reason};
+}
+
 const Classified& kind_of(Plan& p, uint64_t mask) {
   const Classified* last = p.last_kind.load(std::memory_order_acquire);
   if (last && last->mask == mask) return *last;
@@ -114,8 +159,9 @@ const Classified& kind_of(Plan& p, uint64_t mask) {
   for (int t = 0; t < 64; ++t) {
     if ((mask >> t) & 1) names.push_back(dtype_name(static_cast<c10::ScalarType>(t)));
   }
-  auto [kind, reason] = classify(p.name, names);
-  const Classified* k = new Classified{mask, kind, std::move(reason)};  // never freed: see Plan::kinds
+  Classification c = classify(p.name, names);
+  auto* k = new Classified{mask, c.kind, std::move(c.reason), {}};  // never freed: see Plan::kinds
+  for (auto& t : c.tests) k->tests.push_back(resolved(p, std::move(t)));
   std::lock_guard<std::mutex> g(plans_mu);
   p.kinds[mask] = k;
   p.last_kind.store(k, std::memory_order_release);
@@ -483,6 +529,7 @@ Plan& plan_of(const c10::OperatorHandle& op) {
   if (it != plans.end()) return *(seen[key] = it->second.get());
   auto p = std::make_unique<Plan>();
   const auto& schema = op.schema();
+  p->schema = &schema;
   p->name = schema.name();
   p->overload = schema.overload_name();
   p->in_place = p->name.back() == '_' && p->name.find("resize") == std::string::npos;
@@ -597,7 +644,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
   if (p.generator_arg >= 0 && hargs[p.generator_arg].isNone()) {
     hargs[p.generator_arg] = cpu_engine(default_generator(c.device));
   }
-  const Classified& kind = kind_of(p, c.mask);
+  const auto [kind, reason] = kind_of_call(kind_of(p, c.mask), orig);
   const bool wide = c.mask & rules.wide_mask;
 
   c10::ScalarType int_input = c10::ScalarType::Undefined;
@@ -616,7 +663,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
   }
   bool int32 = emulate_downcast.load() && ((c.mask >> static_cast<int>(at::kLong)) & 1) && !p.is_view &&
-                     !p.keeps_int64 && !((rules.off_device_kinds >> kind.kind) & 1) && !(c.mask & rules.host_mask);
+                     !p.keeps_int64 && !((rules.off_device_kinds >> kind) & 1) && !(c.mask & rules.host_mask);
   if (int32) int32 = wrap_int64_inputs(p, hargs);
   std::vector<Lowered> written;
   const bool lowered = wide && ((c.mask >> static_cast<int>(at::kDouble)) & 1) && !(c.mask & rules.host_mask) &&
@@ -650,7 +697,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     }
   }
   int64_t host_ns = now_ns() - t0;
-  if (traced) trace_kernel(p.name, c.device, kind.kind, w0, profile_clock());
+  if (traced) trace_kernel(p.name, c.device, kind, w0, profile_clock());
   for (auto& [dev, low] : written) {  // a kernel may have resized the stand-in (an out= that must grow)
     if (dev.sizes() != low.sizes()) dev.resize_(low.sizes());
     host(dev).copy_(low);
@@ -673,7 +720,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
     v = c.back(v);
   }
 
-  record(p, kind.kind, kind.reason, host_ns, orig);
+  record(p, kind, *reason, host_ns, orig);
   if (p.data_dependent) sync_point(p, orig);
   if (wide) record(p, kDowncast, downcast_reason(c.mask), 0, orig);
 }
@@ -733,6 +780,11 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
     return stack.back().toTensor();
   }
   const Classified& kind = kind_of(p, mask);
+  if (!kind.tests.empty()) {  // an op with argument conditions: run() tests each call
+    Stack stack = args();
+    run(op, &stack);
+    return stack.back().toTensor();
+  }
   at::Tensor r;
   int64_t host_ns = timed([&] { r = kernel(); });
   for (const at::Tensor* t : tensors) {  // a result over a CPU scalar's bytes is its own, as in Call::back
@@ -753,6 +805,11 @@ at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c1
     return self;
   }
   const Classified& kind = kind_of(p, mask);
+  if (!kind.tests.empty()) {
+    Stack stack = args();
+    run(op, &stack);
+    return self;
+  }
   tally(p, kind, timed(kernel), tensors, args);
   return self;
 }

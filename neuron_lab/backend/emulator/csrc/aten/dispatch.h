@@ -58,15 +58,33 @@ void set_emulate_downcast(bool on);
 int64_t op_calls();
 std::vector<int64_t> transfers();  // h2d, d2h since the last clear; then the same since the start
 
-// How one op call with a given set of device dtypes is reported.
+// An argument condition (neuron_lab/backend/coverage/conditions.py names the same tests): a call meeting it takes
+// `kind` instead of the op's. Arguments by their index in the op's schema; -1: the op has no argument of that name.
+enum ArgTestKind : int { kNdimNotIn, kNotLastDim, kBelow, kIs, kEmpty };
+struct ArgTest {
+  int test, arg, of = -1, kind;
+  std::vector<int64_t> values;  // ndim_not_in: the accepted ranks; below: the bound; is: 0 or 1
+  std::string reason;
+};
+// An argument condition as the coverage names it, before a plan's schema resolves its names.
+struct NamedArgTest {
+  std::string test, arg, of;
+  int kind;
+  std::vector<int64_t> values;
+  std::string reason;
+};
+
+// How one op call with a given set of device dtypes is reported; `tests` are tried on each call, first met wins.
 struct Classified {
   uint64_t mask;
   int kind;
   std::string reason;
+  std::vector<ArgTest> tests;
 };
 
 // What the schema says about one overload, and its aggregates per kind; made once per operator.
 struct Plan {
+  const c10::FunctionSchema* schema = nullptr;
   std::string name, overload;
   std::vector<int> write_returns;  // per return: the argument it aliases when written, or -1
   std::vector<int> write_args;
@@ -125,7 +143,12 @@ struct QuietHost {
 
 // -- Python, called from C++ (module.cpp): each takes the GIL and turns a Python exception into a
 // C++ exception that PyTorch re-raises unchanged in Python (KeyboardInterrupt included).
-std::pair<int, std::string> classify(const std::string& name, const std::vector<std::string>& dtypes);
+struct Classification {
+  int kind;
+  std::string reason;
+  std::vector<NamedArgTest> tests;
+};
+Classification classify(const std::string& name, const std::vector<std::string>& dtypes);
 // `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key. A call
 // at a line its subscriber is done with is only counted there (lines.h): no signature, no Python call.
 // A call of an abort op, before it runs: Python flags it (a row, a warning) or raises when a parameter is among `args`.

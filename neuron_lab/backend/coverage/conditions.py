@@ -1,0 +1,92 @@
+"""Argument conditions: a registered op that TorchNeuron still runs on the CPU for some arguments, per call.
+
+TorchNeuron tries an op's implementations by priority and falls back to the CPU when no ``can_handle`` takes the
+call (``python_ops/base.py``, ``Operation.__call__``). What none takes, read from the source, is a list of tests on
+the call's arguments, named as the op's schema names them (``dim``, ``largest``, ``self``). Both cores evaluate them
+on every call of an op that has them (the compiled core in ``csrc/aten/dispatch.cpp``, the same tests), and a call
+meeting one gets its rule's kind; an op without them pays nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# test -> what it means, for messages and docs. The compiled core knows the same names (csrc/aten/dispatch.cpp).
+TESTS: dict[str, str] = {
+    "ndim_not_in": "the tensor's number of dimensions is none of `value`",
+    "not_last_dim": "the dimension is not the last of the tensor `of`",
+    "below": "the number is below `value`",
+    "is": "the argument is `value` (true or false)",
+    "empty": "the tensor has no elements",
+}
+
+
+@dataclass(frozen=True)
+class ArgRule:
+    """One test on one argument; a call that meets it takes ``kind`` (``shown``: the reason as reports show it)."""
+
+    kind: str
+    test: str
+    arg: str
+    shown: str
+    value: Any = None
+    of: str | None = None
+    reason: str = ""
+    evidence: str | None = None
+
+
+def met(rule: ArgRule, value_of: Callable[[str], Any]) -> bool:
+    """Whether a call meets ``rule``; ``value_of(name)`` is the call's argument of that name (its default if omitted).
+    An argument that is not what the test reads (a list, None) never meets it."""
+    v = value_of(rule.arg)
+    if rule.test == "ndim_not_in":
+        return hasattr(v, "dim") and v.dim() not in rule.value
+    if rule.test == "empty":
+        return hasattr(v, "numel") and v.numel() == 0
+    if rule.test == "is":
+        return isinstance(v, bool) and v is rule.value
+    if isinstance(v, bool) or not isinstance(v, int):
+        return False
+    if rule.test == "below":
+        return v < rule.value
+    of = value_of(rule.of) if rule.of else None
+    if not hasattr(of, "dim"):
+        return False
+    ndim = max(of.dim(), 1)  # a 0-d tensor's only dimension is 0 (or -1), as PyTorch wraps it
+    return (v + ndim if v < 0 else v) != ndim - 1
+
+
+def check(field: str, value: Any, kinds: tuple[str, ...], evidence: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming the first part of ``value`` (an op rule's ``args``) that is not a list of rules."""
+    if not isinstance(value, list):
+        raise ValueError(f"{field}: expected a list of argument rules, got {type(value).__name__}")
+    allowed = ("kind", "test", "arg", "value", "of", "reason", "evidence")
+    for i, r in enumerate(value):
+        at = f"{field}[{i}]"
+        if not isinstance(r, dict):
+            raise ValueError(f"{at}: expected an object {{\"kind\", \"test\", \"arg\", ...}}")
+        unknown = [k for k in r if k not in allowed]
+        if unknown:
+            raise ValueError(f"{at}: unknown field {unknown[0]!r} (an argument rule has {', '.join(allowed)})")
+        if r.get("kind") not in kinds:
+            raise ValueError(f"{at}.kind: expected one of {', '.join(kinds)}")
+        if r.get("test") not in TESTS:
+            raise ValueError(f"{at}.test: expected one of {', '.join(TESTS)}")
+        if not isinstance(r.get("arg"), str):
+            raise ValueError(f"{at}.arg: expected the argument's name in the op's schema, such as \"dim\"")
+        if "evidence" in r and r["evidence"] not in evidence:
+            raise ValueError(f"{at}.evidence: expected one of {', '.join(evidence)}")
+        _check_value(at, r)
+
+
+def _check_value(at: str, r: dict) -> None:
+    test, v = r["test"], r.get("value")
+    ok = {"ndim_not_in": isinstance(v, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in v),
+          "below": isinstance(v, int) and not isinstance(v, bool), "is": isinstance(v, bool),
+          "not_last_dim": isinstance(r.get("of"), str), "empty": True}[test]
+    if not ok:
+        need = {"ndim_not_in": "value: a list of ints", "below": "value: an int", "is": "value: true or false",
+                "not_last_dim": "of: the tensor argument's name"}[test]
+        raise ValueError(f"{at}: the test {test!r} needs {need}")
