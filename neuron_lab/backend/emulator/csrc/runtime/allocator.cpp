@@ -470,7 +470,7 @@ Block* NeuronAllocator::block_of(const c10::DataPtr& p) {
 void NeuronAllocator::describe(const at::Tensor& t) {
   if (Block* b = block_of(t.storage().data_ptr())) {
     b->dtype = t.scalar_type();
-    b->shape = t.sizes().vec();
+    b->shape.assign(t.sizes().begin(), t.sizes().end());
     b->storage = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
   }
 }
