@@ -71,21 +71,36 @@ def run(argv: list[str], env: dict[str, str] | None = None,
         timeout: float = 3000) -> tuple[dict[str, list[tuple[int, int]]], str]:
     """Run ``python argv`` under callgrind; the instructions of each :func:`count` stretch by name, in order, as
     (the main thread's, every thread's), and the process's standard output."""
+    dumps, out = run_events(argv, ("--separate-threads=yes",), env=env, timeout=timeout)
+    counts = {name: [(threads.get(1, {}).get("Ir", 0), sum(t.get("Ir", 0) for t in threads.values()))
+                     for threads in stretches] for name, stretches in dumps.items()}
+    return counts, out
+
+
+def run_events(argv: list[str], options: tuple[str, ...] = (), env: dict[str, str] | None = None,
+               timeout: float = 3000) -> tuple[dict[str, list[dict[int, dict[str, int]]]], str]:
+    """Run ``python argv`` under callgrind with extra ``options`` (``--cache-sim=yes``, ``--branch-sim=yes``); each
+    :func:`count` stretch by name, in order, as {thread: {event: count}} (``Ir``, and ``D1mr``, ``DLmw``, ``Bcm``...
+    as the options simulate them), and the process's standard output. With ``--separate-threads=yes`` a stretch's
+    dump holds the counting thread's events only (callgrind dumps the current thread's); without it, thread 0 holds
+    every thread's together (a `neuron` backward runs on the autograd engine's device thread)."""
     with tempfile.TemporaryDirectory() as d:
-        p = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+        p = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", *options,
                             f"--callgrind-out-file={d}/cg", sys.executable, *argv], env=env, capture_output=True,
                            text=True, timeout=timeout)
         if p.returncode:
             raise RuntimeError(f"the run under callgrind failed:\n{p.stderr[-3000:]}")
-        dumps: dict[int, tuple[str, dict[int, int]]] = {}  # dump number: (its name, instructions by thread)
-        for f in Path(d).glob("cg.*-*"):
-            dump, thread = (int(n) for n in re.fullmatch(r"cg\.(\d+)-(\d+)", f.name).groups())
+        dumps: dict[int, tuple[str, dict[int, dict[str, int]]]] = {}  # dump number: (its name, events by thread)
+        for f in Path(d).glob("cg.*"):
+            dump, thread = (int(n or 0) for n in re.fullmatch(r"cg\.(\d+)(?:-(\d+))?", f.name).groups())
             text = f.read_text(errors="replace")
             trigger = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
-            total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
-            if trigger and total:
-                dumps.setdefault(dump, (trigger.group(1).strip(), {}))[1][thread] = int(total.group(1))
-        counts: dict[str, list[tuple[int, int]]] = {}
+            events = re.search(r"^events: (.+)$", text, re.M)
+            total = re.search(r"^(?:summary|totals): (.+)$", text, re.M)
+            if trigger and events and total:
+                counts = dict(zip(events.group(1).split(), (int(n) for n in total.group(1).split())))
+                dumps.setdefault(dump, (trigger.group(1).strip(), {}))[1][thread] = counts
+        out: dict[str, list[dict[int, dict[str, int]]]] = {}
         for _, (name, threads) in sorted(dumps.items()):
-            counts.setdefault(name, []).append((threads.get(1, 0), sum(threads.values())))
-        return counts, p.stdout
+            out.setdefault(name, []).append(threads)
+        return out, p.stdout

@@ -46,23 +46,26 @@ def _ratio_rounds(runs: dict, rounds: int, number: int) -> list[float]:
     return out
 
 
+def stepper(model, batch: dict, loss_fn, dev: str, foreach: bool | None = None):
+    """One AdamW training step of a copy of `model` on `dev` (``foreach`` as AdamW takes it: None is its default,
+    the single-tensor loop on the CPU and the `_foreach_` one on `neuron`)."""
+    m = copy.deepcopy(model).to(dev).train()
+    b = {k: v.to(dev) for k, v in batch.items()}
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=foreach)
+
+    def step():
+        loss_fn(m, b).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
 def _trainer(model, batch: dict, loss_fn) -> dict:
-    runs = {}
-    for dev in ("cpu", "neuron"):
-        m = copy.deepcopy(model).to(dev).train()
-        b = {k: v.to(dev) for k, v in batch.items()}
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-
-        def step(m=m, b=b, opt=opt):
-            loss_fn(m, b).backward()
-            opt.step()
-            opt.zero_grad()
-
-        runs[dev] = step
-    return runs
+    return {dev: stepper(model, batch, loss_fn, dev) for dev in ("cpu", "neuron")}
 
 
-def _mlp():
+def mlp():
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                 torch.nn.ReLU(), torch.nn.Linear(256, 256))
     x = torch.randn(64, 256)
@@ -76,7 +79,7 @@ def measure(rounds: int) -> list[dict]:
     adds = {dev: (lambda x=x, y=y: [x + y for _ in range(500)]) for dev, (x, y) in xs.items()}
     out.append(figures.figure("64x64 add", _ratio_rounds(adds, rounds, 4), "x", 1.3))
     torch.manual_seed(0)
-    out.append(figures.figure("small MLP AdamW step (64x256, 3 layers)", _ratio_rounds(_trainer(*_mlp()), rounds, 10),
+    out.append(figures.figure("small MLP AdamW step (64x256, 3 layers)", _ratio_rounds(_trainer(*mlp()), rounds, 10),
                               "x", 1.10))
     for name, (model, target) in MODELS.items():
         torch.manual_seed(0)

@@ -148,6 +148,27 @@ def test_memory_stats_count_allocations_and_frees() -> None:
         assert r1["current"] >= s1["allocated_bytes"]["current"]
 
 
+@pytest.mark.skipif(core() != "compiled", reason="the compiled core's allocator keeps freed blocks' host bytes")
+def test_a_freed_blocks_bytes_serve_the_next_allocation_of_its_class_unless_a_host_alias_holds_them() -> None:
+    from neuron_lab.backend.emulator import runtime
+
+    base = _settled()
+    x = torch.ones(1000, device="neuron")
+    ptr = x.data_ptr()
+    del x
+    y = torch.empty(990, device="neuron")  # the same size class (4000 B and 3960 B): the freed bytes, newest first
+    assert y.data_ptr() == ptr
+    assert alloc() == base + 3960  # the accounting is the request's, whatever bytes serve it
+    held = runtime.get().bridge.to_host(y)  # a CPU alias Python keeps: those bytes are not handed out again
+    del y
+    z = torch.full((1000,), 2.0, device="neuron")
+    assert z.data_ptr() != ptr
+    held.fill_(3.0)
+    assert bool((held == 3.0).all()) and bool((z.cpu() == 2.0).all())
+    del z, held
+    assert _settled() == base
+
+
 def _at(stats: dict, key: tuple[str, ...]) -> int:
     """A value of TorchNeuron's nested memory_stats() by its path."""
     for k in key:

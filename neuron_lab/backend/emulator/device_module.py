@@ -188,7 +188,7 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 
 
 def empty_cache() -> None:
-    """Release the cached segments of every device (the emulator's cache holds no host memory)."""
+    """Release the cached segments of every device, and the host bytes the compiled core keeps for reuse."""
     for i in range(device_count()):
         _mem().empty_cache(i)
 

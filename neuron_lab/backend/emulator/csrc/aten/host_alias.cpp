@@ -89,7 +89,7 @@ c10::Storage adopt(const at::Tensor& r, c10::DeviceIndex device) {
                                                         std::move(ptr), &allocator(), true));
   if (b) {
     b->dtype = r.scalar_type();
-    b->shape = r.sizes().vec();
+    b->shape.assign(r.sizes().begin(), r.sizes().end());  // a recycled block keeps its vector's room
     b->storage = c10::weak_intrusive_ptr<c10::StorageImpl>(st.getWeakStorageImpl());
   }
   return st;

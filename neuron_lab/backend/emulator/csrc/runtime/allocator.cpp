@@ -4,8 +4,15 @@
 // below 16 MiB reserve a size class (256 B at least, four classes per power of two), larger ones a
 // multiple of 2 MiB; classes below 1 MiB are the small pool. A freed block's segment stays reserved
 // (cached) until empty_cache() or an allocation that would pass the capacity releases the cache and
-// retries. The cache is bookkeeping only: freed bytes go back to the host at once, so an emulated
-// device never holds more host memory than its live tensors.
+// retries.
+//
+// Host bytes are cached apart from that accounting, as CUDA's caching allocator keeps a freed block's memory: a
+// freed small-pool block whose bytes nobody else holds keeps them (a size class's worth, with its cached CPU alias)
+// for the next allocation of its class, newest first, so a training step's short-lived results land in memory that
+// is still in cache and cost no malloc, free, StorageImpl or TensorImpl. At most kSpareLimit bytes a device are kept
+// that way; empty_cache() and an out-of-memory retry return them. Nothing of it shows in any statistic, snapshot or
+// out-of-memory decision: those read the segments only. A freed block without such bytes keeps its shell (up to
+// kShells of them) for the next adopted result.
 //
 // Segments live in an emulated device address space of their own (per device, from kAddressBase up): a cached
 // segment keeps its address when it is reused, so a memory-history snapshot (torch.neuron.memory._snapshot) shows
@@ -36,6 +43,8 @@ constexpr size_t kClassLimit = 16 << 20;
 constexpr size_t kLargeRound = 2 << 20;
 constexpr uint64_t kAddressBase = uint64_t(1) << 40;  // device i's segments start at (i + 1) TiB
 constexpr uint64_t kAddressAlign = 512;
+constexpr int64_t kSpareLimit = 64 << 20;  // host bytes a device's freed blocks may keep for reuse
+constexpr size_t kShells = 4096;  // freed blocks kept without bytes
 
 using c10::CachingAllocator::StatType;
 
@@ -155,24 +164,40 @@ Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small,
   return fresh;
 }
 
-c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, std::optional<Segment> segment, bool small,
-                                             c10::DeviceIndex device, Context ctx) {
-  auto b = std::make_unique<Block>();
-  b->ptr = host.mutable_data();
-  b->host = std::move(host);
-  b->nbytes = n;
-  b->context = std::move(ctx);
-  b->device = device;
-  b->created_ns = now_ns();
-  if (record_sites) b->site = allocation_site();
+c10::DataPtr NeuronAllocator::register_block(Block* b, c10::Storage host, size_t capacity, size_t n,
+                                             std::optional<Segment> segment, bool small, c10::DeviceIndex device,
+                                             Context ctx) {
+  int64_t created = now_ns();
+  std::vector<std::string> site;
+  if (record_sites) site = allocation_site();  // before the lock: it takes the GIL
+  std::unique_ptr<Block> owned;  // a shell made here goes if the reservation raises OutOfMemoryError
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (!b) {
+      if (shells_.empty()) {
+        owned = std::make_unique<Block>();
+        b = owned.get();
+      } else {
+        b = shells_.back();
+        shells_.pop_back();
+        owned.reset(b);
+      }
+      b->host = std::move(host);
+      b->capacity = capacity;
+    }
+    b->ptr = b->host.mutable_data();
+    b->nbytes = n;
+    b->context = std::move(ctx);
+    b->device = device;
+    b->created_ns = created;
+    b->site = std::move(site);
     if (segment) {
       b->segment = std::move(*segment);
       b->small = small;
     } else {
       b->segment = reserve(n, device, &b->small, b->context);  // may raise OutOfMemoryError; the block goes
     }
+    owned.release();
     DeviceMemory& d = devices_[device];
     for_pool(b->small, [&](size_t i) {
       d.stats.allocated_bytes[i].increase(n);
@@ -182,7 +207,7 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, std::o
       d.stats.active[i].increase(1);
     });
     b->serial = next_serial_++;
-    by_ptr_[b->ptr] = b.get();
+    by_ptr_[b->ptr] = b;
     total_ += static_cast<int64_t>(n);
     for (auto& [id, w] : windows_) {
       if (w.first == device) w.second = std::max(w.second, d.stats.allocated_bytes[0].current);
@@ -190,8 +215,7 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t n, std::o
     report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
     record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
   }
-  void* ptr = b->ptr;
-  return c10::DataPtr(ptr, b.release(), &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
+  return c10::DataPtr(b->ptr, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
 c10::DataPtr NeuronAllocator::allocate(size_t n) {
@@ -201,17 +225,26 @@ c10::DataPtr NeuronAllocator::allocate(size_t n) {
 c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   bool small = true;
   Segment seg;
+  Block* spare = nullptr;
   Context ctx = gather(1);  // before the lock: taking the stack takes the GIL
   {
     std::lock_guard<std::mutex> g(mu_);
     seg = reserve(n, device, &small, ctx);  // may raise OutOfMemoryError before any host memory is taken
+    spare = take_spare(devices_[device], seg.size);
   }
-  // One byte at least, so every live allocation has a pointer of its own. Taken from the host directly, not
-  // through the CPU allocator, so that torch.profiler counts these bytes once, as the device's.
+  // One byte at least, so every live allocation has a pointer of its own.
   size_t bytes = std::max<size_t>(n, 1);
+  if (spare) {
+    spare->host.set_nbytes(bytes);
+    return register_block(spare, {}, 0, n, std::move(seg), small, device, std::move(ctx));
+  }
+  // A small-pool block takes its whole class, so that once freed it can serve any request of the class. Taken
+  // from the host directly, not through the CPU allocator, so that torch.profiler counts these bytes once, as
+  // the device's.
+  size_t capacity = small ? seg.size : 0;
   void* data = nullptr;
   try {
-    data = c10::alloc_cpu(bytes);
+    data = c10::alloc_cpu(std::max(bytes, capacity));
   } catch (const c10::Error&) {  // the host has not the bytes: the segment goes back, cached, as after a free
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -224,7 +257,7 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   }
   c10::Storage host(c10::Storage::use_byte_size_t(), bytes,
                     c10::DataPtr(data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)), nullptr, false);
-  return register_block(std::move(host), n, std::move(seg), small, device, std::move(ctx));
+  return register_block(nullptr, std::move(host), capacity, n, std::move(seg), small, device, std::move(ctx));
 }
 
 c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex device) {
@@ -232,9 +265,9 @@ c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex d
   Context ctx = gather(1);
   if (host.data() == nullptr) {  // an empty result may have no buffer
     c10::Storage own(c10::Storage::use_byte_size_t(), 1, c10::GetCPUAllocator(), false);
-    return register_block(std::move(own), n, std::nullopt, true, device, std::move(ctx));
+    return register_block(nullptr, std::move(own), 0, n, std::nullopt, true, device, std::move(ctx));
   }
-  return register_block(host, n, std::nullopt, true, device, std::move(ctx));
+  return register_block(nullptr, host, 0, n, std::nullopt, true, device, std::move(ctx));
 }
 
 void NeuronAllocator::cache(DeviceMemory& d, Segment segment, bool small) {
@@ -242,8 +275,28 @@ void NeuronAllocator::cache(DeviceMemory& d, Segment segment, bool small) {
   (small ? d.cached_small : d.cached_large)[segment.size].push_back(std::move(segment));
 }
 
+namespace {
+
+// Whether a freed block's host bytes may serve the next allocation of its class: they are the allocator's own and
+// nothing but the block (and its cached alias, held by nothing else) holds them.
+bool reusable(const Block& b) {
+  if (b.capacity == 0 || b.alias.busy.load(std::memory_order_relaxed)) return false;
+  const at::Tensor& a = b.alias.tensor;
+  size_t holders = 1;
+  if (a.defined()) {
+    if (a.use_count() != 1 || a.storage().unsafeGetStorageImpl() != b.host.unsafeGetStorageImpl()) return false;
+    holders = 2;
+  }
+  return b.host.use_count() == holders;
+}
+
+}  // namespace
+
 void NeuronAllocator::release(Block* b) {
   Context freed_at = gather(3);
+  c10::Storage host;  // bytes that go back to the host, after the lock
+  at::Tensor alias;
+  std::unique_ptr<Block> doomed;
   {
     std::lock_guard<std::mutex> g(mu_);
     DeviceMemory& d = devices_[b->device];
@@ -261,8 +314,42 @@ void NeuronAllocator::release(Block* b) {
     by_ptr_.erase(b->ptr);
     total_ -= static_cast<int64_t>(b->nbytes);
     report_to_profiler(b->ptr, -static_cast<int64_t>(b->nbytes), d, b->device);
+    b->context.reset();
+    b->storage.reset();
+    b->site.clear();
+    b->shape.clear();
+    b->dtype = c10::ScalarType::Undefined;
+    if (reusable(*b) && d.spare_bytes + static_cast<int64_t>(b->capacity) <= kSpareLimit) {
+      d.spare[b->capacity].push_back(b);
+      d.spare_bytes += static_cast<int64_t>(b->capacity);
+    } else {
+      host = std::move(b->host);
+      alias = std::move(b->alias.tensor);
+      b->capacity = 0;
+      if (shells_.size() < kShells) {
+        shells_.push_back(b);
+      } else {
+        doomed.reset(b);
+      }
+    }
   }
-  delete b;  // drops the host storage: the bytes go back to the host now
+}
+
+Block* NeuronAllocator::take_spare(DeviceMemory& d, size_t size_class) {
+  auto it = d.spare.find(size_class);
+  if (it == d.spare.end() || it->second.empty()) return nullptr;
+  Block* b = it->second.back();
+  it->second.pop_back();
+  d.spare_bytes -= static_cast<int64_t>(b->capacity);
+  return b;
+}
+
+void NeuronAllocator::drop_spare(DeviceMemory& d) {
+  for (auto& [_, blocks] : d.spare) {
+    for (Block* b : blocks) delete b;
+  }
+  d.spare.clear();
+  d.spare_bytes = 0;
 }
 
 void NeuronAllocator::release_cached(DeviceMemory& d, c10::DeviceIndex device) {
@@ -280,6 +367,7 @@ void NeuronAllocator::release_cached(DeviceMemory& d, c10::DeviceIndex device) {
     pool->clear();
   }
   d.cached_bytes = 0;
+  drop_spare(d);
 }
 
 void NeuronAllocator::empty_cache(c10::DeviceIndex device) {
@@ -382,7 +470,7 @@ Block* NeuronAllocator::block_of(const c10::DataPtr& p) {
 void NeuronAllocator::describe(const at::Tensor& t) {
   if (Block* b = block_of(t.storage().data_ptr())) {
     b->dtype = t.scalar_type();
-    b->shape = t.sizes().vec();
+    b->shape.assign(t.sizes().begin(), t.sizes().end());
     b->storage = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
   }
 }

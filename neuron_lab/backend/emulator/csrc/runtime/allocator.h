@@ -67,6 +67,7 @@ struct HostAlias {
 struct Block {
   c10::Storage host;  // the CPU storage that owns the bytes
   HostAlias alias;
+  size_t capacity = 0;  // the host bytes' size when they are the allocator's own (a size class), else 0
   void* ptr = nullptr;
   size_t nbytes = 0;  // requested
   Segment segment;  // the size class it reserved, at its emulated device address
@@ -89,6 +90,10 @@ struct DeviceMemory {
   uint64_t next_addr = 0;  // the emulated address space: segments are carved from here and never move
   std::vector<TraceEntry> trace;  // a ring of the last max_entries actions while history records
   size_t trace_next = 0;
+  // Freed blocks that keep their host bytes (a size class's worth) and cached CPU alias for the next allocation of
+  // the class, newest last: host memory only, invisible to every statistic (allocator.cpp says why).
+  ska::flat_hash_map<size_t, std::vector<Block*>> spare;
+  int64_t spare_bytes = 0;
 };
 
 class NeuronAllocator final : public c10::DeviceAllocator {
@@ -131,10 +136,13 @@ class NeuronAllocator final : public c10::DeviceAllocator {
  private:
   Segment reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx);
   // Without a segment, it reserves one under the same lock (an adopted result: its host bytes exist already).
-  c10::DataPtr register_block(c10::Storage host, size_t n, std::optional<Segment> segment, bool small,
-                              c10::DeviceIndex device, Context ctx);
+  // `b` is a spare block of the segment's class (its host bytes kept), or null: a shell then holds `host`.
+  c10::DataPtr register_block(Block* b, c10::Storage host, size_t capacity, size_t n, std::optional<Segment> segment,
+                              bool small, c10::DeviceIndex device, Context ctx);
   void cache(DeviceMemory& d, Segment segment, bool small);  // a freed segment stays reserved, reusable
   void release_cached(DeviceMemory& d, c10::DeviceIndex device);
+  Block* take_spare(DeviceMemory& d, size_t size_class);  // a freed block with its host bytes, or null
+  void drop_spare(DeviceMemory& d);  // their host bytes go back to the host
   Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
   void record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size, const Context& ctx);
   std::atomic<bool> history_{false};  // the hot path's only cost while history is off: one relaxed load
@@ -143,6 +151,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   std::mutex mu_;
   std::vector<DeviceMemory> devices_;
   ska::flat_hash_map<const void*, Block*> by_ptr_;  // every live block, of every device
+  std::vector<Block*> shells_;  // freed blocks without bytes, for the next adopted result
   std::map<int64_t, std::pair<c10::DeviceIndex, int64_t>> windows_;  // open peak windows: id -> (device, highest
                                                                      // allocated on it since)
   int64_t next_window_ = 0, next_serial_ = 0, total_ = 0;
