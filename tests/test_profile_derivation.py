@@ -209,7 +209,8 @@ def test_the_bundled_combined_coverage_is_what_combine_writes(tmp_path):
     out = tmp_path / "combined.json"
     subprocess.run([sys.executable, str(SCRIPT), "--combine", str(cov / "torchneuron-2.33.json"),
                     str(cov / "torchneuron-src-2026-04.json"), str(cov / "evidence" / "torchneuron-src-2026-04.json"),
-                    "-o", str(out)], check=True, capture_output=True, text=True)
+                    "--aborts", str(cov / "evidence" / "torchneuron-aborts.json"), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
     combined = json.loads(out.read_text())
     assert combined == json.loads((cov / "torchneuron-combined.json").read_text())
     certain = json.loads((cov / "torchneuron-2.33.json").read_text())["ops"]
