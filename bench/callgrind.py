@@ -67,6 +67,17 @@ def count(name: str) -> Iterator[None]:
         lib.nl_dump(name.encode())
 
 
+def dump(name: str) -> None:
+    """Dump the instructions run since the last dump (or zeroing) under ``name``: consecutive dumps split a stretch
+    into parts, each counted once (bench/cell_stages.py)."""
+    _helper().nl_dump(name.encode())
+
+
+def zero() -> None:
+    """Start counting afresh (what ran before is dropped)."""
+    _helper().nl_zero()
+
+
 def run(argv: list[str], env: dict[str, str] | None = None,
         timeout: float = 3000) -> tuple[dict[str, list[tuple[int, int]]], str]:
     """Run ``python argv`` under callgrind; the instructions of each :func:`count` stretch by name, in order, as

@@ -8,6 +8,7 @@ profile's timeline (:mod:`~neuron_lab.report.timeline_html`), is an SVG whose sc
 
 from __future__ import annotations
 
+import functools
 import re
 from html import escape
 
@@ -72,9 +73,11 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+@functools.lru_cache(maxsize=1024)
 def sentence(text: str) -> str:
     """A sentence of the renderer-neutral rows as HTML: escaped, its `code` spans (what the text shows between
-    backticks) as <code>. Every sentence an HTML view shows goes through here."""
+    backticks) as <code>. Every sentence an HTML view shows goes through here; made once per text (a reason, a
+    kind's note: every cell of a loop repeats them)."""
     return _CODE.sub(r"<code>\1</code>", escape(text))
 
 

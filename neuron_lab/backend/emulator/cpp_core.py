@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -103,8 +102,8 @@ class CoreMemory:
     def allocated_of(self, device: int = 0) -> int:
         return self._core.memory_allocated(device)
 
-    def stats(self, device: int = 0) -> OrderedDict[str, int]:
-        return OrderedDict(sorted(self._core.memory_stats(device).items()))
+    def stats(self, device: int = 0) -> dict[str, int]:
+        return self._core.memory_stats(device)  # unsorted: torch.accelerator sorts its own copy
 
     def reset_peak(self, device: int = 0) -> None:
         self._core.reset_peak(device)

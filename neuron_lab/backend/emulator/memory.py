@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,8 +251,8 @@ class Allocator:
             self.n_alloc = self.n_free = 0
             self.num_ooms = 0
 
-    def stats(self, device: int = 0) -> OrderedDict[str, int]:
-        """Flat keys as ``torch.cuda.memory_stats()`` spells them (pool: ``all``)."""
+    def stats(self, device: int = 0) -> dict[str, int]:
+        """Flat keys as ``torch.cuda.memory_stats()`` spells them (pool: ``all``); torch.accelerator sorts them."""
         with self._lock:
             self._drain()
             n_live = len(self._live)
@@ -272,7 +272,7 @@ class Allocator:
             flat["num_ooms"] = self.num_ooms
             flat["num_device_alloc"] = self.n_alloc
             flat["num_device_free"] = self.n_free
-        return OrderedDict(sorted(flat.items()))
+        return flat
 
 
 def torchneuron_stats(flat: dict[str, int]) -> dict[str, Any]:
