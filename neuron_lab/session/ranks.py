@@ -22,7 +22,7 @@ reported at once; a rank past the cell's deadline is reported and interrupted, a
 Engines in a Slurm job are watched through the job's state (``session.slurm_job``) and the controller's heartbeats:
 a job cancelled outside the notebook is said so on the next cell, and ``stop`` cancels the job (the launcher's
 ``scancel``). Engines started over ssh are watched by pid where their host is this machine, else by the controller's
-heartbeats; ``stop`` signals them over ssh (the launcher's).
+heartbeats; ``stop`` kills them over ssh, one ssh per host (``session.ssh_engines.kill``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from traitlets.config import Config
 from neuron_lab import settings
 from neuron_lab.report.model import Report, Site
 from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label, ranks_named
-from neuron_lab.session import launch, placement, ranks_address, stuck
+from neuron_lab.session import launch, placement, ranks_address, ssh_engines, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
 from neuron_lab.session.slurm_job import JobWatch, SlurmOptions
@@ -758,8 +758,10 @@ def _shutdown(cluster: Any, client: Any, profile_dir: str) -> None:
     ipyparallel kills it), and its nanny waits 3 s more to tell a controller that is gone already."""
     from ipyparallel.cluster.launcher import SSHLauncher
 
+    for said in ssh_engines.kill(cluster.engines.values(), FETCH_TIMEOUT_S):  # on their hosts, one ssh per host
+        print(f"neuron_lab: ssh engines at {said}", file=sys.stderr)
     # a local engine set's launcher per engine; mpiexec's one launcher, whose process tree holds the engines (an ssh
-    # launcher's pid is the engine's on its host: the cluster's stop signals it there, over ssh, TERM then KILL)
+    # launcher's pid is the engine's on its host, killed there above)
     launchers = [proc for es in cluster.engines.values()
                  for proc in (getattr(es, "launchers", None) or {0: es}).values()]
     ended = _tree([proc.pid for proc in launchers if (getattr(proc, "pid", None) or -1) > 0
