@@ -76,8 +76,8 @@ def guarded() -> Iterator[None]:
         if not callable(current):
             yield
             return
-        _previous.append(current)
-        signal.signal(signal.SIGINT, _handler)
+        signal.signal(signal.SIGINT, _handler)  # first: a SIGINT from here on waits (a Ctrl-C between the two
+        _previous.append(current)  # lines the other way round left _previous set for good, and every guard inner)
     _roots.append(sys._getframe(2))  # the frame that entered the guard (past contextmanager's __enter__)
     try:
         yield

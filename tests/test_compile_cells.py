@@ -75,10 +75,6 @@ class _CellStderr:
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    from neuron_lab.trace import compiles
-
-    for window in list(compiles._active):  # left open in this process by test_interrupts' Ctrl-C at random points
-        compiles._close_window(window)
     monkeypatch.delenv(LOWERING_ENV, raising=False)
     torch._dynamo.reset()
     torch.neuron.reset_dynamo_metrics()

@@ -267,3 +267,58 @@ def test_the_guard_leaves_sigint_alone_off_the_main_thread_and_when_python_does_
             assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, presser.handler)
+
+
+# -- the cell's own window: IPython's hooks around every cell ------------------------------------------------------
+HOOKS = ("/neuron_lab/session/session.py", "/neuron_lab/interrupts.py", "/neuron_lab/trace/tracker.py",
+         "/neuron_lab/trace/compiles.py", "/contextlib.py")
+
+
+class LinePresser(Presser):
+    """Raises SIGINT at the ``targets``-th line run in the hooks' code: every line of the window's open/close path."""
+
+    def profile(self, frame, event, arg):
+        return None
+
+    def trace(self, frame, event, arg):
+        if not self.armed:
+            return None
+        watched = self._watched.get(frame.f_code)
+        if watched is None:
+            watched = self._watched[frame.f_code] = any(w in frame.f_code.co_filename for w in HOOKS)
+        if not watched:
+            return None
+        if event == "line":
+            self.count += 1
+            if self.count in self.targets:
+                signal.raise_signal(signal.SIGINT)
+        return self.trace
+
+    def run_cell(self, sh, cell: str, targets: set[int]) -> str:
+        sys.settrace(self.trace)
+        try:
+            return super().run_cell(sh, cell, targets)
+        finally:
+            sys.settrace(None)
+
+
+def test_ctrl_c_on_any_line_of_the_cells_hooks_leaves_no_compile_window_open_after_the_next_cell():
+    """A window left open keeps dynamo's log filter installed and the session counting every later cell as nested.
+    A Ctrl-C inside a hook waits until its bookkeeping is done; one on a hook's first bytecodes, before the guard
+    can take it, leaves the cell open, and the next cell closes it before it opens its own."""
+    from neuron_lab.trace import compiles
+
+    p = LinePresser()
+    before = signal.signal(signal.SIGINT, p.handler)
+    try:
+        with loaded_shell() as sh:
+            run(sh, SETUP)
+            s = session_of(sh)
+            assert p.run_cell(sh, "y = net(x)", set()) == "" and p.count > 50
+            for target in range(1, p.count + 1):
+                p.run_cell(sh, "y = net(x)", {target})
+                run(sh, "z = net(x)")
+                assert not compiles._active and s.running is None, target
+                assert len(s.history) and s.history[next(reversed(s.history))].cell == sh.execution_count - 1, target
+    finally:
+        signal.signal(signal.SIGINT, before)

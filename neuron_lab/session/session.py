@@ -10,6 +10,7 @@ so history never keeps device memory alive.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -83,6 +84,7 @@ class Session:
         self._cell_start_s = 0.0
         self._compiled_before: int | None = None
         self._depth = 0
+        self._outer_at = 0  # how deep the outermost cell's pre_run_cell ran: a nested cell's runs deeper
         self._tracker: Tracker | None = None
         self._cell_modes: ExitStack | None = None
         self._raw_cell = ""
@@ -192,7 +194,13 @@ class Session:
         self.finishing.clear()
 
     # -- events ---------------------------------------------------------------------------------
+    @interrupts.guard  # a Ctrl-C waits until the cell's tracker is started and kept, or never started
     def pre_run_cell(self, info: Any) -> None:
+        here = _frames_below(sys._getframe())
+        if self._depth and here <= self._outer_at:  # not nested: the last cell's post_run_cell was cut short
+            self._drop_cell()
+        if not self._depth:
+            self._outer_at = here
         self._depth += 1
         if self._depth > 1:  # a run_cell inside a cell (%%capture): part of the outer one
             self._note_nested(getattr(info, "raw_cell", "") or "")
@@ -247,6 +255,20 @@ class Session:
         return Renaming(lambda site: site if site.filename not in nested
                         else replace(site, cell=report.cell, line=site.line + nested[site.filename]))
 
+    def _drop_cell(self) -> None:
+        """End a cell whose post_run_cell never ran (a Ctrl-C landed on its first bytecodes, before the guard):
+        its tracker's windows close, with no report."""
+        self._depth = 0
+        if self._cell_modes is not None:
+            self._cell_modes.close()
+            self._cell_modes = None
+        tracker, self._tracker = self._tracker, None
+        if tracker is not None:
+            self.sampler.stop()
+            self.progress.cell_ended()
+            tracker.stop()
+
+    @interrupts.guard  # a Ctrl-C waits until the cell's tracker has stopped (its compile window closed)
     def post_run_cell(self, result: Any) -> None:
         self._depth = max(self._depth - 1, 0)
         if self._depth:
@@ -462,3 +484,11 @@ class Status(ShownAsText):
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
+
+
+def _frames_below(frame: Any) -> int:
+    """How many frames call ``frame``: a run_cell inside a cell calls its hooks from deeper than the cell did."""
+    n = 0
+    while frame.f_back is not None:
+        frame, n = frame.f_back, n + 1
+    return n
