@@ -352,6 +352,7 @@ def child(name: str, warmup: int) -> dict[str, Any]:
         import torch
 
         import neuron_lab
+        from neuron_lab.kinds import ABORT
 
         backend = neuron_lab.backend.active()
         coverage = getattr(backend, "coverage", None)
@@ -387,6 +388,7 @@ def child(name: str, warmup: int) -> dict[str, Any]:
         rows = report.fallbacks + [r for r in report.ops_not_native if r.kind == "possible"]
         out["fallbacks"] = [{"op": r.op, "kind": r.kind, "count": r.count} for r in rows]
         out["downcasts"] = [{"op": r.op, "count": r.count} for r in report.downcasts]
+        out["aborts"] = [{"op": r.op, "count": r.count} for r in report.ops_not_native if r.kind == ABORT]
     except Exception as e:  # the parent lists the model with its error
         out["error"] = f"{phase}: {_first_line(e)}"
     return out
@@ -434,7 +436,9 @@ def _cell(result: dict[str, Any] | None, common: frozenset[str] = frozenset()) -
     parts = [f"the {len(folded)} common ‡"] if len(folded) > 1 else [f"`{op}` ×{counts[op]}" for op in folded]
     parts += [f"`{op}` ×{n}" for op, n in shown]
     more = f", … +{len(ranked) - len(shown)} more" if len(shown) < len(ranked) else ""
-    return f"**{len(counts)}**: " + ", ".join(parts) + more
+    aborts = sorted({_base(a["op"]) for a in result.get("aborts", [])})
+    risk = "; **may abort** on a parameter: " + ", ".join(f"`{op}`" for op in aborts) if aborts else ""
+    return f"**{len(counts)}**: " + ", ".join(parts) + more + risk
 
 
 def _params(n: int | None) -> str:
