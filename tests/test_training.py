@@ -168,6 +168,42 @@ def test_adamw_foreach_step_is_a_few_foreach_kernels() -> None:
     assert sum(s.count for s in deeper) == calls  # a per-tensor loop would grow with the parameters; this does not
 
 
+_FOREACH_INPLACE = {  # every in-place overload the compiled core's typed kernels take, and a 0-dim device tensor
+    "add_.Scalar": lambda a, b, c: torch._foreach_add_(a, 0.5),
+    "add_.List": lambda a, b, c: torch._foreach_add_(a, b, alpha=2),
+    "add_.ScalarList": lambda a, b, c: torch._foreach_add_(a, [1.0, 2.0, 3.0]),
+    "add_.Tensor": lambda a, b, c: torch._foreach_add_(a, c[0][0, 0].clone(), alpha=3),
+    "sub_.List": lambda a, b, c: torch._foreach_sub_(a, b, alpha=0.5),
+    "mul_.ScalarList": lambda a, b, c: torch._foreach_mul_(a, [0.5, 1.5, 2.5]),
+    "div_.List": lambda a, b, c: torch._foreach_div_(a, c),
+    "addcmul_.Scalar": lambda a, b, c: torch._foreach_addcmul_(a, b, c, value=0.3),
+    "addcdiv_.ScalarList": lambda a, b, c: torch._foreach_addcdiv_(a, b, c, [0.1, 0.2, 0.3]),
+    "lerp_.List": lambda a, b, c: torch._foreach_lerp_(a, b, c),
+    "lerp_.Scalar": lambda a, b, c: torch._foreach_lerp_(a, b, 0.1),
+    "maximum_.List": lambda a, b, c: torch._foreach_maximum_(a, b),
+    "sqrt_": lambda a, b, c: torch._foreach_sqrt_(c),
+    "reciprocal_": lambda a, b, c: torch._foreach_reciprocal_(c),
+}
+
+
+@pytest.mark.parametrize("overload", _FOREACH_INPLACE)
+def test_foreach_in_place_matches_the_cpu_as_one_call(overload: str) -> None:
+    torch.manual_seed(0)
+    lists = [[torch.randn(4, 3) for _ in range(3)], [torch.randn(4, 3) for _ in range(3)],
+             [torch.rand(4, 3) + 1 for _ in range(3)]]
+    on_cpu = [[t.clone() for t in ts] for ts in lists]
+    on_dev = [[t.to("neuron") for t in ts] for ts in lists]
+    be = nb.active()
+    be.clear_op_tracking()
+    _FOREACH_INPLACE[overload](*on_dev)
+    stats = [s for s in be.op_stats() if s.name.startswith("aten::_foreach_")]
+    _FOREACH_INPLACE[overload](*on_cpu)
+    for cpu, dev in zip(on_cpu, on_dev):
+        for a, b in zip(cpu, dev):
+            torch.testing.assert_close(b.cpu(), a)
+    assert [(s.name, s.count) for s in stats] == [("aten::_foreach_" + overload.split(".")[0], 1)]
+
+
 def test_adamw_fused_step_is_two_kernels() -> None:
     stats = _step_calls(depth=4, fused=True)
     # The step counters live on the device for fused optimizers: one foreach increment, then the fused update.

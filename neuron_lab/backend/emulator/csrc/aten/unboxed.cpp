@@ -10,6 +10,17 @@
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
 #include <ATen/ops/_softmax_cpu_dispatch.h>
+#include <ATen/ops/_foreach_add_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_addcdiv_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_addcmul_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_div_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_lerp_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_maximum_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_mul_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_neg_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_reciprocal_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_sqrt_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_foreach_sub_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/add_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/addcdiv_cpu_dispatch.h>
@@ -71,6 +82,16 @@ struct Op {
 
 template <typename T>
 constexpr bool kIsTensor = std::is_same_v<std::decay_t<T>, at::Tensor>;
+template <typename T>
+constexpr bool kIsList = std::is_same_v<std::decay_t<T>, at::TensorList>;
+
+// A list's members' host aliases (each its block's cached one).
+std::vector<at::Tensor> host_list(at::TensorList l) {
+  std::vector<at::Tensor> out;
+  out.reserve(l.size());
+  for (const at::Tensor& t : l) out.push_back(host(t));
+  return out;
+}
 
 // An argument as the CPU kernel takes it: a tensor's host alias, anything else as it is.
 template <typename T>
@@ -82,12 +103,16 @@ decltype(auto) on_host(const T& v) {
   }
 }
 
-// The tensors among a call's arguments, for direct()'s plain-path check.
+// The tensors among a call's arguments, lists' members in order, for direct()'s plain-path check.
 template <typename... A>
 c10::SmallVector<const at::Tensor*, 4> tensors_of(const A&... a) {
   c10::SmallVector<const at::Tensor*, 4> out;
   auto add = [&](const auto& v) {
-    if constexpr (kIsTensor<decltype(v)>) out.push_back(&v);
+    if constexpr (kIsTensor<decltype(v)>) {
+      out.push_back(&v);
+    } else if constexpr (kIsList<decltype(v)>) {
+      for (const at::Tensor& t : v) out.push_back(&t);
+    }
   };
   (add(a), ...);
   return out;
@@ -119,8 +144,44 @@ struct InPlace<Name, Cpu> {
   }
 };
 
+// The same for an in-place `_foreach_` overload: one host kernel over the lists' host aliases writes self's members
+// in place, so no device result is made. A list with a member off the device goes through the fallback.
+template <const char* Name, auto Cpu>
+struct ForeachInPlace;
+template <const char* Name, typename... A, void (*Cpu)(at::TensorList, A...)>
+struct ForeachInPlace<Name, Cpu> {
+  static void call(at::TensorList self, A... a) {
+    static Op op(Name);
+    auto args = [&] { return c10::impl::boxArgs<at::TensorList, A...>(self, a...); };
+    bool on_device = !self.empty();
+    for (const at::Tensor& t : self) on_device = on_device && t.device().type() == c10::DeviceType::PrivateUse1;
+    if (!on_device) {
+      Stack stack = args();
+      run(op.handle, &stack);
+      return;
+    }
+    at::Tensor first = self.front();
+    direct_(op.handle, op.plan, first, tensors_of(self, a...), [&] {
+      auto h = host_list(self);
+      Cpu(h, on_host_list(a)...);
+    }, args);
+  }
+
+ private:
+  template <typename V>
+  static decltype(auto) on_host_list(const V& v) {
+    if constexpr (kIsList<V>) {
+      return host_list(v);
+    } else {
+      return on_host(v);
+    }
+  }
+};
+
 using T = at::Tensor;
 using S = at::Scalar;
+using TL = at::TensorList;
+using SL = at::ArrayRef<at::Scalar>;
 
 #define NL_NAME(var, name) constexpr char var[] = name
 NL_NAME(kAdd, "add.Tensor"); NL_NAME(kAdd_, "add_.Tensor"); NL_NAME(kAddS, "add.Scalar");
@@ -136,6 +197,21 @@ NL_NAME(kLogSoftmax, "_log_softmax"); NL_NAME(kLogSoftmaxBackward, "_log_softmax
 NL_NAME(kSoftmax, "_softmax"); NL_NAME(kSoftmaxBackward, "_softmax_backward_data"); NL_NAME(kAddcmul_, "addcmul_");
 NL_NAME(kAddcdiv_, "addcdiv_"); NL_NAME(kLerp_, "lerp_.Scalar"); NL_NAME(kClone, "clone"); NL_NAME(kFill_, "fill_.Scalar");
 NL_NAME(kZero_, "zero_"); NL_NAME(kWhere, "where.self");
+// In-place `_foreach_` overloads: the name and the CPU kernel's C++ signature after self.
+#define NL_FOREACH(X)                                                                                       \
+  X(add_, Scalar, const S&) X(add_, List, TL, const S&) X(add_, ScalarList, SL) X(add_, Tensor, const T&, const S&) \
+  X(sub_, Scalar, const S&) X(sub_, List, TL, const S&) X(sub_, ScalarList, SL)                                 \
+  X(mul_, Scalar, const S&) X(mul_, List, TL) X(mul_, ScalarList, SL) X(mul_, Tensor, const T&)                 \
+  X(div_, Scalar, const S&) X(div_, List, TL) X(div_, ScalarList, SL) X(div_, Tensor, const T&)                 \
+  X(addcmul_, Scalar, TL, TL, const S&) X(addcmul_, ScalarList, TL, TL, SL) X(addcmul_, Tensor, TL, TL, const T&) \
+  X(addcdiv_, Scalar, TL, TL, const S&) X(addcdiv_, ScalarList, TL, TL, SL) X(addcdiv_, Tensor, TL, TL, const T&) \
+  X(lerp_, List, TL, TL) X(lerp_, Scalar, TL, const S&) X(lerp_, ScalarList, TL, SL)                           \
+  X(maximum_, Scalar, const S&) X(maximum_, List, TL) X(maximum_, ScalarList, SL)
+#define NL_FOREACH_NAME(base, ov, ...) NL_NAME(kForeach_##base##ov, "_foreach_" #base "." #ov);
+NL_FOREACH(NL_FOREACH_NAME)
+NL_NAME(kForeachSqrt_, "_foreach_sqrt_"); NL_NAME(kForeachNeg_, "_foreach_neg_");
+NL_NAME(kForeachReciprocal_, "_foreach_reciprocal_");
+#undef NL_FOREACH_NAME
 #undef NL_NAME
 
 using Register = void (*)(torch::Library&, const char*);
@@ -192,6 +268,14 @@ const std::unordered_map<std::string, Register>& typed() {
       {kFill_, reg<InPlace<kFill_, static_cast<T& (*)(T&, const S&)>(&at::cpu::fill_)>>},
       {kZero_, reg<InPlace<kZero_, &at::cpu::zero_>>},
       {kWhere, reg<Functional<kWhere, &at::cpu::where>>},
+#define NL_FOREACH_ENTRY(base, ov, ...)                                                      \
+  {kForeach_##base##ov, reg<ForeachInPlace<kForeach_##base##ov, static_cast<void (*)(TL, __VA_ARGS__)>( \
+                                                                    &at::compositeexplicitautograd::_foreach_##base)>>},
+      NL_FOREACH(NL_FOREACH_ENTRY)
+#undef NL_FOREACH_ENTRY
+      {kForeachSqrt_, reg<ForeachInPlace<kForeachSqrt_, &at::compositeexplicitautograd::_foreach_sqrt_>>},
+      {kForeachNeg_, reg<ForeachInPlace<kForeachNeg_, &at::compositeexplicitautograd::_foreach_neg_>>},
+      {kForeachReciprocal_, reg<ForeachInPlace<kForeachReciprocal_, &at::compositeexplicitautograd::_foreach_reciprocal_>>},
   };
   return table;
 }

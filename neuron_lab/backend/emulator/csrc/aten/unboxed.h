@@ -1,4 +1,4 @@
-// Typed kernels for the hottest functional ops (unboxed.cpp says how).
+// Typed kernels for the hottest ops, the in-place `_foreach_` ones included (unboxed.cpp says how).
 #pragma once
 
 #include <torch/library.h>
