@@ -27,6 +27,7 @@ function h(tag, attrs = {}, ...children) {
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") el.className = v;
     else if (k === "onclick") el.addEventListener("click", v);
+    else if (k === "onpointerdown") el.addEventListener("pointerdown", v);
     else if (k === "ontoggle") el.addEventListener("toggle", v);
     else el.setAttribute(k, v);
   }
@@ -510,9 +511,12 @@ function render({ model, el }) {
         + "(`--live` follows the session)"));
     }
     if (views.length > 1) {
+      // A tab switches on press: live updates replace the panel's DOM several times a second, so a press and its
+      // release may land on two different buttons and no click would fire. The click stays for the keyboard.
+      const select = (v) => () => { if (ui.tab !== v) { ui.tab = v; rerender(); } };
       kids.push(h("div", { class: "nl-tabs" }, views.map((v) => h("button", {
         class: "nl-tab" + (v === ui.tab ? " nl-active" : ""), "data-view": v,
-        onclick: () => { ui.tab = v; rerender(); },
+        onpointerdown: select(v), onclick: select(v),
       }, ((data.header && data.header.titles) || {})[v] || v)),
       h("span", { class: "nl-status", "data-testid": "nl-status" },
         state !== "live" ? (state === "export" ? "snapshot" : "disconnected")
