@@ -131,10 +131,9 @@ Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small,
   DeviceMemory& d = devices_.at(device);
   auto& pool = *small ? d.cached_small : d.cached_large;
   auto it = pool.find(seg);
-  if (it != pool.end()) {  // reuse the newest cached segment of the class: same address, nothing new reserved
+  if (it != pool.end() && !it->second.empty()) {  // reuse the newest cached segment of the class: same address
     Segment cached = std::move(it->second.back());
-    it->second.pop_back();
-    if (it->second.empty()) pool.erase(it);
+    it->second.pop_back();  // the class's entry stays, empty: the next free of the class allocates nothing
     d.cached_bytes -= static_cast<int64_t>(seg);
     return cached;
   }
@@ -209,9 +208,7 @@ c10::DataPtr NeuronAllocator::register_block(Block* b, c10::Storage host, size_t
     b->serial = next_serial_++;
     by_ptr_[b->ptr] = b;
     total_ += static_cast<int64_t>(n);
-    for (auto& [id, w] : windows_) {
-      if (w.first == device) w.second = std::max(w.second, d.stats.allocated_bytes[0].current);
-    }
+    if (d.windows) d.window_high = std::max(d.window_high, d.stats.allocated_bytes[0].current);
     report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
     record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
   }
@@ -510,9 +507,19 @@ std::pair<size_t, size_t> NeuronAllocator::getMemoryInfo(c10::DeviceIndex device
   return {static_cast<size_t>(std::max<int64_t>(d.capacity - used, 0)), static_cast<size_t>(d.capacity)};
 }
 
+void NeuronAllocator::fold_windows(c10::DeviceIndex device) {
+  DeviceMemory& d = devices_.at(device);
+  for (auto& [_, w] : windows_) {
+    if (w.first == device) w.second = std::max(w.second, d.window_high);
+  }
+  d.window_high = d.stats.allocated_bytes[0].current;
+}
+
 int64_t NeuronAllocator::open_window(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> g(mu_);
-  windows_[++next_window_] = {device, devices_.at(device).stats.allocated_bytes[0].current};
+  fold_windows(device);
+  devices_[device].windows += 1;
+  windows_[++next_window_] = {device, devices_[device].stats.allocated_bytes[0].current};
   return next_window_;
 }
 
@@ -520,9 +527,12 @@ int64_t NeuronAllocator::close_window(int64_t window) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = windows_.find(window);
   if (it == windows_.end()) return 0;
-  auto [device, peak] = it->second;
+  c10::DeviceIndex device = it->second.first;
+  fold_windows(device);
+  int64_t peak = it->second.second;
   windows_.erase(it);
-  return std::max(peak, devices_.at(device).stats.allocated_bytes[0].current);
+  devices_[device].windows -= 1;
+  return std::max(peak, devices_[device].stats.allocated_bytes[0].current);
 }
 
 int64_t NeuronAllocator::total_allocated() {

@@ -94,6 +94,10 @@ struct DeviceMemory {
   // the class, newest last: host memory only, invisible to every statistic (allocator.cpp says why).
   ska::flat_hash_map<size_t, std::vector<Block*>> spare;
   int64_t spare_bytes = 0;
+  // Open peak windows on the device, and the highest allocated bytes since a window last opened or closed on it:
+  // an allocation updates one number, each window takes it when a window opens or closes (fold_windows).
+  int windows = 0;
+  int64_t window_high = 0;
 };
 
 class NeuronAllocator final : public c10::DeviceAllocator {
@@ -145,6 +149,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   void drop_spare(DeviceMemory& d);  // their host bytes go back to the host
   Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
   void record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size, const Context& ctx);
+  void fold_windows(c10::DeviceIndex device);  // the device's open windows take its high mark; it starts afresh
   std::atomic<bool> history_{false};  // the hot path's only cost while history is off: one relaxed load
   std::atomic<int> context_{0};
   size_t max_entries_ = 0;
