@@ -790,7 +790,7 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
   for (const at::Tensor* t : tensors) {  // a result over a CPU scalar's bytes is its own, as in Call::back
     if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
   }
-  at::Tensor out = presented(r, device);
+  at::Tensor out = presented(std::move(r), device);
   tally(p, kind, host_ns, tensors, args);
   return out;
 }

@@ -100,11 +100,13 @@ at::Tensor host_alias(const at::Tensor& t) {  // Python may keep it or change it
   return over(cpu_alias_storage(t.storage()), kCPU, t);
 }
 
-at::Tensor presented(const at::Tensor& r, c10::DeviceIndex device) {
+at::Tensor presented(at::Tensor r, c10::DeviceIndex device) {
   c10::Storage st = adopt(r, device);
   Block* b = NeuronAllocator::block_of(st.data_ptr());
-  if (b && r.is_cpu() && plain_alias(r, *b)) b->alias.tensor = r;  // a fresh block: no other thread knows it yet
-  return on_device(std::move(st), r);
+  at::Tensor out = on_device(std::move(st), r);
+  // A fresh block: no other thread knows it yet. Moved, not copied: no reference count to take and give back.
+  if (b && r.is_cpu() && plain_alias(r, *b)) b->alias.tensor = std::move(r);
+  return out;
 }
 
 at::Tensor from_host(const at::Tensor& r, c10::DeviceIndex device) {

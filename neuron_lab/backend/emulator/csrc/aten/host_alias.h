@@ -18,8 +18,9 @@ at::Tensor host(const at::Tensor& t);
 at::Tensor on_device(c10::Storage storage, const at::Tensor& like);
 // A device storage over a CPU kernel's result bytes (no copy).
 c10::Storage adopt(const at::Tensor& r, c10::DeviceIndex device);
-// A typed kernel's CPU result as a device tensor over its bytes; the result itself becomes the block's host alias.
-at::Tensor presented(const at::Tensor& r, c10::DeviceIndex device);
+// A typed kernel's CPU result as a device tensor over its bytes; the result itself becomes the block's host alias
+// (pass it moved when the caller is done with it).
+at::Tensor presented(at::Tensor r, c10::DeviceIndex device);
 
 // Zero-copy bridges for code that computes on the host itself (compiled graphs).
 at::Tensor host_alias(const at::Tensor& t);
