@@ -29,6 +29,7 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -51,8 +52,7 @@ using c10::CachingAllocator::StatType;
 size_t size_class(size_t n) {
   if (n <= kMinBlock) return kMinBlock;
   if (n >= kClassLimit) return (n + kLargeRound - 1) / kLargeRound * kLargeRound;
-  size_t pow2 = 1;
-  while (pow2 * 2 < n) pow2 *= 2;  // pow2 < n <= 2 * pow2
+  size_t pow2 = std::bit_floor(n - 1);  // pow2 < n <= 2 * pow2
   size_t step = pow2 / 4;
   return (n + step - 1) / step * step;
 }
