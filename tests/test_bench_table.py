@@ -30,12 +30,22 @@ def test_one_table_one_json_and_a_comparison(tmp_path):
                                              figures.figure("fallback, added", [2.5, 2.5], "us", 3.0)])
     figures.write(str(tmp_path / "b.json"), [figures.figure("64x64 add", [1.0, 1.0], "x", 1.3)])
     out = _table(str(tmp_path / "a.json"), "--out", str(tmp_path / "old.json"))
-    assert "| 64x64 add | 2.00x | 2.00-2.00 | <= 1.3x | NO |" in out
-    assert "| fallback, added | +2.5 us | 2.50-2.50 | <= 3 us | yes |" in out
+    assert "| 64x64 add | 2.000x | 2.000-2.000 | 2.000-2.000 | <= 1.3x | NO |" in out
+    assert "| fallback, added | +2.5 us | 2.500-2.500 | 2.500-2.500 | <= 3 us | yes |" in out
     assert [f["source"] for f in json.loads((tmp_path / "old.json").read_text())["figures"]] == ["a", "a"]
     _table(str(tmp_path / "b.json"), "--out", str(tmp_path / "new.json"))
     out = _table("--compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"))
-    assert "| 64x64 add | 2.00x | 1.00x | -50% | <= 1.3x | yes |" in out
+    assert "| 64x64 add | 2.000x | 1.000x | -50% | <= 1.3x | NO → yes |" in out
+    assert "| fallback, added | +2.5 us | - (not measured) | - | <= 3 us | yes → - |" in out
+
+
+def test_a_change_inside_both_runs_spread_says_so(tmp_path):
+    figures.write(str(tmp_path / "a.json"), [figures.figure("step", [1.0, 1.1, 1.2, 1.3], "x", 1.1)])
+    figures.write(str(tmp_path / "b.json"), [figures.figure("step", [1.05, 1.15, 1.25, 1.35], "x", 1.1)])
+    for name in "ab":
+        _table(str(tmp_path / f"{name}.json"), "--out", str(tmp_path / f"{name}-all.json"))
+    out = _table("--compare", str(tmp_path / "a-all.json"), str(tmp_path / "b-all.json"))
+    assert "| step | 1.150x | 1.200x | +4% (within spread) | <= 1.1x | NO → NO |" in out
 
 
 def test_a_figure_says_how_sure_its_median_is():
