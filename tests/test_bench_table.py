@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -53,3 +55,16 @@ def test_a_figure_says_how_sure_its_median_is():
     assert figures.median_ci([float(x) for x in range(10)]) == [1.0, 8.0]
     assert figures.median_ci([float(x) for x in range(40)]) == [13.0, 26.0]
     assert figures.figure("a/a", [1.0, 1.1, 0.9], "x", None)["ci"] == [0.9, 1.1]  # 3 rounds: all of them
+
+
+@pytest.mark.slow
+def test_make_bench_runs_its_scripts_and_ends_with_one_table(tmp_path):
+    # bench/all.py as `make bench` runs it, limited to one script whose figures are counts (the same on any machine)
+    out = subprocess.run([sys.executable, str(BENCH / "all.py"), "--only", "workbench_syncs", "--out",
+                          str(tmp_path / "bench"), "--table", str(tmp_path / "bench.json")], check=True,
+                         capture_output=True, text=True, timeout=600).stdout
+    assert ("| device syncs added per cell: extension | 1.00 syncs | 1.000-1.000 | 1.000-1.000 | <= 1 syncs | yes |"
+            in out)
+    run = json.loads((tmp_path / "bench.json").read_text())["run"]
+    assert [(name, verdict) for name, (_, verdict) in run["scripts"].items()] == [("workbench_syncs", "ok")]
+    assert (tmp_path / "bench" / "workbench_syncs.log").exists() and (tmp_path / "bench" / "steps.txt").exists()
