@@ -93,10 +93,11 @@ lint: $(STAMP)
 # every figure in one table (target, holds) and writes out/bench.json: `bench/table.py --compare old.json new.json`.
 # A script that fails is said in the log and leaves its figures out; the others and the table still run.
 # BENCH_CALLGRIND_ROUNDS: rounds of the extension's cells counted in instructions under valgrind (the counts vary by
-# well under 1% between rounds; 0: none).
+# well under 1% between rounds; 0: none). BENCH_COMPARE: an earlier run's out/bench.json (main's) to set this one beside.
 BENCH_CALLGRIND_ROUNDS ?= 2
+BENCH_COMPARE ?=
 bench: $(CORE)
-	$(BIN)/python bench/all.py --callgrind-rounds $(BENCH_CALLGRIND_ROUNDS)
+	$(BIN)/python bench/all.py --callgrind-rounds $(BENCH_CALLGRIND_ROUNDS) $(if $(BENCH_COMPARE),--compare $(BENCH_COMPARE))
 
 # Regenerates the reference blocks of docs/notebook.md (magics) and docs/configuration.md (settings,
 # environment) from the code.

@@ -9,11 +9,13 @@ script's output goes to ``OUT/NAME.log`` and is printed when it ends; at the end
 CPU time, the load average), so a slow run shows where its time went (also written to ``OUT/steps.txt``).
 
     python bench/all.py [--callgrind-rounds 2] [--out out/bench] [--table out/bench.json] [--only NAME ...]
+        [--compare main.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -123,6 +125,7 @@ def main() -> None:
     ap.add_argument("--out", default="out/bench", help="the figure files and logs")
     ap.add_argument("--table", default="out/bench.json", help="every figure in one JSON file")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these scripts (bench/NAME.py), in their lanes")
+    ap.add_argument("--compare", metavar="OLD", help="an earlier run's out/bench.json (main's): this run beside it")
     args = ap.parse_args()
     chosen = {name: [s for s in scripts if args.only is None or s.name in args.only]
               for name, scripts in lanes(args.callgrind_rounds).items()}
@@ -150,6 +153,9 @@ def main() -> None:
                                    "scripts": {r.script.name: [round(r.wall_s), r.verdict] for r in done}})
     print(f"\n== every figure (also in {args.table}; compare two runs: bench/table.py --compare OLD NEW)")
     print(table.table(figs))
+    if args.compare:
+        print(f"\n== against {args.compare}")
+        print(table.compare(json.loads(Path(args.compare).read_text())["figures"], figs))
     failed = [r.script.name for r in done if r.verdict != "ok"]
     if failed:
         print(f"\nfailed: {', '.join(failed)} (their figures are left out)")

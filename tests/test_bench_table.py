@@ -59,12 +59,17 @@ def test_a_figure_says_how_sure_its_median_is():
 
 @pytest.mark.slow
 def test_make_bench_runs_its_scripts_and_ends_with_one_table(tmp_path):
-    # bench/all.py as `make bench` runs it, limited to one script whose figures are counts (the same on any machine)
+    # bench/all.py as `make bench` runs it, limited to one script whose figures are counts (the same on any machine),
+    # set beside an earlier run that added two syncs a cell
+    figures.write(str(tmp_path / "main-figures.json"),
+                  [figures.figure("device syncs added per cell: extension", [2.0], "syncs", 1)])
+    _table(str(tmp_path / "main-figures.json"), "--out", str(tmp_path / "main.json"))
     out = subprocess.run([sys.executable, str(BENCH / "all.py"), "--only", "workbench_syncs", "--out",
-                          str(tmp_path / "bench"), "--table", str(tmp_path / "bench.json")], check=True,
-                         capture_output=True, text=True, timeout=600).stdout
+                          str(tmp_path / "bench"), "--table", str(tmp_path / "bench.json"), "--compare",
+                          str(tmp_path / "main.json")], check=True, capture_output=True, text=True, timeout=600).stdout
     assert ("| device syncs added per cell: extension | 1.00 syncs | 1.000-1.000 | 1.000-1.000 | <= 1 syncs | yes |"
             in out)
     run = json.loads((tmp_path / "bench.json").read_text())["run"]
     assert [(name, verdict) for name, (_, verdict) in run["scripts"].items()] == [("workbench_syncs", "ok")]
     assert (tmp_path / "bench" / "workbench_syncs.log").exists() and (tmp_path / "bench" / "steps.txt").exists()
+    assert "| device syncs added per cell: extension | 2.00 syncs | 1.00 syncs | -50% | <= 1 syncs | NO → yes |" in out
