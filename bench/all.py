@@ -15,6 +15,7 @@ CPU time, the load average), so a slow run shows where its time went (also writt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ import table
 HERE = Path(__file__).resolve().parent
 DEADLINE_S = 3000  # one script's (callgrind.run's own); longer is a hang, said and killed
 # the table's order: issue 31's figures first (the emulator against CPU eager, then the workbench's own cost)
+RUNNING: set[int] = set()  # the scripts running now (each its own process group), stopped if make bench is interrupted
 FIGURES = ["real_models", "cores", "extension_overhead", "extension_counts", "widgets_overhead", "workbench_syncs",
            "ranks_report", "dashboard_ranks"]
 
@@ -82,6 +84,7 @@ def _run(script: Script, lane: str, out: Path, say: threading.Lock) -> Ran:
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     with log.open("w") as f:
         p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        RUNNING.add(p.pid)
         while True:  # wait4, not wait: the child's CPU time (its own children's included) comes with it
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
@@ -93,6 +96,7 @@ def _run(script: Script, lane: str, out: Path, say: threading.Lock) -> Ran:
                 p.returncode = None
                 break
             time.sleep(0.2)
+        RUNNING.discard(p.pid)
     wall = time.perf_counter() - t0
     verdict = ("ok" if p.returncode == 0 else f"failed (exit {p.returncode})" if p.returncode is not None
                else f"killed after {DEADLINE_S} s")
@@ -135,12 +139,18 @@ def main() -> None:
         f.unlink()
     say, done, t0, load0 = threading.Lock(), [], time.perf_counter(), os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    threads = [threading.Thread(target=_lane, args=(name, scripts, out, say, done))
+    threads = [threading.Thread(target=_lane, args=(name, scripts, out, say, done), daemon=True)
                for name, scripts in chosen.items()]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        for pid in list(RUNNING):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, 9)
+        raise
     wall = time.perf_counter() - t0
     summary = timings(done, wall)
     (out / "steps.txt").write_text(summary + "\n")
