@@ -88,29 +88,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
 
-# Each script prints its own table; those with figures write them into out/bench/, and the last step prints
-# them all as one table (target, holds) and writes out/bench.json: `bench/table.py --compare old.json new.json`.
-# A script that fails (`-`) is said in the log and leaves its figures out; the others and the table still run.
-# BENCH_CALLGRIND_ROUNDS: rounds of cells counted in instructions under valgrind (minutes each on a busy machine;
-# 0: none): `make bench BENCH_CALLGRIND_ROUNDS=5` for a tighter interval.
+# bench/all.py runs every bench script, each timed, in two lanes side by side (the timed scripts one after another;
+# the counted ones, instructions under callgrind and device syncs, which no load moves, beside them), then prints
+# every figure in one table (target, holds) and writes out/bench.json: `bench/table.py --compare old.json new.json`.
+# A script that fails is said in the log and leaves its figures out; the others and the table still run.
+# BENCH_CALLGRIND_ROUNDS: rounds of the extension's cells counted in instructions under valgrind (the counts vary by
+# well under 1% between rounds; 0: none). BENCH_COMPARE: an earlier run's out/bench.json (main's) to set this one beside.
 BENCH_CALLGRIND_ROUNDS ?= 2
+BENCH_COMPARE ?=
 bench: $(CORE)
-	mkdir -p out/bench && rm -f out/bench/*.json
-	-$(BIN)/python bench/cores.py --figures out/bench/cores.json
-	-$(BIN)/python bench/real_models.py --figures out/bench/real_models.json
-	-$(BIN)/python bench/run.py
-	-$(BIN)/python bench/load_ext.py
-	-$(BIN)/python bench/extension_overhead.py --instructions $(BENCH_CALLGRIND_ROUNDS) --figures out/bench/extension_overhead.json
-	-$(BIN)/python bench/widgets_overhead.py --figures out/bench/widgets_overhead.json
-	-$(BIN)/python bench/workbench_syncs.py --figures out/bench/workbench_syncs.json
-	-$(BIN)/python bench/checks_overhead.py --steps 50
-	-$(BIN)/python bench/compile_lm.py
-	-$(BIN)/python bench/distributed.py
-	-$(BIN)/python bench/ranks_start.py
-	-$(BIN)/python bench/ranks_report.py --figures out/bench/ranks_report.json
-	-$(BIN)/python bench/dashboard_ranks.py --figures out/bench/dashboard_ranks.json
-	-$(BIN)/python bench/profile_overhead.py
-	$(BIN)/python bench/table.py out/bench/*.json --out out/bench.json
+	$(BIN)/python bench/all.py --callgrind-rounds $(BENCH_CALLGRIND_ROUNDS) $(if $(BENCH_COMPARE),--compare $(BENCH_COMPARE))
 
 # Regenerates the reference blocks of docs/notebook.md (magics) and docs/configuration.md (settings,
 # environment) from the code.

@@ -113,7 +113,7 @@ def child(rounds: int) -> dict:
     from neuron_lab.backend.emulator import runtime
 
     torch.set_num_threads(1)
-    out = {"core": runtime.get().core, "rows": {}}
+    out = {"core": runtime.get().core, "rows": {}, "ratios": {}}
     for name, build in _workloads().items():
         runs = {dev: build(dev) for dev in ("cpu", "neuron")}
         for fn in runs.values():
@@ -124,6 +124,7 @@ def child(rounds: int) -> dict:
             n = _timed(runs["neuron"])
             ratios.append(n / c)
         out["rows"][name] = f"{statistics.median(ratios):.2f}x"
+        out["ratios"][name] = ratios
 
     # A fallback op (atan2 is CPU fallback in the TorchNeuron 2.33 profile) with and without a tracker that
     # records its call site.
@@ -173,7 +174,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.rounds)))
         return
-    results, fallback_us = {}, {}
+    results, fallback_us, ratios = {}, {}, {}
     for core in ("compiled", "python"):
         env = {**os.environ, "NEURON_LAB_CORE": core, "OMP_NUM_THREADS": "1"}
         p = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds)], env=env,
@@ -181,7 +182,7 @@ def main() -> None:
         if p.returncode:
             sys.exit(f"the {core} core's run failed:\n{p.stderr[-3000:]}")
         out = json.loads(p.stdout.strip().splitlines()[-1])
-        results[core], fallback_us[core] = out["rows"], out["fallback_us"]
+        results[core], fallback_us[core], ratios[core] = out["rows"], out["fallback_us"], out["ratios"]
         results[core]["`import torch` with the autoload, added s"] = import_cost(core, max(3, args.rounds // 2))
     print("| workload (ratio to CPU eager, same process) | compiled core | pure-Python core | target (compiled) |")
     print("|---|---|---|---|")
@@ -190,8 +191,12 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(copy.deepcopy(results), f, indent=1)
-    figures.write(args.figures, [figures.figure("recorded fallback op (call site), added", fallback_us["compiled"],
-                                                "us", 3.0)])
+    # the compiled core's fallback (the figure), and the pure-Python core's ratios for the record (no target:
+    # it is the fallback when the compiled core cannot load; the compiled core's ratios are bench/real_models.py's)
+    figures.write(args.figures, [
+        figures.figure("recorded fallback op (call site), added", fallback_us["compiled"], "us", 3.0),
+        *(figures.figure(f"pure-Python core: {name}", xs, "x", None) for name, xs in ratios["python"].items()),
+        figures.figure("pure-Python core: recorded fallback op (call site), added", fallback_us["python"], "us", None)])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,11 @@ from pathlib import Path
 
 def _value(f: dict) -> str:
     v, unit = f["value"], f["unit"]
-    return f"{v:.2f}{unit}" if unit == "x" else f"{v:+.1f} {unit}" if unit in ("us", "%") else f"{v:.2f} {unit}"
+    return f"{v:.3f}x" if unit == "x" else f"{v:+.1f} {unit}" if unit in ("us", "%") else f"{v:.2f} {unit}"
+
+
+def _range(pair: list[float] | None) -> str:
+    return "-" if pair is None else f"{pair[0]:.3f}-{pair[1]:.3f}"
 
 
 def _target(f: dict) -> str:
@@ -38,22 +42,38 @@ def gather(paths: list[str]) -> list[dict]:
 
 
 def table(figs: list[dict]) -> str:
-    lines = ["| figure | measured | spread (IQR) | target | holds |", "|---|---|---|---|---|"]
+    """Holds: the median at or under the target; the 95% CI of the median says whether the rounds resolve it."""
+    lines = ["| figure | measured | spread (IQR) | 95% CI | target | holds |", "|---|---|---|---|---|---|"]
     for f in figs:
-        lo, hi = f.get("spread") or (f["value"], f["value"])
-        lines.append(f"| {f['name']} | {_value(f)} | {lo:.2f}-{hi:.2f} | {_target(f)} | {_holds(f)} |")
+        lines.append(f"| {f['name']} | {_value(f)} | {_range(f.get('spread'))} | {_range(f.get('ci'))} | "
+                     f"{_target(f)} | {_holds(f)} |")
     return "\n".join(lines)
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Whether two runs' interquartile ranges meet: a change inside both runs' spread is not one yet."""
+    (a0, a1), (b0, b1) = a.get("spread") or (a["value"],) * 2, b.get("spread") or (b["value"],) * 2
+    return a0 <= b1 and b0 <= a1
 
 
 def compare(old: list[dict], new: list[dict]) -> str:
-    before = {f["name"]: f for f in old}
-    lines = ["| figure | before | after | change | target | holds (after) |", "|---|---|---|---|---|---|"]
+    before, after = {f["name"]: f for f in old}, {f["name"] for f in new}
+    lines = ["| figure | before | after | change | target | holds (before → after) |", "|---|---|---|---|---|---|"]
     for f in new:
         b = before.get(f["name"])
-        change = f"{(f['value'] - b['value']) / b['value']:+.0%}" if b and b["value"] else "-"
+        change = "-" if not (b and b["value"]) else (f"{(f['value'] - b['value']) / b['value']:+.0%}"
+                                                     + (" (within spread)" if _overlap(b, f) else ""))
         lines.append(f"| {f['name']} | {_value(b) if b else '-'} | {_value(f)} | {change} | {_target(f)} | "
-                     f"{_holds(f)} |")
+                     f"{_holds(b) if b else '-'} → {_holds(f)} |")
+    for f in old:
+        if f["name"] not in after:
+            lines.append(f"| {f['name']} | {_value(f)} | - (not measured) | - | {_target(f)} | {_holds(f)} → - |")
     return "\n".join(lines)
+
+
+def write(path: str, figs: list[dict], run: dict | None = None) -> None:
+    """Every figure in one JSON file (``run``: when and where it was measured, for the record)."""
+    Path(path).write_text(json.dumps({"run": run or {}, "figures": figs}, indent=1))
 
 
 def main() -> None:
@@ -71,7 +91,7 @@ def main() -> None:
     figs = gather(args.files)
     print(table(figs))
     if args.out:
-        Path(args.out).write_text(json.dumps({"figures": figs}, indent=1))
+        write(args.out, figs)
 
 
 if __name__ == "__main__":
