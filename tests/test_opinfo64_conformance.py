@@ -10,7 +10,6 @@ exact float64 only because of the rule.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import moduleinfo_sweep
@@ -41,9 +40,5 @@ def test_the_lists_fix_the_floor(ops) -> None:
 @pytest.mark.parametrize("shard", range(NSHARDS))
 def test_opinfo64_shard(shard: int, ops) -> None:
     assert moduleinfo_sweep.emulates_downcast(), "the 64-bit rule is the default (NEURON_LAB_EMULATE_DOWNCAST unset)"
-    t0 = time.perf_counter()
-    results = sweep.sweep(common.shard_of(ops, shard, NSHARDS))
-    report = sweep.summarize(results)
-    report.update(shard=shard, floor=FLOOR, wall_seconds=round(time.perf_counter() - t0, 2))
-    common.pin_shard(results, report, OUT / "opinfo64" / f"shard_{shard}.json", KNOWN, sweep.KNOWN_FAILURES.name,
-                     EXPECTED_CPU_ERRORS)
+    common.sweep_shard(sweep.sweep, common.shard_of(ops, shard, NSHARDS), OUT / "opinfo64" / f"shard_{shard}.json",
+                       KNOWN, sweep.KNOWN_FAILURES.name, EXPECTED_CPU_ERRORS, sweep.summarize, shard=shard, floor=FLOOR)
