@@ -308,6 +308,9 @@ def summarize(results: list[EntryResult]) -> dict[str, Any]:
     }
 
 
+Summary = Callable[[list[EntryResult]], dict[str, Any]]  # a sweep's report of its results
+
+
 def problems(results: list[EntryResult], known: dict[str, str], known_file: str,
              expected_cpu_errors: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Every way ``results`` differ from the lists: an unlisted failure, a listed entry that passes, an unexpected
@@ -336,9 +339,15 @@ def check_lists(ops: list, known: dict[str, str], expected_cpu_errors: dict[str,
     assert (cpu_ok - len(known)) / cpu_ok >= floor
 
 
-def pin_shard(results: list[EntryResult], report: dict[str, Any], path: Path, known: dict[str, str], known_file: str,
-              expected_cpu_errors: dict[str, str]) -> None:
-    """Write a shard's report to ``path``; fail unless its verdicts are exactly the lists' (see ``problems``)."""
+def sweep_shard(run: Callable[[list], list[EntryResult]], entries: list, path: Path, known: dict[str, str],
+                known_file: str, expected_cpu_errors: dict[str, str], summary: Summary = summarize,
+                **facts: Any) -> None:
+    """Sweep a shard's ``entries`` with ``run`` and write its report (``summary``'s, with ``facts`` and its wall time)
+    to ``path``; fail unless its verdicts are exactly the lists' (see ``problems``)."""
+    t0 = time.perf_counter()
+    results = run(entries)
+    report = summary(results)
+    report.update(facts, wall_seconds=round(time.perf_counter() - t0, 2))
     write_json(path, report)
     found = problems(results, known, known_file, set(expected_cpu_errors))
     assert not found, "\n".join(found)
@@ -355,7 +364,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run_cli(argv: list[str] | None, doc: str, default_out: str, all_entries: Callable[[], list],
             run: Callable[[list, int], list[EntryResult]], max_samples: int, known_file: Path,
-            summary: Callable[[list[EntryResult]], dict[str, Any]] = summarize) -> dict[str, Any]:
+            summary: Summary = summarize) -> dict[str, Any]:
     """A sweep's command line: --out, --samples, --only; runs the entries chosen, publishes and returns the report."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(default_out))

@@ -8,7 +8,6 @@ CPU-side errors, which test_the_lists_fix_the_floor checks before anything runs.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import opinfo_sweep as common
@@ -38,9 +37,5 @@ def test_the_lists_fix_the_floor(ops) -> None:
 
 @pytest.mark.parametrize("shard", range(NSHARDS))
 def test_out_shard(shard: int, ops) -> None:
-    t0 = time.perf_counter()
-    results = sweep.sweep(common.shard_of(ops, shard, NSHARDS))
-    report = common.summarize(results)
-    report.update(shard=shard, floor=FLOOR, wall_seconds=round(time.perf_counter() - t0, 2))
-    common.pin_shard(results, report, OUT / "out_sweep" / f"shard_{shard}.json", KNOWN, sweep.KNOWN_FAILURES.name,
-                     EXPECTED_CPU_ERRORS)
+    common.sweep_shard(sweep.sweep, common.shard_of(ops, shard, NSHARDS), OUT / "out_sweep" / f"shard_{shard}.json",
+                       KNOWN, sweep.KNOWN_FAILURES.name, EXPECTED_CPU_ERRORS, shard=shard, floor=FLOOR)
