@@ -270,8 +270,9 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
   if (deliver_fn == nullptr) return;
   try {
     Line line;
+    Frames frames;
     const bool lined = line_of(key, kind, &line);
-    if (lined && count_at(line, host_ns)) return;
+    if (lined && count_at(line, host_ns, &frames)) return;
     const Signature& sig = signature();
     auto& d = deliveries()[reinterpret_cast<uintptr_t>(key) * kMaxKinds + kind];
     if (!d.name) {
@@ -292,8 +293,11 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
     py::tuple pyargs(args.size());
     for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
     py::handle fn(deliver_fn);
-    py::object tally = fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
-    if (lined && !tally.is_none()) keep_tally(line, tally.ptr());
+    py::object taken = fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
+    if (lined && !taken.is_none()) {  // (the line's tally, how many of its next calls it takes for their stacks)
+      auto t = taken.cast<py::tuple>();
+      keep_tally(line, t[0].ptr(), t[1].cast<int>(), std::move(frames));
+    }
   } catch (py::error_already_set& e) {
     rethrow(e);
   }
