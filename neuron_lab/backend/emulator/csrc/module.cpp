@@ -267,11 +267,24 @@ std::unordered_map<uint64_t, Delivery>& deliveries() {
   return *d;
 }
 
+// A thread of torch's own (autograd's device thread, delivering a backward op's call) has no Python thread state:
+// pybind11's acquire would make one and its release delete it again, every delivery. One state kept for the thread's
+// life (never released: the interpreter clears it at exit) makes a delivery from it one GIL hand-over.
+void keep_thread_state() {
+  thread_local bool kept = false;
+  if (kept) return;
+  kept = true;
+  if (PyGILState_GetThisThreadState() != nullptr) return;
+  PyGILState_Ensure();  // the state, its count left at 1
+  PyEval_SaveThread();  // the GIL goes back; the state stays
+}
+
 }  // namespace
 
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
              const std::string& reason, c10::function_ref<const Signature&()> signature, int64_t host_ns,
              const std::vector<c10::IValue>& args) {
+  keep_thread_state();
   py::gil_scoped_acquire gil;
   if (deliver_fn == nullptr) return;
   try {
