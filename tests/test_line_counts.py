@@ -1,6 +1,7 @@
-"""Calls counted by line: past a line's first calls the compiled core counts further calls there itself (the pure-Python
-core hands every call to the subscriber); either way a report has every call at its line, live reads see them
-mid-window, and work excluded from a window is not counted."""
+"""Calls counted by line: past a line's first call the compiled core counts further calls there itself, handing the
+subscriber only those of its first calls whose frames are new (the pure-Python core hands every call to the
+subscriber); either way a report has every call at its line with the same stacks, live reads see them mid-window, and
+work excluded from a window is not counted."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 import torch
 
 import neuron_lab
+from neuron_lab.backend.emulator import runtime
+from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.tracker import Tracker
 
 
@@ -33,6 +36,34 @@ def test_every_call_is_counted_at_its_line_with_at_most_stack_limit_stacks() -> 
     assert (row.count, row.unattributed) == (58, 0)
     assert {line: s.count for line, s in sites.items()} == {here: 40, twice: 18}
     assert all(1 <= len(s.stacks) <= 2 for s in sites.values())
+
+
+def _once(x):
+    return torch.atan2(x, x)
+
+
+def test_a_lines_repeated_frames_reach_the_subscriber_once_and_its_stacks_stay_the_same(monkeypatch) -> None:
+    handed = []
+    record = OpTrace.record
+
+    def counted(self, event, args, kwargs):
+        handed.append(event.name)
+        return record(self, event, args, kwargs)
+
+    monkeypatch.setattr(OpTrace, "record", counted)  # bound as the tracker subscribes
+    x = torch.randn(4, device="neuron")
+    with neuron_lab.track(stack_limit=3) as report:
+        for i in range(40):
+            if i < 2:
+                _once(x); first = sys._getframe().f_lineno  # noqa: E702
+            else:
+                _once(x); then = sys._getframe().f_lineno  # noqa: E702
+    row, sites = _sites(report)
+    assert (row.count, list(sites)) == (40, [_once.__code__.co_firstlineno + 1])
+    callers = [int(st[0].split(" in ")[0].rsplit(":", 1)[1]) for st in sites[_once.__code__.co_firstlineno + 1].stacks]
+    assert callers == [first, then]  # the 2nd call repeats the 1st's frames; the 3rd's are new
+    # the compiled core hands over the 1st and the 3rd call (new frames), and counts the rest at the line
+    assert len(handed) == (2 if runtime.get().core == "compiled" else 40)
 
 
 def test_live_reads_see_every_call_so_far_and_excluded_work_is_not_counted() -> None:

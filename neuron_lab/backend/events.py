@@ -187,8 +187,10 @@ class OpRecorder:
 
         Returns the unsubscribe function. Kinds nobody asked for cost no event at all. With ``roles`` (the
         subscriber's role of a code object), a producer that counts calls by line itself (the compiled core) may hand
-        ``fn`` only a line's first calls: once ``fn`` returns a tally for a call, the producer counts further calls of
-        that op at that line and hands them over as ``tally(calls, host_ns)`` at :meth:`flush`.
+        ``fn`` only a line's first call: once ``fn`` returns ``(tally, n)`` for a call, the producer counts further
+        calls of that op at that line and hands them over as ``tally(calls, host_ns)`` at :meth:`flush`, except those
+        of the next ``n`` calls whose calling frames differ from every call it handed ``fn`` at the line (their stacks
+        may be new), which ``fn`` gets.
         """
         entry = (fn, frozenset(KINDS if kinds is None else kinds), roles)
         with self._lock:

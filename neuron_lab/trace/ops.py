@@ -5,9 +5,11 @@ Only the reported kinds (fallback, host, downcast, sync, ...) are delivered here
 backend), so the cost is on calls that are already slow. Looking up the site is a walk up the
 frame chain with a per-code-object cache (a few microseconds); the full stack is formatted only
 for the first ``stack_limit`` calls of each (op, site), so a training loop pays for stacks a
-bounded number of times while every call is still counted at its line. Past those, :meth:`OpTrace.record` returns
-the line's tally: a producer that walks frames itself (the compiled core, given :meth:`OpTrace.role`) counts the
-line's further calls without calling Python, and hands them to the tally when the backend is flushed.
+bounded number of times while every call is still counted at its line. :meth:`OpTrace.record` returns the line's
+tally and how many of its next calls may still add a stack: a producer that walks frames itself (the compiled core,
+given :attr:`OpTrace.role`) counts the line's further calls without calling Python, hands back only those of the next
+calls whose frames differ from every call it handed over (a loop's calls repeat one stack), and hands the counts to the
+tally when the backend is flushed.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from functools import partial
 from types import CodeType
 
 from neuron_lab import kinds
-from neuron_lab.backend.events import USER, OpEvent
+from neuron_lab.backend.events import USER, OpEvent, Roles
 from neuron_lab.kinds import OFF_DEVICE, SYNC
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
 
 Tally = Callable[[int, int], None]  # (calls, host_ns) a producer counted at one line
+
+
+def _user(code: CodeType) -> int:
+    """Every code object's role without call sites: the user's, so that a producer keys a call by its caller's line
+    and counts it, unattributed, in its row."""
+    return USER
 
 
 class OpTrace:
@@ -41,10 +49,13 @@ class OpTrace:
         # line) and the line's tally, so that a call that met its op and line before is one look-up
         self._counts: dict[tuple, tuple[OpRow, SiteCount | None, Tally | None]] = {}
         self.paused = 0  # > 0 while work that is not the user's runs (formatting a value for display)
+        # A code object's role (``subscribe(roles=)``), as the locator decides it: one callable a session long (the
+        # locator's), so that a producer keeps the roles it learnt from cell to cell.
+        self.role: Roles = _user if locator is None else locator.role
 
-    def record(self, event: OpEvent, args: tuple, kwargs: dict) -> Tally | None:
+    def record(self, event: OpEvent, args: tuple, kwargs: dict) -> tuple[Tally, int] | None:
         """The backend's subscriber (a bound method: the interpreter calls it inline, an instance's ``__call__``
-        it does not). Returns the line's tally once the line needs nothing but counts."""
+        it does not). Returns the line's tally and how many of its next calls may add a stack (None: no line)."""
         if self.paused:
             return None
         name, overload, kind, reason, shapes, dtypes, host_ns, nbytes, ranks = event
@@ -70,20 +81,16 @@ class OpTrace:
             row.nbytes += nbytes
             if sc is None:
                 row.unattributed += 1
-                return tally
+                return None if tally is None else (tally, 0)
             sc.count += 1
-            if sc.count > self.stack_limit:
-                return tally
+            more = self.stack_limit - sc.count
+            if more < 0:
+                return tally, 0
         stack = locator.stack(sys._getframe(1), self.stack_depth)
         with self._lock:
             if stack not in sc.stacks:
                 sc.stacks.append(stack)
-        return None
-
-    def role(self, code: CodeType) -> int:
-        """A code object's role (``subscribe(roles=)``), as the locator decides it; without call sites every code is
-        the user's, so that a producer keys a call by its caller's line and counts it, unattributed, in its row."""
-        return USER if self.locator is None else self.locator.role(code)
+        return tally, more
 
     def _tally(self, row: OpRow, sc: SiteCount | None, calls: int, host_ns: int) -> None:
         """Calls of ``row``'s op at ``sc``'s line (None: no line) that a producer counted (no stacks: the line has

@@ -158,7 +158,8 @@ class CoreRecorder(OpRecorder):
 
     def deliver(self, name: str, overload: str, kind: str, reason: str, shapes: tuple, dtypes: tuple,
                 host_ns: int, args: tuple) -> Any:
-        """Hands one call to the kind's subscribers; returns what a sole subscriber returned (a line's tally)."""
+        """Hands one call to the kind's subscribers; returns what a sole subscriber returned (a line's tally and how
+        many of its next calls it takes, :meth:`OpRecorder.subscribe`)."""
         event = (syncs.event(qualified(name, overload), shapes, dtypes) if kind == SYNC
                  else _new_tuple(OpEvent, (name, overload, kind, reason, shapes, dtypes, host_ns, 0, 0)))
         fns = self._by_kind.get(kind, ())

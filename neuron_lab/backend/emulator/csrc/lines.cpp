@@ -1,9 +1,12 @@
 // Reported calls counted by line in C++ (lines.h): a walk of the calling frames with each code object's role cached by
-// pointer (Python decides a role once), then one hash-map increment per call.
+// pointer (Python decides a role once, for as long as the subscriber's roles stay the same), then one hash-map
+// increment per call; while the subscriber still takes stacks of a line, the call's frames are compared with those it
+// was handed (a loop repeats one stack: Python sees it once).
 #include "lines.h"
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <functional>
 #include <unordered_map>
 #include <utility>
@@ -24,10 +27,20 @@ struct LineHash {
 struct Tally {
   PyObject* fn;  // owned
   int64_t calls = 0, host_ns = 0;
+  int stack_calls = 0;  // of the line's next calls, how many the subscriber takes when their frames are new
+  std::vector<Frames> seen;  // the frames of the calls it was handed (codes owned)
 };
 
+void release(Tally& t) {
+  Py_DECREF(t.fn);
+  for (const auto& frames : t.seen) {
+    for (const auto& [code, _] : frames) Py_DECREF(code);
+  }
+}
+
 int lined = 0;
-PyObject* roles_fn = nullptr;  // owned
+PyObject* roles_fn = nullptr;  // owned: the subscriber's, while one counts by line
+PyObject* asked_fn = nullptr;  // owned: the callback the cached roles came from
 int64_t epoch = 0;
 unsigned long main_ident = 0;  // the main thread's (threading.main_thread().ident)
 // Never freed (the core outlives the interpreter's teardown); code objects held while cached, so no pointer is reused.
@@ -94,6 +107,30 @@ PyThreadState* main_thread() {
   return nullptr;
 }
 
+// From `frame` (a new reference, taken) outwards, every frame: its code (borrowed: the running frame holds it) and
+// offset.
+void append_frames(PyFrameObject* frame, Frames* out) {
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    out->emplace_back(reinterpret_cast<PyObject*>(code), PyFrame_GetLasti(frame));
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+}
+
+// This call's frames: a superset of what the subscriber's stack of it reads (autograd's thread takes the main thread's).
+Frames frames_here() {
+  Frames out;
+  PyThreadState* self = PyThreadState_Get();
+  append_frames(PyThreadState_GetFrame(self), &out);
+  if (self->thread_id != main_ident) {
+    if (PyThreadState* main = main_thread()) append_frames(PyThreadState_GetFrame(main), &out);
+  }
+  return out;
+}
+
 }  // namespace
 
 bool line_of(const void* op, int kind, Line* line) {
@@ -108,18 +145,38 @@ bool line_of(const void* op, int kind, Line* line) {
   return main != nullptr && walk(PyThreadState_GetFrame(main), line) == kFound;
 }
 
-bool count_at(const Line& line, int64_t host_ns) {
+bool count_at(const Line& line, int64_t host_ns, Frames* frames) {
   auto it = tallies.find(line);
   if (it == tallies.end()) return false;
-  it->second.calls += 1;
-  it->second.host_ns += host_ns;
+  Tally& t = it->second;
+  if (t.stack_calls > 0) {
+    Frames here = frames_here();
+    if (std::find(t.seen.begin(), t.seen.end(), here) == t.seen.end()) {
+      *frames = std::move(here);
+      return false;
+    }
+    t.stack_calls -= 1;
+  }
+  t.calls += 1;
+  t.host_ns += host_ns;
   return true;
 }
 
-void keep_tally(const Line& line, PyObject* tally) {
+void keep_tally(const Line& line, PyObject* tally, int stack_calls, Frames frames) {
   if (line.epoch != epoch) return;  // the roles changed while the subscriber ran
-  auto [it, fresh] = tallies.try_emplace(line, Tally{tally});
-  if (fresh) Py_INCREF(tally);
+  auto it = tallies.find(line);
+  if (it == tallies.end()) {
+    it = tallies.emplace(line, Tally{tally}).first;
+    Py_INCREF(tally);
+    it->second.stack_calls = stack_calls;
+    if (stack_calls > 0) frames = frames_here();
+  } else if (!frames.empty()) {
+    it->second.stack_calls -= 1;  // a call with new frames, handed to the subscriber
+  }
+  if (!frames.empty() && it->second.stack_calls > 0) {
+    for (const auto& [code, _] : frames) Py_INCREF(code);
+    it->second.seen.push_back(std::move(frames));
+  }
 }
 
 std::vector<Counted> take_counts() {
@@ -135,18 +192,33 @@ std::vector<Counted> take_counts() {
 
 void set_lines(int kinds_mask, PyObject* roles_callback, unsigned long main_thread) {
   main_ident = main_thread;
+  // Roles asked of an equal callback (a session's locator, cell after cell) still hold: kept, as they are between
+  // subscribers; another callback's are dropped.
+  int same = 1;
+  if (roles_callback != nullptr) {
+    same = asked_fn != nullptr ? PyObject_RichCompareBool(asked_fn, roles_callback, Py_EQ) : 0;
+    if (same < 0) throw pybind11::error_already_set();
+  }
   // Unlinked first, released after: a release may run Python code, which may deliver a call.
   auto old_tallies = std::move(tallies);
-  auto old_roles = std::move(roles);
   tallies.clear();
-  roles.clear();
+  std::unordered_map<PyObject*, int> old_roles;
+  PyObject* old_asked = nullptr;
+  if (!same) {
+    old_roles = std::move(roles);
+    roles.clear();
+    old_asked = asked_fn;
+    Py_INCREF(roles_callback);
+    asked_fn = roles_callback;
+  }
   PyObject* old_fn = roles_fn;
   Py_XINCREF(roles_callback);
   roles_fn = roles_callback;
   lined = roles_callback == nullptr ? 0 : kinds_mask;
   epoch += 1;
-  for (auto& [_, t] : old_tallies) Py_DECREF(t.fn);
+  for (auto& [_, t] : old_tallies) release(t);
   for (auto& [code, _] : old_roles) Py_DECREF(code);
+  Py_XDECREF(old_asked);
   Py_XDECREF(old_fn);
 }
 

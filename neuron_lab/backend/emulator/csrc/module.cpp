@@ -60,42 +60,48 @@ void set_callback(PyObject*& slot, const py::object& fn) {
   slot = fn.is_none() ? nullptr : fn.ptr();
 }
 
+// The allocator's counters as flat "allocated_bytes.all.current" keys (CUDA's memory_stats keys, unsorted: the Python
+// side sorts its own copy). The keys are made once: a reading (two a tracked cell) builds no strings.
 py::dict flat_stats(c10::DeviceIndex device) {
   auto s = allocator().getDeviceStats(checked_index(device));
-  py::dict out;
-  const char* pools[] = {"all", "small_pool", "large_pool"};
-  auto put = [&](const char* key, const c10::CachingAllocator::StatArray& arr) {
-    for (int p = 0; p < 3; ++p) {
-      std::string prefix = std::string(key) + "." + pools[p] + ".";
-      out[py::str(prefix + "current")] = arr[p].current;
-      out[py::str(prefix + "peak")] = arr[p].peak;
-      out[py::str(prefix + "allocated")] = arr[p].allocated;
-      out[py::str(prefix + "freed")] = arr[p].freed;
-    }
+  static auto* keys = new std::vector<py::object>();  // never released, as the callbacks above
+  const bool naming = keys->empty();
+  std::vector<int64_t> values;
+  values.reserve(128);
+  auto add = [&](auto&& name, int64_t value) {
+    if (naming) keys->push_back(py::str(name()));
+    values.push_back(value);
   };
-  put("allocated_bytes", s.allocated_bytes);
-  put("active_bytes", s.active_bytes);
-  put("requested_bytes", s.requested_bytes);
-  put("reserved_bytes", s.reserved_bytes);
-  put("inactive_split_bytes", s.inactive_split_bytes);
-  put("allocation", s.allocation);
-  put("active", s.active);
-  put("segment", s.segment);
-  put("inactive_split", s.inactive_split);
-  for (const auto& [key, st] : {std::pair<const char*, const c10::CachingAllocator::Stat*>{"oversize_allocations",
-                                                                                          &s.oversize_allocations},
-                                {"oversize_segments", &s.oversize_segments}}) {
-    out[py::str(std::string(key) + ".current")] = st->current;
-    out[py::str(std::string(key) + ".peak")] = st->peak;
-    out[py::str(std::string(key) + ".allocated")] = st->allocated;
-    out[py::str(std::string(key) + ".freed")] = st->freed;
+  auto stat = [&](const char* key, const char* pool, const c10::CachingAllocator::Stat& st) {
+    std::string prefix = std::string(key) + "." + pool + (*pool ? "." : "");
+    add([&] { return prefix + "current"; }, st.current);
+    add([&] { return prefix + "peak"; }, st.peak);
+    add([&] { return prefix + "allocated"; }, st.allocated);
+    add([&] { return prefix + "freed"; }, st.freed);
+  };
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  for (const auto& [key, arr] : {std::pair<const char*, const c10::CachingAllocator::StatArray*>{"allocated_bytes",
+                                                                                              &s.allocated_bytes},
+                                 {"active_bytes", &s.active_bytes},
+                                 {"requested_bytes", &s.requested_bytes},
+                                 {"reserved_bytes", &s.reserved_bytes},
+                                 {"inactive_split_bytes", &s.inactive_split_bytes},
+                                 {"allocation", &s.allocation},
+                                 {"active", &s.active},
+                                 {"segment", &s.segment},
+                                 {"inactive_split", &s.inactive_split}}) {
+    for (int p = 0; p < 3; ++p) stat(key, pools[p], (*arr)[p]);
   }
-  out["max_split_size"] = s.max_split_size;
-  out["num_sync_all_streams"] = s.num_sync_all_streams;
-  out["num_alloc_retries"] = s.num_alloc_retries;
-  out["num_ooms"] = s.num_ooms;
-  out["num_device_alloc"] = s.num_device_alloc;
-  out["num_device_free"] = s.num_device_free;
+  stat("oversize_allocations", "", s.oversize_allocations);
+  stat("oversize_segments", "", s.oversize_segments);
+  add([] { return "max_split_size"; }, s.max_split_size);
+  add([] { return "num_sync_all_streams"; }, s.num_sync_all_streams);
+  add([] { return "num_alloc_retries"; }, s.num_alloc_retries);
+  add([] { return "num_ooms"; }, s.num_ooms);
+  add([] { return "num_device_alloc"; }, s.num_device_alloc);
+  add([] { return "num_device_free"; }, s.num_device_free);
+  py::dict out;
+  for (size_t i = 0; i < values.size(); ++i) out[(*keys)[i]] = py::int_(values[i]);
   return out;
 }
 
@@ -261,17 +267,31 @@ std::unordered_map<uint64_t, Delivery>& deliveries() {
   return *d;
 }
 
+// A thread of torch's own (autograd's device thread, delivering a backward op's call) has no Python thread state:
+// pybind11's acquire would make one and its release delete it again, every delivery. One state kept for the thread's
+// life (never released: the interpreter clears it at exit) makes a delivery from it one GIL hand-over.
+void keep_thread_state() {
+  thread_local bool kept = false;
+  if (kept) return;
+  kept = true;
+  if (PyGILState_GetThisThreadState() != nullptr) return;
+  PyGILState_Ensure();  // the state, its count left at 1
+  PyEval_SaveThread();  // the GIL goes back; the state stays
+}
+
 }  // namespace
 
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
              const std::string& reason, c10::function_ref<const Signature&()> signature, int64_t host_ns,
              const std::vector<c10::IValue>& args) {
+  keep_thread_state();
   py::gil_scoped_acquire gil;
   if (deliver_fn == nullptr) return;
   try {
     Line line;
+    Frames frames;
     const bool lined = line_of(key, kind, &line);
-    if (lined && count_at(line, host_ns)) return;
+    if (lined && count_at(line, host_ns, &frames)) return;
     const Signature& sig = signature();
     auto& d = deliveries()[reinterpret_cast<uintptr_t>(key) * kMaxKinds + kind];
     if (!d.name) {
@@ -292,8 +312,11 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
     py::tuple pyargs(args.size());
     for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
     py::handle fn(deliver_fn);
-    py::object tally = fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
-    if (lined && !tally.is_none()) keep_tally(line, tally.ptr());
+    py::object taken = fn(d.name, d.overload, d.kind, d.reason, d.shapes, d.dtypes, host_ns, pyargs);
+    if (lined && !taken.is_none()) {  // (the line's tally, how many of its next calls it takes for their stacks)
+      auto t = taken.cast<py::tuple>();
+      keep_tally(line, t[0].ptr(), t[1].cast<int>(), std::move(frames));
+    }
   } catch (py::error_already_set& e) {
     rethrow(e);
   }
