@@ -757,18 +757,23 @@ int64_t timed(c10::function_ref<void()> kernel) {
   return now_ns() - t0;
 }
 
-// Counts a plain call as run() would; its argument stack is made only for a delivery.
+// Counts a plain call as run() would.
 void tally(Plan& p, const Classified& kind, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
            c10::function_ref<Stack()> args) {
-  const int wants = count(p, kind.kind, kind.reason, host_ns);
-  if (wants & kDeliver) {
-    examine(p, kind.kind, kind.reason, host_ns, args(), wants);
-  } else if (wants & kProbe) {
-    keep_signature(p.stats[kind.kind], signature_of(tensors));
-  }
+  record(p, kind.kind, kind.reason, host_ns, tensors, args);
 }
 
 }  // namespace
+
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
+            c10::function_ref<Stack()> args) {
+  const int wants = count(p, kind, reason, host_ns);
+  if (wants & kDeliver) {
+    examine(p, kind, reason, host_ns, args(), wants);
+  } else if (wants & kProbe) {
+    keep_signature(p.stats[kind], signature_of(tensors));
+  }
+}
 
 at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
                   c10::function_ref<at::Tensor()> kernel, c10::function_ref<Stack()> args) {
@@ -812,6 +817,26 @@ at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c1
   }
   tally(p, kind, timed(kernel), tensors, args);
   return self;
+}
+
+bool direct_results(Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
+                    c10::function_ref<void(std::vector<at::Tensor>&)> kernel, c10::function_ref<Stack()> args,
+                    std::vector<at::Tensor>& results) {
+  c10::DeviceIndex device = -1;
+  uint64_t mask = 0;
+  if (!plain(p, tensors, &device, &mask)) return false;
+  const Classified& kind = kind_of(p, mask);
+  if (!kind.tests.empty()) return false;
+  const int64_t host_ns = timed([&] { kernel(results); });
+  for (at::Tensor& r : results) {
+    if (!r.defined()) continue;
+    for (const at::Tensor* t : tensors) {  // as direct(): a result over a CPU scalar's bytes is its own
+      if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
+    }
+    r = presented(r, device);
+  }
+  tally(p, kind, host_ns, tensors, args);
+  return true;
 }
 
 Plan& named(const char* name, const char* overload) {
