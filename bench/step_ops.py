@@ -2,7 +2,8 @@
 
 One AdamW step of each tiny model (bench/model_zoo.py's builders, bench/real_models.py's step) runs on `neuron`
 under a ``TorchDispatchMode`` that counts each ATen op with a device tensor among its arguments or results (the
-ops as they reach the backend, below autograd) and keeps each op's first call. Each kept call is then replayed,
+ops as they reach the backend, below autograd) by its tensors' dtypes and devices (an int64 add takes the 64-bit
+rule's path, a float32 one the typed kernel) and keeps each such class's first call. Each is then replayed,
 under valgrind's callgrind (bench/callgrind.py), ``--calls`` times on `neuron` and the same times on CPU copies of
 its arguments (same sizes, strides and offsets), after ``--warm`` uncounted calls (past the core's 256 signature
 probes: the steady state a training loop sees). An op's extra instructions per call times its calls per step ranks
@@ -10,7 +11,7 @@ it. The path is the core's: a typed kernel (csrc/aten/unboxed.cpp), the boxed fa
 csrc/aten/dispatch.cpp, registered directly or as the catch-all fallback), a backend kernel (csrc/aten/kernels.cpp:
 copies, allocation, views) or an ATen composite (views and decompositions, whose inner ops take one of the others).
 
-    python bench/step_ops.py [--models gpt2,llama,bert] [--calls 30] [--warm 300] [--top 15]
+    python bench/step_ops.py [--models gpt2,llama,bert] [--calls 30] [--warm 260] [--top 15]
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ class _Census(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if any(isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in tree_leaves((args, kwargs, out))):
-            self.calls[func] += 1
-            self.first.setdefault(func, (args, kwargs))
+            key = (func, tuple((t.dtype, t.device.type) for t in tree_leaves((args, kwargs))
+                               if isinstance(t, torch.Tensor)))
+            self.calls[key] += 1
+            self.first.setdefault(key, (args, kwargs))
         return out
 
 
@@ -99,8 +102,8 @@ def counted(models: list[str], calls: int, warm: int) -> None:
         with census:
             step()
         rows = []
-        for i, (func, n) in enumerate(census.calls.most_common()):
-            args, kwargs = census.first[func]
+        for i, (key, n) in enumerate(census.calls.most_common()):
+            func, (args, kwargs) = key[0], census.first[key]
             on = {"neuron": (args, kwargs), "cpu": _on_cpu(args, kwargs)}
             with torch.no_grad():
                 for dev, (a, k) in on.items():
@@ -118,7 +121,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2,llama,bert")
     ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--warm", type=int, default=300)
+    ap.add_argument("--warm", type=int, default=260)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", help="also write every op's row here")
     ap.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
@@ -131,11 +134,18 @@ def main() -> None:
     dumps, out = callgrind.run([__file__, "--counted", "--models", args.models, "--calls", str(args.calls),
                                 "--warm", str(args.warm)])
     result = json.loads(next(line for line in out.splitlines() if line.startswith(MARK))[len(MARK):])
-    for model, rows in result.items():
-        for r in rows:
-            cpu, dev = (dumps[f"{r['key']}|{d}"][0][1] / args.calls for d in ("cpu", "neuron"))
-            r.update(cpu=cpu, neuron=dev, extra=dev - cpu, step=(dev - cpu) * r["calls"])
-        rows.sort(key=lambda r: -r["step"])
+    for model, classes in result.items():
+        ops: dict = {}  # an op's classes together, each weighted by its calls
+        for c in classes:
+            cpu, dev = (dumps[f"{c['key']}|{d}"][0][1] / args.calls for d in ("cpu", "neuron"))
+            r = ops.setdefault(c["op"], {"op": c["op"], "path": c["path"], "calls": 0, "cpu": 0.0, "neuron": 0.0})
+            r["calls"] += c["calls"]
+            r["cpu"] += cpu * c["calls"]
+            r["neuron"] += dev * c["calls"]
+        for r in ops.values():
+            r.update(step=r["neuron"] - r["cpu"], cpu=r["cpu"] / r["calls"], neuron=r["neuron"] / r["calls"])
+            r["extra"] = r["neuron"] - r["cpu"]
+        result[model] = rows = sorted(ops.values(), key=lambda r: -r["step"])
         by_path: collections.Counter = collections.Counter()
         for r in rows:
             by_path[r["path"]] += r["step"]

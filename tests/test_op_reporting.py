@@ -132,6 +132,7 @@ _SEVERAL = {  # the typed kernels of several results, of tensor lists and of the
     "native_layer_norm_backward": lambda x, w, g: torch.ops.aten.native_layer_norm_backward(
         g, x, [6], x[:, :1].contiguous(), x[:, 1:2].contiguous(), w, w, [True, True, True]),
     "native_dropout_backward": lambda x, w, g: torch.ops.aten.native_dropout_backward(g, x > 0, 2.0),
+    "native_dropout": lambda x, w, g: torch.ops.aten.native_dropout(x, 0.5, False),
     "_foreach_sqrt": lambda x, w, g: torch._foreach_sqrt([x.abs(), w]),
 }
 
@@ -165,6 +166,17 @@ def test_typed_kernels_of_several_results_report_as_the_fallback(b, op):
     with torch.profiler.profile():
         boxed, _, _ = _several_calls(op)
     assert rows == boxed
+
+
+def test_typed_dropout_draws_what_the_fallback_draws(b):
+    x = torch.randn(256, device="neuron")
+    torch.neuron.manual_seed(5)
+    typed = torch.ops.aten.native_dropout(x, 0.3, True)
+    torch.neuron.manual_seed(5)
+    with torch.profiler.profile():
+        boxed = torch.ops.aten.native_dropout(x, 0.3, True)
+    assert all(torch.equal(t.cpu(), u.cpu()) for t, u in zip(typed, boxed))
+    assert 0 < int((~typed[1]).sum()) < 256
 
 
 def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):

@@ -223,6 +223,26 @@ struct Results<Name, Cpu> {
   }
 };
 
+// native_dropout draws from the device's generator (dropout_on_host), so its typed kernel is its own. An empty
+// input's output is the input itself, which the fallback presents as its alias.
+constexpr char kDropout[] = "native_dropout";
+struct NativeDropout {
+  static std::tuple<at::Tensor, at::Tensor> call(const at::Tensor& input, double p, std::optional<bool> train) {
+    static Op op(kDropout);
+    auto args = [&] { return Stack{input, p, train}; };
+    std::vector<at::Tensor> out;
+    if (input.numel() == 0 ||
+        !direct_results(op.plan, tensors_of(input), [&](std::vector<at::Tensor>& r) {
+          flatten(dropout_on_host(input.device().index(), host(input), p, train), r);
+        }, args, out, /*draws_on_device=*/true)) {
+      Stack stack = args();
+      run(op.handle, &stack);
+      return c10::impl::PopResult<std::tuple<at::Tensor, at::Tensor>>::call(stack);
+    }
+    return {out[0], out[1]};
+  }
+};
+
 using T = at::Tensor;
 using S = at::Scalar;
 using TL = at::TensorList;
@@ -316,6 +336,7 @@ const std::unordered_map<std::string, Register>& typed() {
       {kZero_, reg<InPlace<kZero_, &at::cpu::zero_>>},
       {kWhere, reg<Functional<kWhere, &at::cpu::where>>},
       {kCat, reg<Functional<kCat, &at::cpu::cat>>},
+      {kDropout, reg<NativeDropout>},
       {kTril, reg<Functional<kTril, &at::cpu::tril_symint>>},
       {kLayerNorm, reg<Results<kLayerNorm, &at::cpu::native_layer_norm_symint>>},
       {kLayerNormBackward, reg<Results<kLayerNormBackward, &at::cpu::native_layer_norm_backward_symint>>},
