@@ -5,8 +5,9 @@ under a ``TorchDispatchMode`` that counts each ATen op with a device tensor amon
 ops as they reach the backend, below autograd) by its tensors' dtypes and devices (an int64 add takes the 64-bit
 rule's path, a float32 one the typed kernel) and keeps each such class's first call. Each is then replayed,
 under valgrind's callgrind (bench/callgrind.py), ``--calls`` times on `neuron` and the same times on CPU copies of
-its arguments (same sizes, strides and offsets), after ``--warm`` uncounted calls (past the core's 256 signature
-probes: the steady state a training loop sees). An op's extra instructions per call times its calls per step ranks
+its arguments (same sizes, strides and offsets), after uncounted calls: on `neuron` until the op is past the core's
+256 signature probes (``--warm`` calls for an op the core does not count itself, a composite's), the steady state a
+training loop sees; on the CPU a few. An op's extra instructions per call times its calls per step ranks
 it. The path is the core's: a typed kernel (csrc/aten/unboxed.cpp), the boxed fallback (``run()`` in
 csrc/aten/dispatch.cpp, registered directly or as the catch-all fallback), a backend kernel (csrc/aten/kernels.cpp:
 copies, allocation, views) or an ATen composite (views and decompositions, whose inner ops take one of the others).
@@ -90,6 +91,13 @@ def _on_cpu(args, kwargs):
     return tree_map(cpu, args), {k: tree_map(cpu, x) for k, x in kwargs.items()}
 
 
+def _warm_calls(func, most: int) -> int:
+    """Calls that take `func` past the core's signature probes (``most`` when the core does not count it)."""
+    s = func._schema
+    seen = sum(row[4] for row in _core.op_rows() if (row[0], row[1]) == (s.name, s.overload_name))
+    return max(3, most - seen) if seen else most
+
+
 def counted(models: list[str], calls: int, warm: int) -> None:
     torch.set_num_threads(1)
     result = {}
@@ -107,7 +115,7 @@ def counted(models: list[str], calls: int, warm: int) -> None:
             on = {"neuron": (args, kwargs), "cpu": _on_cpu(args, kwargs)}
             with torch.no_grad():
                 for dev, (a, k) in on.items():
-                    for _ in range(warm):
+                    for _ in range(_warm_calls(func, warm) if dev == "neuron" else 3):
                         func(*a, **k)
                     with callgrind.count(f"{model}|{i}|{dev}"):
                         for _ in range(calls):
