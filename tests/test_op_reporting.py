@@ -125,6 +125,60 @@ def test_hot_ops_probe_signatures_without_a_subscriber(b):
     assert sigs[("aten::add_", "Tensor")] == [(((4, 4), (4, 4)), ("float32", "float32"))]
 
 
+_SEVERAL = {  # the typed kernels of several results, of tensor lists and of the ops a model step calls most
+    "cat": lambda x, w, g: torch.cat([x, g, x], 1),
+    "tril": lambda x, w, g: torch.tril(x, -1),
+    "native_layer_norm": lambda x, w, g: torch.ops.aten.native_layer_norm(x, [6], w, w, 1e-5),
+    "native_layer_norm_backward": lambda x, w, g: torch.ops.aten.native_layer_norm_backward(
+        g, x, [6], x[:, :1].contiguous(), x[:, 1:2].contiguous(), w, w, [True, True, True]),
+    "native_dropout_backward": lambda x, w, g: torch.ops.aten.native_dropout_backward(g, x > 0, 2.0),
+    "native_dropout": lambda x, w, g: torch.ops.aten.native_dropout(x, 0.5, False),
+    "_foreach_sqrt": lambda x, w, g: torch._foreach_sqrt([x.abs(), w]),
+}
+
+
+def _several_calls(op: str) -> tuple[list, dict, int]:
+    torch.manual_seed(0)
+    x, w, g = torch.randn(4, 6), torch.rand(6) + 0.5, torch.randn(4, 6)
+    want = _SEVERAL[op](x, w, g)
+    dev = [t.to("neuron") for t in (x, w, g)]
+    nb = backend.active()
+    nb.clear_op_tracking()
+    before = torch.neuron.memory_allocated()
+    got = _SEVERAL[op](*dev)
+    held = torch.neuron.memory_allocated() - before
+    rows = {(s.name, s.overload, s.kind): (s.count, s.signatures) for s in nb.op_stats()
+            if s.name == f"aten::{op}"}
+    for a, d in zip(want if isinstance(want, (tuple, list)) else [want], got if isinstance(got, (tuple, list))
+                    else [got]):
+        assert (a is None) == (d is None) and (a is None or torch.equal(d.cpu(), a)), op
+    results = [t for t in (got if isinstance(got, (tuple, list)) else [got]) if t is not None]
+    return rows, results, held
+
+
+@pytest.mark.parametrize("op", list(_SEVERAL))
+def test_typed_kernels_of_several_results_report_as_the_fallback(b, op):
+    """A typed kernel of several results or of a tensor list computes what the CPU does, holds its results' bytes
+    and reports the call exactly as the boxed fallback does (run under the profiler, which takes the fallback)."""
+    rows, results, held = _several_calls(op)
+    assert sum(n for n, _ in rows.values()) == 1
+    assert held == sum(t.untyped_storage().nbytes() for t in results if t.device.type == "neuron")
+    with torch.profiler.profile():
+        boxed, _, _ = _several_calls(op)
+    assert rows == boxed
+
+
+def test_typed_dropout_draws_what_the_fallback_draws(b):
+    x = torch.randn(256, device="neuron")
+    torch.neuron.manual_seed(5)
+    typed = torch.ops.aten.native_dropout(x, 0.3, True)
+    torch.neuron.manual_seed(5)
+    with torch.profiler.profile():
+        boxed = torch.ops.aten.native_dropout(x, 0.3, True)
+    assert all(torch.equal(t.cpu(), u.cpu()) for t, u in zip(typed, boxed))
+    assert 0 < int((~typed[1]).sum()) < 256
+
+
 def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):
     a = torch.eye(3, device="neuron") * 2
     torch.linalg.inv(a)

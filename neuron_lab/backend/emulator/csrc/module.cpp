@@ -4,6 +4,7 @@
 // delivered there included) travels back through the dispatcher and is re-raised unchanged.
 #include "aten/dispatch.h"
 #include "aten/host_alias.h"
+#include "aten/unboxed.h"
 #include "lines.h"
 #include "profiler/profiler.h"
 #include "runtime/allocator.h"
@@ -439,6 +440,7 @@ PYBIND11_MODULE(_core, m) {
     return out;
   });
   m.def("register_direct", &register_direct);
+  m.def("typed_ops", &typed_names, "The overloads with a typed kernel; the other direct ones take the boxed fallback.");
   m.def("clear_ops", &clear_op_rows);
   m.def("forget_kinds", &forget_kinds);
   m.def("set_wanted", &set_wanted);

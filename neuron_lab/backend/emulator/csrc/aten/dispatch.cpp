@@ -400,26 +400,9 @@ bool downcast(const Plan& p, const Stack& orig, Stack& hargs, std::vector<Lowere
   return true;
 }
 
-// native_dropout as the CPU kernel computes it, drawing from the device generator's engine instead of the
-// default CPU generator: the same stream a CPU generator seeded alike gives, without touching the CPU's.
 void dropout_on_device(c10::DeviceIndex device, const Stack& hargs, Stack* stack) {
-  at::Tensor in = hargs[0].toTensor();
-  double p = hargs[1].toDouble();
-  bool train = hargs[2].isNone() || hargs[2].toBool();
-  at::Tensor out, mask;
-  if (in.numel() == 0) {
-    out = in;
-    mask = at::empty_like(in, in.options());
-  } else if (train) {
-    double p1m = 1. - p;
-    double scale = p1m == 0 ? 0. : 1. / p1m;
-    mask = at::empty_like(in, in.options().dtype(at::kBool));
-    mask.bernoulli_(p1m, cpu_engine(default_generator(device)));
-    out = in.mul(mask).mul_(scale);
-  } else {
-    mask = at::ones_like(in, in.options().dtype(at::kBool));
-    out = in.clone();
-  }
+  auto [out, mask] = dropout_on_host(device, hargs[0].toTensor(), hargs[1].toDouble(),
+                                     hargs[2].isNone() ? std::nullopt : std::optional<bool>(hargs[2].toBool()));
   stack->push_back(out);
   stack->push_back(mask);
 }
@@ -517,6 +500,25 @@ const std::string& downcast_reason(uint64_t mask) {
 }
 
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor> dropout_on_host(c10::DeviceIndex device, const at::Tensor& in, double p,
+                                                   std::optional<bool> train) {
+  at::Tensor out, mask;
+  if (in.numel() == 0) {
+    out = in;
+    mask = at::empty_like(in, in.options());
+  } else if (train.value_or(true)) {
+    double p1m = 1. - p;
+    double scale = p1m == 0 ? 0. : 1. / p1m;
+    mask = at::empty_like(in, in.options().dtype(at::kBool));
+    mask.bernoulli_(p1m, cpu_engine(default_generator(device)));
+    out = in.mul(mask).mul_(scale);
+  } else {
+    mask = at::ones_like(in, in.options().dtype(at::kBool));
+    out = in.clone();
+  }
+  return {out, mask};
+}
 
 Plan& plan_of(const c10::OperatorHandle& op) {
   const auto* key = &op.schema();
@@ -728,10 +730,12 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
 namespace {
 
 // The typed kernels' plain path: every tensor defined, on one device or a CPU scalar, no 64-bit dtype, no profiler,
-// no quirk of the op in the policy. Its device and device dtypes; false: the call goes to run().
-bool plain(const Plan& p, c10::ArrayRef<const at::Tensor*> tensors, c10::DeviceIndex* device, uint64_t* mask) {
-  if (p.on_device || p.int_as_float || p.implicit_rng || p.always_grad_input || p.data_dependent ||
-      p.aborts.load(std::memory_order_relaxed) || profiling()) {
+// no quirk of the op in the policy (but drawing on the device's generator, for a kernel that does so itself). Its
+// device and device dtypes; false: the call goes to run().
+bool plain(const Plan& p, c10::ArrayRef<const at::Tensor*> tensors, c10::DeviceIndex* device, uint64_t* mask,
+           bool draws_on_device = false) {
+  if (p.on_device || p.int_as_float || (p.implicit_rng && !draws_on_device) || p.always_grad_input ||
+      p.data_dependent || p.aborts.load(std::memory_order_relaxed) || profiling()) {
     return false;
   }
   for (const at::Tensor* t : tensors) {
@@ -757,18 +761,23 @@ int64_t timed(c10::function_ref<void()> kernel) {
   return now_ns() - t0;
 }
 
-// Counts a plain call as run() would; its argument stack is made only for a delivery.
+// Counts a plain call as run() would.
 void tally(Plan& p, const Classified& kind, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
            c10::function_ref<Stack()> args) {
-  const int wants = count(p, kind.kind, kind.reason, host_ns);
-  if (wants & kDeliver) {
-    examine(p, kind.kind, kind.reason, host_ns, args(), wants);
-  } else if (wants & kProbe) {
-    keep_signature(p.stats[kind.kind], signature_of(tensors));
-  }
+  record(p, kind.kind, kind.reason, host_ns, tensors, args);
 }
 
 }  // namespace
+
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
+            c10::function_ref<Stack()> args) {
+  const int wants = count(p, kind, reason, host_ns);
+  if (wants & kDeliver) {
+    examine(p, kind, reason, host_ns, args(), wants);
+  } else if (wants & kProbe) {
+    keep_signature(p.stats[kind], signature_of(tensors));
+  }
+}
 
 at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
                   c10::function_ref<at::Tensor()> kernel, c10::function_ref<Stack()> args) {
@@ -812,6 +821,26 @@ at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c1
   }
   tally(p, kind, timed(kernel), tensors, args);
   return self;
+}
+
+bool direct_results(Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
+                    c10::function_ref<void(std::vector<at::Tensor>&)> kernel, c10::function_ref<Stack()> args,
+                    std::vector<at::Tensor>& results, bool draws_on_device) {
+  c10::DeviceIndex device = -1;
+  uint64_t mask = 0;
+  if (!plain(p, tensors, &device, &mask, draws_on_device)) return false;
+  const Classified& kind = kind_of(p, mask);
+  if (!kind.tests.empty()) return false;
+  const int64_t host_ns = timed([&] { kernel(results); });
+  for (at::Tensor& r : results) {
+    if (!r.defined()) continue;
+    for (const at::Tensor* t : tensors) {  // as direct(): a result over a CPU scalar's bytes is its own
+      if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
+    }
+    r = presented(r, device);
+  }
+  tally(p, kind, host_ns, tensors, args);
+  return true;
 }
 
 Plan& named(const char* name, const char* overload) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -111,6 +112,9 @@ Plan& plan_of(const c10::OperatorHandle& op);
 Plan& named(const char* name, const char* overload);
 // One call of kind `kind`: counted, its signature probed, delivered to Python if somebody wants that kind.
 void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args);
+// The same for a kernel that has its tensors at hand: the argument stack is made only for a delivery to Python.
+void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
+            c10::function_ref<Stack()> args);
 // The fallback itself: run `op` on host aliases of its device arguments, report it, present its results.
 void run(const c10::OperatorHandle& op, Stack* stack);
 // A typed kernel's call (unboxed.cpp). On the plain path (every tensor on one device or a CPU scalar, no 64-bit
@@ -121,6 +125,17 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
 // The same for an in-place op: `kernel` writes `self`'s host alias (self is on the device), and self is the result.
 at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c10::ArrayRef<const at::Tensor*> tensors,
                     c10::function_ref<void()> kernel, c10::function_ref<Stack()> args);
+// The same for a kernel of several results (a tuple, a list): `kernel` puts them, computed on host aliases, in
+// `results`, each then presented as direct()'s one (an undefined one stays undefined). False: the call is off the
+// plain path, and the caller runs it through run() itself. `draws_on_device`: the kernel draws its random numbers
+// from the device's generator itself (an op of the policy's implicit_rng stays on the plain path).
+bool direct_results(Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
+                    c10::function_ref<void(std::vector<at::Tensor>&)> kernel, c10::function_ref<Stack()> args,
+                    std::vector<at::Tensor>& results, bool draws_on_device = false);
+// native_dropout on `in`'s host alias as the CPU kernel computes it, drawing from `device`'s generator's engine instead
+// of the default CPU generator: the same stream a CPU generator seeded alike gives, without touching the CPU's.
+std::tuple<at::Tensor, at::Tensor> dropout_on_host(c10::DeviceIndex device, const at::Tensor& in, double p,
+                                                   std::optional<bool> train);
 void count_transfer(int64_t to_device, int64_t to_host);
 // A device-to-host read of `p`'s call (item, a copy to the CPU, a data-dependent shape): delivered to Python as a
 // call of kind `sync` only while somebody wants that kind; nothing else is kept.

@@ -53,7 +53,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/
   }
   if (src.is_cpu() != self.is_cpu()) count_transfer(src.is_cpu() ? n : 0, self.is_cpu() ? n : 0);
   static Plan& plan = named("aten::copy_", "");
-  record(plan, kNative, "", 0, {self, src});
+  record(plan, kNative, "", 0, {&self, &src}, [&] { return Stack{self, src}; });
   if (self.is_cpu() && !src.is_cpu()) sync_point(plan, {self, src});
   return self;
 }

@@ -27,6 +27,7 @@
 #include <ATen/ops/addcmul_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/cat_cpu_dispatch.h>
 #include <ATen/ops/clone_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
@@ -39,6 +40,9 @@
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/native_dropout_backward_cpu_dispatch.h>
+#include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
+#include <ATen/ops/native_layer_norm_cpu_dispatch.h>
 #include <ATen/ops/neg_cpu_dispatch.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
@@ -53,11 +57,15 @@
 #include <ATen/ops/tanh_backward_cpu_dispatch.h>
 #include <ATen/ops/tanh_cpu_dispatch.h>
 #include <ATen/ops/threshold_backward_cpu_dispatch.h>
+#include <ATen/ops/tril_cpu_dispatch.h>
 #include <ATen/ops/where_cpu_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
 
 #include <cstring>
+#include <optional>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <unordered_map>
 
 namespace neuron_lab {
@@ -83,21 +91,29 @@ struct Op {
 template <typename T>
 constexpr bool kIsTensor = std::is_same_v<std::decay_t<T>, at::Tensor>;
 template <typename T>
-constexpr bool kIsList = std::is_same_v<std::decay_t<T>, at::TensorList>;
+constexpr bool kIsList = std::is_same_v<std::decay_t<T>, at::TensorList> ||
+                         std::is_same_v<std::decay_t<T>, at::ITensorListRef>;
+template <typename T>
+constexpr bool kIsOptional = std::is_same_v<std::decay_t<T>, std::optional<at::Tensor>>;
 
 // A list's members' host aliases (each its block's cached one).
-std::vector<at::Tensor> host_list(at::TensorList l) {
+template <typename L>
+std::vector<at::Tensor> host_list(const L& l) {
   std::vector<at::Tensor> out;
   out.reserve(l.size());
   for (const at::Tensor& t : l) out.push_back(host(t));
   return out;
 }
 
-// An argument as the CPU kernel takes it: a tensor's host alias, anything else as it is.
+// An argument as the CPU kernel takes it: a tensor's host alias (a list's, an optional's), anything else as it is.
 template <typename T>
 decltype(auto) on_host(const T& v) {
   if constexpr (kIsTensor<T>) {
     return host(v);
+  } else if constexpr (kIsList<T>) {
+    return host_list(v);
+  } else if constexpr (kIsOptional<T>) {
+    return v ? std::optional<at::Tensor>(host(*v)) : std::nullopt;
   } else {
     return (v);
   }
@@ -112,6 +128,8 @@ c10::SmallVector<const at::Tensor*, 4> tensors_of(const A&... a) {
       out.push_back(&v);
     } else if constexpr (kIsList<decltype(v)>) {
       for (const at::Tensor& t : v) out.push_back(&t);
+    } else if constexpr (kIsOptional<decltype(v)>) {
+      if (v) out.push_back(&*v);
     }
   };
   (add(a), ...);
@@ -163,18 +181,65 @@ struct ForeachInPlace<Name, Cpu> {
     at::Tensor first = self.front();
     direct_(op.handle, op.plan, first, tensors_of(self, a...), [&] {
       auto h = host_list(self);
-      Cpu(h, on_host_list(a)...);
+      Cpu(h, on_host(a)...);
     }, args);
   }
+};
 
- private:
-  template <typename V>
-  static decltype(auto) on_host_list(const V& v) {
-    if constexpr (kIsList<V>) {
-      return host_list(v);
-    } else {
-      return on_host(v);
+// A tuple's or a list's results, one after another, and back.
+template <typename R>
+void flatten(R&& r, std::vector<at::Tensor>& out) {
+  if constexpr (std::is_same_v<std::decay_t<R>, std::vector<at::Tensor>>) {
+    out = std::move(r);
+  } else {
+    std::apply([&](auto&... t) { (out.push_back(std::move(t)), ...); }, r);
+  }
+}
+template <typename R, size_t... I>
+R unflatten(std::vector<at::Tensor>& v, std::index_sequence<I...>) {
+  return R(std::move(v[I])...);
+}
+
+// The typed kernel of an overload with several results (a tuple of tensors, or a list of them).
+template <const char* Name, auto Cpu>
+struct Results;
+template <const char* Name, typename R, typename... A, R (*Cpu)(A...)>
+struct Results<Name, Cpu> {
+  static R call(A... a) {
+    static Op op(Name);
+    auto args = [&] { return c10::impl::boxArgs<A...>(a...); };
+    std::vector<at::Tensor> out;
+    if (!direct_results(op.plan, tensors_of(a...), [&](std::vector<at::Tensor>& r) { flatten(Cpu(on_host(a)...), r); },
+                        args, out)) {
+      Stack stack = args();
+      run(op.handle, &stack);
+      return c10::impl::PopResult<R>::call(stack);
     }
+    if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
+      return out;
+    } else {
+      return unflatten<R>(out, std::make_index_sequence<std::tuple_size_v<R>>());
+    }
+  }
+};
+
+// native_dropout draws from the device's generator (dropout_on_host), so its typed kernel is its own. An empty
+// input's output is the input itself, which the fallback presents as its alias.
+constexpr char kDropout[] = "native_dropout";
+struct NativeDropout {
+  static std::tuple<at::Tensor, at::Tensor> call(const at::Tensor& input, double p, std::optional<bool> train) {
+    static Op op(kDropout);
+    auto args = [&] { return Stack{input, p, train}; };
+    std::vector<at::Tensor> out;
+    if (input.numel() == 0 ||
+        !direct_results(op.plan, tensors_of(input), [&](std::vector<at::Tensor>& r) {
+          flatten(dropout_on_host(input.device().index(), host(input), p, train), r);
+        }, args, out, /*draws_on_device=*/true)) {
+      Stack stack = args();
+      run(op.handle, &stack);
+      return c10::impl::PopResult<std::tuple<at::Tensor, at::Tensor>>::call(stack);
+    }
+    return {out[0], out[1]};
   }
 };
 
@@ -196,7 +261,9 @@ NL_NAME(kSigmoidBackward, "sigmoid_backward"); NL_NAME(kSumDim, "sum.dim_IntList
 NL_NAME(kLogSoftmax, "_log_softmax"); NL_NAME(kLogSoftmaxBackward, "_log_softmax_backward_data");
 NL_NAME(kSoftmax, "_softmax"); NL_NAME(kSoftmaxBackward, "_softmax_backward_data"); NL_NAME(kAddcmul_, "addcmul_");
 NL_NAME(kAddcdiv_, "addcdiv_"); NL_NAME(kLerp_, "lerp_.Scalar"); NL_NAME(kClone, "clone"); NL_NAME(kFill_, "fill_.Scalar");
-NL_NAME(kZero_, "zero_"); NL_NAME(kWhere, "where.self");
+NL_NAME(kZero_, "zero_"); NL_NAME(kWhere, "where.self"); NL_NAME(kCat, "cat"); NL_NAME(kTril, "tril");
+NL_NAME(kLayerNorm, "native_layer_norm"); NL_NAME(kLayerNormBackward, "native_layer_norm_backward");
+NL_NAME(kDropoutBackward, "native_dropout_backward"); NL_NAME(kForeachSqrt, "_foreach_sqrt");
 // In-place `_foreach_` overloads: the name and the CPU kernel's C++ signature after self.
 #define NL_FOREACH(X)                                                                                       \
   X(add_, Scalar, const S&) X(add_, List, TL, const S&) X(add_, ScalarList, SL) X(add_, Tensor, const T&, const S&) \
@@ -268,6 +335,14 @@ const std::unordered_map<std::string, Register>& typed() {
       {kFill_, reg<InPlace<kFill_, static_cast<T& (*)(T&, const S&)>(&at::cpu::fill_)>>},
       {kZero_, reg<InPlace<kZero_, &at::cpu::zero_>>},
       {kWhere, reg<Functional<kWhere, &at::cpu::where>>},
+      {kCat, reg<Functional<kCat, &at::cpu::cat>>},
+      {kDropout, reg<NativeDropout>},
+      {kTril, reg<Functional<kTril, &at::cpu::tril_symint>>},
+      {kLayerNorm, reg<Results<kLayerNorm, &at::cpu::native_layer_norm_symint>>},
+      {kLayerNormBackward, reg<Results<kLayerNormBackward, &at::cpu::native_layer_norm_backward_symint>>},
+      {kDropoutBackward, reg<Functional<kDropoutBackward, &at::cpu::native_dropout_backward>>},
+      {kForeachSqrt, reg<Results<kForeachSqrt, static_cast<std::vector<T> (*)(TL)>(
+                                                    &at::compositeexplicitautograd::_foreach_sqrt)>>},
 #define NL_FOREACH_ENTRY(base, ov, ...)                                                      \
   {kForeach_##base##ov, reg<ForeachInPlace<kForeach_##base##ov, static_cast<void (*)(TL, __VA_ARGS__)>( \
                                                                     &at::compositeexplicitautograd::_foreach_##base)>>},
@@ -287,6 +362,12 @@ bool register_typed(torch::Library& lib, const std::string& name) {
   if (it == typed().end()) return false;
   it->second(lib, name.c_str());
   return true;
+}
+
+std::vector<std::string> typed_names() {
+  std::vector<std::string> out;
+  for (const auto& [name, _] : typed()) out.push_back(name);
+  return out;
 }
 
 }  // namespace neuron_lab
