@@ -122,12 +122,15 @@ c10::SmallVector<const at::Tensor*, 4> tensors_of(const A&... a) {
 }
 
 // An elementwise result's device memory, made before its kernel runs (host_alias.h's `pooled`), when the
-// tensors are all of one floating dtype (the result's then) and it has elements; else nothing.
+// tensors are all of one floating dtype (the result's then; a wrapped Python number that is not complex changes
+// neither it nor the sizes) and it has elements; else nothing.
 std::optional<Pooled> pooled_elementwise(c10::ArrayRef<const at::Tensor*> tensors) {
   const at::Tensor* first = nullptr;
   at::DimVector sizes;
   for (const at::Tensor* t : tensors) {
-    if (!first) {
+    if (t->unsafeGetTensorImpl()->is_wrapped_number()) {
+      if (at::isComplexType(t->scalar_type())) return std::nullopt;
+    } else if (!first) {
       first = t;
       sizes.assign(t->sizes().begin(), t->sizes().end());
     } else if (t->dtype() != first->dtype()) {
