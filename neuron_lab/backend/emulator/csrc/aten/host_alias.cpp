@@ -101,11 +101,31 @@ at::Tensor host_alias(const at::Tensor& t) {  // Python may keep it or change it
 }
 
 at::Tensor presented(at::Tensor r, c10::DeviceIndex device) {
+  if (r.device().type() == c10::DeviceType::PrivateUse1) return r;  // made in device memory already (pooled)
   c10::Storage st = adopt(r, device);
   Block* b = NeuronAllocator::block_of(st.data_ptr());
   at::Tensor out = on_device(std::move(st), r);
   // A fresh block: no other thread knows it yet. Moved, not copied: no reference count to take and give back.
   if (b && r.is_cpu() && plain_alias(r, *b)) b->alias.tensor = std::move(r);
+  return out;
+}
+
+Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes) {
+  c10::DataPtr ptr = allocator().allocate_on(nbytes, device);
+  Block* b = NeuronAllocator::block_of(ptr);
+  c10::Storage st(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(ptr),
+                                                        &allocator(), true));
+  // A fresh block: no other thread knows it yet. A spare one's alias is plain over its bytes (reusable()).
+  at::Tensor& a = b->alias.tensor;
+  if (!a.defined() || a.dtype() != dtype) a = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(b->host), kCPU, dtype);
+  const int64_t none[] = {0}, unit[] = {1};
+  a.unsafeGetTensorImpl()->set_sizes_and_strides(none, unit, 0);
+  return {std::move(st), &a};
+}
+
+at::Tensor settled(Pooled p) {
+  at::Tensor out = on_device(std::move(p.storage), *p.host);
+  NeuronAllocator::describe(out);  // its dtype, shape and storage, as adopt() gives an adopted result
   return out;
 }
 

@@ -22,6 +22,18 @@ c10::Storage adopt(const at::Tensor& r, c10::DeviceIndex device);
 // (pass it moved when the caller is done with it).
 at::Tensor presented(at::Tensor r, c10::DeviceIndex device);
 
+// A typed kernel's result made in device memory first: `nbytes` on `device` (a freed small-pool block's bytes
+// when one is spare) and `host`, the block's cached CPU alias in `dtype` with no elements, for a `.out` kernel to
+// write. An out= with no elements takes the result's sizes and strides from the inputs, as the functional kernel's
+// result does, so no CPU result is allocated, adopted and freed.
+struct Pooled {
+  c10::Storage storage;
+  at::Tensor* host;
+};
+Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes);
+// The device tensor over p's bytes, in the layout the kernel gave p.host (which stays the block's cached alias).
+at::Tensor settled(Pooled p);
+
 // Zero-copy bridges for code that computes on the host itself (compiled graphs).
 at::Tensor host_alias(const at::Tensor& t);
 at::Tensor from_host(const at::Tensor& r, c10::DeviceIndex device);

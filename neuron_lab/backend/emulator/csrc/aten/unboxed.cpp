@@ -61,6 +61,8 @@
 #include <ATen/ops/where_cpu_dispatch.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
 
+#include <ATen/ExpandUtils.h>
+
 #include <cstring>
 #include <optional>
 #include <tuple>
@@ -136,15 +138,56 @@ c10::SmallVector<const at::Tensor*, 4> tensors_of(const A&... a) {
   return out;
 }
 
-// The typed kernel of a functional overload `Name` whose CPU kernel is `Cpu` (same C++ signature).
-template <const char* Name, auto Cpu>
+// An elementwise result's device memory, made before its kernel runs (host_alias.h's `pooled`), when the
+// tensors are all of one floating dtype (the result's then; a wrapped Python number that is not complex changes
+// neither it nor the sizes) and it has elements; else nothing.
+std::optional<Pooled> pooled_elementwise(c10::ArrayRef<const at::Tensor*> tensors) {
+  const at::Tensor* first = nullptr;
+  at::DimVector sizes;
+  for (const at::Tensor* t : tensors) {
+    if (t->unsafeGetTensorImpl()->is_wrapped_number()) {
+      if (at::isComplexType(t->scalar_type())) return std::nullopt;
+    } else if (!first) {
+      first = t;
+      sizes.assign(t->sizes().begin(), t->sizes().end());
+    } else if (t->dtype() != first->dtype()) {
+      return std::nullopt;
+    } else if (!t->sizes().equals(sizes)) {
+      sizes = at::infer_size_dimvector(sizes, t->sizes());
+    }
+  }
+  if (!first || !at::isFloatingType(first->scalar_type())) return std::nullopt;
+  const int64_t numel = c10::multiply_integers(sizes);
+  if (numel == 0) return std::nullopt;
+  c10::DeviceIndex device = -1;
+  for (const at::Tensor* t : tensors) {
+    if (t->device().type() == c10::DeviceType::PrivateUse1) {
+      device = t->device().index();
+      break;
+    }
+  }
+  if (device < 0) return std::nullopt;
+  return pooled(device, first->dtype(), static_cast<size_t>(numel) * first->dtype().itemsize());
+}
+
+// The typed kernel of a functional overload `Name` whose CPU kernel is `Cpu` (same C++ signature). An elementwise
+// one may name its `.out` kernel `Out` (the result first): its result is then written into pooled device memory.
+template <const char* Name, auto Cpu, auto Out = nullptr>
 struct Functional;
-template <const char* Name, typename... A, at::Tensor (*Cpu)(A...)>
-struct Functional<Name, Cpu> {
+template <const char* Name, typename... A, at::Tensor (*Cpu)(A...), auto Out>
+struct Functional<Name, Cpu, Out> {
   static at::Tensor call(A... a) {
     static Op op(Name);
-    return direct(op.handle, op.plan, tensors_of(a...), [&] { return Cpu(on_host(a)...); },
-                  [&] { return Stack{c10::IValue(a)...}; });
+    auto tensors = tensors_of(a...);
+    return direct(op.handle, op.plan, tensors, [&] {
+      if constexpr (!std::is_null_pointer_v<decltype(Out)>) {
+        if (std::optional<Pooled> p = pooled_elementwise(tensors)) {
+          Out(*p->host, on_host(a)...);
+          return settled(std::move(*p));
+        }
+      }
+      return Cpu(on_host(a)...);
+    }, [&] { return Stack{c10::IValue(a)...}; });
   }
 };
 
@@ -291,37 +334,41 @@ void reg(torch::Library& lib, const char* name) {
 // Overload name -> its typed kernel's registration.
 const std::unordered_map<std::string, Register>& typed() {
   static const std::unordered_map<std::string, Register> table = {
-      {kAdd, reg<Functional<kAdd, static_cast<T (*)(const T&, const T&, const S&)>(&at::cpu::add)>>},
+      {kAdd, reg<Functional<kAdd, static_cast<T (*)(const T&, const T&, const S&)>(&at::cpu::add),
+                            static_cast<T& (*)(T&, const T&, const T&, const S&)>(&at::cpu::add_out)>>},
       {kAdd_, reg<InPlace<kAdd_, static_cast<T& (*)(T&, const T&, const S&)>(&at::cpu::add_)>>},
       {kAddS, reg<Functional<kAddS, static_cast<T (*)(const T&, const S&, const S&)>(
                                         &at::compositeexplicitautograd::add)>>},
-      {kSub, reg<Functional<kSub, static_cast<T (*)(const T&, const T&, const S&)>(&at::cpu::sub)>>},
+      {kSub, reg<Functional<kSub, static_cast<T (*)(const T&, const T&, const S&)>(&at::cpu::sub),
+                            static_cast<T& (*)(T&, const T&, const T&, const S&)>(&at::cpu::sub_out)>>},
       {kSub_, reg<InPlace<kSub_, static_cast<T& (*)(T&, const T&, const S&)>(&at::cpu::sub_)>>},
-      {kMul, reg<Functional<kMul, static_cast<T (*)(const T&, const T&)>(&at::cpu::mul)>>},
+      {kMul, reg<Functional<kMul, static_cast<T (*)(const T&, const T&)>(&at::cpu::mul),
+                            static_cast<T& (*)(T&, const T&, const T&)>(&at::cpu::mul_out)>>},
       {kMul_, reg<InPlace<kMul_, static_cast<T& (*)(T&, const T&)>(&at::cpu::mul_)>>},
       {kMulS, reg<Functional<kMulS, static_cast<T (*)(const T&, const S&)>(&at::compositeexplicitautograd::mul)>>},
       {kMulS_, reg<InPlace<kMulS_, static_cast<T& (*)(T&, const S&)>(&at::compositeexplicitautograd::mul_)>>},
-      {kDiv, reg<Functional<kDiv, static_cast<T (*)(const T&, const T&)>(&at::cpu::div)>>},
+      {kDiv, reg<Functional<kDiv, static_cast<T (*)(const T&, const T&)>(&at::cpu::div),
+                            static_cast<T& (*)(T&, const T&, const T&)>(&at::cpu::div_out)>>},
       {kDiv_, reg<InPlace<kDiv_, static_cast<T& (*)(T&, const T&)>(&at::cpu::div_)>>},
       {kDivS, reg<Functional<kDivS, static_cast<T (*)(const T&, const S&)>(&at::compositeexplicitautograd::div)>>},
-      {kNeg, reg<Functional<kNeg, &at::cpu::neg>>},
-      {kSqrt, reg<Functional<kSqrt, &at::cpu::sqrt>>},
-      {kRsqrt, reg<Functional<kRsqrt, &at::cpu::rsqrt>>},
-      {kExp, reg<Functional<kExp, &at::cpu::exp>>},
+      {kNeg, reg<Functional<kNeg, &at::cpu::neg, &at::cpu::neg_out>>},
+      {kSqrt, reg<Functional<kSqrt, &at::cpu::sqrt, &at::cpu::sqrt_out>>},
+      {kRsqrt, reg<Functional<kRsqrt, &at::cpu::rsqrt, &at::cpu::rsqrt_out>>},
+      {kExp, reg<Functional<kExp, &at::cpu::exp, &at::cpu::exp_out>>},
       {kPow, reg<Functional<kPow, static_cast<T (*)(const T&, const S&)>(&at::cpu::pow)>>},
       {kMm, reg<Functional<kMm, &at::cpu::mm>>},
       {kAddmm, reg<Functional<kAddmm, &at::cpu::addmm>>},
       {kBmm, reg<Functional<kBmm, &at::cpu::bmm>>},
       {kRelu, reg<Functional<kRelu, &at::cpu::relu>>},
-      {kThresholdBackward, reg<Functional<kThresholdBackward, &at::cpu::threshold_backward>>},
-      {kGelu, reg<Functional<kGelu, &at::cpu::gelu>>},
-      {kGeluBackward, reg<Functional<kGeluBackward, &at::cpu::gelu_backward>>},
-      {kSilu, reg<Functional<kSilu, &at::cpu::silu>>},
-      {kSiluBackward, reg<Functional<kSiluBackward, &at::cpu::silu_backward>>},
-      {kTanh, reg<Functional<kTanh, &at::cpu::tanh>>},
-      {kTanhBackward, reg<Functional<kTanhBackward, &at::cpu::tanh_backward>>},
-      {kSigmoid, reg<Functional<kSigmoid, &at::cpu::sigmoid>>},
-      {kSigmoidBackward, reg<Functional<kSigmoidBackward, &at::cpu::sigmoid_backward>>},
+      {kThresholdBackward, reg<Functional<kThresholdBackward, &at::cpu::threshold_backward, &at::cpu::threshold_backward_out>>},
+      {kGelu, reg<Functional<kGelu, &at::cpu::gelu, &at::cpu::gelu_out>>},
+      {kGeluBackward, reg<Functional<kGeluBackward, &at::cpu::gelu_backward, &at::cpu::gelu_backward_out>>},
+      {kSilu, reg<Functional<kSilu, &at::cpu::silu, &at::cpu::silu_out>>},
+      {kSiluBackward, reg<Functional<kSiluBackward, &at::cpu::silu_backward, &at::cpu::silu_backward_out>>},
+      {kTanh, reg<Functional<kTanh, &at::cpu::tanh, &at::cpu::tanh_out>>},
+      {kTanhBackward, reg<Functional<kTanhBackward, &at::cpu::tanh_backward, &at::cpu::tanh_backward_out>>},
+      {kSigmoid, reg<Functional<kSigmoid, &at::cpu::sigmoid, &at::cpu::sigmoid_out>>},
+      {kSigmoidBackward, reg<Functional<kSigmoidBackward, &at::cpu::sigmoid_backward, &at::cpu::sigmoid_backward_out>>},
       {kSumDim, reg<Functional<kSumDim, &at::cpu::sum>>},
       {kMeanDim, reg<Functional<kMeanDim, &at::cpu::mean>>},
       {kLogSoftmax, reg<Functional<kLogSoftmax, &at::cpu::_log_softmax>>},
