@@ -102,12 +102,13 @@ def install(coverage=None) -> _rt.Runtime:
 def _backward_on_calling_thread() -> None:
     """Run ``backward()`` on the thread that calls it, as ``torch.autograd.set_multithreading_enabled(False)`` does.
 
-    On a real device autograd hands the device's backward kernels to its device thread. Here those kernels are
-    host kernels: the hand-off woke that thread on the other core, where every activation and gradient was cold
-    in its caches, about a tenth of a training step (docs/benchmarks.md, "The seventh stop"). Results, reported
-    ops, lines and memory are the same on either thread; ``torch.autograd.set_multithreading_enabled(True)``
-    restores the device thread where a test needs it. The setting is the installing thread's own (PyTorch keeps
-    it per thread), the thread that runs a notebook's cells, a script or a rank.
+    On a real device autograd hands the device's backward kernels to its device thread. Here they are host
+    kernels: the hand-off woke that thread on the other core, where every activation and gradient was cold in its
+    caches, about a tenth of a training step (docs/benchmarks.md, "Seventh stop: backward on the calling thread").
+    Results, reported ops, lines and memory are the same on either thread. While torch.profiler records the device
+    the core puts backward back on the device thread, so a trace has TorchNeuron's threads, and
+    ``set_multithreading_enabled(True)`` does so anywhere. PyTorch keeps the setting per thread: this is the
+    installing thread's, the one that runs a notebook's cells, a script or a rank.
     """
     torch.autograd.set_multithreading_enabled(False)
 
