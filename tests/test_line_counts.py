@@ -5,12 +5,16 @@ work excluded from a window is not counted."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 import torch
+from shells import loaded_shell, run
 
 import neuron_lab
 from neuron_lab.backend.emulator import runtime
+from neuron_lab.extension import session_of
 from neuron_lab.trace.ops import OpTrace
 from neuron_lab.trace.tracker import Tracker
 
@@ -118,3 +122,14 @@ def test_without_call_sites_every_call_is_counted_in_its_row() -> None:
     cross, sites = _sites(report, "aten::linalg_cross.out")
     assert (cross.count, cross.unattributed, sites) == (45, 45, {})
     assert _sites(report)[0].count == 15
+
+
+def test_after_unload_nothing_holds_the_sessions_locator() -> None:
+    """The core keeps the roles it learnt while the roles callback stays the same (cell after cell), but not the
+    callback itself once nobody subscribes: after ``%unload_ext`` the session's locator (and the cells' code objects
+    it judged) go with the session."""
+    with loaded_shell() as sh:
+        run(sh, "import torch\nx = torch.randn(4, device='neuron')\ny = torch.atan2(x, x)")
+        locator = weakref.ref(session_of(sh).locator)
+    gc.collect()
+    assert locator() is None

@@ -66,11 +66,21 @@ _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
 _CELL = 'style="padding:1px 8px;text-align:left;vertical-align:top"'
 
 
+_TD = f"<td {_CELL}>"
+_NEXT_TD = f"</td>{_TD}"
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A compact inline-styled table; ``rows`` are HTML already, ``header`` is text."""
+    body = "".join(f"<tr>{_TD}{_NEXT_TD.join(row)}</td></tr>" if row else "<tr></tr>" for row in rows)
+    return f"{_head(tuple(header))}{body}</tbody></table>"
+
+
+@functools.lru_cache(maxsize=256)
+def _head(header: tuple[str, ...]) -> str:
+    """A table's opening up to its body, made once per header (a report's tables have a few fixed ones)."""
     head = "".join(f"<th {_CELL}>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td {_CELL}>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<table {_TABLE}><thead><tr>{head}</tr></thead><tbody>"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -8,6 +8,7 @@ IPython names each cell's code through ``shell.compile`` (``<ipython-input-N-…
 from __future__ import annotations
 
 import ast
+import linecache
 import sys
 from typing import Any
 
@@ -51,8 +52,7 @@ class CellLocator(Locator):
         return self._cell_of(filename) is not None
 
     def site(self, filename: str, line: int) -> Site:
-        s = super().site(filename, line)
-        return Site(s.filename, s.line, s.source, self._cell_of(filename))
+        return Site(filename, line, linecache.getline(filename, line).strip(), self._cell_of(filename))
 
 
 def run_body(shell: Any, body: str, raw_cell: str, number: int) -> Any:

@@ -93,6 +93,8 @@ class CompileProgress:
                     said = self._say(settled(step), settled(step), said, gen)
             except Exception as e:  # noqa: BLE001  (kept for inspection; the cell and its report go on)
                 self.error = e
+            tracker = None  # not kept while waiting: between cells (and after the session closes) it would hold the
+            # last cell's tracker, its rows and its locator
             with self._wake:
                 if self._generation == gen and not self._closed:
                     self._wake.wait(TICK_S)

@@ -26,6 +26,8 @@ UNSEEN = ("TorchNeuron reported this op as run on the CPU in this window; neuron
 def reconcile(rows: list[OpRow], account: WindowAccount) -> list[OpRow]:
     """``rows`` (the reported kinds, plus whatever kinds the backend asked to watch) with the account's ops placed:
     a watched row of a reported op becomes a row of the account's kind; watched rows nobody reported are dropped."""
+    if not account.ops:  # the emulator's observer is its whole account: the reported rows
+        return sorted((r for r in rows if r.kind in REPORTED), key=kinds.row_order)
     reported = {op_key(d.name): d for d in account.ops}
     off = {op_key(r.op) for r in rows if r.kind in OFF_DEVICE}
     out: list[OpRow] = []

@@ -91,10 +91,10 @@ class Locator:
         "where in function: source": library and user frames, none internal (PyTorch, neuron_lab), none of the
         shell's (IPython's) and none above them. Longer than ``depth``: the outermost line and the innermost
         ``depth - 1``."""
-        chain = self._chain(frame)
-        if not any(self._role_of(f.f_code) == USER for f in chain):
+        chain, has_user = self._chain(frame)
+        if not has_user:
             user = self.user_frame(frame)  # autograd's thread: the main thread's line
-            chain += [] if user is None else self._chain(user)
+            chain += [] if user is None else self._chain(user)[0]
         if len(chain) > depth:
             chain = chain[:depth - 1] + chain[-1:]
         return tuple(self._frame_line(f.f_code, f.f_lineno) for f in reversed(chain))
@@ -109,9 +109,9 @@ class Locator:
             text = self._lines[key] = f"{s.label} in {code.co_name}: {s.source}"
         return text
 
-    def _chain(self, frame: FrameType | None) -> list[FrameType]:
+    def _chain(self, frame: FrameType | None) -> tuple[list[FrameType], bool]:
         """The library and user frames at or above ``frame``, innermost first, up to the outermost user frame below
-        the shell's."""
+        the shell's; and whether there is a user frame among them."""
         chain: list[FrameType] = []
         outermost_user = 0
         f = frame
@@ -122,7 +122,7 @@ class Locator:
                 if role == USER:
                     outermost_user = len(chain)
             f = f.f_back
-        return chain[:outermost_user] if outermost_user else chain
+        return (chain[:outermost_user], True) if outermost_user else (chain, False)
 
 
 def _compiled_entry(frame: FrameType) -> bool:

@@ -22,6 +22,7 @@ import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab.backend.coverage import rewrites
+from neuron_lab.backend.interface import device_index
 from neuron_lab.backend.memory_reading import MemoryReading
 from neuron_lab.kinds import OFF_DEVICE, REPORTED
 from neuron_lab.report.model import HandledOom, Memory, OpRow, OutOfMemory, Profiled, Report, Site
@@ -170,10 +171,12 @@ class Tracker:
         return self._mem_before
 
     def _open_memory(self, device: str) -> MemoryReading:
-        """Baseline and peak window on the window's device (the notebook's, not the current one); the reading."""
-        reading = self.backend.memory_reading(device, synchronize=False)  # the last window synced
+        """Baseline and peak window on the window's device (the notebook's, not the current one); the reading. The
+        device's index is read once, for every reading of the window."""
+        self._index = device_index(device)
+        reading = self.backend.memory_reading(self._index, synchronize=False)  # the last window synced
         self._mem_before = reading.allocated
-        self._peak_window = self.backend.open_peak_window(device)  # the emulator leaves the user's peak alone
+        self._peak_window = self.backend.open_peak_window(self._index)  # the emulator leaves the user's peak alone
         return reading
 
     def start(self) -> Tracker:
@@ -209,7 +212,7 @@ class Tracker:
         self._unwatch_ooms()
         r = self.report
         r.compiles = self._compiles.stop()
-        reading = b.memory_reading(r.device)  # the one synchronize
+        reading = b.memory_reading(self._index)  # the one synchronize
         after = reading.allocated
         r.ooms_handled = self._handled_ooms(error, reading.ooms)
         peak = b.close_peak_window(self._peak_window)

@@ -40,7 +40,11 @@ void release(Tally& t) {
 
 int lined = 0;
 PyObject* roles_fn = nullptr;  // owned: the subscriber's, while one counts by line
-PyObject* asked_fn = nullptr;  // owned: the callback the cached roles came from
+// The callback the cached roles came from: a bound method as its function (owned) and a weak reference to its object
+// (a session's locator: cell after cell a new bound method of it), so that the roles kept while nobody subscribes
+// keep no locator alive, and are dropped with it; any other callback as itself (owned), asked_self nullptr.
+PyObject* asked_fn = nullptr;
+PyObject* asked_self = nullptr;
 int64_t epoch = 0;
 unsigned long main_ident = 0;  // the main thread's (threading.main_thread().ident)
 // Never freed (the core outlives the interpreter's teardown); code objects held while cached, so no pointer is reused.
@@ -131,6 +135,57 @@ Frames frames_here() {
   return out;
 }
 
+// Whether `callback` is the one the cached roles came from (a bound method: the same function of the same object).
+bool asked_of(PyObject* callback) {
+  if (asked_fn == nullptr) return false;
+  if (!PyMethod_Check(callback)) return asked_self == nullptr && callback == asked_fn;
+  return asked_self != nullptr && PyMethod_GET_FUNCTION(callback) == asked_fn &&
+         PyWeakref_GetObject(asked_self) == PyMethod_GET_SELF(callback);
+}
+
+// The cached roles and the callback they came from, unlinked (released by the caller: a release may run Python code).
+struct Asked {
+  std::unordered_map<PyObject*, int> roles;
+  PyObject* fn = nullptr;
+  PyObject* self = nullptr;
+  void release() {
+    for (auto& [code, _] : roles) Py_DECREF(code);
+    Py_XDECREF(fn);
+    Py_XDECREF(self);
+  }
+};
+
+Asked unlink_asked() {
+  Asked out{std::move(roles), asked_fn, asked_self};
+  roles.clear();
+  asked_fn = asked_self = nullptr;
+  return out;
+}
+
+// The object of the callback the roles came from is gone (the session's locator, after %unload_ext): so are its roles.
+PyObject* forget_asked(PyObject*, PyObject* ref) {
+  if (ref == asked_self) unlink_asked().release();  // nothing after: the release may free `ref`
+  Py_RETURN_NONE;
+}
+
+PyMethodDef forget_def = {"forget_roles", forget_asked, METH_O, nullptr};
+
+// Remember `callback` as the one the roles are asked of: a bound method weakly through its object where the object
+// allows weak references (else, as any other callback, strongly).
+void ask_of(PyObject* callback) {
+  if (PyMethod_Check(callback)) {
+    static PyObject* forget = PyCFunction_New(&forget_def, nullptr);  // never released, as the maps above
+    PyObject* ref = PyWeakref_NewRef(PyMethod_GET_SELF(callback), forget);
+    if (ref != nullptr) {
+      asked_self = ref;
+      asked_fn = Py_NewRef(PyMethod_GET_FUNCTION(callback));
+      return;
+    }
+    PyErr_Clear();
+  }
+  asked_fn = Py_NewRef(callback);
+}
+
 }  // namespace
 
 bool line_of(const void* op, int kind, Line* line) {
@@ -192,24 +247,15 @@ std::vector<Counted> take_counts() {
 
 void set_lines(int kinds_mask, PyObject* roles_callback, unsigned long main_thread) {
   main_ident = main_thread;
-  // Roles asked of an equal callback (a session's locator, cell after cell) still hold: kept, as they are between
-  // subscribers; another callback's are dropped.
-  int same = 1;
-  if (roles_callback != nullptr) {
-    same = asked_fn != nullptr ? PyObject_RichCompareBool(asked_fn, roles_callback, Py_EQ) : 0;
-    if (same < 0) throw pybind11::error_already_set();
-  }
+  // Roles asked of the same callback (a session's locator, cell after cell) still hold: kept, as they are between
+  // subscribers (until the callback's object goes); another callback's are dropped.
   // Unlinked first, released after: a release may run Python code, which may deliver a call.
   auto old_tallies = std::move(tallies);
   tallies.clear();
-  std::unordered_map<PyObject*, int> old_roles;
-  PyObject* old_asked = nullptr;
-  if (!same) {
-    old_roles = std::move(roles);
-    roles.clear();
-    old_asked = asked_fn;
-    Py_INCREF(roles_callback);
-    asked_fn = roles_callback;
+  Asked old;
+  if (roles_callback != nullptr && !asked_of(roles_callback)) {
+    old = unlink_asked();
+    ask_of(roles_callback);
   }
   PyObject* old_fn = roles_fn;
   Py_XINCREF(roles_callback);
@@ -217,9 +263,7 @@ void set_lines(int kinds_mask, PyObject* roles_callback, unsigned long main_thre
   lined = roles_callback == nullptr ? 0 : kinds_mask;
   epoch += 1;
   for (auto& [_, t] : old_tallies) release(t);
-  for (auto& [code, _] : old_roles) Py_DECREF(code);
-  Py_XDECREF(old_asked);
+  old.release();
   Py_XDECREF(old_fn);
 }
-
 }  // namespace neuron_lab

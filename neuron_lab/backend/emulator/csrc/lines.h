@@ -46,8 +46,9 @@ void keep_tally(const Line& line, PyObject* tally, int stack_calls, Frames frame
 std::vector<Counted> take_counts();
 // The kinds counted by line (a bit per kind), the subscriber's roles callback (nullptr: none) and the main thread's
 // ident (a call on another thread with no user frame is the main thread's line's); the tallies so far are dropped
-// (take_counts() first), and the roles cached so far too unless `roles` equals the callback they were asked of (or is
-// nullptr: kept for the next subscriber).
+// (take_counts() first), and the roles cached so far too unless `roles` is the callback they were asked of (a bound
+// method: the same function of the same object) or nullptr: kept for the next subscriber, holding the object of a
+// bound method only weakly (they go when it goes: a session's locator after %unload_ext).
 void set_lines(int kinds_mask, PyObject* roles, unsigned long main_thread);
 
 }  // namespace neuron_lab

@@ -11,6 +11,7 @@
 #include "runtime/device.h"
 #include "runtime/generator.h"
 
+#include <array>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -62,23 +63,26 @@ void set_callback(PyObject*& slot, const py::object& fn) {
 }
 
 // The allocator's counters as flat "allocated_bytes.all.current" keys (CUDA's memory_stats keys, unsorted: the Python
-// side sorts its own copy). The keys are made once: a reading (two a tracked cell) builds no strings.
+// side sorts its own copy). The keys are made once, and a reading (two a tracked cell, and each of the memory sampler's)
+// builds no strings, only the values into a dict made at its size.
 py::dict flat_stats(c10::DeviceIndex device) {
   auto s = allocator().getDeviceStats(checked_index(device));
   static auto* keys = new std::vector<py::object>();  // never released, as the callbacks above
   const bool naming = keys->empty();
-  std::vector<int64_t> values;
-  values.reserve(128);
+  std::array<int64_t, 128> values;
+  size_t n = 0;
   auto add = [&](auto&& name, int64_t value) {
     if (naming) keys->push_back(py::str(name()));
-    values.push_back(value);
+    values.at(n++) = value;
   };
   auto stat = [&](const char* key, const char* pool, const c10::CachingAllocator::Stat& st) {
-    std::string prefix = std::string(key) + "." + pool + (*pool ? "." : "");
-    add([&] { return prefix + "current"; }, st.current);
-    add([&] { return prefix + "peak"; }, st.peak);
-    add([&] { return prefix + "allocated"; }, st.allocated);
-    add([&] { return prefix + "freed"; }, st.freed);
+    auto named = [&](const char* metric) {
+      return [=] { return std::string(key) + "." + pool + (*pool ? "." : "") + metric; };
+    };
+    add(named("current"), st.current);
+    add(named("peak"), st.peak);
+    add(named("allocated"), st.allocated);
+    add(named("freed"), st.freed);
   };
   const char* pools[] = {"all", "small_pool", "large_pool"};
   for (const auto& [key, arr] : {std::pair<const char*, const c10::CachingAllocator::StatArray*>{"allocated_bytes",
@@ -101,8 +105,12 @@ py::dict flat_stats(c10::DeviceIndex device) {
   add([] { return "num_ooms"; }, s.num_ooms);
   add([] { return "num_device_alloc"; }, s.num_device_alloc);
   add([] { return "num_device_free"; }, s.num_device_free);
-  py::dict out;
-  for (size_t i = 0; i < values.size(); ++i) out[(*keys)[i]] = py::int_(values[i]);
+  auto out = py::reinterpret_steal<py::dict>(_PyDict_NewPresized(static_cast<Py_ssize_t>(n)));
+  if (!out) throw py::error_already_set();
+  for (size_t i = 0; i < n; ++i) {
+    auto value = py::reinterpret_steal<py::object>(PyLong_FromLongLong(values[i]));
+    if (!value || PyDict_SetItem(out.ptr(), (*keys)[i].ptr(), value.ptr()) < 0) throw py::error_already_set();
+  }
   return out;
 }
 
