@@ -4,6 +4,7 @@ optimizer steps run as a few direct `_foreach_` kernels; 64-bit work is reported
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -292,3 +293,30 @@ def test_exact_64_bit_as_a_setting(run_python) -> None:
     assert r["values"] == [1 + 1e-10] * 4 + [(1 + 1e-10) ** 2, 3 + 1e-10]  # x[0] * x[0] in m
     assert r["int64"] == 2**40 + 1
     assert "reported only" in r["reason"] and "NEURON_LAB_EMULATE_DOWNCAST=1 computes float64 in float32" in r["reason"]
+
+
+def _backward_threads(x: torch.Tensor) -> list[int]:
+    """The threads the hook on a backward's device gradient ran on."""
+    seen: list[int] = []
+    y = (x * 2).sum()
+    y.register_hook(lambda g: seen.append(threading.get_ident()))
+    y.backward()
+    return seen
+
+
+def test_backward_runs_on_the_calling_thread_and_other_threads_keep_autograds() -> None:
+    # The emulator's device kernels are host kernels: autograd's device thread, on the other core, ran each
+    # backward on cold caches. The thread that installed the emulator runs its own; PyTorch's switch restores it.
+    x = torch.ones(4, device="neuron", requires_grad=True)
+    assert _backward_threads(x) == [threading.get_ident()] and x.grad.tolist() == [2.0] * 4
+    with torch.autograd.set_multithreading_enabled(True):
+        (other,) = _backward_threads(x)
+    assert other != threading.get_ident() and x.grad.tolist() == [4.0] * 4
+    assert not torch._C._is_multithreading_enabled()
+    seen: list[list[int]] = []
+    t = threading.Thread(target=lambda: seen.append(_backward_threads(x)))
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "a backward on a user thread did not end in 60 s"
+    ((ran_on,),) = seen
+    assert ran_on not in (threading.get_ident(), t.ident) and x.grad.tolist() == [6.0] * 4

@@ -95,7 +95,21 @@ def install(coverage=None) -> _rt.Runtime:
     _hide_from_dynamo()
     neuronx_finder.install()  # `import torch_neuronx` now finds the emulation, unless a real one is on sys.path
     distributed.register()  # init_process_group(backend="neuron"), as `import torch_neuronx` provides
+    _backward_on_calling_thread()
     return rt
+
+
+def _backward_on_calling_thread() -> None:
+    """Run ``backward()`` on the thread that calls it, as ``torch.autograd.set_multithreading_enabled(False)`` does.
+
+    On a real device autograd hands the device's backward kernels to its device thread. Here those kernels are
+    host kernels: the hand-off woke that thread on the other core, where every activation and gradient was cold
+    in its caches, about a tenth of a training step (docs/benchmarks.md, "The seventh stop"). Results, reported
+    ops, lines and memory are the same on either thread; ``torch.autograd.set_multithreading_enabled(True)``
+    restores the device thread where a test needs it. The setting is the installing thread's own (PyTorch keeps
+    it per thread), the thread that runs a notebook's cells, a script or a rank.
+    """
+    torch.autograd.set_multithreading_enabled(False)
 
 
 def _allocation_site() -> list[str]:

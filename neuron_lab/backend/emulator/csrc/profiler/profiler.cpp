@@ -18,6 +18,7 @@
 
 #include "runtime/device.h"
 
+#include <c10/core/AutogradState.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/stubs/base.h>
@@ -34,7 +35,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <thread>
 
 namespace neuron_lab {
 
@@ -94,6 +97,7 @@ class Session final : public libkineto::IActivityProfilerSession {
     spans.clear();
     kineto_on = true;
     update_profiling();
+    backward_on_device_thread();
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
@@ -101,6 +105,7 @@ class Session final : public libkineto::IActivityProfilerSession {
     std::lock_guard<std::mutex> g(spans_mu);
     kineto_on = false;
     update_profiling();
+    backward_where_it_was();
     taken_.swap(spans);
     spans.clear();
     status_ = libkineto::TraceStatus::PROCESSING;
@@ -176,6 +181,24 @@ class Session final : public libkineto::IActivityProfilerSession {
     return {d, (1 << 24) + d, name, name};
   }
 
+  // Off the profiler the emulator runs backward on the calling thread (backend/emulator/__init__.py says why);
+  // while a trace records, autograd's device thread runs it, as on TorchNeuron, so the trace has its threads.
+  // PyTorch keeps the setting per thread: the thread that starts the session's is set, and restored at its stop.
+  void backward_on_device_thread() {
+    auto& state = c10::AutogradState::get_tls_state();
+    multithreading_before_ = state.get_multithreading_enabled();
+    starter_ = std::this_thread::get_id();
+    state.set_multithreading_enabled(true);
+  }
+
+  void backward_where_it_was() {
+    if (multithreading_before_ && std::this_thread::get_id() == starter_)
+      c10::AutogradState::get_tls_state().set_multithreading_enabled(*multithreading_before_);
+    multithreading_before_.reset();
+  }
+
+  std::optional<bool> multithreading_before_;
+  std::thread::id starter_;
   std::vector<Span> taken_;
   c10::DeviceIndex first_ = 0;
   // Handed to Kineto whole: its activities are what the logger was given, so their addresses must not move.
