@@ -140,13 +140,6 @@ c10::SmallVector<const at::Tensor*, 4> tensors_of(const A&... a) {
   return out;
 }
 
-// `numel` elements of `dtype` on `device`, made before a `.out` kernel runs into them (host_alias.h's `pooled`),
-// when the dtype is floating and there are elements; else nothing (the functional kernel then runs).
-std::optional<Pooled> pooled_numel(c10::DeviceIndex device, caffe2::TypeMeta dtype, int64_t numel) {
-  if (device < 0 || numel <= 0 || !at::isFloatingType(c10::typeMetaToScalarType(dtype))) return std::nullopt;
-  return pooled(device, dtype, static_cast<size_t>(numel) * dtype.itemsize());
-}
-
 c10::DeviceIndex device_of(c10::ArrayRef<const at::Tensor*> tensors) {
   for (const at::Tensor* t : tensors) {
     if (t->device().type() == c10::DeviceType::PrivateUse1) return t->device().index();
@@ -154,14 +147,32 @@ c10::DeviceIndex device_of(c10::ArrayRef<const at::Tensor*> tensors) {
   return -1;
 }
 
+// A result of `sizes` in `dtype` on the tensors' device, made before a `.out` kernel runs into it (host_alias.h's
+// `pooled`), when the dtype is floating and there are elements; else nothing (the functional kernel then runs).
+// `contiguous`: the alias takes those sizes, contiguous, at once (the layout the kernel gives its result), so the
+// `.out` kernel finds its out sized and neither resizes nor restrides it; else the kernel sizes it.
+std::optional<Pooled> pooled_as(c10::ArrayRef<const at::Tensor*> tensors, caffe2::TypeMeta dtype,
+                                c10::IntArrayRef sizes, bool contiguous = true) {
+  const c10::DeviceIndex device = device_of(tensors);
+  const int64_t numel = c10::multiply_integers(sizes);
+  if (device < 0 || numel <= 0 || !at::isFloatingType(c10::typeMetaToScalarType(dtype))) return std::nullopt;
+  Pooled p = pooled(device, dtype, static_cast<size_t>(numel) * dtype.itemsize());
+  if (contiguous) p.host->unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return p;
+}
+
 // An elementwise result's device memory, when the tensors are all of one floating dtype (the result's then; a
-// wrapped Python number that is not complex changes neither it nor the sizes); else nothing.
+// wrapped Python number that is not complex changes neither it nor the sizes) and contiguous; else nothing. Of
+// tensors all of the result's sizes the result is contiguous too; a broadcast one's layout is TensorIterator's.
 std::optional<Pooled> pooled_elementwise(c10::ArrayRef<const at::Tensor*> tensors) {
   const at::Tensor* first = nullptr;
   at::DimVector sizes;
+  bool same = true;
   for (const at::Tensor* t : tensors) {
     if (t->unsafeGetTensorImpl()->is_wrapped_number()) {
       if (at::isComplexType(t->scalar_type())) return std::nullopt;
+    } else if (!t->is_contiguous()) {  // a restrided out costs more than the CPU result it saves
+      return std::nullopt;
     } else if (!first) {
       first = t;
       sizes.assign(t->sizes().begin(), t->sizes().end());
@@ -169,15 +180,16 @@ std::optional<Pooled> pooled_elementwise(c10::ArrayRef<const at::Tensor*> tensor
       return std::nullopt;
     } else if (!t->sizes().equals(sizes)) {
       sizes = at::infer_size_dimvector(sizes, t->sizes());
+      same = false;
     }
   }
   if (!first) return std::nullopt;
-  return pooled_numel(device_of(tensors), first->dtype(), c10::multiply_integers(sizes));
+  return pooled_as(tensors, first->dtype(), sizes, same);
 }
 
 // The result's memory of each kernel with a `.out` one, from its arguments (the functional overload's), before the
-// call: only where its dtype and sizes are certain and the call cannot raise for them; else nothing. Every such
-// `.out` kernel makes a contiguous result, so its bytes are its elements'.
+// call: only where its dtype and sizes are certain and the call cannot raise for them; else nothing. Each of these
+// `.out` kernels makes a contiguous result.
 using TPs = c10::ArrayRef<const at::Tensor*>;
 // With a Python number as a Scalar argument (`x * 0.5`, `x ** 2`): a complex one changes the result's dtype.
 std::optional<Pooled> with_scalar(TPs tensors, const at::Tensor&, const at::Scalar& s) {
@@ -191,13 +203,13 @@ bool same_dtype(TPs tensors) {
 }
 std::optional<Pooled> mm_result(TPs tensors, const at::Tensor& a, const at::Tensor& b) {
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) || !same_dtype(tensors)) return std::nullopt;
-  return pooled_numel(device_of(tensors), a.dtype(), a.size(0) * b.size(1));
+  return pooled_as(tensors, a.dtype(), {a.size(0), b.size(1)});
 }
 std::optional<Pooled> bmm_result(TPs tensors, const at::Tensor& a, const at::Tensor& b) {
   if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0) || a.size(2) != b.size(1) || !same_dtype(tensors)) {
     return std::nullopt;
   }
-  return pooled_numel(device_of(tensors), a.dtype(), a.size(0) * a.size(1) * b.size(2));
+  return pooled_as(tensors, a.dtype(), {a.size(0), a.size(1), b.size(2)});
 }
 std::optional<Pooled> addmm_result(TPs tensors, const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
                                    const at::Scalar& beta, const at::Scalar& alpha) {
@@ -205,7 +217,7 @@ std::optional<Pooled> addmm_result(TPs tensors, const at::Tensor& self, const at
       !same_dtype(tensors) || !at::is_expandable_to(self.sizes(), {a.size(0), b.size(1)})) {
     return std::nullopt;
   }
-  return pooled_numel(device_of(tensors), a.dtype(), a.size(0) * b.size(1));
+  return pooled_as(tensors, a.dtype(), {a.size(0), b.size(1)});
 }
 // sum.dim_IntList, mean.dim: the sizes left after the dims (all of them for none) in self's dtype.
 std::optional<Pooled> reduced(TPs tensors, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
@@ -223,17 +235,21 @@ std::optional<Pooled> reduced(TPs tensors, const at::Tensor& self, at::OptionalI
       gone |= bit;
     }
   }
-  int64_t numel = 1;
+  at::DimVector sizes;
   for (int64_t d = 0; d < n; ++d) {
-    if (!((gone >> d) & 1)) numel *= self.size(d);
+    if (!((gone >> d) & 1)) {
+      sizes.push_back(self.size(d));
+    } else if (keepdim) {
+      sizes.push_back(1);
+    }
   }
-  return pooled_numel(device_of(tensors), self.dtype(), numel);
+  return pooled_as(tensors, self.dtype(), sizes);
 }
 // _softmax, _log_softmax: self's sizes and dtype (half_to_float makes float).
 std::optional<Pooled> softmaxed(TPs tensors, const at::Tensor& self, int64_t dim, bool half_to_float) {
   const int64_t n = std::max<int64_t>(self.dim(), 1);
   if (half_to_float || dim < -n || dim >= n) return std::nullopt;
-  return pooled_numel(device_of(tensors), self.dtype(), self.numel());
+  return pooled_as(tensors, self.dtype(), self.sizes());
 }
 // Their backwards: grad_output's sizes, in input_dtype.
 std::optional<Pooled> softmax_grad(TPs tensors, const at::Tensor& grad, const at::Tensor& output, int64_t dim,
@@ -243,12 +259,13 @@ std::optional<Pooled> softmax_grad(TPs tensors, const at::Tensor& grad, const at
       dim >= n) {
     return std::nullopt;
   }
-  return pooled_numel(device_of(tensors), grad.dtype(), grad.numel());
+  return pooled_as(tensors, grad.dtype(), grad.sizes());
 }
-// clone, in self's layout where empty_like keeps it (preserve, over non-overlapping and dense bytes).
+// clone, in self's layout where empty_like keeps it (preserve, over non-overlapping and dense bytes): clone_out
+// gives the alias that layout.
 std::optional<Pooled> cloned(TPs tensors, const at::Tensor& self, std::optional<at::MemoryFormat> format) {
   if ((format && *format != at::MemoryFormat::Preserve) || !self.is_non_overlapping_and_dense()) return std::nullopt;
-  return pooled_numel(device_of(tensors), self.dtype(), self.numel());
+  return pooled_as(tensors, self.dtype(), self.sizes(), false);
 }
 
 // `.out` kernels of the overloads whose CPU kernel is a composite: the composite's own steps, into `out`.
