@@ -601,6 +601,32 @@ void keep_signature(OpStat& st, const Signature& s) {
   }
 }
 
+// Whether `st` keeps the signature of `tensors` already, compared in place (no vectors, no strings made): a probe of
+// an op called with the same shapes again, the common case, builds nothing.
+bool kept(const OpStat& st, c10::ArrayRef<const at::Tensor*> tensors) {
+  for (const Signature& s : st.signatures) {
+    size_t i = 0;
+    bool same = true;
+    for (const at::Tensor* t : tensors) {
+      if (!t->defined() || t->unsafeGetTensorImpl()->is_wrapped_number()) continue;  // as add_to skips them
+      if (i >= s.shapes.size() || !t->sizes().equals(s.shapes[i]) ||
+          s.dtypes[i] != c10::getDtypeNames(t->scalar_type()).first) {
+        same = false;
+        break;
+      }
+      ++i;
+    }
+    if (same && i == s.shapes.size()) return true;
+  }
+  return false;
+}
+
+// The same for a typed kernel's call, from its tensors.
+void keep_signature(OpStat& st, c10::ArrayRef<const at::Tensor*> tensors) {
+  std::lock_guard<std::mutex> g(plans_mu);
+  if (st.signatures.size() < kMaxSignatures && !kept(st, tensors)) st.signatures.push_back(signature_of(tensors));
+}
+
 // Made only when a probe or a delivery needs it (a call counted at its line does not).
 struct LazySignature {
   const Stack& args;
@@ -775,7 +801,7 @@ void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, c10::
   if (wants & kDeliver) {
     examine(p, kind, reason, host_ns, args(), wants);
   } else if (wants & kProbe) {
-    keep_signature(p.stats[kind], signature_of(tensors));
+    keep_signature(p.stats[kind], tensors);
   }
 }
 

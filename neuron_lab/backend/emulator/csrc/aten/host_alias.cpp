@@ -55,10 +55,19 @@ bool fits(const at::Tensor& a, const Block& b, const at::Tensor& t) {
 }
 
 // The block's cached alias for `t` (made and kept if it had none that fits); undefined if another thread holds it.
+// One that nobody else holds (no kernel computing on it, no earlier argument of the same call) takes t's layout in
+// place: a view's call after the whole tensor's (a transposed weight, a slice) makes and frees no TensorImpl.
 at::Tensor cached(Block& b, const at::Tensor& t) {
   if (b.alias.busy.exchange(true, std::memory_order_acquire)) return {};
-  if (!fits(b.alias.tensor, b, t)) b.alias.tensor = over(b.host, kCPU, t);
-  at::Tensor out = b.alias.tensor;
+  at::Tensor& a = b.alias.tensor;
+  if (!fits(a, b, t)) {
+    if (a.defined() && a.use_count() == 1 && plain_alias(a, b) && a.dtype() == t.dtype()) {
+      a.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    } else {
+      a = over(b.host, kCPU, t);
+    }
+  }
+  at::Tensor out = a;
   b.alias.busy.store(false, std::memory_order_release);
   return out;
 }

@@ -62,7 +62,9 @@
 #include <ATen/ops/zero_cpu_dispatch.h>
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/ScalarOps.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <tuple>
@@ -138,15 +140,39 @@ c10::SmallVector<const at::Tensor*, 4> tensors_of(const A&... a) {
   return out;
 }
 
-// An elementwise result's device memory, made before its kernel runs (host_alias.h's `pooled`), when the
-// tensors are all of one floating dtype (the result's then; a wrapped Python number that is not complex changes
-// neither it nor the sizes) and it has elements; else nothing.
+c10::DeviceIndex device_of(c10::ArrayRef<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors) {
+    if (t->device().type() == c10::DeviceType::PrivateUse1) return t->device().index();
+  }
+  return -1;
+}
+
+// A result of `sizes` in `dtype` on the tensors' device, made before a `.out` kernel runs into it (host_alias.h's
+// `pooled`), when the dtype is floating and there are elements; else nothing (the functional kernel then runs).
+// `contiguous`: the alias takes those sizes, contiguous, at once (the layout the kernel gives its result), so the
+// `.out` kernel finds its out sized and neither resizes nor restrides it; else the kernel sizes it.
+std::optional<Pooled> pooled_as(c10::ArrayRef<const at::Tensor*> tensors, caffe2::TypeMeta dtype,
+                                c10::IntArrayRef sizes, bool contiguous = true) {
+  const c10::DeviceIndex device = device_of(tensors);
+  const int64_t numel = c10::multiply_integers(sizes);
+  if (device < 0 || numel <= 0 || !at::isFloatingType(c10::typeMetaToScalarType(dtype))) return std::nullopt;
+  Pooled p = pooled(device, dtype, static_cast<size_t>(numel) * dtype.itemsize());
+  if (contiguous) p.host->unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return p;
+}
+
+// An elementwise result's device memory, when the tensors are all of one floating dtype (the result's then; a
+// wrapped Python number that is not complex changes neither it nor the sizes) and contiguous; else nothing. Of
+// tensors all of the result's sizes the result is contiguous too; a broadcast one's layout is TensorIterator's.
 std::optional<Pooled> pooled_elementwise(c10::ArrayRef<const at::Tensor*> tensors) {
   const at::Tensor* first = nullptr;
   at::DimVector sizes;
+  bool same = true;
   for (const at::Tensor* t : tensors) {
     if (t->unsafeGetTensorImpl()->is_wrapped_number()) {
       if (at::isComplexType(t->scalar_type())) return std::nullopt;
+    } else if (!t->is_contiguous()) {  // a restrided out costs more than the CPU result it saves
+      return std::nullopt;
     } else if (!first) {
       first = t;
       sizes.assign(t->sizes().begin(), t->sizes().end());
@@ -154,34 +180,125 @@ std::optional<Pooled> pooled_elementwise(c10::ArrayRef<const at::Tensor*> tensor
       return std::nullopt;
     } else if (!t->sizes().equals(sizes)) {
       sizes = at::infer_size_dimvector(sizes, t->sizes());
+      same = false;
     }
   }
-  if (!first || !at::isFloatingType(first->scalar_type())) return std::nullopt;
-  const int64_t numel = c10::multiply_integers(sizes);
-  if (numel == 0) return std::nullopt;
-  c10::DeviceIndex device = -1;
-  for (const at::Tensor* t : tensors) {
-    if (t->device().type() == c10::DeviceType::PrivateUse1) {
-      device = t->device().index();
-      break;
-    }
-  }
-  if (device < 0) return std::nullopt;
-  return pooled(device, first->dtype(), static_cast<size_t>(numel) * first->dtype().itemsize());
+  if (!first) return std::nullopt;
+  return pooled_as(tensors, first->dtype(), sizes, same);
 }
 
-// The typed kernel of a functional overload `Name` whose CPU kernel is `Cpu` (same C++ signature). An elementwise
-// one may name its `.out` kernel `Out` (the result first): its result is then written into pooled device memory.
-template <const char* Name, auto Cpu, auto Out = nullptr>
+// The result's memory of each kernel with a `.out` one, from its arguments (the functional overload's), before the
+// call: only where its dtype and sizes are certain and the call cannot raise for them; else nothing. Each of these
+// `.out` kernels makes a contiguous result.
+using TPs = c10::ArrayRef<const at::Tensor*>;
+// With a Python number as a Scalar argument (`x * 0.5`, `x ** 2`): a complex one changes the result's dtype.
+std::optional<Pooled> with_scalar(TPs tensors, const at::Tensor&, const at::Scalar& s) {
+  return s.isComplex() ? std::nullopt : pooled_elementwise(tensors);
+}
+bool same_dtype(TPs tensors) {
+  for (const at::Tensor* t : tensors) {
+    if (t->dtype() != tensors[0]->dtype()) return false;
+  }
+  return true;
+}
+std::optional<Pooled> mm_result(TPs tensors, const at::Tensor& a, const at::Tensor& b) {
+  if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) || !same_dtype(tensors)) return std::nullopt;
+  return pooled_as(tensors, a.dtype(), {a.size(0), b.size(1)});
+}
+std::optional<Pooled> bmm_result(TPs tensors, const at::Tensor& a, const at::Tensor& b) {
+  if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0) || a.size(2) != b.size(1) || !same_dtype(tensors)) {
+    return std::nullopt;
+  }
+  return pooled_as(tensors, a.dtype(), {a.size(0), a.size(1), b.size(2)});
+}
+std::optional<Pooled> addmm_result(TPs tensors, const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                                   const at::Scalar& beta, const at::Scalar& alpha) {
+  if (beta.isComplex() || alpha.isComplex() || a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) ||
+      !same_dtype(tensors) || !at::is_expandable_to(self.sizes(), {a.size(0), b.size(1)})) {
+    return std::nullopt;
+  }
+  return pooled_as(tensors, a.dtype(), {a.size(0), b.size(1)});
+}
+// sum.dim_IntList, mean.dim: the sizes left after the dims (all of them for none) in self's dtype.
+std::optional<Pooled> reduced(TPs tensors, const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                              std::optional<at::ScalarType> dtype) {
+  const int64_t n = self.dim();
+  if (n == 0 || n > 64 || (dtype && *dtype != self.scalar_type())) return std::nullopt;
+  uint64_t gone = 0;
+  if (!dim || dim->empty()) {
+    gone = ~uint64_t(0);
+  } else {
+    for (int64_t d : *dim) {
+      if (d < -n || d >= n) return std::nullopt;
+      const uint64_t bit = uint64_t(1) << (d < 0 ? d + n : d);
+      if (gone & bit) return std::nullopt;  // a repeated dim raises
+      gone |= bit;
+    }
+  }
+  at::DimVector sizes;
+  for (int64_t d = 0; d < n; ++d) {
+    if (!((gone >> d) & 1)) {
+      sizes.push_back(self.size(d));
+    } else if (keepdim) {
+      sizes.push_back(1);
+    }
+  }
+  return pooled_as(tensors, self.dtype(), sizes);
+}
+// _softmax, _log_softmax: self's sizes and dtype (half_to_float makes float).
+std::optional<Pooled> softmaxed(TPs tensors, const at::Tensor& self, int64_t dim, bool half_to_float) {
+  const int64_t n = std::max<int64_t>(self.dim(), 1);
+  if (half_to_float || dim < -n || dim >= n) return std::nullopt;
+  return pooled_as(tensors, self.dtype(), self.sizes());
+}
+// Their backwards: grad_output's sizes, in input_dtype.
+std::optional<Pooled> softmax_grad(TPs tensors, const at::Tensor& grad, const at::Tensor& output, int64_t dim,
+                                   at::ScalarType input_dtype) {
+  const int64_t n = std::max<int64_t>(grad.dim(), 1);
+  if (input_dtype != grad.scalar_type() || !same_dtype(tensors) || !grad.sizes().equals(output.sizes()) || dim < -n ||
+      dim >= n) {
+    return std::nullopt;
+  }
+  return pooled_as(tensors, grad.dtype(), grad.sizes());
+}
+// clone, in self's layout where empty_like keeps it (preserve, over non-overlapping and dense bytes): clone_out
+// gives the alias that layout.
+std::optional<Pooled> cloned(TPs tensors, const at::Tensor& self, std::optional<at::MemoryFormat> format) {
+  if ((format && *format != at::MemoryFormat::Preserve) || !self.is_non_overlapping_and_dense()) return std::nullopt;
+  return pooled_as(tensors, self.dtype(), self.sizes(), false);
+}
+
+// `.out` kernels of the overloads whose CPU kernel is a composite: the composite's own steps, into `out`.
+at::Tensor& mul_scalar_out(at::Tensor& out, const at::Tensor& self, const at::Scalar& other) {
+  return at::cpu::mul_out(out, self, at::native::wrapped_scalar_tensor(other));
+}
+at::Tensor& div_scalar_out(at::Tensor& out, const at::Tensor& self, const at::Scalar& other) {
+  return at::cpu::div_out(out, self, at::native::wrapped_scalar_tensor(other));
+}
+at::Tensor& clone_out(at::Tensor& out, const at::Tensor& self, std::optional<at::MemoryFormat>) {
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides(), 0);
+  return out.copy_(self);
+}
+
+// The typed kernel of a functional overload `Name` whose CPU kernel is `Cpu` (same C++ signature). One may name
+// its `.out` kernel `Out` (the result first) and how its result's memory is made before the call, `Result`
+// (elementwise's by default): its result is then written into pooled device memory.
+template <const char* Name, auto Cpu, auto Out = nullptr, auto Result = nullptr>
 struct Functional;
-template <const char* Name, typename... A, at::Tensor (*Cpu)(A...), auto Out>
-struct Functional<Name, Cpu, Out> {
+template <const char* Name, typename... A, at::Tensor (*Cpu)(A...), auto Out, auto Result>
+struct Functional<Name, Cpu, Out, Result> {
   static at::Tensor call(A... a) {
     static Op op(Name);
     auto tensors = tensors_of(a...);
     return direct(op.handle, op.plan, tensors, [&] {
       if constexpr (!std::is_null_pointer_v<decltype(Out)>) {
-        if (std::optional<Pooled> p = pooled_elementwise(tensors)) {
+        std::optional<Pooled> p;
+        if constexpr (std::is_null_pointer_v<decltype(Result)>) {
+          p = pooled_elementwise(tensors);
+        } else {
+          p = Result(tensors, a...);
+        }
+        if (p) {
           Out(*p->host, on_host(a)...);
           return settled(std::move(*p));
         }
@@ -345,20 +462,23 @@ const std::unordered_map<std::string, Register>& typed() {
       {kMul, reg<Functional<kMul, static_cast<T (*)(const T&, const T&)>(&at::cpu::mul),
                             static_cast<T& (*)(T&, const T&, const T&)>(&at::cpu::mul_out)>>},
       {kMul_, reg<InPlace<kMul_, static_cast<T& (*)(T&, const T&)>(&at::cpu::mul_)>>},
-      {kMulS, reg<Functional<kMulS, static_cast<T (*)(const T&, const S&)>(&at::compositeexplicitautograd::mul)>>},
+      {kMulS, reg<Functional<kMulS, static_cast<T (*)(const T&, const S&)>(&at::compositeexplicitautograd::mul),
+                             &mul_scalar_out, &with_scalar>>},
       {kMulS_, reg<InPlace<kMulS_, static_cast<T& (*)(T&, const S&)>(&at::compositeexplicitautograd::mul_)>>},
       {kDiv, reg<Functional<kDiv, static_cast<T (*)(const T&, const T&)>(&at::cpu::div),
                             static_cast<T& (*)(T&, const T&, const T&)>(&at::cpu::div_out)>>},
       {kDiv_, reg<InPlace<kDiv_, static_cast<T& (*)(T&, const T&)>(&at::cpu::div_)>>},
-      {kDivS, reg<Functional<kDivS, static_cast<T (*)(const T&, const S&)>(&at::compositeexplicitautograd::div)>>},
+      {kDivS, reg<Functional<kDivS, static_cast<T (*)(const T&, const S&)>(&at::compositeexplicitautograd::div),
+                             &div_scalar_out, &with_scalar>>},
       {kNeg, reg<Functional<kNeg, &at::cpu::neg, &at::cpu::neg_out>>},
       {kSqrt, reg<Functional<kSqrt, &at::cpu::sqrt, &at::cpu::sqrt_out>>},
       {kRsqrt, reg<Functional<kRsqrt, &at::cpu::rsqrt, &at::cpu::rsqrt_out>>},
       {kExp, reg<Functional<kExp, &at::cpu::exp, &at::cpu::exp_out>>},
-      {kPow, reg<Functional<kPow, static_cast<T (*)(const T&, const S&)>(&at::cpu::pow)>>},
-      {kMm, reg<Functional<kMm, &at::cpu::mm>>},
-      {kAddmm, reg<Functional<kAddmm, &at::cpu::addmm>>},
-      {kBmm, reg<Functional<kBmm, &at::cpu::bmm>>},
+      {kPow, reg<Functional<kPow, static_cast<T (*)(const T&, const S&)>(&at::cpu::pow),
+                            static_cast<T& (*)(T&, const T&, const S&)>(&at::cpu::pow_out), &with_scalar>>},
+      {kMm, reg<Functional<kMm, &at::cpu::mm, &at::cpu::mm_out, &mm_result>>},
+      {kAddmm, reg<Functional<kAddmm, &at::cpu::addmm, &at::cpu::addmm_out, &addmm_result>>},
+      {kBmm, reg<Functional<kBmm, &at::cpu::bmm, &at::cpu::bmm_out, &bmm_result>>},
       {kRelu, reg<Functional<kRelu, &at::cpu::relu>>},
       {kThresholdBackward, reg<Functional<kThresholdBackward, &at::cpu::threshold_backward, &at::cpu::threshold_backward_out>>},
       {kGelu, reg<Functional<kGelu, &at::cpu::gelu, &at::cpu::gelu_out>>},
@@ -369,16 +489,18 @@ const std::unordered_map<std::string, Register>& typed() {
       {kTanhBackward, reg<Functional<kTanhBackward, &at::cpu::tanh_backward, &at::cpu::tanh_backward_out>>},
       {kSigmoid, reg<Functional<kSigmoid, &at::cpu::sigmoid, &at::cpu::sigmoid_out>>},
       {kSigmoidBackward, reg<Functional<kSigmoidBackward, &at::cpu::sigmoid_backward, &at::cpu::sigmoid_backward_out>>},
-      {kSumDim, reg<Functional<kSumDim, &at::cpu::sum>>},
-      {kMeanDim, reg<Functional<kMeanDim, &at::cpu::mean>>},
-      {kLogSoftmax, reg<Functional<kLogSoftmax, &at::cpu::_log_softmax>>},
-      {kLogSoftmaxBackward, reg<Functional<kLogSoftmaxBackward, &at::cpu::_log_softmax_backward_data>>},
-      {kSoftmax, reg<Functional<kSoftmax, &at::cpu::_softmax>>},
-      {kSoftmaxBackward, reg<Functional<kSoftmaxBackward, &at::cpu::_softmax_backward_data>>},
+      {kSumDim, reg<Functional<kSumDim, &at::cpu::sum, &at::cpu::sum_out, &reduced>>},
+      {kMeanDim, reg<Functional<kMeanDim, &at::cpu::mean, &at::cpu::mean_out, &reduced>>},
+      {kLogSoftmax, reg<Functional<kLogSoftmax, &at::cpu::_log_softmax, &at::cpu::_log_softmax_out, &softmaxed>>},
+      {kLogSoftmaxBackward, reg<Functional<kLogSoftmaxBackward, &at::cpu::_log_softmax_backward_data,
+                                           &at::cpu::_log_softmax_backward_data_out, &softmax_grad>>},
+      {kSoftmax, reg<Functional<kSoftmax, &at::cpu::_softmax, &at::cpu::_softmax_out, &softmaxed>>},
+      {kSoftmaxBackward, reg<Functional<kSoftmaxBackward, &at::cpu::_softmax_backward_data,
+                                        &at::cpu::_softmax_backward_data_out, &softmax_grad>>},
       {kAddcmul_, reg<InPlace<kAddcmul_, &at::cpu::addcmul_>>},
       {kAddcdiv_, reg<InPlace<kAddcdiv_, &at::cpu::addcdiv_>>},
       {kLerp_, reg<InPlace<kLerp_, static_cast<T& (*)(T&, const T&, const S&)>(&at::cpu::lerp_)>>},
-      {kClone, reg<Functional<kClone, &at::compositeexplicitautograd::clone>>},
+      {kClone, reg<Functional<kClone, &at::compositeexplicitautograd::clone, &clone_out, &cloned>>},
       {kFill_, reg<InPlace<kFill_, static_cast<T& (*)(T&, const S&)>(&at::cpu::fill_)>>},
       {kZero_, reg<InPlace<kZero_, &at::cpu::zero_>>},
       {kWhere, reg<Functional<kWhere, &at::cpu::where>>},
