@@ -58,13 +58,23 @@ SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_n
                           "test_moduleinfo_conformance", "test_out_conformance", "test_checkup", "test_ranks_slurm",
                           "test_ranks_attach", "test_ranks_ssh", "test_ranks_multihost", "test_dashboard_ranks",
                           "test_opinfo64_conformance"})
+# The modules whose tests share what a worker starts once for them (a module's rank group, a notebook's kernel, a
+# stand-in's run; the session's JupyterLab and Chromium): `make test` hands each group whole to one worker, so it
+# starts once, not once on each worker that xdist would otherwise spread the group's tests over.
+ONE_WORKER = {"test_ranks": "ranks", "test_dashboard_ranks": "dashboard_ranks", "test_ranks_attach": "ranks_attach",
+              "test_ranks_slurm": "ranks_slurm", "test_ranks_ssh": "ranks_ssh", "test_widgets_kernel": "widgets_kernel",
+              "test_kernel_notebook": "kernel_notebook", "test_memory_reading": "memory_reading",
+              "test_torchneuron_adapter": "torchneuron_adapter", "test_browser_rig": "browser",
+              "test_dashboard_browser": "browser", "test_profile_timeline": "browser"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the slow modules' tests, and run them first: a 20-40 s test that xdist hands out last keeps one worker
     busy while the other idles. The sort is stable, so each module's tests stay together (module fixtures start once
-    per worker) and in their order. The pure-Python pass of ``make test`` leaves out the tests marked ``core_in_child``:
-    their children run the core the test names whatever the pass, so the compiled pass has run exactly them."""
+    per worker) and in their order. The pure-Python pass of ``make test`` leaves out the tests marked
+    ``core_in_child``: their children run the core the test names whatever the pass, so the compiled pass has run
+    exactly them."""
     if os.environ.get("NEURON_LAB_CORE") == "python":
         same = [item for item in items if item.get_closest_marker("core_in_child")]
         if same:
@@ -78,6 +88,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _is_slow(item: pytest.Item) -> bool:
     return item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups of ``ONE_WORKER``: each worker gets the next test, or the next whole group,
+    whenever it runs low, in collection order (the slow modules first). The groups are told by module here, in the
+    controller: ``xdist_group`` marks would not reach it (under pytest 9.2 xdist's worker can no longer add a mark's
+    group to the node id it reports)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = Path(nodeid.partition("::")[0]).stem
+            return ONE_WORKER.get(module, nodeid)
+
+    return ByModuleGroup(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
