@@ -52,12 +52,16 @@ def run_python() -> Callable[..., Any]:
 
 
 # Each of these starts Jupyter kernels, ranks, Chromium or `make`, or sweeps PyTorch's OpInfo or ModuleInfo database.
-SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_notebooks", "test_runner",
-                          "test_dashboard_browser", "test_browser_rig", "test_make", "test_opinfo_conformance",
-                          "test_runner_ranks", "test_distributed", "test_ranks", "test_runner_trace",
-                          "test_moduleinfo_conformance", "test_out_conformance", "test_checkup", "test_ranks_slurm",
-                          "test_ranks_attach", "test_ranks_ssh", "test_ranks_multihost", "test_dashboard_ranks",
-                          "test_opinfo64_conformance"})
+# They run first, in this order: the longest work that cannot be split first (a module run whole on one worker, see
+# ONE_WORKER, then single tests of 15-35 s), by the compiled pass's durations (-n 2, 2026-12), so that what xdist hands
+# out last is short.
+SLOW_MODULES = ("test_ranks", "test_dashboard_browser", "test_browser_rig", "test_runner_ranks", "test_checkup",
+                "test_make", "test_ranks_slurm", "test_widgets_kernel", "test_dashboard_ranks", "test_ranks_attach",
+                "test_ranks_ssh", "test_ranks_multihost", "test_out_conformance", "test_notebooks", "test_distributed",
+                "test_runner", "test_opinfo_conformance", "test_opinfo64_conformance", "test_moduleinfo_conformance",
+                "test_runner_trace", "test_kernel_notebook")
+_SLOW_RANK = {name: i for i, name in enumerate(SLOW_MODULES)}
+
 # The modules whose tests share what a worker starts once for them (a module's rank group, a notebook's kernel, a
 # stand-in's run; the session's JupyterLab and Chromium): `make test` hands each group whole to one worker, so it
 # starts once, not once on each worker that xdist would otherwise spread the group's tests over.
@@ -70,24 +74,26 @@ ONE_WORKER = {"test_ranks": "ranks", "test_dashboard_ranks": "dashboard_ranks", 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the slow modules' tests, and run them first: a 20-40 s test that xdist hands out last keeps one worker
-    busy while the other idles. The sort is stable, so each module's tests stay together (module fixtures start once
-    per worker) and in their order. The pure-Python pass of ``make test`` leaves out the tests marked
-    ``core_in_child``: their children run the core the test names whatever the pass, so the compiled pass has run
-    exactly them."""
+    """Mark the slow modules' tests, and run them first, in SLOW_MODULES' order: a 20-40 s test that xdist hands
+    out last keeps one worker busy while the other idles. The sort is stable, so each module's tests stay together
+    (module fixtures start once per worker) and in their order. The pure-Python pass of ``make test`` leaves out the
+    tests marked ``core_in_child``: their children run the core the test names whatever the pass, so the compiled
+    pass has run exactly them."""
     if os.environ.get("NEURON_LAB_CORE") == "python":
         same = [item for item in items if item.get_closest_marker("core_in_child")]
         if same:
             config.hook.pytest_deselected(items=same)
             items[:] = [item for item in items if not item.get_closest_marker("core_in_child")]
     for item in items:
-        if _is_slow(item):
+        if _rank(item) < len(SLOW_MODULES):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: not _is_slow(item))
+    items.sort(key=_rank)
 
 
-def _is_slow(item: pytest.Item) -> bool:
-    return item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES
+def _rank(item: pytest.Item) -> int:
+    """Where the item's module comes in SLOW_MODULES; after them all for the others."""
+    module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
+    return _SLOW_RANK.get(module, len(SLOW_MODULES))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
