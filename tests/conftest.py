@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,17 @@ def wheel_without_core(tmp: Path) -> tuple[Path, Path]:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = out.glob("neuron_lab-*.whl")
     return wheel, src
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Once a module's last test has torn down the module's fixtures, collect what the module left and freeze the
+    rest, as collection's freeze and the ``shell`` fixture do: the next modules' collections (their tests', their
+    shells', the automatic ones) walk only what they make."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
