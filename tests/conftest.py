@@ -53,8 +53,8 @@ def run_python() -> Callable[..., Any]:
 
 # Each of these starts Jupyter kernels, ranks, Chromium or `make`, or sweeps PyTorch's OpInfo or ModuleInfo database.
 # They run first, in this order: the longest work that cannot be split first (a module run whole on one worker, see
-# ONE_WORKER, then single tests of 15-35 s), by the compiled pass's durations (-n 2, 2026-12), so that what xdist hands
-# out last is short.
+# ONE_WORKER, then single tests of 15-35 s), by their durations on the compiled core at -n 2 (2026-12), so that what
+# xdist hands out last is short.
 SLOW_MODULES = ("test_ranks", "test_dashboard_browser", "test_browser_rig", "test_runner_ranks", "test_checkup",
                 "test_make", "test_ranks_slurm", "test_widgets_kernel", "test_dashboard_ranks", "test_ranks_attach",
                 "test_ranks_ssh", "test_ranks_multihost", "test_out_conformance", "test_notebooks", "test_distributed",
