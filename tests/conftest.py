@@ -60,7 +60,12 @@ SLOW_MODULES = ("test_ranks", "test_dashboard_browser", "test_browser_rig", "tes
                 "test_ranks_ssh", "test_ranks_multihost", "test_out_conformance", "test_notebooks", "test_distributed",
                 "test_runner", "test_opinfo_conformance", "test_opinfo64_conformance", "test_moduleinfo_conformance",
                 "test_runner_trace", "test_kernel_notebook")
-_SLOW_RANK = {name: i for i, name in enumerate(SLOW_MODULES)}
+# Not slow as a whole, but with single tests of 10-25 s (fresh interpreters, the TorchNeuron stand-in, a group's
+# stand-in run): after the slow modules and before the others, so that none of them is handed out last.
+LONG_TESTS_MODULES = ("test_upstream_agreement", "test_workbench_on_torchneuron", "test_extension_on_torchneuron",
+                      "test_cores", "test_docs", "test_memory_reading", "test_cli", "test_memory_snapshot",
+                      "test_torch_neuronx", "test_syncs", "test_waits", "test_profiler", "test_profile_on_torchneuron")
+_ORDER = {name: i for i, name in enumerate(SLOW_MODULES + LONG_TESTS_MODULES)}
 
 # The modules whose tests share what a worker starts once for them (a module's rank group, a notebook's kernel, a
 # stand-in's run; the session's JupyterLab and Chromium): `make test` hands each group whole to one worker, so it
@@ -74,11 +79,11 @@ ONE_WORKER = {"test_ranks": "ranks", "test_dashboard_ranks": "dashboard_ranks", 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the slow modules' tests, and run them first, in SLOW_MODULES' order: a 20-40 s test that xdist hands
-    out last keeps one worker busy while the other idles. The sort is stable, so each module's tests stay together
-    (module fixtures start once per worker) and in their order. The pure-Python pass of ``make test`` leaves out the
-    tests marked ``core_in_child``: their children run the core the test names whatever the pass, so the compiled
-    pass has run exactly them."""
+    """Mark the slow modules' tests, and run them first, in SLOW_MODULES' order, then LONG_TESTS_MODULES: a 20-40 s
+    test that xdist hands out last keeps one worker busy while the other idles. The sort is stable, so each module's
+    tests stay together (module fixtures start once per worker) and in their order. The pure-Python pass of ``make
+    test`` leaves out the tests marked ``core_in_child``: their children run the core the test names whatever the
+    pass, so the compiled pass has run exactly them."""
     if os.environ.get("NEURON_LAB_CORE") == "python":
         same = [item for item in items if item.get_closest_marker("core_in_child")]
         if same:
@@ -91,9 +96,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _rank(item: pytest.Item) -> int:
-    """Where the item's module comes in SLOW_MODULES; after them all for the others."""
+    """Where the item's module comes in SLOW_MODULES, then LONG_TESTS_MODULES; after them all for the others."""
     module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
-    return _SLOW_RANK.get(module, len(SLOW_MODULES))
+    return _ORDER.get(module, len(_ORDER))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
