@@ -65,7 +65,9 @@ $(SPEEDSCOPE): | $(BIN)/python
 
 # The two passes run side by side (make -j2): a third of a pass's time is spent waiting on kernels, ranks, browsers
 # and subprocesses, which the other pass fills. The pure-Python pass writes its log to out/ and prints it whole when it
-# ends, so the two never interleave line by line. worksteal hands a worker that runs dry half of the other's queue.
+# ends, so the two never interleave line by line. loadgroup hands each worker the next test (or the next group of
+# tests that share one start of ranks, a kernel or JupyterLab: tests/conftest.py) whenever it runs low, in the order
+# conftest sorts them (the slowest first; --no-loadscope-reorder keeps that order).
 test: $(CORE) $(if $(shell command -v npm),$(SPEEDSCOPE))
 	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
 	$(BIN)/lint-imports --no-logo
@@ -73,7 +75,7 @@ test: $(CORE) $(if $(shell command -v npm),$(SPEEDSCOPE))
 
 .PHONY: test-compiled-core test-python-core
 test-compiled-core: $(CORE)
-	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=15 tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=15 tests
 
 test-python-core: $(CORE)
 	@mkdir -p out

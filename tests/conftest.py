@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,17 @@ import pytest
 
 @pytest.fixture
 def shell() -> Any:
-    """A real IPython shell with the extension loaded (``tests/shells.py``), unloaded and reset afterwards."""
+    """A real IPython shell with the extension loaded (``tests/shells.py``), unloaded and emptied afterwards.
+
+    What is left once its teardown has collected the test's cycles (the shell itself, which IPython's ``atexit``
+    keeps, the modules and compile caches the test brought in: ``torch._dynamo`` and ``torch._inductor`` alone are
+    some 170k objects) is then frozen like what collection built, so that later collections, in teardowns and in tests,
+    walk only what each test makes (0.15-0.7 s a full collection otherwise, growing through a worker's run)."""
     from shells import loaded_shell
 
     with loaded_shell() as sh:
         yield sh
+    gc.freeze()
 
 
 @pytest.fixture
@@ -46,32 +52,70 @@ def run_python() -> Callable[..., Any]:
 
 
 # Each of these starts Jupyter kernels, ranks, Chromium or `make`, or sweeps PyTorch's OpInfo or ModuleInfo database.
-SLOW_MODULES = frozenset({"test_kernel_notebook", "test_widgets_kernel", "test_notebooks", "test_runner",
-                          "test_dashboard_browser", "test_browser_rig", "test_make", "test_opinfo_conformance",
-                          "test_runner_ranks", "test_distributed", "test_ranks", "test_runner_trace",
-                          "test_moduleinfo_conformance", "test_out_conformance", "test_checkup", "test_ranks_slurm",
-                          "test_ranks_attach", "test_ranks_ssh", "test_ranks_multihost", "test_dashboard_ranks",
-                          "test_opinfo64_conformance"})
+# They run first, in this order: the longest work that cannot be split first (a module run whole on one worker, see
+# ONE_WORKER, then single tests of 15-35 s), by their durations on the compiled core at -n 2 (2026-12), so that what
+# xdist hands out last is short.
+SLOW_MODULES = ("test_ranks", "test_dashboard_browser", "test_browser_rig", "test_runner_ranks", "test_checkup",
+                "test_make", "test_ranks_slurm", "test_widgets_kernel", "test_dashboard_ranks", "test_ranks_attach",
+                "test_ranks_ssh", "test_ranks_multihost", "test_out_conformance", "test_notebooks", "test_distributed",
+                "test_runner", "test_opinfo_conformance", "test_opinfo64_conformance", "test_moduleinfo_conformance",
+                "test_runner_trace", "test_kernel_notebook")
+# Not slow as a whole, but with single tests of 10-25 s (fresh interpreters, the TorchNeuron stand-in, a group's
+# stand-in run): after the slow modules and before the others, so that none of them is handed out last.
+LONG_TESTS_MODULES = ("test_upstream_agreement", "test_workbench_on_torchneuron", "test_extension_on_torchneuron",
+                      "test_cores", "test_docs", "test_memory_reading", "test_cli", "test_memory_snapshot",
+                      "test_torch_neuronx", "test_syncs", "test_waits", "test_profiler", "test_profile_on_torchneuron")
+_ORDER = {name: i for i, name in enumerate(SLOW_MODULES + LONG_TESTS_MODULES)}
+
+# The modules whose tests share what a worker starts once for them (a module's rank group, a notebook's kernel, a
+# stand-in's run; the session's JupyterLab and Chromium): `make test` hands each group whole to one worker, so it
+# starts once, not once on each worker that xdist would otherwise spread the group's tests over.
+ONE_WORKER = {"test_ranks": "ranks", "test_dashboard_ranks": "dashboard_ranks", "test_ranks_attach": "ranks_attach",
+              "test_ranks_slurm": "ranks_slurm", "test_ranks_ssh": "ranks_ssh", "test_widgets_kernel": "widgets_kernel",
+              "test_kernel_notebook": "kernel_notebook", "test_memory_reading": "memory_reading",
+              "test_torchneuron_adapter": "torchneuron_adapter", "test_browser_rig": "browser",
+              "test_dashboard_browser": "browser", "test_profile_timeline": "browser"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the slow modules' tests, and run them first: a 20-40 s test that xdist hands out last keeps one worker
-    busy while the other idles. The sort is stable, so each module's tests stay together (module fixtures start once
-    per worker) and in their order. The pure-Python pass of ``make test`` leaves out the tests marked ``core_in_child``:
-    their children run the core the test names whatever the pass, so the compiled pass has run exactly them."""
+    """Mark the slow modules' tests, and run them first, in SLOW_MODULES' order, then LONG_TESTS_MODULES: a 20-40 s
+    test that xdist hands out last keeps one worker busy while the other idles. The sort is stable, so each module's
+    tests stay together (module fixtures start once per worker) and in their order. The pure-Python pass of ``make
+    test`` leaves out the tests marked ``core_in_child``: their children run the core the test names whatever the
+    pass, so the compiled pass has run exactly them."""
     if os.environ.get("NEURON_LAB_CORE") == "python":
         same = [item for item in items if item.get_closest_marker("core_in_child")]
         if same:
             config.hook.pytest_deselected(items=same)
             items[:] = [item for item in items if not item.get_closest_marker("core_in_child")]
     for item in items:
-        if _is_slow(item):
+        if _rank(item) < len(SLOW_MODULES):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: not _is_slow(item))
+    items.sort(key=_rank)
 
 
-def _is_slow(item: pytest.Item) -> bool:
-    return item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES
+def _rank(item: pytest.Item) -> int:
+    """Where the item's module comes in SLOW_MODULES, then LONG_TESTS_MODULES; after them all for the others."""
+    module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
+    return _ORDER.get(module, len(_ORDER))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups of ``ONE_WORKER``: each worker gets the next test, or the next whole group,
+    whenever it runs low, in collection order (the slow modules first). The groups are told by module here, in the
+    controller: ``xdist_group`` marks would not reach it (under pytest 9.2 xdist's worker can no longer add a mark's
+    group to the node id it reports)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = Path(nodeid.partition("::")[0]).stem
+            return ONE_WORKER.get(module, nodeid)
+
+    return ByModuleGroup(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -119,6 +163,17 @@ def wheel_without_core(tmp: Path) -> tuple[Path, Path]:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = out.glob("neuron_lab-*.whl")
     return wheel, src
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Once a module's last test has torn down the module's fixtures, collect what the module left and freeze the
+    rest, as collection's freeze and the ``shell`` fixture do: the next modules' collections (their tests', their
+    shells', the automatic ones) walk only what they make."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,8 +1,10 @@
 """Real in-process IPython shells with the extension loaded, the way the tests drive a notebook.
 
 A shell has history off (SQLite history gives "too many open files" in a large suite). The shell
-outlives its test (IPython keeps references to it), so ``loaded_shell`` resets its namespace on the
-way out: the next test starts with no device memory in use and the default device restored.
+outlives its test (IPython's ``atexit`` keeps it), so ``loaded_shell`` empties it on the way out: its
+namespace, ``Out``, ``_``, the exceptions and last tracebacks IPython and ``sys`` keep (their frames
+hold the cell's locals), then collects the cycles the test left: the next test starts with no device
+memory in use and the default device restored.
 
 ``instance=True`` makes it IPython's singleton, so ``display()`` goes through its display publisher
 (what ``capture_output`` captures) as in a real frontend.
@@ -11,6 +13,7 @@ way out: the next test starts with no device memory in use and the default devic
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -38,10 +41,23 @@ def loaded_shell(*, instance: bool = False) -> Iterator[InteractiveShell]:
     finally:
         with capture_output():
             sh.run_line_magic("unload_ext", "neuron_lab")
-            sh.reset()
+        release(sh)
         gc.collect()
         torch.set_default_device(default_before)  # None when none was set: no device mode left behind
         InteractiveShell.clear_instance()
+
+
+def release(sh: InteractiveShell) -> None:
+    """Drop every reference the shell keeps to what its cells made, without ``reset()``'s own ``gc.collect()``
+    (its display hook's flush collects before the namespace is even cleared: one full collection thrown away)."""
+    hook = sh.displayhook
+    full, hook.do_full_cache = hook.do_full_cache, False
+    sh.reset()  # namespace, Out, the exceptions history keeps
+    hook.do_full_cache = full
+    hook._ = hook.__ = hook.___ = ""
+    sh.InteractiveTB.tb = None
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        sys.__dict__.pop(name, None)
 
 
 def run(sh: InteractiveShell, code: str, *, ok: bool = True):
