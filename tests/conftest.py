@@ -101,6 +101,7 @@ def _rank(item: pytest.Item) -> int:
     return _ORDER.get(module, len(_ORDER))
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: `-p no:xdist` runs the suite without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` with the groups of ``ONE_WORKER``: each worker gets the next test, or the next whole group,
     whenever it runs low, in collection order (the slow modules first). The groups are told by module here, in the
