@@ -10,7 +10,9 @@ from typing import Any
 from neuron_lab.backend import coverage
 from neuron_lab.backend.emulator import oom_watch
 from neuron_lab.backend.emulator import runtime as _rt
+from neuron_lab.backend.emulator.device_index import index_of
 from neuron_lab.backend.interface import DeviceSpec, LiveAllocation, NeuronBackend, device_index
+from neuron_lab.backend.memory_reading import FLAT_KEYS, MemoryReading
 from neuron_lab.units import parse_size
 
 
@@ -100,6 +102,14 @@ class EmulatorBackend(NeuronBackend):
 
     def capacity(self) -> int:
         return self._rt.memory.capacity_of(self._rt.devices.current_device())
+
+    def memory_reading(self, device: DeviceSpec = None, synchronize: bool = True) -> MemoryReading:
+        """The reading's counters alone (:data:`FLAT_KEYS`), not the whole ``memory_stats()``: two a tracked cell,
+        and the memory sampler's."""
+        index = device_index(device)
+        if synchronize:
+            self.synchronize(index)
+        return MemoryReading(*self._rt.memory.values(index_of(index), FLAT_KEYS))
 
     peak_note = None  # the emulator's peak windows leave the user's counter alone
 

@@ -4,7 +4,8 @@ TorchNeuron nests its statistics (``torch_neuronx/memory.py:28-54``, built in
 ``csrc/core/NeuronBindings.cpp:1239-1260``): ``allocated_bytes``, ``reserved_bytes`` and ``active_bytes`` each
 hold ``current``, ``peak``, ``allocated`` and ``freed``; ``num_alloc_retries``, ``num_ooms``, ``num_tensor_frees``
 and ``allocation_requests`` are plain counts. The emulated ``torch.neuron`` gives the same shape, so this is the
-one place that reads it.
+one place that reads it. A core that counts in CUDA's flat keys (the emulator's) is read by :data:`FLAT_KEYS`: the
+numbers a reading holds, in its fields' order, and nothing else of its ``memory_stats``.
 """
 
 from __future__ import annotations
@@ -36,3 +37,8 @@ class MemoryReading:
         allocated, peak = current_and_peak("allocated_bytes")
         return cls(allocated, peak, current_and_peak("reserved_bytes")[0], current_and_peak("active_bytes")[0],
                    int(stats.get("num_alloc_retries", 0)), int(stats.get("num_ooms", 0)))
+
+
+# The flat counters (CUDA's ``memory_stats`` keys, pool ``all``) that are a reading's fields, in their order.
+FLAT_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+             "active_bytes.all.current", "num_alloc_retries", "num_ooms")

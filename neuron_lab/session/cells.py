@@ -51,7 +51,7 @@ class CellLocator(Locator):
     def is_user_file(self, filename: str) -> bool:
         return self._cell_of(filename) is not None
 
-    def site(self, filename: str, line: int) -> Site:
+    def _new_site(self, filename: str, line: int) -> Site:
         return Site(filename, line, linecache.getline(filename, line).strip(), self._cell_of(filename))
 
 

@@ -27,6 +27,9 @@ class Locator:
         self._role: dict[int, int] = {}
         self._codes: list[CodeType] = []  # those in _role, kept alive: an id is not reused while it is cached
         self._lines: dict[tuple[int, int], str] = {}  # (id of a code object in _role, line): its stack frame
+        # (file, line): linecache's entry of the file it was read from, and the site; kept for the session, so a line
+        # that issues ops cell after cell (a model's forward, a library's) is read once while its file is unchanged
+        self._sites: dict[tuple[str, int], tuple[object, Site]] = {}
 
     def is_user_file(self, filename: str) -> bool:
         raise NotImplementedError
@@ -35,6 +38,20 @@ class Locator:
         return self.is_user_file(code.co_filename)
 
     def site(self, filename: str, line: int) -> Site:
+        """The line as a site, made again only when linecache's entry of its file is another (the file changed and
+        was read again, or a cell's text was cached anew)."""
+        key = (filename, line)
+        text = linecache.cache.get(filename)
+        kept = self._sites.get(key)
+        if kept is not None and kept[0] is text:
+            return kept[1]
+        site = self._new_site(filename, line)
+        read = linecache.cache.get(filename)  # the entry the site was read from; none: not kept (nothing to check)
+        if read is not None:
+            self._sites[key] = (read, site)
+        return site
+
+    def _new_site(self, filename: str, line: int) -> Site:
         return Site(filename, line, linecache.getline(filename, line).strip())
 
     def user_frame(self, frame: FrameType | None) -> FrameType | None:

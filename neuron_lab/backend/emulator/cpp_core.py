@@ -105,6 +105,9 @@ class CoreMemory:
     def stats(self, device: int = 0) -> dict[str, int]:
         return self._core.memory_stats(device)  # unsorted: torch.accelerator sorts its own copy
 
+    def values(self, device: int, keys: tuple[str, ...]) -> tuple[int, ...]:
+        return self._core.memory_values(device, keys)  # no dict of every counter: a reading's few
+
     def reset_peak(self, device: int = 0) -> None:
         self._core.reset_peak(device)
 

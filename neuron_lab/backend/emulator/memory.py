@@ -274,6 +274,11 @@ class Allocator:
             flat["num_device_free"] = self.n_free
         return flat
 
+    def values(self, device: int, keys: tuple[str, ...]) -> tuple[int, ...]:
+        """The counters named by ``keys`` (flat keys), in their order."""
+        stats = self.stats(device)
+        return tuple(stats[k] for k in keys)
+
 
 def torchneuron_stats(flat: dict[str, int]) -> dict[str, Any]:
     """A core's flat CUDA-style counters in the shape TorchNeuron's ``memory_stats()`` returns

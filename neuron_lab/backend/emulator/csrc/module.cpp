@@ -62,14 +62,17 @@ void set_callback(PyObject*& slot, const py::object& fn) {
   slot = fn.is_none() ? nullptr : fn.ptr();
 }
 
-// The allocator's counters as flat "allocated_bytes.all.current" keys (CUDA's memory_stats keys, unsorted: the Python
-// side sorts its own copy). The keys are made once, and a reading (two a tracked cell, and each of the memory sampler's)
-// builds no strings, only the values into a dict made at its size.
-py::dict flat_stats(c10::DeviceIndex device) {
-  auto s = allocator().getDeviceStats(checked_index(device));
+// The allocator's counters in the order of their flat "allocated_bytes.all.current" keys (CUDA's memory_stats keys),
+// into values; how many. The keys are made at the first call, into flat_keys(), and no call after builds a string.
+std::vector<py::object>& flat_keys() {
   static auto* keys = new std::vector<py::object>();  // never released, as the callbacks above
+  return *keys;
+}
+
+size_t flat_counters(c10::DeviceIndex device, std::array<int64_t, 128>& values) {
+  auto s = allocator().getDeviceStats(checked_index(device));
+  auto* keys = &flat_keys();
   const bool naming = keys->empty();
-  std::array<int64_t, 128> values;
   size_t n = 0;
   auto add = [&](auto&& name, int64_t value) {
     if (naming) keys->push_back(py::str(name()));
@@ -105,12 +108,45 @@ py::dict flat_stats(c10::DeviceIndex device) {
   add([] { return "num_ooms"; }, s.num_ooms);
   add([] { return "num_device_alloc"; }, s.num_device_alloc);
   add([] { return "num_device_free"; }, s.num_device_free);
+  return n;
+}
+
+// Every counter as a dict by its flat key (unsorted: the Python side sorts its own copy), made at its size.
+py::dict flat_stats(c10::DeviceIndex device) {
+  std::array<int64_t, 128> values;
+  const size_t n = flat_counters(device, values);
+  const auto& keys = flat_keys();
   auto out = py::reinterpret_steal<py::dict>(_PyDict_NewPresized(static_cast<Py_ssize_t>(n)));
   if (!out) throw py::error_already_set();
   for (size_t i = 0; i < n; ++i) {
     auto value = py::reinterpret_steal<py::object>(PyLong_FromLongLong(values[i]));
-    if (!value || PyDict_SetItem(out.ptr(), (*keys)[i].ptr(), value.ptr()) < 0) throw py::error_already_set();
+    if (!value || PyDict_SetItem(out.ptr(), keys[i].ptr(), value.ptr()) < 0) throw py::error_already_set();
   }
+  return out;
+}
+
+// The counters named by keys (flat keys), as a tuple in their order: a memory reading (two a tracked cell, and each of
+// the memory sampler's) without the dict of all of them. The keys' positions are found once per keys object (the
+// caller's one tuple), which is held so that its identity stays its own.
+py::tuple flat_values(c10::DeviceIndex device, const py::tuple& keys) {
+  std::array<int64_t, 128> values;
+  const size_t n = flat_counters(device, values);
+  static auto* asked = new py::object();  // never released, as flat_keys()
+  static auto* positions = new std::vector<size_t>();
+  if (!asked->is(keys)) {
+    const auto& names = flat_keys();
+    std::vector<size_t> found;
+    for (const auto& key : keys) {
+      size_t i = 0;
+      while (i < n && !names[i].equal(key)) ++i;
+      if (i == n) throw py::key_error(py::str(key));
+      found.push_back(i);
+    }
+    *positions = std::move(found);
+    *asked = keys;
+  }
+  py::tuple out(positions->size());
+  for (size_t i = 0; i < positions->size(); ++i) out[i] = py::int_(values[(*positions)[i]]);
   return out;
 }
 
@@ -400,6 +436,7 @@ PYBIND11_MODULE(_core, m) {
 
   // memory
   m.def("memory_stats", [](int64_t i) { return flat_stats(checked_index(i)); });
+  m.def("memory_values", [](int64_t i, const py::tuple& keys) { return flat_values(checked_index(i), keys); });
   m.def("capacity", [](int64_t i) { return allocator().capacity(checked_index(i)); });
   m.def("memory_allocated", [](int64_t i) {
     return allocator().getDeviceStats(checked_index(i)).allocated_bytes[0].current;
