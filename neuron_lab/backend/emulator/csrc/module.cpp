@@ -441,10 +441,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("memory_allocated", [](int64_t i) {
     return allocator().getDeviceStats(checked_index(i)).allocated_bytes[0].current;
   });
-  m.def("memory_sample", [](int64_t i) {
-    auto s = allocator().getDeviceStats(checked_index(i));
-    return std::make_pair(s.allocated_bytes[0].current, s.allocated_bytes[0].peak);
-  });
   m.def("reset_peak", [](int64_t i) { allocator().resetPeakStats(checked_index(i)); });
   m.def("reset_accumulated", [](int64_t i) { allocator().resetAccumulatedStats(checked_index(i)); });
   m.def("empty_cache", [](int64_t i) { allocator().empty_cache(checked_index(i)); });
