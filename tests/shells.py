@@ -49,7 +49,18 @@ def loaded_shell(*, instance: bool = False) -> Iterator[InteractiveShell]:
 
 def release(sh: InteractiveShell) -> None:
     """Drop every reference the shell keeps to what its cells made, without ``reset()``'s own ``gc.collect()``
-    (its display hook's flush collects before the namespace is even cleared: one full collection thrown away)."""
+    (its display hook's flush collects before the namespace is even cleared: one full collection thrown away).
+
+    Dynamo deletes the globals a compiled frame installed in the namespace (``__compiled_fn_*``,
+    ``__builtins_dict___N``) when the frame's compiled code dies, which is after ``reset()`` has removed them (the code
+    lives on in the cells' code objects and their reports, often until exit): each deletion would then fail with
+    "Exception ignored ... KeyError: '__builtins_dict___0'". Its hooks for this namespace get a dict of their own."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is not None:
+        for hooks in dynamo.CleanupManager.instance.values.values():
+            for cleanup in hooks:
+                if cleanup.scope is sh.user_ns:
+                    cleanup.scope = {cleanup.name: None}
     hook = sh.displayhook
     full, hook.do_full_cache = hook.do_full_cache, False
     sh.reset()  # namespace, Out, the exceptions history keeps
