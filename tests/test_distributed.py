@@ -1,9 +1,12 @@
 """The emulated `neuron` process group with real processes: every collective against gloo on CPU, DDP,
 DTensor tensor parallelism and FSDP2 parity after 3 AdamW steps, the rank-to-device mapping, and torchrun.
 
-Each test starts 2 ranks (``RANK``/``LOCAL_RANK``/... set as torchrun sets them) on a free port, bounded in
-time; a rank that fails or hangs gets every rank killed. Ranks compare `neuron` results with the same code on
-CPU tensors over a gloo subgroup in the same process, and print JSON the test asserts on.
+Ranks get ``RANK``/``LOCAL_RANK``/... as torchrun sets them, bounded in time; a rank that fails or hangs gets every
+rank killed. The tests whose ranks start the same way (the prelude below, two ranks, no variables of their own) share
+one started group (``group``): each test's code runs in every rank of it, in a namespace of its own, where a test
+that needs a fresh process (its own variables, another prelude, a launcher) starts its own ranks. Ranks compare
+`neuron` results with the same code on CPU tensors over a gloo subgroup in the same process, and print JSON the test
+asserts on.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import core
+from procs import Lines
 
 from neuron_lab.session import launch
 
@@ -63,20 +67,115 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# the last collective on the neuron group: torch's own gloo group (the CPU reference) can abort a process at exit when
+# its worker thread drops a finished work's Python-made tensors during finalization
+TAIL = "\ndist.barrier()\ndist.destroy_process_group()\n"
+
+
+def _script(tmp_path: Path, prelude: str, setup: str, body: str) -> Path:
+    """``rank.py``: the ranks' whole script, the file whose lines their reports name."""
+    script = tmp_path / "rank.py"
+    script.write_text(prelude + setup + textwrap.dedent(body) + TAIL)
+    return script
+
+
+def _start_ranks(script: Path, ranks: int, env: dict[int, dict[str, str]], **pipes: Any) -> tuple[Any, list[Any]]:
+    """``script`` as ``ranks`` ranks (``env``: extra variables per rank) and the store they meet at."""
+    store = launch.AgentStore()  # the rendezvous, hosted here as torchrun's agent hosts it: no port to lose to a race
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**rank_env, **env.get(r, {})}, text=True, **pipes)
+             for r, rank_env in enumerate(launch.rank_envs({**os.environ, "OMP_NUM_THREADS": "1"}, ranks,
+                                                           store.port))]
+    return store, procs
+
+
 def _run_ranks(tmp_path: Path, body: str, env: dict[int, dict[str, str]] | None = None, setup: str = "",
                timeout: float = 120, ranks: int = RANKS, prelude: str = PRELUDE) -> list[Any]:
-    """Run ``prelude + setup + body`` as ``ranks`` ranks (``env``: extra variables per rank); each rank's last JSON
-    line, in rank order."""
-    script = tmp_path / "rank.py"
-    # the last collective on the neuron group: torch's own gloo group (the CPU reference) can abort a process at exit
-    # when its worker thread drops a finished work's Python-made tensors during finalization
-    script.write_text(prelude + setup + textwrap.dedent(body) + "\ndist.barrier()\ndist.destroy_process_group()\n")
-    store = launch.AgentStore()  # the rendezvous, hosted here as torchrun's agent hosts it: no port to lose to a race
-    procs = []
-    for r, rank_env in enumerate(launch.rank_envs({**os.environ, "OMP_NUM_THREADS": "1"}, ranks, store.port)):
-        procs.append(subprocess.Popen([sys.executable, str(script)], env={**rank_env, **(env or {}).get(r, {})},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    """Run ``prelude + setup + body`` as ``ranks`` new ranks; each rank's last JSON line, in rank order."""
+    _store, procs = _start_ranks(_script(tmp_path, prelude, setup, body), ranks, env or {},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return _collect(procs, timeout)
+
+
+# The shared group's ranks: the prelude, then each request's lines of a test's ``rank.py`` (the prelude's lines blank,
+# so every line keeps its number) in a copy of the prelude's namespace, a collection (a test's device memory starts
+# where the last one's garbage is gone) and the tail's barrier, then DONE. A rank whose code raised exits, its
+# traceback on stderr.
+DONE = "-- done --"
+SERVE = PRELUDE + f"""
+import gc, sys, traceback
+base = dict(globals())
+for request in sys.stdin:
+    path, first, last = json.loads(request)
+    with open(path) as f:
+        code = "".join(line if first <= n < last else "\\n" for n, line in enumerate(f))
+    try:
+        exec(compile(code, path, "exec"), dict(base))
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    gc.collect()
+    dist.barrier()
+    print({DONE!r}, flush=True)
+"""
+
+
+class RankGroup:
+    """Two ranks started once on ``SERVE``; :meth:`run` runs a test's code in each. A failure or a deadline kills
+    them, and the next test starts them afresh."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder, self._procs, self._lines, self._store, self._err = folder, [], [], None, None
+
+    def run(self, tmp_path: Path, body: str, setup: str = "", timeout: float = 120) -> list[Any]:
+        """``setup + body`` in every rank; each rank's last JSON line, in rank order."""
+        script = _script(tmp_path, PRELUDE, setup, body)
+        first, last = PRELUDE.count("\n"), script.read_text().count("\n") - 2  # not the tail's barrier and teardown
+        if not self._procs:
+            self._start()
+        deadline, results = time.monotonic() + timeout, []
+        try:
+            for p in self._procs:
+                p.stdin.write(json.dumps([str(script), first, last]) + "\n")
+                p.stdin.flush()
+            for r, lines in enumerate(self._lines):
+                last = ""
+                while (line := lines.next(max(deadline - time.monotonic(), 0.1), f"rank {r}'s {DONE!r}")) != \
+                        DONE + "\n":
+                    assert line, f"rank {r} ended (rc {self._procs[r].wait()}):\n{last}{self._stderr()}"
+                    last = line
+                results.append(json.loads(last))
+        except BaseException:
+            self.close()
+            raise
+        return results
+
+    def _start(self) -> None:
+        serve = self._folder / "serve.py"
+        serve.write_text(SERVE)
+        self._err = (self._folder / "ranks.err").open("w")  # both ranks'; a pipe nobody read could fill up
+        self._store, self._procs = _start_ranks(serve, RANKS, {}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=self._err)
+        self._lines = [Lines(p.stdout) for p in self._procs]
+
+    def _stderr(self) -> str:
+        return (self._folder / "ranks.err").read_text()[-4000:]
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if self._err is not None:
+            self._err.close()
+        self._procs, self._lines, self._store, self._err = [], [], None, None
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    g = RankGroup(tmp_path_factory.mktemp("group"))
+    yield g
+    g.close()
 
 
 def _collect(procs: list[subprocess.Popen], timeout: float) -> list[Any]:
@@ -111,8 +210,8 @@ def _communicate_group(proc: subprocess.Popen, out: Path, timeout: float = 120) 
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
 
 
-def test_every_collective_equals_gloo_on_cpu(tmp_path: Path) -> None:
-    ranks = _run_ranks(tmp_path, """
+def test_every_collective_equals_gloo_on_cpu(tmp_path: Path, group: RankGroup) -> None:
+    ranks = group.run(tmp_path, """
         def run(device, group):
             t = lambda *v: torch.tensor(v, dtype=torch.float32, device=device)
             got = {}
@@ -266,8 +365,8 @@ def max_diff(a, b):
 """
 
 
-def test_ddp_three_adamw_steps_equal_gloo_on_cpu_with_and_without_a_comm_hook(tmp_path: Path) -> None:
-    ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
+def test_ddp_three_adamw_steps_equal_gloo_on_cpu_with_and_without_a_comm_hook(tmp_path: Path, group: RankGroup) -> None:
+    ranks = group.run(tmp_path, setup=TRAIN, body="""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel as DDP
         on_neuron = DDP(mlp().to(dev), device_ids=[dev.index])
@@ -288,8 +387,8 @@ def test_ddp_three_adamw_steps_equal_gloo_on_cpu_with_and_without_a_comm_hook(tm
     assert all((r["hooked"] <= 1e-6) if COMPILED else r["hooked"] is None for r in ranks), ranks
 
 
-def test_dtensor_tensor_parallel_mlp_equals_gloo_on_cpu(tmp_path: Path) -> None:
-    ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
+def test_dtensor_tensor_parallel_mlp_equals_gloo_on_cpu(tmp_path: Path, group: RankGroup) -> None:
+    ranks = group.run(tmp_path, setup=TRAIN, body="""
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
         plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
@@ -306,8 +405,8 @@ def test_dtensor_tensor_parallel_mlp_equals_gloo_on_cpu(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not COMPILED, reason="FSDP2 frees and refills parameter storage with storage.resize_, which only "
                     "the compiled core can do for a `neuron` storage")
-def test_fsdp2_fully_shard_equals_gloo_on_cpu(tmp_path: Path) -> None:
-    ranks = _run_ranks(tmp_path, setup=TRAIN, body="""
+def test_fsdp2_fully_shard_equals_gloo_on_cpu(tmp_path: Path, group: RankGroup) -> None:
+    ranks = group.run(tmp_path, setup=TRAIN, body="""
         from torch.distributed.device_mesh import DeviceMesh
 
         on_neuron = sharded(mlp().to(dev), DeviceMesh("neuron", list(range(world))))
@@ -408,8 +507,9 @@ def test_mp_spawn_workers_take_their_local_rank_device(tmp_path: Path) -> None:
     assert facts == [{"rank": r, "device": devices[r], "max": [1.0, 1.0], "visible": str(r)} for r in range(RANKS)]
 
 
-def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(tmp_path: Path) -> None:
-    ranks = _run_ranks(tmp_path, """
+def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(tmp_path: Path,
+                                                                                group: RankGroup) -> None:
+    ranks = group.run(tmp_path, """
         import neuron_lab
         with neuron_lab.track() as rep:
             x = torch.ones(256, device=dev)
@@ -470,9 +570,10 @@ def test_collectives_are_reported_with_bytes_ranks_lines_and_torchneuron_limits(
         assert not passed and why.startswith("4 unsupported calls of 4 ops: "), why
 
 
-def test_an_empty_tensor_in_all_reduce_or_all_to_all_is_unsupported_as_the_april_gates_say(tmp_path: Path) -> None:
+def test_an_empty_tensor_in_all_reduce_or_all_to_all_is_unsupported_as_the_april_gates_say(tmp_path: Path,
+                                                                                           group: RankGroup) -> None:
     """AllReduceXLAOp's and AllToAllXlaOp's can_handle turn an empty tensor away; the same calls with elements run."""
-    ranks = _run_ranks(tmp_path, """
+    ranks = group.run(tmp_path, """
         import neuron_lab
         with neuron_lab.track() as rep:
             dist.all_reduce(torch.empty(0, device=dev))
@@ -492,11 +593,11 @@ def test_an_empty_tensor_in_all_reduce_or_all_to_all_is_unsupported_as_the_april
 
 
 @pytest.mark.skipif(not COMPILED, reason="the pure-Python core puts no device lanes into torch.profiler")
-def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tmp_path: Path) -> None:
+def test_collectives_are_device_work_in_torch_profiler_and_the_profile_report(tmp_path: Path, group: RankGroup) -> None:
     """As NCCL's kernels on CUDA: each collective is a kernel on its rank's device lane from call to completion, so
     a rank that waits for a late peer shows the wait there, at the line that issued it; a call from another thread
     and point-to-point calls (which TorchNeuron lacks, so each is also reported unsupported) pair up as well."""
-    ranks = _run_ranks(tmp_path, f"""
+    ranks = group.run(tmp_path, f"""
         import threading, time, neuron_lab
         from torch.profiler import profile, ProfilerActivity
         x = torch.ones(256, device=dev)
@@ -578,17 +679,18 @@ def test_a_rank_that_used_the_device_before_init_process_group_fails_as_on_hardw
                       "error": "Neuron runtime should not be initialized before the init_process_group."}] * RANKS
 
 
-def test_the_runtime_is_up_after_init_process_group(tmp_path: Path) -> None:
-    ranks = _run_ranks(tmp_path, """
+def test_the_runtime_is_up_after_init_process_group(tmp_path: Path, group: RankGroup) -> None:
+    ranks = group.run(tmp_path, """
         report(up=torch_neuronx.is_neuron_runtime_initialized(), init=torch.neuron.is_initialized())
     """)
     assert ranks == [{"up": True, "init": True}] * RANKS
 
 
-def test_an_all_reduce_whose_shapes_differ_raises_on_every_rank_with_each_ranks_shape(tmp_path: Path) -> None:
+def test_an_all_reduce_whose_shapes_differ_raises_on_every_rank_with_each_ranks_shape(tmp_path: Path,
+                                                                                      group: RankGroup) -> None:
     """Gloo handed different sizes aborted rank 0's process; now every rank raises the same error, and the group
     still works after it."""
-    ranks = _run_ranks(tmp_path, """
+    ranks = group.run(tmp_path, """
         import json
         from neuron_lab.backend.emulator.mismatch import CollectiveMismatch
         rank = dist.get_rank()
