@@ -69,7 +69,7 @@ $(SPEEDSCOPE): | $(BIN)/python
 # tests that share one start of ranks, a kernel or JupyterLab: tests/conftest.py) whenever it runs low, in the order
 # conftest sorts them (the slowest first; --no-loadscope-reorder keeps that order).
 test: $(CORE) $(if $(shell command -v npm),$(SPEEDSCOPE))
-	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
+	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py _neuron_lab_cli.py
 	$(BIN)/lint-imports --no-logo
 	$(MAKE) --no-print-directory -j2 -k test-compiled-core test-python-core
 
@@ -87,7 +87,7 @@ test-fast: $(CORE)
 	$(BIN)/python -m pytest -n 2 -m "not slow" tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py
+	$(BIN)/ruff check neuron_lab tests bench tools setup.py _neuron_lab_torch_neuronx.py _neuron_lab_cli.py
 	$(BIN)/lint-imports --no-logo
 
 # bench/all.py runs every bench script, each timed, in two lanes side by side (the timed scripts one after another;

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from importlib import metadata
 
 from neuron_lab import settings
+from neuron_lab._version import __version__
 
 # `neuron-lab --help` ends with these (tests parse each one with the real parser).
 EXAMPLES = (
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuron-lab", description="neuron_lab command line",
                                      epilog="examples:\n" + run_options.examples(EXAMPLES),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="which backend is active and why, devices, coverage, environment")
     doc.add_argument("--check", action="store_true",
@@ -283,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return dispatch(build_parser().parse_args(argv))
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command (the console script parses before ``import neuron_lab``: ``_neuron_lab_cli``)."""
     try:
         return args.func(args)
     except BrokenPipeError:  # `neuron-lab coverage show | head`: the reader left, which is not an error

@@ -156,7 +156,7 @@ def wheel_without_core(tmp: Path) -> tuple[Path, Path]:
     so the build never writes into the tree other tests import from."""
     src, out = tmp / "src", tmp / "wheel"
     shutil.copytree(ROOT / "neuron_lab", src / "neuron_lab", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", *STARTUP):
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "_neuron_lab_cli.py", *STARTUP):
         shutil.copy(ROOT / name, src / name)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                            "-w", str(out)], env={**os.environ, "NEURON_LAB_BUILD_CORE": "0"},

@@ -101,3 +101,19 @@ def test_help_ends_with_example_commands_that_the_real_parser_accepts():
         if argv[0] == "run":
             assert vars(main.parser().parse_args(argv[1:])) == {k: v for k, v in vars(args).items()
                                                                  if k not in ("command", "func")}, command
+
+
+def test_the_console_script_answers_help_version_and_bad_usage_before_torch_loads():
+    """``neuron-lab`` (``_neuron_lab_cli``) parses before ``import neuron_lab``: only a command that runs imports
+    torch."""
+    from pathlib import Path
+
+    code = ("import atexit, sys, _neuron_lab_cli\natexit.register(lambda: print('torch' in sys.modules))\n"
+            "sys.argv[0] = 'neuron-lab'\nsys.exit(_neuron_lab_cli.main())")
+    for args, rc, torch_loaded in ((["--version"], 0, False), (["run", "--help"], 0, False),
+                                   (["run", "nb.ipynb", "--timeout", "nan"], 2, False),
+                                   (["coverage", "show", "no-such-coverage"], 2, True)):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parent.parent)
+        assert (r.returncode, r.stdout.splitlines()[-1]) == (rc, str(torch_loaded)), (args, r.stdout, r.stderr)
+    assert r.stderr.startswith("neuron-lab coverage show: no coverage 'no-such-coverage'"), r.stderr

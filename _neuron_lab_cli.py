@@ -1,0 +1,29 @@
+"""The ``neuron-lab`` console script: it reads its command line before ``import neuron_lab`` runs.
+
+``import neuron_lab`` imports torch and installs the backend (some 2 s), which ``--help``, ``--version`` and a mistyped
+argument do not need. So this makes the package's module without running its ``__init__``, imports
+``neuron_lab.cli`` into it (the parser imports nothing heavy) and parses; only then does the package's ``__init__``
+run in that same module, after which the process is what ``import neuron_lab`` makes and the command runs.
+(``python -m neuron_lab`` imports the package first, as Python does: the same commands, without the head start.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+
+def main() -> int:
+    spec = importlib.util.find_spec("neuron_lab")
+    assert spec is not None and spec.loader is not None, "neuron_lab is not installed"
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["neuron_lab"] = package
+    from neuron_lab import cli
+
+    args = cli.build_parser().parse_args()  # --help, --version and bad usage end here, torch never imported
+    spec.loader.exec_module(package)  # `import neuron_lab`: torch, the backend
+    return cli.dispatch(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
