@@ -82,8 +82,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark the slow modules' tests, and run them first, in SLOW_MODULES' order, then LONG_TESTS_MODULES: a 20-40 s
     test that xdist hands out last keeps one worker busy while the other idles. The sort is stable, so each module's
     tests stay together (module fixtures start once per worker) and in their order. The pure-Python pass of ``make
-    test`` leaves out the tests marked ``core_in_child``: their children run the core the test names whatever the
-    pass, so the compiled pass has run exactly them."""
+    test`` leaves out the tests marked ``core_in_child``: their children run the core the test names (or the TorchNeuron
+    stand-in, whose children get no ``NEURON_LAB_`` variables) whatever the pass, so the compiled pass has run exactly
+    them."""
     if os.environ.get("NEURON_LAB_CORE") == "python":
         same = [item for item in items if item.get_closest_marker("core_in_child")]
         if same:

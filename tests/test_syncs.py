@@ -3,6 +3,7 @@ reason, and the workbench itself adds at most one device synchronize a cell (iss
 
 from __future__ import annotations
 
+import pytest
 from shells import run
 
 from neuron_lab import backend, kinds
@@ -112,6 +113,7 @@ print(json.dumps({row.op: [row.count, [[s.site.line, s.count] for s in row.sites
 """
 
 
+@pytest.mark.core_in_child  # the stand-in's child gets no NEURON_LAB_ variables: the same run in either pass
 def test_syncs_over_the_torchneuron_adapter() -> None:
     from fake_torchneuronx import SITE
     from fake_torchneuronx import run as run_child
