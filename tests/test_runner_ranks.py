@@ -245,12 +245,12 @@ def test_a_hung_cell_prints_where_each_rank_was_interrupts_every_rank_and_exits_
     path = script(tmp_path, "hang.py", HANGS)
     marker = uuid.uuid4().hex
     monkeypatch.setenv(MARKER, marker)
-    code, text = run(tmp_path, path.name, "--nproc", "2", "--timeout", "15", "--json", "run.json")
+    code, text = run(tmp_path, path.name, "--nproc", "2", "--timeout", "10", "--json", "run.json")  # as the notebook's
     assert code == options.EXIT_HUNG, text
     assert not left_running(marker, deadline_s=10)
     view = ["rank 0 waiting in all_reduce (group 0 of 2 ranks, [4] float32) at hang.py:9: dist.all_reduce(x)",
             "rank 1 never reached all_reduce: at hang.py:7: time.sleep(120)"]
-    said = ("neuron-lab run: [2/3] hang.py:5 ran past --timeout 15 s; every rank still in it was interrupted. "
+    said = ("neuron-lab run: [2/3] hang.py:5 ran past --timeout 10 s; every rank still in it was interrupted. "
             "where the ranks were at the deadline:\n" + "".join(f"    {line}\n" for line in view))
     assert said in text, text
     doc = load(tmp_path / "run.json")
