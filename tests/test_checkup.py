@@ -1,5 +1,6 @@
 """``neuron-lab doctor --check``: the self-test a user runs on a Trn instance, here on the emulator (every check
-passes) and over the TorchNeuron stand-in (every check, the device's profile artefacts included)."""
+passes, on either core: `make test` runs it on both) and over the TorchNeuron stand-in (every check, the device's
+profile artefacts included)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from fake_torchneuronx import BIN, SITE, run
 
 CHECKS = ["runtime untouched by loading the extension", "memory read from the nested memory_stats",
@@ -28,6 +30,7 @@ def test_every_check_passes_on_the_emulator() -> None:
     assert "get_fallback_ops() ['aten::atan2.out']" in r.stdout  # TorchNeuron's own spelling, overload included
 
 
+@pytest.mark.core_in_child  # the stand-in's child gets no NEURON_LAB_ variables: the same run in either pass
 def test_every_check_passes_over_the_stand_in() -> None:
     r = run(argv=[str(BIN / "neuron-lab"), "doctor", "--check"], site=SITE, timeout=600)
     seen = verdicts(r.out)
