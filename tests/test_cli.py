@@ -7,11 +7,15 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "neuron_lab", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
+    """``neuron-lab ARGS`` as its console script runs it (``_neuron_lab_cli``: help answers before torch loads)."""
+    return subprocess.run([sys.executable, "-m", "_neuron_lab_cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
 
 
 def test_doctor_reports_backend_devices_coverage_and_env():
@@ -106,14 +110,12 @@ def test_help_ends_with_example_commands_that_the_real_parser_accepts():
 def test_the_console_script_answers_help_version_and_bad_usage_before_torch_loads():
     """``neuron-lab`` (``_neuron_lab_cli``) parses before ``import neuron_lab``: only a command that runs imports
     torch."""
-    from pathlib import Path
-
     code = ("import atexit, sys, _neuron_lab_cli\natexit.register(lambda: print('torch' in sys.modules))\n"
             "sys.argv[0] = 'neuron-lab'\nsys.exit(_neuron_lab_cli.main())")
     for args, rc, torch_loaded in ((["--version"], 0, False), (["run", "--help"], 0, False),
                                    (["run", "nb.ipynb", "--timeout", "nan"], 2, False),
                                    (["coverage", "show", "no-such-coverage"], 2, True)):
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                           cwd=Path(__file__).resolve().parent.parent)
+                           cwd=ROOT)
         assert (r.returncode, r.stdout.splitlines()[-1]) == (rc, str(torch_loaded)), (args, r.stdout, r.stderr)
     assert r.stderr.startswith("neuron-lab coverage show: no coverage 'no-such-coverage'"), r.stderr
