@@ -10,7 +10,10 @@ run interleaved with getrusage's CPU time, minor faults and context switches a s
 cache and TLB misses) are not supported by ``perf stat`` in this VM, so the caches are callgrind's simulation
 (bench/step_counters.py --callgrind).
 
-    python bench/step_functions.py [--model llama] [--top 30] [--keep DIR] [--faults]
+``--caches``: the same under bench/step_counters.py's cache and branch simulation, with the same tables for L1 data
+misses, last-level misses and mispredicted branches: what makes a step's CPU time differ from its instructions.
+
+    python bench/step_functions.py [--model llama] [--top 30] [--keep DIR] [--caches] [--faults]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import callgrind
 import model_zoo
 import real_models
+import step_counters
 import torch
 
 CONFIGS = {"cpu foreach": ("cpu", True), "cpu foreach, math SDPA": ("cpu", True), "neuron": ("neuron", None)}
@@ -73,13 +77,19 @@ def counted(name: str) -> None:
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
 
 
-def exclusive(path: Path) -> collections.Counter:
-    """A callgrind dump's self instructions by (object, function), read from its raw lines (a call's inclusive
-    cost, the line after ``calls=``, is not the caller's own)."""
+# The events a table shows: callgrind's names summed under one heading (the cache simulation's only with --caches).
+EVENTS = {"instructions": ("Ir",), "L1d misses": ("D1mr", "D1mw"), "LL misses": ("DLmr", "DLmw"),
+          "mispredicted branches": ("Bcm", "Bim")}
+
+
+def exclusive(path: Path, event: str) -> collections.Counter:
+    """A callgrind dump's self cost of one of EVENTS by (object, function), read from its raw lines (a call's
+    inclusive cost, the line after ``calls=``, is not the caller's own)."""
     names: dict[tuple[str, str], str] = {}
     cost: collections.Counter = collections.Counter()
     ob = fn = ""
     after_call = False
+    columns: list[int] = []
 
     def named(kind: str, value: str) -> str:
         m = _NAMED.match(value)
@@ -95,8 +105,10 @@ def exclusive(path: Path) -> collections.Counter:
                 after_call = False
                 continue
             parts = line.split()
-            if len(parts) > 1:
-                cost[(ob, fn)] += int(parts[1])
+            cost[(ob, fn)] += sum(int(parts[1 + i]) for i in columns if 1 + i < len(parts))
+        elif line.startswith("events:"):
+            listed = line.split()[1:]
+            columns = [listed.index(e) for e in EVENTS[event] if e in listed]
         elif line.startswith("ob="):
             ob = named("ob", line[3:])
         elif line.startswith("fn="):
@@ -117,30 +129,32 @@ def _object(ob: str) -> str:
     return "python" if base.startswith("python") else base
 
 
-def simulated(name: str, top: int, keep: str | None) -> None:
+def simulated(name: str, top: int, keep: str | None, with_caches: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(keep or tmp)
         d.mkdir(parents=True, exist_ok=True)
         p = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={d}/cg",
-                            sys.executable, __file__, "--counted", "--model", name], capture_output=True, text=True,
-                           timeout=3000)
+                            *(step_counters.CACHES if with_caches else ()), sys.executable, __file__, "--counted",
+                            "--model", name], capture_output=True, text=True, timeout=3000)
         if p.returncode:
             sys.exit(f"the run under callgrind failed:\n{p.stderr[-3000:]}")
-        by_label: dict[str, collections.Counter] = {}
+        dumps: dict[str, Path] = {}
         for f in d.glob("cg.*"):
-            text = f.read_text(errors="replace")
-            trigger = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
+            trigger = re.search(r"^desc: Trigger: Client Request: (.+)$", f.read_text(errors="replace"), re.M)
             if trigger and trigger.group(1).strip().endswith("|counted"):
-                by_label[trigger.group(1).strip().split("|")[0]] = exclusive(f)
+                dumps[trigger.group(1).strip().split("|")[0]] = f
                 if keep:
                     print(f"kept: {f} ({trigger.group(1).strip()})")
+        events = list(EVENTS) if with_caches else ["instructions"]
+        by_event = {e: {label: exclusive(f, e) for label, f in dumps.items()} for e in events}
     per = COUNTED_STEPS * 1e3
-    print("\n| configuration | instructions a step (k) |\n|---|---|")
-    for label, c in by_label.items():
-        print(f"| {label} | {sum(c.values()) / per:,.1f} |")
-    for base in ("cpu foreach", MATH_SDPA):
-        print(f"\n### `neuron` over {base}")
-        _diff(by_label[base], by_label["neuron"], top)
+    print(f"\n| configuration | {' | '.join(f'{e} a step (k)' for e in events)} |\n|---|{'---|' * len(events)}")
+    for label in CONFIGS:
+        print(f"| {label} | {' | '.join(f'{sum(by_event[e][label].values()) / per:,.1f}' for e in events)} |")
+    for e in events:
+        for base in ("cpu foreach", MATH_SDPA):
+            print(f"\n### {e}: `neuron` over {base}")
+            _diff(by_event[e][base], by_event[e]["neuron"], top)
 
 
 def _diff(cpu: collections.Counter, dev: collections.Counter, top: int) -> None:
@@ -154,7 +168,7 @@ def _diff(cpu: collections.Counter, dev: collections.Counter, top: int) -> None:
         for k, v in dev.items():
             b[key(k)] += v
         rows = sorted(set(a) | set(b), key=lambda k: -abs(b[k] - a[k]))[:top]
-        print(f"\n| {title} | CPU eager, foreach (k a step) | `neuron` (k) | extra (k) |\n|---|---|---|---|")
+        print(f"\n| {title} | CPU eager (k a step) | `neuron` (k) | extra (k) |\n|---|---|---|---|")
         for k in rows:
             print(f"| {k} | {a[k] / per:,.1f} | {b[k] / per:,.1f} | {(b[k] - a[k]) / per:+,.1f} |")
         print(f"| **total** | {sum(a.values()) / per:,.1f} | {sum(b.values()) / per:,.1f} | "
@@ -190,6 +204,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--keep", help="keep the callgrind dumps in this folder (for callgrind_annotate)")
     ap.add_argument("--faults", action="store_true", help="CPU time, faults and switches instead (no callgrind)")
+    ap.add_argument("--caches", action="store_true", help="cache misses and mispredicted branches too (simulated)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
     args = ap.parse_args()
@@ -198,10 +213,10 @@ def main() -> None:
         counted(args.model)
     elif args.faults:
         faults(args.model, args.rounds)
+    elif why := callgrind.missing():
+        sys.exit(why)
     else:
-        if why := callgrind.missing():
-            sys.exit(why)
-        simulated(args.model, args.top, args.keep)
+        simulated(args.model, args.top, args.keep, args.caches)
 
 
 if __name__ == "__main__":
