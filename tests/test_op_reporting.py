@@ -182,6 +182,20 @@ def test_typed_kernels_of_several_results_report_as_the_fallback(b, op):
     assert rows == boxed
 
 
+def test_a_pooled_result_starts_at_its_blocks_first_byte(b):
+    """A freed block keeps its cached host alias for the next result of its size class. When that alias last took
+    a view's layout (an offset into the block), a result written into it still starts at the block's first byte."""
+    torch.manual_seed(0)
+    xs = [torch.randn(8, 8, device="neuron") for _ in range(4)]
+    for x in xs:
+        x[:, 4:].mul(2)  # the block's cached alias takes the view's layout, 4 elements in
+    del x, xs
+    a = torch.randn(8, 8)
+    d = a.to("neuron")
+    for got, want in zip([d + d, d * d, d.exp(), d @ d], [a + a, a * a, a.exp(), a @ a]):
+        assert got.storage_offset() == 0 and got.stride() == want.stride() and torch.allclose(got.cpu(), want)
+
+
 def test_typed_dropout_draws_what_the_fallback_draws(b):
     x = torch.randn(256, device="neuron")
     torch.neuron.manual_seed(5)
