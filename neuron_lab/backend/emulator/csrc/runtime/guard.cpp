@@ -10,13 +10,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <limits>
 
 namespace neuron_lab {
 namespace {
 
 // This thread's current stream per device, 0 (the default) until set: an array, not a map, since autograd's engine
-// reads and swaps it around every node over device tensors.
-thread_local std::array<c10::StreamId, kMaxDevices> current_streams{};
+// reads and swaps it around every node over device tensors. One slot per index a DeviceIndex can hold.
+thread_local std::array<c10::StreamId, std::numeric_limits<c10::DeviceIndex>::max() + 1> current_streams{};
 std::atomic<c10::StreamId> next_stream{1};
 
 struct EventRecord {
