@@ -207,6 +207,24 @@ def test_typed_dropout_draws_what_the_fallback_draws(b):
     assert 0 < int((~typed[1]).sum()) < 256
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_typed_dropout_gives_what_the_cpu_gives(b, layout):
+    """In training, native_dropout gives the CPU kernel's output and mask, bit for bit (NaN, inf and -0 included),
+    for a generator seeded alike. (float64 on the device is computed in float32: the 64-bit rule.)"""
+    x = torch.randn(20, 15)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    if layout == "transposed":
+        x = x.t()
+    torch.manual_seed(7)
+    want = torch.ops.aten.native_dropout(x, 0.3, True)
+    torch.neuron.manual_seed(7)
+    got = [t.cpu() for t in torch.ops.aten.native_dropout(x.to("neuron"), 0.3, True)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.stride() == w.stride() and torch.equal(g.isnan(), w.isnan())
+        assert torch.equal(g.nan_to_num(), w.nan_to_num()) and torch.equal(g.signbit(), w.signbit())
+    assert 0 < int(got[1].sum()) < x.numel()
+
+
 def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):
     a = torch.eye(3, device="neuron") * 2
     torch.linalg.inv(a)
