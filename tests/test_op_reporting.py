@@ -182,6 +182,20 @@ def test_typed_kernels_of_several_results_report_as_the_fallback(b, op):
     assert rows == boxed
 
 
+def test_a_pooled_result_starts_at_its_blocks_first_byte(b):
+    """A freed block keeps its cached host alias for the next result of its size class. When that alias last took
+    a view's layout (an offset into the block), a result written into it still starts at the block's first byte."""
+    torch.manual_seed(0)
+    xs = [torch.randn(8, 8, device="neuron") for _ in range(4)]
+    for x in xs:
+        x[:, 4:].mul(2)  # the block's cached alias takes the view's layout, 4 elements in
+    del x, xs
+    a = torch.randn(8, 8)
+    d = a.to("neuron")
+    for got, want in zip([d + d, d * d, d.exp(), d @ d], [a + a, a * a, a.exp(), a @ a]):
+        assert got.storage_offset() == 0 and got.stride() == want.stride() and torch.allclose(got.cpu(), want)
+
+
 def test_typed_dropout_draws_what_the_fallback_draws(b):
     x = torch.randn(256, device="neuron")
     torch.neuron.manual_seed(5)
@@ -191,6 +205,24 @@ def test_typed_dropout_draws_what_the_fallback_draws(b):
         boxed = torch.ops.aten.native_dropout(x, 0.3, True)
     assert all(torch.equal(t.cpu(), u.cpu()) for t, u in zip(typed, boxed))
     assert 0 < int((~typed[1]).sum()) < 256
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_typed_dropout_gives_what_the_cpu_gives(b, layout):
+    """In training, native_dropout gives the CPU kernel's output and mask, bit for bit (NaN, inf and -0 included),
+    for a generator seeded alike. (float64 on the device is computed in float32: the 64-bit rule.)"""
+    x = torch.randn(20, 15)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    if layout == "transposed":
+        x = x.t()
+    torch.manual_seed(7)
+    want = torch.ops.aten.native_dropout(x, 0.3, True)
+    torch.neuron.manual_seed(7)
+    got = [t.cpu() for t in torch.ops.aten.native_dropout(x.to("neuron"), 0.3, True)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.stride() == w.stride() and torch.equal(g.isnan(), w.isnan())
+        assert torch.equal(g.nan_to_num(), w.nan_to_num()) and torch.equal(g.signbit(), w.signbit())
+    assert 0 < int(got[1].sum()) < x.numel()
 
 
 def test_linalg_host_kernels_are_reported_but_not_in_fallback_set(b):

@@ -49,9 +49,20 @@ bool plain_alias(const at::Tensor& a, const Block& b) {
 
 // Whether a block's cached alias still is `t`'s: a plain alias in t's dtype and layout. A kernel may have changed its
 // layout since.
+// Element by element, inline: ArrayRef's == calls memcmp twice, and this runs for every argument of every op.
+bool same_layout(const c10::TensorImpl& a, const c10::TensorImpl& t) {
+  const size_t n = a.dim();
+  if (n != static_cast<size_t>(t.dim()) || a.storage_offset() != t.storage_offset()) return false;
+  const int64_t *as = a.sizes().data(), *ts = t.sizes().data(), *ad = a.strides().data(), *td = t.strides().data();
+  for (size_t i = 0; i < n; ++i) {
+    if (as[i] != ts[i] || ad[i] != td[i]) return false;
+  }
+  return true;
+}
+
 bool fits(const at::Tensor& a, const Block& b, const at::Tensor& t) {
-  return a.defined() && plain_alias(a, b) && a.dtype() == t.dtype() && a.storage_offset() == t.storage_offset() &&
-         a.sizes() == t.sizes() && a.strides() == t.strides();
+  return a.defined() && plain_alias(a, b) && a.dtype() == t.dtype() &&
+         same_layout(*a.unsafeGetTensorImpl(), *t.unsafeGetTensorImpl());
 }
 
 // The block's cached alias for `t` (made and kept if it had none that fits); undefined if another thread holds it.
@@ -119,7 +130,8 @@ at::Tensor presented(at::Tensor r, c10::DeviceIndex device) {
   return out;
 }
 
-Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes) {
+Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes,
+              std::optional<c10::IntArrayRef> contiguous) {
   c10::DataPtr ptr = allocator().allocate_on(nbytes, device);
   Block* b = NeuronAllocator::block_of(ptr);
   c10::Storage st(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(ptr),
@@ -127,8 +139,13 @@ Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes) {
   // A fresh block: no other thread knows it yet. A spare one's alias is plain over its bytes (reusable()).
   at::Tensor& a = b->alias.tensor;
   if (!a.defined() || a.dtype() != dtype) a = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(b->host), kCPU, dtype);
-  const int64_t none[] = {0}, unit[] = {1};
-  a.unsafeGetTensorImpl()->set_sizes_and_strides(none, unit, 0);
+  if (contiguous) {
+    a.unsafeGetTensorImpl()->set_storage_offset(0);  // a cached alias may have been a view's
+    a.unsafeGetTensorImpl()->set_sizes_contiguous(*contiguous);
+  } else {
+    const int64_t none[] = {0}, unit[] = {1};
+    a.unsafeGetTensorImpl()->set_sizes_and_strides(none, unit, 0);
+  }
   return {std::move(st), &a};
 }
 

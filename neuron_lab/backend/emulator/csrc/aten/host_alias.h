@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace neuron_lab {
 
 inline const c10::DispatchKeySet kCPU(c10::DispatchKey::CPU);
@@ -30,7 +32,9 @@ struct Pooled {
   c10::Storage storage;
   at::Tensor* host;
 };
-Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes);
+// `contiguous`: the alias takes these sizes, contiguous, at once instead (the kernel finds its out sized).
+Pooled pooled(c10::DeviceIndex device, caffe2::TypeMeta dtype, size_t nbytes,
+              std::optional<c10::IntArrayRef> contiguous = std::nullopt);
 // The device tensor over p's bytes, in the layout the kernel gave p.host (which stays the block's cached alias).
 at::Tensor settled(Pooled p);
 

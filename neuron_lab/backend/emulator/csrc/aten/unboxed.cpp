@@ -156,9 +156,8 @@ std::optional<Pooled> pooled_as(c10::ArrayRef<const at::Tensor*> tensors, caffe2
   const c10::DeviceIndex device = device_of(tensors);
   const int64_t numel = c10::multiply_integers(sizes);
   if (device < 0 || numel <= 0 || !at::isFloatingType(c10::typeMetaToScalarType(dtype))) return std::nullopt;
-  Pooled p = pooled(device, dtype, static_cast<size_t>(numel) * dtype.itemsize());
-  if (contiguous) p.host->unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  return p;
+  return pooled(device, dtype, static_cast<size_t>(numel) * dtype.itemsize(),
+                contiguous ? std::optional<c10::IntArrayRef>(sizes) : std::nullopt);
 }
 
 // An elementwise result's device memory, when the tensors are all of one floating dtype (the result's then; a

@@ -7,14 +7,17 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
-#include <map>
+#include <limits>
 
 namespace neuron_lab {
 namespace {
 
-thread_local std::map<c10::DeviceIndex, c10::StreamId> current_streams;
+// This thread's current stream per device, 0 (the default) until set: an array, not a map, since autograd's engine
+// reads and swaps it around every node over device tensors. One slot per index a DeviceIndex can hold.
+thread_local std::array<c10::StreamId, std::numeric_limits<c10::DeviceIndex>::max() + 1> current_streams{};
 std::atomic<c10::StreamId> next_stream{1};
 
 struct EventRecord {
@@ -41,8 +44,7 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override { set_device_unchecked(d.index()); }
   c10::Stream getStream(c10::Device d) const override {
     auto idx = d.index() < 0 ? current_device() : d.index();
-    auto it = current_streams.find(idx);
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, idx), it == current_streams.end() ? 0 : it->second);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, idx), current_streams[idx]);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, d.index() < 0 ? current_device() : d.index()));
@@ -56,7 +58,7 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     auto old = getStream(s.device());
-    current_streams[s.device_index()] = s.id();
+    current_streams[old.device_index()] = s.id();
     return old;
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
