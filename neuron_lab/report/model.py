@@ -403,14 +403,22 @@ class Report(ShownAsText):
     def sections(self) -> list[tuple[Kind, list[OpRow]]]:
         """The report's non-empty row sections, as :func:`neuron_lab.kinds.sections` groups them; a final report's
         are grouped once (its text, its HTML and their summary lines each ask)."""
-        kept = self.__dict__.get("_sections")
-        if kept is not None:
-            return list(kept)
+        return list(self.kept("_sections", self._grouped))
+
+    def _grouped(self) -> tuple[tuple[Kind, list[OpRow]], ...]:
         out = [(kind, [r for r in self.ops_not_native if r.kind in members]) for kind, members in sections()]
-        out = [(kind, rows) for kind, rows in out if rows]
+        return tuple((kind, rows) for kind, rows in out if rows)
+
+    def kept(self, name: str, make: Callable[[], Any]) -> Any:
+        """A view of the report that ``make`` builds, kept under ``name`` once the report is final (its text and its
+        HTML each ask for its summary line, its memory row and its sections); made afresh while it can change."""
+        kept = self.__dict__.get(name)
+        if kept is not None:
+            return kept
+        value = make()
         if self._final:
-            object.__setattr__(self, "_sections", tuple(out))
-        return out
+            object.__setattr__(self, name, value)
+        return value
 
     @property
     def fallback_calls(self) -> int:
