@@ -117,7 +117,7 @@ class Locator:
             chain += [] if user is None else self._chain(user)[0]
         if len(chain) > depth:
             chain = chain[:depth - 1] + chain[-1:]
-        return tuple([self._frame_line(f.f_code, f.f_lineno) for f in reversed(chain)])
+        return tuple([self._frame_line(code, line) for code, line in reversed(chain)])
 
     def _frame_line(self, code: CodeType, line: int) -> str:
         """A stack frame as "where in function: source", formatted once per line of a code object (the chain
@@ -129,10 +129,10 @@ class Locator:
             text = self._lines[key] = f"{s.label} in {code.co_name}: {s.source}"
         return text
 
-    def _chain(self, frame: FrameType | None) -> tuple[list[FrameType], bool]:
-        """The library and user frames at or above ``frame``, innermost first, up to the outermost user frame below
-        the shell's; and whether there is a user frame among them."""
-        chain: list[FrameType] = []
+    def _chain(self, frame: FrameType | None) -> tuple[list[tuple[CodeType, int]], bool]:
+        """The library and user frames at or above ``frame`` as (code, line), innermost first, up to the outermost user
+        frame below the shell's; and whether there is a user frame among them."""
+        chain: list[tuple[CodeType, int]] = []
         outermost_user = 0
         links = self._links  # one dict look-up per frame once its code object is known
         f = frame
@@ -143,10 +143,12 @@ class Locator:
                 role = self._link_of(code)
             if role == SHELL:  # a cell magic's body: not the magic's line
                 break
-            if role != INTERNAL and (f.f_lineno != code.co_firstlineno or not _compiled_entry(f)):
-                chain.append(f)
-                if role == USER:
-                    outermost_user = len(chain)
+            if role != INTERNAL:
+                line = f.f_lineno  # read once: Python finds it by scanning the code's line table
+                if line != code.co_firstlineno or not _compiled_entry(f):
+                    chain.append((code, line))
+                    if role == USER:
+                        outermost_user = len(chain)
             f = f.f_back
         return (chain[:outermost_user], True) if outermost_user else (chain, False)
 
