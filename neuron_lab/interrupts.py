@@ -17,6 +17,7 @@ check's own short stretches wait.
 
 from __future__ import annotations
 
+import _signal
 import functools
 import signal
 import sys
@@ -72,11 +73,13 @@ def guarded() -> Iterator[None]:
         return
     outermost = not _previous
     if outermost:
-        current = signal.getsignal(signal.SIGINT)
+        # _signal: the functions signal wraps; the wrappers turn each handler into an enum member by raising and
+        # catching ValueError (~30 k instructions a call, and the session's cell hooks swap the handler each cell)
+        current = _signal.getsignal(signal.SIGINT)
         if not callable(current):
             yield
             return
-        signal.signal(signal.SIGINT, _handler)  # first: a SIGINT from here on waits (a Ctrl-C between the two
+        _signal.signal(signal.SIGINT, _handler)  # first: a SIGINT from here on waits (a Ctrl-C between the two
         _previous.append(current)  # lines the other way round left _previous set for good, and every guard inner)
     _roots.append(sys._getframe(2))  # the frame that entered the guard (past contextmanager's __enter__)
     try:
@@ -84,7 +87,7 @@ def guarded() -> Iterator[None]:
     finally:
         _roots.pop()
         if outermost:
-            signal.signal(signal.SIGINT, _previous.pop())
+            _signal.signal(signal.SIGINT, _previous.pop())
         _deliver()
 
 

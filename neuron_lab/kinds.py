@@ -92,6 +92,11 @@ def sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
     return _SECTIONS
 
 
+def section_of(kind: str) -> int | None:
+    """Where in :func:`sections` the rows of ``kind`` are listed (None: in no section)."""
+    return _SECTION_OF.get(kind)
+
+
 def _sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
     errors = [(k, frozenset({k.name})) for k in KINDS.values() if k.reported and k.error]
     off = [k for k in KINDS.values() if k.off_device and k.reported]

@@ -208,8 +208,12 @@ class OpRecorder:
     def _subscribers_changed(self) -> None:
         """Each kind's subscribers as a tuple, made once here (a delivery takes one dict look-up and copies
         nothing), and the kinds anybody wants."""
-        self._wanted = frozenset().union(*(kinds for _, kinds, _ in self._subscribers))
-        self._by_kind = {k: tuple(fn for fn, kinds, _ in self._subscribers if k in kinds) for k in self._wanted}
+        by_kind: dict[str, tuple[Subscriber, ...]] = {}
+        for fn, kinds, _ in self._subscribers:
+            for k in kinds:
+                by_kind[k] = (*by_kind.get(k, ()), fn)
+        self._by_kind = by_kind
+        self._wanted = frozenset(by_kind)
         self._wanted_changed()
 
     def _wanted_changed(self) -> None:

@@ -122,10 +122,13 @@ def _site_cells(row: OpRow, full: bool) -> str:
     return "<br>".join(parts)
 
 
+_repeated = functools.lru_cache(maxsize=1024)(escape)  # texts every cell of a loop repeats: op names, shapes
+
+
 def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -> list[list[str]]:
-    return [[f"<code>{escape(r.op)}</code>", f"{r.count:,}",
+    return [[f"<code>{_repeated(r.op)}</code>", f"{r.count:,}",
              *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
-             escape(shape_text(r)),
+             _repeated(shape_text(r)),
              (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
             for r in rows]
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.frames import shown_path
-from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SOURCE, SYNC, Kind, sections
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SOURCE, SYNC, Kind, section_of, sections
 from neuron_lab.units import ShownAsText
 
 
@@ -403,14 +403,28 @@ class Report(ShownAsText):
     def sections(self) -> list[tuple[Kind, list[OpRow]]]:
         """The report's non-empty row sections, as :func:`neuron_lab.kinds.sections` groups them; a final report's
         are grouped once (its text, its HTML and their summary lines each ask)."""
-        kept = self.__dict__.get("_sections")
+        return list(self.kept("_sections", self._grouped))
+
+    def _grouped(self) -> tuple[tuple[Kind, list[OpRow]], ...]:
+        """The rows by section, in one pass over them."""
+        grouped: dict[int, list[OpRow]] = {}
+        for r in self.ops_not_native:
+            at = section_of(r.kind)
+            if at is not None:
+                grouped.setdefault(at, []).append(r)
+        table = sections()
+        return tuple((table[at][0], grouped[at]) for at in sorted(grouped))
+
+    def kept(self, name: str, make: Callable[[], Any]) -> Any:
+        """A view of the report that ``make`` builds, kept under ``name`` once the report is final (its text and its
+        HTML each ask for its summary line, its memory row and its sections); made afresh while it can change."""
+        kept = self.__dict__.get(name)
         if kept is not None:
-            return list(kept)
-        out = [(kind, [r for r in self.ops_not_native if r.kind in members]) for kind, members in sections()]
-        out = [(kind, rows) for kind, rows in out if rows]
+            return kept
+        value = make()
         if self._final:
-            object.__setattr__(self, "_sections", tuple(out))
-        return out
+            object.__setattr__(self, name, value)
+        return value
 
     @property
     def fallback_calls(self) -> int:

@@ -31,6 +31,10 @@ class Table:
 
 def summary_line(r: Report) -> str:
     """The report in one line: what every view shows first, and all that ``summary`` detail shows."""
+    return r.kept("_summary_line", lambda: _summary_line(r))
+
+
+def _summary_line(r: Report) -> str:
     parts = [r.title, r.device, r.mode, format_seconds(r.wall_s)]
     if r.compiles.compile_s or r.compiles.neff_compile_s:
         neff = f", NEFF {format_seconds(r.compiles.neff_compile_s)}" if r.compiles.neff_compile_s else ""
@@ -57,6 +61,10 @@ def summary_line(r: Report) -> str:
 
 def memory_table(r: Report) -> Table:
     """Device memory before, after and at its peak, and the copies, in one row."""
+    return r.kept("_memory_table", lambda: _memory_table(r))
+
+
+def _memory_table(r: Report) -> Table:
     m = r.memory
     return Table(["memory before", "after", "Δ", "peak", "capacity", "host→device", "device→host"],
                  [[format_size(m.before), format_size(m.after), format_delta(m.delta), format_size(m.peak),
@@ -98,8 +106,12 @@ def shown_sections(r: Report, full: bool = False) -> list[tuple[kinds.Kind, list
     """The report's sections as a view shows them: all rows when ``full``, else without expected downcasts."""
     if full:
         return r.sections()
+    return list(r.kept("_shown_sections", lambda: _without_expected(r)))
+
+
+def _without_expected(r: Report) -> tuple[tuple[kinds.Kind, list[OpRow]], ...]:
     out = [(kind, [row for row in rows if not expected_downcast(row)]) for kind, rows in r.sections()]
-    return [(kind, rows) for kind, rows in out if rows]
+    return tuple((kind, rows) for kind, rows in out if rows)
 
 
 def host_timed(rows: list[OpRow]) -> bool:
@@ -125,8 +137,14 @@ def section_refs(sections: list[tuple[kinds.Kind, list[OpRow]]], full: bool, lim
 
 def reasons(refs: dict[str, int]) -> list[tuple[int, str, str]]:
     """The numbered reasons as (number, why, source): a reason's words for a newcomer, then where it comes from."""
-    rows = [(n, OpRow("", "", reason)) for reason, n in refs.items()]
-    return [(n, row.why, row.source) for n, row in rows]
+    return [(n, *_explained(reason)) for reason, n in refs.items()]
+
+
+@functools.lru_cache(maxsize=256)
+def _explained(reason: str) -> tuple[str, str]:
+    """A reason's words and source, split once: every report of a loop gives the same few."""
+    row = OpRow("", "", reason)
+    return row.why, row.source
 
 
 def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:

@@ -18,6 +18,7 @@ from neuron_lab import frames
 from neuron_lab.backend.events import ASK, INTERNAL, LIBRARY, USER
 from neuron_lab.report.model import Site
 
+SHELL = -1  # a stack chain's role for IPython's own frames, which bound it from above (not a producer's role)
 
 class Locator:
     """Maps frames to user sites. Subclasses decide what counts as user code."""
@@ -27,6 +28,8 @@ class Locator:
         self._role: dict[int, int] = {}
         self._codes: list[CodeType] = []  # those in _role, kept alive: an id is not reused while it is cached
         self._lines: dict[tuple[int, int], str] = {}  # (id of a code object in _role, line): its stack frame
+        # id of a code object in _role: its role in a stack's chain, SHELL (IPython's, above every chain) or _role's
+        self._links: dict[int, int] = {}
         # (file, line): linecache's entry of the file it was read from, and the site; kept for the session, so a line
         # that issues ops cell after cell (a model's forward, a library's) is read once while its file is unchanged
         self._sites: dict[tuple[str, int], tuple[object, Site]] = {}
@@ -114,7 +117,7 @@ class Locator:
             chain += [] if user is None else self._chain(user)[0]
         if len(chain) > depth:
             chain = chain[:depth - 1] + chain[-1:]
-        return tuple(self._frame_line(f.f_code, f.f_lineno) for f in reversed(chain))
+        return tuple([self._frame_line(code, line) for code, line in reversed(chain)])
 
     def _frame_line(self, code: CodeType, line: int) -> str:
         """A stack frame as "where in function: source", formatted once per line of a code object (the chain
@@ -126,20 +129,34 @@ class Locator:
             text = self._lines[key] = f"{s.label} in {code.co_name}: {s.source}"
         return text
 
-    def _chain(self, frame: FrameType | None) -> tuple[list[FrameType], bool]:
-        """The library and user frames at or above ``frame``, innermost first, up to the outermost user frame below
-        the shell's; and whether there is a user frame among them."""
-        chain: list[FrameType] = []
+    def _chain(self, frame: FrameType | None) -> tuple[list[tuple[CodeType, int]], bool]:
+        """The library and user frames at or above ``frame`` as (code, line), innermost first, up to the outermost user
+        frame below the shell's; and whether there is a user frame among them."""
+        chain: list[tuple[CodeType, int]] = []
         outermost_user = 0
+        links = self._links  # one dict look-up per frame once its code object is known
         f = frame
-        while f is not None and not frames.is_shell(f.f_code.co_filename):  # a cell magic's body: not the magic's line
-            role = self._role_of(f.f_code)
-            if role != INTERNAL and not _compiled_entry(f):
-                chain.append(f)
-                if role == USER:
-                    outermost_user = len(chain)
+        while f is not None:
+            code = f.f_code
+            role = links.get(id(code))
+            if role is None:
+                role = self._link_of(code)
+            if role == SHELL:  # a cell magic's body: not the magic's line
+                break
+            if role != INTERNAL:
+                line = f.f_lineno  # read once: Python finds it by scanning the code's line table
+                if line != code.co_firstlineno or not _compiled_entry(f):
+                    chain.append((code, line))
+                    if role == USER:
+                        outermost_user = len(chain)
             f = f.f_back
         return (chain[:outermost_user], True) if outermost_user else (chain, False)
+
+    def _link_of(self, code: CodeType) -> int:
+        """The code object's role in a chain, found once (:meth:`_role_of` keeps it alive, so its id is not reused)."""
+        role = self._role_of(code)
+        self._links[id(code)] = role = SHELL if frames.is_shell(code.co_filename) else role
+        return role
 
 
 def _compiled_entry(frame: FrameType) -> bool:

@@ -10,10 +10,10 @@ new dtype set.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -140,9 +140,10 @@ class CoreMemory:
                 for ptr, n, dtype, shape, created, site, _device in self._core.live_allocations()]
 
 
-def _mask(kinds: Iterable[str]) -> int:
-    """The core's bit per kind."""
-    return sum(1 << CORE_KINDS.index(k) for k in set(kinds))
+@functools.lru_cache(maxsize=64)
+def _mask(kinds: frozenset[str]) -> int:
+    """The core's bit per kind, found once per set of kinds (a tracked cell subscribes and unsubscribes the same)."""
+    return sum(1 << CORE_KINDS.index(k) for k in kinds)
 
 
 class CoreRecorder(OpRecorder):
@@ -178,7 +179,7 @@ class CoreRecorder(OpRecorder):
         # the core keeps one set of roles); the counts it kept under the old subscribers go to their tallies first.
         by_line = [(fn, kinds, roles) for fn, kinds, roles in self._subscribers if roles is not None]
         fn, kinds, roles = by_line[0] if len(by_line) == 1 else (None, (), None)
-        lined = _mask(k for k in kinds if self._by_kind.get(k) == (fn,))
+        lined = _mask(frozenset(k for k in kinds if self._by_kind.get(k) == (fn,)))
         self._hand_over(self._core.set_lines(lined, roles, threading.main_thread().ident))
 
     def flush(self, keep: bool = True) -> None:

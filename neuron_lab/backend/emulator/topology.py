@@ -12,6 +12,7 @@ Bad settings never stop the emulator: they fall back to the defaults and are rep
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -58,7 +59,7 @@ class Topology:
     problems: list[str] = field(default_factory=list)
     local_rank: int | None = None  # under torchrun: the one device index this process owns
 
-    @property
+    @functools.cached_property  # every report's backend description names it
     def summary(self) -> str:
         caps = {format_size(c) for c in self.capacities}
         rank = ("" if self.local_rank is None else
