@@ -1,0 +1,155 @@
+"""Scaled dot-product attention as TorchNeuron runs it: one fused op, forward and backward.
+
+TorchNeuron registers ``_fused_sdp_choice`` for PrivateUse1 (SdpBackendSelection.cpp): query, key and value on
+the device and all 4-D take the overrideable backend, anything else the math composite. So on Trainium
+``F.scaled_dot_product_attention`` is ``aten::_scaled_dot_product_fused_attention_overrideable`` and, in backward,
+its ``_backward``. The compiled core makes the same choice and computes the same way (csrc/aten/attention.cpp).
+
+The host kernels here compute those two ops on CPU tensors: without dropout the CPU's own flash kernels where they
+accept the arguments, else the closed form. Dropout keeps with probability 1 - p and scales by 1 / (1 - p); its
+mask comes from a generator seeded by a seed drawn from the default CPU generator (so ``torch.manual_seed``
+reproduces a run), returned as ``philox_seed``, from which backward makes the same mask again. The seed and offset
+are int32, not the meta function's int64: TorchNeuron's own are a host generator state and an int32 tensor, so no
+int64 reaches its device, and an int64 here would draw the 64-bit rule's report (and wrap) on every backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+aten = torch.ops.aten
+
+MATH, OVERRIDEABLE = 0, 4  # SDPBackend's values
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def fused_sdp_choice(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                     scale=None, enable_gqa=False) -> int:
+    """TorchNeuron's rule: on the device and all 4-D, overrideable, whatever the mask, dropout or causality."""
+    on_device = query.device.type == torch._C._get_privateuse1_backend_name()
+    return OVERRIDEABLE if on_device and query.dim() == key.dim() == value.dim() == 4 else MATH
+
+
+def _flash(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, dropout_p: float) -> bool:
+    """Whether the CPU's flash kernels take these arguments (they raise on the others)."""
+    d = query.size(-1)
+    return (dropout_p == 0.0 and query.dtype == key.dtype == value.dtype and query.size(1) == key.size(1)
+            and key.size(-1) == d and value.size(-1) == d
+            and (bias is None or (bias.dim() in (2, 4) and bias.dtype == query.dtype)))
+
+
+def _batched(*ts: Tensor | None) -> list[Tensor | None]:
+    """3-D (heads, length, dim) arguments as a batch of one, as the op's meta function reads them."""
+    return [t.unsqueeze(0) if t is not None and t.dim() == 3 else t for t in ts]
+
+
+def _groups(query: Tensor, key: Tensor) -> int:
+    return query.size(1) // key.size(1)
+
+
+def _mask(seed: int, shape, dropout_p: float) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.empty(shape).bernoulli_(1.0 - dropout_p, generator=g).bool()
+
+
+def _probs(q: Tensor, k: Tensor, bias: Tensor | None, is_causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """Softmax of the scores (0 where a row is all masked, as PyTorch's math does) and their logsumexp."""
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.size(-2), s.size(-1), dtype=torch.bool).tril().logical_not(), -math.inf)
+    if bias is not None:
+        s = s + (bias.to(s.dtype) if bias.dtype != torch.bool else torch.zeros_like(bias, dtype=s.dtype).masked_fill(
+            bias.logical_not(), -math.inf))
+    return aten._safe_softmax(s, -1), torch.logsumexp(s, -1)
+
+
+def _math(q, k, v, bias, dropout_p, is_causal, scale, seed):
+    """Inputs in the accumulation dtype, key and value repeated to the query's heads: the probabilities, their
+    logsumexp, and the dropout factor (the kept entries' 1 / (1 - p), else 0; None without dropout)."""
+    p, lse = _probs(q, k, bias, is_causal, scale)
+    if dropout_p == 0.0:
+        return p, lse, None
+    keep = _mask(seed, p.shape, dropout_p)
+    return p, lse, keep * (0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p))
+
+
+def _acc(*ts: Tensor | None) -> list[Tensor | None]:
+    return [t.float() if t is not None and t.dtype in _REDUCED else t for t in ts]
+
+
+def fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias=None, dropout_p=0.0, is_causal=False,
+                    return_debug_mask=False, *, scale=None):
+    """``_scaled_dot_product_fused_attention_overrideable`` on host tensors, outputs as its meta function says."""
+    q, k, v, bias = _batched(query, key, value, attn_bias)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    seed = int(torch.empty((), dtype=torch.int32).random_()) if dropout_p > 0.0 else 0
+    if _flash(q, k, v, bias, dropout_p):
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=bias,
+                                                                    scale=scale)
+    else:
+        g = _groups(q, k)
+        qa, ka, va, ba = _acc(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), bias)
+        p, lse, drop = _math(qa, ka, va, ba, dropout_p, is_causal, scale, seed)
+        out = torch.matmul(p if drop is None else p * drop, va).to(q.dtype)
+    if query.dim() == 3:
+        out = out.squeeze(0)
+    return (out, lse.float(), None, None, q.size(2), k.size(2), torch.tensor(seed, dtype=torch.int32),
+            torch.tensor(0, dtype=torch.int32), None)
+
+
+def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_bias, grad_input_mask,
+                             out: Tensor, logsumexp: Tensor, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                             philox_seed: Tensor, philox_offset: Tensor, *, scale=None):
+    """``_scaled_dot_product_fused_attention_overrideable_backward`` on host tensors: the CPU's flash backward where
+    the forward ran flash and no bias gradient is asked for, else the closed form over the forward's dropout mask."""
+    three_d = query.dim() == 3
+    go, q, k, v, o, bias = _batched(grad_out, query, key, value, out, attn_bias)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    want_bias = bias is not None and grad_input_mask[3]
+    if _flash(q, k, v, bias, dropout_p) and not want_bias:
+        lse = logsumexp.double() if q.dtype == torch.float64 else logsumexp  # the flash kernel's own dtype
+        dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            go, q, k, v, o, lse, 0.0, is_causal, attn_mask=bias, scale=scale)
+        db = None
+    else:
+        g = _groups(q, k)
+        goa, qa, ka, va, ba = _acc(go, q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), bias)
+        p, _, drop = _math(qa, ka, va, ba, dropout_p, is_causal, scale, int(philox_seed))
+        dv = torch.matmul((p if drop is None else p * drop).transpose(-2, -1), goa)
+        dp = torch.matmul(goa, va.transpose(-2, -1))
+        if drop is not None:
+            dp = dp * drop
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dq = torch.matmul(ds, ka) * scale
+        dk = torch.matmul(ds.transpose(-2, -1), qa) * scale
+        if g > 1:
+            dk, dv = (t.unflatten(1, (k.size(1), g)).sum(2) for t in (dk, dv))
+        db = _sum_to(ds, bias).to(bias.dtype) if want_bias else None
+        dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    if three_d:
+        dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+    return dq, dk, dv, db
+
+
+def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
+    """A broadcast argument's gradient: summed over the dimensions it was broadcast along."""
+    lead = grad.dim() - like.dim()
+    dims = [i for i in range(grad.dim()) if i < lead or like.size(i - lead) == 1 and grad.size(i) != 1]
+    return grad.sum(dims, keepdim=True).reshape(like.shape) if dims else grad
+
+
+def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+         enable_gqa=False) -> Tensor:
+    """``scaled_dot_product_attention`` for the pure-Python core, which cannot register the C++ choice stub: the
+    composite's overrideable branch (a boolean mask made additive, as ``convert_boolean_attn_mask``), else the
+    composite itself, which then takes math."""
+    if fused_sdp_choice(query, key, value) != OVERRIDEABLE:
+        return aten.scaled_dot_product_attention.default.decompose(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(attn_mask.logical_not(), -math.inf)
+    return aten._scaled_dot_product_fused_attention_overrideable(
+        query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale)[0]
