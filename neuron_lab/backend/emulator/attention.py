@@ -16,6 +16,7 @@ int64 reaches its device, and an int64 here would draw the 64-bit rule's report 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -50,30 +51,56 @@ def _groups(query: Tensor, key: Tensor) -> int:
     return query.size(1) // key.size(1)
 
 
-def _mask(seed: int, shape, dropout_p: float) -> Tensor:
+def _repeated(t: Tensor, g: int) -> Tensor:
+    """Key or value repeated to the query's heads; itself when they are equal (a copy would round differently)."""
+    return t.repeat_interleave(g, 1) if g > 1 else t
+
+
+def dropout_mask(seed: int, shape, dropout_p: float) -> Tensor:
+    """The keep mask of a call whose ``philox_seed`` is ``seed`` (the compiled core draws the same)."""
     g = torch.Generator().manual_seed(seed)
     return torch.empty(shape).bernoulli_(1.0 - dropout_p, generator=g).bool()
 
 
-def _probs(q: Tensor, k: Tensor, bias: Tensor | None, is_causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """Softmax of the scores (0 where a row is all masked, as PyTorch's math does) and their logsumexp."""
-    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+def _bmm_operands(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """A 4-D ``matmul``'s operands as it hands them to ``bmm`` (reshaped, so copied where not viewable): its backward
+    multiplies these, so computing on them keeps autograd's rounding."""
+    return a.reshape(-1, a.size(-2), a.size(-1)), b.reshape(-1, b.size(-2), b.size(-1))
+
+
+def _bmm_backward(grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``bmm``'s two gradients, as its autograd formula computes them, for ``_bmm_operands``' ``a`` and ``b``."""
+    g = grad.reshape(a.size(0), a.size(1), b.size(2))
+    return g.bmm(b.transpose(1, 2)), a.transpose(1, 2).bmm(g)
+
+
+class _Math(NamedTuple):
+    qs: Tensor  # the query times sqrt(scale), as bmm took it
+    kt: Tensor  # the key, transposed, times sqrt(scale), as bmm took it
+    p: Tensor  # the probabilities
+    lse: Tensor
+    noise: Tensor | None  # dropout's: kept entries (1 - p) ** -1, else 0; None without dropout
+
+
+def _math(q: Tensor, k: Tensor, bias: Tensor | None, dropout_p: float, is_causal: bool, scale: float,
+          seed: int) -> _Math:
+    """PyTorch's math kernel step by step, so with its rounding (inputs in the accumulation dtype, key repeated to the
+    query's heads): the scale's square root on each side, an additive mask, ``_safe_softmax`` (0 where a row is all
+    masked), dropout's noise divided by 1 - p as ATen's dropout does."""
+    sf = math.sqrt(abs(scale))
+    qs, kt = _bmm_operands(q * (-sf if scale < 0 else sf), k.transpose(-2, -1) * sf)
+    s = qs.bmm(kt).view(*q.shape[:-1], k.size(-2))
     if is_causal:
-        s = s.masked_fill(torch.ones(s.size(-2), s.size(-1), dtype=torch.bool).tril().logical_not(), -math.inf)
+        bias = torch.ones(s.size(-2), s.size(-1), dtype=torch.bool).tril()
     if bias is not None:
         s = s + (bias.to(s.dtype) if bias.dtype != torch.bool else torch.zeros_like(bias, dtype=s.dtype).masked_fill(
             bias.logical_not(), -math.inf))
-    return aten._safe_softmax(s, -1), torch.logsumexp(s, -1)
-
-
-def _math(q, k, v, bias, dropout_p, is_causal, scale, seed):
-    """Inputs in the accumulation dtype, key and value repeated to the query's heads: the probabilities, their
-    logsumexp, and the dropout factor (the kept entries' 1 / (1 - p), else 0; None without dropout)."""
-    p, lse = _probs(q, k, bias, is_causal, scale)
-    if dropout_p == 0.0:
-        return p, lse, None
-    keep = _mask(seed, p.shape, dropout_p)
-    return p, lse, keep * (0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p))
+    p = aten._safe_softmax(s, -1)
+    noise = None
+    if dropout_p > 0.0:
+        keep = dropout_mask(seed, p.shape, dropout_p).to(p.dtype)
+        noise = keep.zero_() if dropout_p >= 1.0 else keep.div_(1.0 - dropout_p)
+    return _Math(qs, kt, p, torch.logsumexp(s, -1), noise)
 
 
 def _acc(*ts: Tensor | None) -> list[Tensor | None]:
@@ -91,9 +118,9 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias=None, d
                                                                     scale=scale)
     else:
         g = _groups(q, k)
-        qa, ka, va, ba = _acc(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), bias)
-        p, lse, drop = _math(qa, ka, va, ba, dropout_p, is_causal, scale, seed)
-        out = torch.matmul(p if drop is None else p * drop, va).to(q.dtype)
+        qa, ka, va, ba = _acc(q, _repeated(k, g), _repeated(v, g), bias)
+        m = _math(qa, ka, ba, dropout_p, is_causal, scale, seed)
+        out, lse = torch.matmul(m.p if m.noise is None else m.p * m.noise, va).to(q.dtype), m.lse
     if query.dim() == 3:
         out = out.squeeze(0)
     return (out, lse.float(), None, None, q.size(2), k.size(2), torch.tensor(seed, dtype=torch.int32),
@@ -116,15 +143,19 @@ def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
         db = None
     else:
         g = _groups(q, k)
-        goa, qa, ka, va, ba = _acc(go, q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), bias)
-        p, _, drop = _math(qa, ka, va, ba, dropout_p, is_causal, scale, int(philox_seed))
-        dv = torch.matmul((p if drop is None else p * drop).transpose(-2, -1), goa)
-        dp = torch.matmul(goa, va.transpose(-2, -1))
-        if drop is not None:
-            dp = dp * drop
-        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-        dq = torch.matmul(ds, ka) * scale
-        dk = torch.matmul(ds.transpose(-2, -1), qa) * scale
+        goa, qa, ka, va, ba = _acc(go, q, _repeated(k, g), _repeated(v, g), bias)
+        m = _math(qa, ka, ba, dropout_p, is_causal, scale, int(philox_seed))
+        # what autograd computes through that math, op by op
+        sf = math.sqrt(abs(scale))
+        pd, vb = _bmm_operands(m.p if m.noise is None else m.p * m.noise, va)
+        dp, dv = _bmm_backward(goa, pd, vb)
+        dp, dv = dp.view(m.p.shape), dv.view(va.shape)
+        if m.noise is not None:
+            dp = dp * m.noise
+        ds = aten._softmax_backward_data(dp, m.p, -1, m.p.dtype)
+        dq, dk = _bmm_backward(ds, m.qs, m.kt)
+        dq = dq.view(qa.shape) * (-sf if scale < 0 else sf)
+        dk = (dk.view(*ka.shape[:-2], ka.size(-1), ka.size(-2)) * sf).transpose(-2, -1)
         if g > 1:
             dk, dv = (t.unflatten(1, (k.size(1), g)).sum(2) for t in (dk, dv))
         db = _sum_to(ds, bias).to(bias.dtype) if want_bias else None

@@ -49,34 +49,68 @@ bool flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
          (!bias.defined() || ((bias.dim() == 2 || bias.dim() == 4) && bias.scalar_type() == q.scalar_type()));
 }
 
+// Key or value repeated to the query's heads; itself when they are equal (a copy would round differently).
+at::Tensor repeated(const at::Tensor& t, int64_t g) {
+  return g > 1 ? t.repeat_interleave(g, 1) : t;
+}
+
 double scale_of(const at::Tensor& q, std::optional<double> scale) {
   return scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
 }
 
-// The probabilities (0 where a row is all masked, as PyTorch's math does), their logsumexp, and the dropout factor
-// (the kept entries' 1 / (1 - p), else 0; undefined without dropout). Inputs in the accumulation dtype, key and value
-// repeated to the query's heads.
+// A 4-D matmul's operands as it hands them to bmm (reshaped, so copied where not viewable): its backward multiplies
+// these, so computing on them keeps autograd's rounding.
+std::pair<at::Tensor, at::Tensor> bmm_operands(const at::Tensor& a, const at::Tensor& b) {
+  return {a.reshape({-1, a.size(-2), a.size(-1)}), b.reshape({-1, b.size(-2), b.size(-1)})};
+}
+
+// bmm's two gradients, as its autograd formula computes them, for bmm_operands' a and b.
+std::pair<at::Tensor, at::Tensor> bmm_backward(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor g = grad.reshape({a.size(0), a.size(1), b.size(2)});
+  return {g.bmm(b.transpose(1, 2)), a.transpose(1, 2).bmm(g)};
+}
+
+// PyTorch's math kernel step by step, so with its rounding (attention.py's _math says how): inputs in the
+// accumulation dtype, key repeated to the query's heads.
 struct Math {
-  at::Tensor p, lse, drop;
+  at::Tensor qs, kt;  // the query and the transposed key, each times sqrt(scale), as bmm took them
+  at::Tensor p, lse;
+  at::Tensor noise;  // dropout's: kept entries (1 - p) ** -1, else 0; undefined without dropout
 };
 
-Math math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias, double dropout_p, bool is_causal,
-          double scale, int64_t seed) {
+double root(double scale) {
+  return std::sqrt(std::abs(scale));
+}
+
+double query_factor(double scale) {
+  return scale < 0 ? -root(scale) : root(scale);
+}
+
+Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double dropout_p, bool is_causal, double scale,
+          int64_t seed) {
   constexpr double inf = std::numeric_limits<double>::infinity();
-  at::Tensor s = at::matmul(q, k.transpose(-2, -1)) * scale;
-  if (is_causal) {
-    s = s.masked_fill(at::ones({s.size(-2), s.size(-1)}, at::kBool).tril().logical_not(), -inf);
-  }
+  Math m;
+  std::tie(m.qs, m.kt) = bmm_operands(q * query_factor(scale), k.transpose(-2, -1) * root(scale));
+  std::vector<int64_t> shape = q.sizes().vec();
+  shape.back() = k.size(-2);
+  at::Tensor s = m.qs.bmm(m.kt).view(shape);
+  if (is_causal) bias = at::ones({s.size(-2), s.size(-1)}, at::kBool).tril();
   if (bias.defined()) {
     s = s + (bias.scalar_type() == at::kBool
                  ? at::zeros_like(bias, s.options()).masked_fill(bias.logical_not(), -inf)
                  : bias.to(s.scalar_type()));
   }
-  Math m{at::_safe_softmax(s, -1), at::logsumexp(s, {-1}), {}};
+  m.p = at::_safe_softmax(s, -1);
+  m.lse = at::logsumexp(s, {-1});
   if (dropout_p > 0.0) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
     at::Tensor keep = at::empty(m.p.sizes(), at::kFloat).bernoulli_(1.0 - dropout_p, gen).to(at::kBool);
-    m.drop = keep * (dropout_p >= 1.0 ? 0.0 : 1.0 / (1.0 - dropout_p));
+    m.noise = keep.to(m.p.scalar_type());
+    if (dropout_p >= 1.0) {
+      m.noise.zero_();
+    } else {
+      m.noise.div_(1.0 - dropout_p);
+    }
   }
   return m;
 }
@@ -98,9 +132,9 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
                                                                           bias.defined() ? Opt(bias) : std::nullopt, sc);
   } else {
     const int64_t g = q.size(1) / k.size(1);
-    at::Tensor va = acc(v.repeat_interleave(g, 1));
-    Math m = math(acc(q), acc(k.repeat_interleave(g, 1)), acc(bias), dropout_p, is_causal, sc, seed);
-    out = at::matmul(m.drop.defined() ? m.p * m.drop : m.p, va).to(q.scalar_type());
+    at::Tensor va = acc(repeated(v, g));
+    Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, seed);
+    out = at::matmul(m.noise.defined() ? m.p * m.noise : m.p, va).to(q.scalar_type());
     lse = m.lse;
   }
   if (query.dim() == 3) out = out.squeeze(0);
@@ -143,14 +177,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
         go, q, k, v, o, lse, 0.0, is_causal, bias.defined() ? Opt(bias) : std::nullopt, sc);
   } else {
     const int64_t g = q.size(1) / k.size(1);
-    at::Tensor goa = acc(go), qa = acc(q), ka = acc(k.repeat_interleave(g, 1)), va = acc(v.repeat_interleave(g, 1));
+    at::Tensor goa = acc(go), qa = acc(q), ka = acc(repeated(k, g)), va = acc(repeated(v, g));
     Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed.item<int>());
-    dv = at::matmul((m.drop.defined() ? m.p * m.drop : m.p).transpose(-2, -1), goa);
-    at::Tensor dp = at::matmul(goa, va.transpose(-2, -1));
-    if (m.drop.defined()) dp = dp * m.drop;
-    at::Tensor ds = m.p * (dp - (dp * m.p).sum(-1, true));
-    dq = at::matmul(ds, ka) * sc;
-    dk = at::matmul(ds.transpose(-2, -1), qa) * sc;
+    // what autograd computes through that math, op by op
+    auto [pd, vb] = bmm_operands(m.noise.defined() ? m.p * m.noise : m.p, va);
+    at::Tensor dp;
+    std::tie(dp, dv) = bmm_backward(goa, pd, vb);
+    dp = dp.view(m.p.sizes());
+    dv = dv.view(va.sizes());
+    if (m.noise.defined()) dp = dp * m.noise;
+    at::Tensor ds = at::_softmax_backward_data(dp, m.p, -1, m.p.scalar_type());
+    std::tie(dq, dk) = bmm_backward(ds, m.qs, m.kt);
+    dq = dq.view(qa.sizes()) * query_factor(sc);
+    std::vector<int64_t> kt_shape = ka.sizes().vec();
+    std::swap(kt_shape[kt_shape.size() - 1], kt_shape[kt_shape.size() - 2]);
+    dk = (dk.view(kt_shape) * root(sc)).transpose(-2, -1);
     if (g > 1) {
       dk = dk.unflatten(1, {k.size(1), g}).sum(2);
       dv = dv.unflatten(1, {k.size(1), g}).sum(2);
