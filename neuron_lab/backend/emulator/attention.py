@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch._meta_registrations import alloc_with_matching_layout
 
 aten = torch.ops.aten
 
@@ -121,10 +122,16 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias=None, d
         qa, ka, va, ba = _acc(q, _repeated(k, g), _repeated(v, g), bias)
         m = _math(qa, ka, ba, dropout_p, is_causal, scale, seed)
         out, lse = torch.matmul(m.p if m.noise is None else m.p * m.noise, va).to(q.dtype), m.lse
-    if query.dim() == 3:
-        out = out.squeeze(0)
+    out = out.squeeze(0) if query.dim() == 3 else _laid_out_as_meta(out, query)
     return (out, lse.float(), None, None, q.size(2), k.size(2), torch.tensor(seed, dtype=torch.int32),
             torch.tensor(0, dtype=torch.int32), None)
+
+
+def _laid_out_as_meta(out: Tensor, query: Tensor) -> Tensor:
+    """The output in the layout the op's meta function gives it (the query's dimension order): a compiled graph's
+    views of it were traced on that layout."""
+    want = alloc_with_matching_layout(query, tuple(out.shape))
+    return out if want.stride() == out.stride() else want.copy_(out)
 
 
 def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_bias, grad_input_mask,

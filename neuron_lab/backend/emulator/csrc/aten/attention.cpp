@@ -12,6 +12,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -115,6 +116,25 @@ Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double drop
   return m;
 }
 
+// The output in the layout the op's meta function gives it (alloc_with_matching_layout: the query's dimension order):
+// a compiled graph's views of it were traced on that layout.
+at::Tensor laid_out_as_meta(const at::Tensor& out, const at::Tensor& query) {
+  at::Tensor want;
+  if (query.sizes() == out.sizes()) {
+    want = at::empty_like(query.transpose(1, 2), out.options()).transpose(1, 2);
+  } else {
+    std::vector<int64_t> order = {0, 1, 2, 3};
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return query.stride(a) > query.stride(b); });
+    std::vector<int64_t> permuted, back(4);
+    for (int64_t i = 0; i < 4; ++i) {
+      permuted.push_back(out.size(order[i]));
+      back[order[i]] = i;
+    }
+    want = at::empty(permuted, out.options()).permute(back);
+  }
+  return want.strides() == out.strides() ? out : want.copy_(out);
+}
+
 // The same draw as attention.py's `torch.empty((), dtype=torch.int32).random_()`; int32, as it says why.
 int64_t draw_seed() {
   return at::empty({}, at::kInt).random_().item<int>();
@@ -137,7 +157,7 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
     out = at::matmul(m.noise.defined() ? m.p * m.noise : m.p, va).to(q.scalar_type());
     lse = m.lse;
   }
-  if (query.dim() == 3) out = out.squeeze(0);
+  out = query.dim() == 3 ? out.squeeze(0) : laid_out_as_meta(out, query);
   return {out,
           lse.to(at::kFloat),
           at::Tensor(),
