@@ -111,42 +111,36 @@ def test_outputs_are_the_meta_functions_shapes_and_layout(layout):
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == (meta[0].shape, meta[0].dtype, meta[1].shape, meta[1].dtype)
     assert out.stride() == meta[0].stride()
     assert (max_q, max_k) == (5, 6) and cum_q is None and cum_k is None and debug is None
-    assert seed.shape == offset.shape == () and out.device.type == lse.device.type == "neuron"
+    assert seed.numel() == offset.numel() == 0 and out.device.type == lse.device.type == "neuron"  # no dropout
 
 
-def _mask(seed: int, shape, p: float) -> torch.Tensor:
-    """The mask the fused op draws: kept with probability 1 - p, from a generator seeded by its philox_seed."""
-    return torch.empty(shape).bernoulli_(1 - p, generator=torch.Generator().manual_seed(seed)).bool()
-
-
-def test_dropout_uses_one_mask_forward_and_backward():
-    p = 0.3
+def test_dropout_draws_the_cpus_mask_and_uses_it_forward_and_backward():
+    """As TorchNeuron: the mask comes from the default CPU generator as the CPU's math kernel draws it, so a seed gives
+    the CPU's values and gradients, and backward draws the same mask again from the state returned as philox_seed."""
     tensors = _qkv((2, 2, 5, 8), (2, 2, 6, 8), (2, 2, 6, 8))
-    torch.manual_seed(7)
-    dev = _run("neuron", tensors, dropout_p=p, is_causal=True)
-    torch.manual_seed(7)
-    seed = int(torch.empty((), dtype=torch.int32).random_())  # the fused op's draw from the default CPU generator
-    mask = _mask(seed, (2, 2, 5, 6), p)
-    leaves = [t.clone().requires_grad_() for t in tensors]
-    out, _ = aten._scaled_dot_product_attention_math(*leaves, None, p, True, mask)
-    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
-    for c, d in zip([out.detach(), *(t.grad for t in leaves)], dev, strict=True):
-        torch.testing.assert_close(d, c, atol=1e-5, rtol=1e-4)
-    torch.manual_seed(7)
-    again = _run("neuron", tensors, dropout_p=p, is_causal=True)
-    assert all(torch.equal(x, y) for x, y in zip(dev, again, strict=True))  # torch.manual_seed reproduces a run
+    for kw in ({"dropout_p": 0.3, "is_causal": True}, {"dropout_p": 0.5, "attn_mask": torch.randn(5, 6)}):
+        torch.manual_seed(7)
+        cpu = _run("cpu", tensors, **dict(kw))
+        after_cpu = torch.rand(3)
+        torch.manual_seed(7)
+        dev = _run("neuron", tensors, **dict(kw))
+        assert torch.equal(torch.rand(3), after_cpu)  # the CPU generator moved on as the CPU run's did
+        for c, d in zip(cpu, dev, strict=True):
+            torch.testing.assert_close(d, c, atol=1e-5, rtol=1e-4)
 
 
 def test_dropout_drops_with_probability_p_and_scales_the_rest():
     p = 0.25
     q = torch.zeros(4, 4, 64, 8, device="neuron")  # uniform attention over 64 keys
     v = torch.ones(4, 4, 64, 8, device="neuron")
-    _, _, _, _, _, _, seed, _, _ = aten._scaled_dot_product_fused_attention_overrideable(q, q, v, None, p)
-    kept = _mask(int(seed), (4, 4, 64, 64), p)
-    assert abs(kept.float().mean().item() - (1 - p)) < 0.02
-    out = aten._scaled_dot_product_fused_attention_overrideable(q, q, v, None, p)[0].cpu()
-    assert out.shape == (4, 4, 64, 8)
-    torch.testing.assert_close(out.mean(), torch.tensor(1.0), atol=0.03, rtol=0)  # 1/(1-p) keeps the mean
+    out, _, _, _, _, _, seed, offset, _ = aten._scaled_dot_product_fused_attention_overrideable(q, q, v, None, p)
+    assert seed.dtype == torch.uint8 and offset.dtype == torch.int32  # TorchNeuron's: a CPU generator's state
+    g = torch.Generator()
+    g.set_state(seed.cpu())
+    kept = torch.empty(4, 4, 64, 64).bernoulli_(1 - p, generator=g)
+    assert abs(kept.mean().item() - (1 - p)) < 0.02
+    expected = kept.mean(-1, keepdim=True).expand(4, 4, 64, 8) / (1 - p)  # each kept weight 1/64, times 1/(1-p)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -144,7 +144,7 @@ class EmulatorBackend(NeuronBackend):
     def attention_dropout_mask(self, philox_seed: Any, shape: tuple[int, ...], p: float) -> Any:
         from neuron_lab.backend.emulator import attention
 
-        return attention.dropout_mask(int(philox_seed), shape, p)
+        return attention.dropout_mask(philox_seed.cpu(), shape, p)
 
     @property
     def compile_lowerings(self) -> tuple[str, ...]:

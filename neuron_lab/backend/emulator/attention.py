@@ -5,12 +5,13 @@ the device and all 4-D take the overrideable backend, anything else the math com
 ``F.scaled_dot_product_attention`` is ``aten::_scaled_dot_product_fused_attention_overrideable`` and, in backward,
 its ``_backward``. The compiled core makes the same choice and computes the same way (csrc/aten/attention.cpp).
 
-The host kernels here compute those two ops on CPU tensors: without dropout the CPU's own flash kernels where they
-accept the arguments, else the closed form. Dropout keeps with probability 1 - p and scales by 1 / (1 - p); its
-mask comes from a generator seeded by a seed drawn from the default CPU generator (so ``torch.manual_seed``
-reproduces a run), returned as ``philox_seed``, from which backward makes the same mask again. The seed and offset
-are int32, not the meta function's int64: TorchNeuron's own are a host generator state and an int32 tensor, so no
-int64 reaches its device, and an int64 here would draw the 64-bit rule's report (and wrap) on every backward.
+The host kernels here compute those two ops on CPU tensors as the CPU's own SDPA does: without dropout its flash
+kernels where they accept the arguments, else its math kernel's arithmetic. Dropout is TorchNeuron's: the mask is
+drawn from the default CPU generator as the CPU's math kernel draws it (so a seed gives the CPU's mask, and
+``torch.manual_seed`` reproduces a run), and ``philox_seed`` is that generator's state before the draw, from which
+backward draws the same mask again. So ``philox_seed`` is a uint8 state and ``philox_offset`` an empty int32 tensor, as
+TorchNeuron returns them, not the meta function's int64 scalars (an int64 would draw the 64-bit rule's report, and
+wrap, on every backward); without dropout both are empty.
 """
 
 from __future__ import annotations
@@ -57,9 +58,13 @@ def _repeated(t: Tensor, g: int) -> Tensor:
     return t.repeat_interleave(g, 1) if g > 1 else t
 
 
-def dropout_mask(seed: int, shape, dropout_p: float) -> Tensor:
-    """The keep mask of a call whose ``philox_seed`` is ``seed`` (the compiled core draws the same)."""
-    g = torch.Generator().manual_seed(seed)
+def dropout_mask(state: Tensor | None, shape, dropout_p: float) -> Tensor:
+    """The keep mask ATen's CPU dropout draws (``bernoulli_`` of 1 - p): from the default CPU generator (``state``
+    None), or again from the generator state a call returned as ``philox_seed`` (the compiled core draws the same)."""
+    g = None
+    if state is not None:
+        g = torch.Generator()
+        g.set_state(state)
     return torch.empty(shape).bernoulli_(1.0 - dropout_p, generator=g).bool()
 
 
@@ -84,7 +89,7 @@ class _Math(NamedTuple):
 
 
 def _math(q: Tensor, k: Tensor, bias: Tensor | None, dropout_p: float, is_causal: bool, scale: float,
-          seed: int) -> _Math:
+          state: Tensor | None) -> _Math:
     """PyTorch's math kernel step by step, so with its rounding (inputs in the accumulation dtype, key repeated to the
     query's heads): the scale's square root on each side, an additive mask, ``_safe_softmax`` (0 where a row is all
     masked), dropout's noise divided by 1 - p as ATen's dropout does."""
@@ -99,7 +104,7 @@ def _math(q: Tensor, k: Tensor, bias: Tensor | None, dropout_p: float, is_causal
     p = aten._safe_softmax(s, -1)
     noise = None
     if dropout_p > 0.0:
-        keep = dropout_mask(seed, p.shape, dropout_p).to(p.dtype)
+        keep = dropout_mask(state, p.shape, dropout_p).to(p.dtype)
         noise = keep.zero_() if dropout_p >= 1.0 else keep.div_(1.0 - dropout_p)
     return _Math(qs, kt, p, torch.logsumexp(s, -1), noise)
 
@@ -113,18 +118,17 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias=None, d
     """``_scaled_dot_product_fused_attention_overrideable`` on host tensors, outputs as its meta function says."""
     q, k, v, bias = _batched(query, key, value, attn_bias)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    seed = int(torch.empty((), dtype=torch.int32).random_()) if dropout_p > 0.0 else 0
+    state = torch.get_rng_state() if dropout_p > 0.0 else torch.empty(0, dtype=torch.uint8)
     if _flash(q, k, v, bias, dropout_p):
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=bias,
                                                                     scale=scale)
     else:
         g = _groups(q, k)
         qa, ka, va, ba = _acc(q, _repeated(k, g), _repeated(v, g), bias)
-        m = _math(qa, ka, ba, dropout_p, is_causal, scale, seed)
+        m = _math(qa, ka, ba, dropout_p, is_causal, scale, None)
         out, lse = torch.matmul(m.p if m.noise is None else m.p * m.noise, va).to(q.dtype), m.lse
     out = out.squeeze(0) if query.dim() == 3 else _laid_out_as_meta(out, query)
-    return (out, lse.float(), None, None, q.size(2), k.size(2), torch.tensor(seed, dtype=torch.int32),
-            torch.tensor(0, dtype=torch.int32), None)
+    return out, lse.float(), None, None, q.size(2), k.size(2), state, torch.empty(0, dtype=torch.int32), None
 
 
 def _laid_out_as_meta(out: Tensor, query: Tensor) -> Tensor:
@@ -151,7 +155,7 @@ def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
     else:
         g = _groups(q, k)
         goa, qa, ka, va, ba = _acc(go, q, _repeated(k, g), _repeated(v, g), bias)
-        m = _math(qa, ka, ba, dropout_p, is_causal, scale, int(philox_seed))
+        m = _math(qa, ka, ba, dropout_p, is_causal, scale, philox_seed)
         # what autograd computes through that math, op by op
         sf = math.sqrt(abs(scale))
         pd, vb = _bmm_operands(m.p if m.noise is None else m.p * m.noise, va)

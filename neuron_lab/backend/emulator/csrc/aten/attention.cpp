@@ -3,7 +3,7 @@
 // are CPU kernels the boxed fallback runs on host aliases, so each call is reported as itself, with its call site
 // and the coverage's kind. The pure-Python core computes the same way (neuron_lab/backend/emulator/attention.py
 // says how: the CPU's flash kernels without dropout where they accept the arguments, else the closed form; dropout's
-// mask from a seed drawn from the default CPU generator, returned as philox_seed for backward).
+// mask drawn from the default CPU generator as the CPU's math kernel draws it, philox_seed that generator's state).
 #include "aten/dispatch.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 namespace neuron_lab {
 namespace {
@@ -87,8 +88,9 @@ double query_factor(double scale) {
   return scale < 0 ? -root(scale) : root(scale);
 }
 
+// `state`: the generator state to draw dropout's mask from (a call's philox_seed); undefined: the default CPU generator.
 Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double dropout_p, bool is_causal, double scale,
-          int64_t seed) {
+          const at::Tensor& state) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   Math m;
   std::tie(m.qs, m.kt) = bmm_operands(q * query_factor(scale), k.transpose(-2, -1) * root(scale));
@@ -104,7 +106,11 @@ Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double drop
   m.p = at::_safe_softmax(s, -1);
   m.lse = at::logsumexp(s, {-1});
   if (dropout_p > 0.0) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+    std::optional<at::Generator> gen;
+    if (state.defined()) {
+      gen = at::make_generator<at::CPUGeneratorImpl>();
+      gen->set_state(state);
+    }
     at::Tensor keep = at::empty(m.p.sizes(), at::kFloat).bernoulli_(1.0 - dropout_p, gen).to(at::kBool);
     m.noise = keep.to(m.p.scalar_type());
     if (dropout_p >= 1.0) {
@@ -135,17 +141,18 @@ at::Tensor laid_out_as_meta(const at::Tensor& out, const at::Tensor& query) {
   return want.strides() == out.strides() ? out : want.copy_(out);
 }
 
-// The same draw as attention.py's `torch.empty((), dtype=torch.int32).random_()`; int32, as it says why.
-int64_t draw_seed() {
-  return at::empty({}, at::kInt).random_().item<int>();
+// The default CPU generator's state, as torch.get_rng_state() reads it.
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::scoped_lock<std::mutex> lock(gen.mutex());
+  return gen.get_state();
 }
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const Opt& attn_bias,
                 double dropout_p, bool is_causal, bool /*return_debug_mask*/, std::optional<double> scale) {
   at::Tensor q = batched(query), k = batched(key), v = batched(value), bias = batched(attn_bias.value_or(at::Tensor()));
   const double sc = scale_of(q, scale);
-  const int64_t seed = dropout_p > 0.0 ? draw_seed() : 0;
+  at::Tensor state = dropout_p > 0.0 ? cpu_rng_state() : at::empty({0}, at::kByte);
   at::Tensor out, lse;
   if (flash(q, k, v, bias, dropout_p)) {
     std::tie(out, lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
@@ -153,7 +160,7 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   } else {
     const int64_t g = q.size(1) / k.size(1);
     at::Tensor va = acc(repeated(v, g));
-    Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, seed);
+    Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, at::Tensor());
     out = at::matmul(m.noise.defined() ? m.p * m.noise : m.p, va).to(q.scalar_type());
     lse = m.lse;
   }
@@ -164,8 +171,8 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
           at::Tensor(),
           c10::SymInt(q.size(2)),
           c10::SymInt(k.size(2)),
-          at::scalar_tensor(seed, at::kInt),
-          at::scalar_tensor(0, at::kInt),
+          state,
+          at::empty({0}, at::kInt),
           at::Tensor()};
 }
 
@@ -198,7 +205,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   } else {
     const int64_t g = q.size(1) / k.size(1);
     at::Tensor goa = acc(go), qa = acc(q), ka = acc(repeated(k, g)), va = acc(repeated(v, g));
-    Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed.item<int>());
+    Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed);
     // what autograd computes through that math, op by op
     auto [pd, vb] = bmm_operands(m.noise.defined() ? m.p * m.noise : m.p, va);
     at::Tensor dp;
