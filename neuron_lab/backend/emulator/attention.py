@@ -39,7 +39,8 @@ def fused_sdp_choice(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, 
 def _flash(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, dropout_p: float) -> bool:
     """Whether the CPU's flash kernels take these arguments (they raise on the others)."""
     d = query.size(-1)
-    return (dropout_p == 0.0 and query.dtype == key.dtype == value.dtype and query.size(1) == key.size(1)
+    return (dropout_p == 0.0 and query.dtype == key.dtype == value.dtype and query.size(1) % key.size(1) == 0
+            and key.size(1) == value.size(1)
             and key.size(-1) == d and value.size(-1) == d
             and (bias is None or (bias.dim() in (2, 4) and bias.dtype == query.dtype)))
 

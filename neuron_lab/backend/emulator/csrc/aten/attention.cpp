@@ -47,7 +47,7 @@ at::Tensor batched(const at::Tensor& t) {
 bool flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double dropout_p) {
   const int64_t d = q.size(-1);
   return dropout_p == 0.0 && q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
-         q.size(1) == k.size(1) && k.size(-1) == d && v.size(-1) == d &&
+         q.size(1) % k.size(1) == 0 && k.size(1) == v.size(1) && k.size(-1) == d && v.size(-1) == d &&
          (!bias.defined() || ((bias.dim() == 2 || bias.dim() == 4) && bias.scalar_type() == q.scalar_type()));
 }
 
