@@ -61,6 +61,13 @@ def test_sdpa_on_neuron_is_one_fused_op_forward_and_backward(b):
     assert not any(s.name in (FUSED, FUSED_BACKWARD) for s in b.op_stats("downcast"))  # no int64 on the device
 
 
+def test_inference_mode_runs_the_fused_op_too(b):
+    q = torch.randn(1, 2, 4, 8, device="neuron")
+    with torch.inference_mode():
+        sdpa(q, q, q)
+    assert FUSED in b.get_executed_ops() and "aten::bmm" not in b.get_executed_ops()
+
+
 def test_3d_inputs_run_the_math_composite(b):
     q, k, v = (t.to("neuron") for t in _qkv((2, 4, 8), (2, 4, 8), (2, 4, 8)))
     b.clear_op_tracking()

@@ -204,9 +204,10 @@ def _register_attention(lib: torch.library.Library, ex: Executor) -> None:
     """Scaled dot-product attention as TorchNeuron runs it (attention.py): its backend choice, and the fused
     overrideable op and backward, whose composite kernels raise, reported as themselves. Their host kernels are the
     CPU kernels the executor runs; Python cannot reach the C++ choice stub, so the composite's own dispatch is
-    taken over at the device's autograd key."""
+    taken over at the device's keys."""
     lib.impl("_fused_sdp_choice", attention.fused_sdp_choice, "PrivateUse1")
-    lib.impl("scaled_dot_product_attention", attention.sdpa, "AutogradPrivateUse1")
+    for key in ("AutogradPrivateUse1", "PrivateUse1"):  # the second under inference_mode, which skips autograd
+        lib.impl("scaled_dot_product_attention", attention.sdpa, key)
     for op, host in ((aten._scaled_dot_product_fused_attention_overrideable.default, attention.fused_attention),
                      (aten._scaled_dot_product_fused_attention_overrideable_backward.default,
                       attention.fused_attention_backward)):
