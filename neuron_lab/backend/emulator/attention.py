@@ -174,7 +174,13 @@ def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
         dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     if three_d:
         dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
-    return dq, dk, dv, db
+    return _like(dq, query), _like(dk, key), _like(dv, value), db
+
+
+def _like(grad: Tensor, input: Tensor) -> Tensor:
+    """A gradient in its input's layout, as the backward's meta function gives it (``empty_like``)."""
+    want = torch.empty_like(input)
+    return grad if want.stride() == grad.stride() else want.copy_(grad)
 
 
 def _sum_to(grad: Tensor, like: Tensor) -> Tensor:

@@ -141,6 +141,12 @@ at::Tensor laid_out_as_meta(const at::Tensor& out, const at::Tensor& query) {
   return want.strides() == out.strides() ? out : want.copy_(out);
 }
 
+// A gradient in its input's layout, as the backward's meta function gives it (empty_like).
+at::Tensor like(const at::Tensor& grad, const at::Tensor& input) {
+  at::Tensor want = at::empty_like(input);
+  return want.strides() == grad.strides() ? grad : want.copy_(grad);
+}
+
 // The default CPU generator's state, as torch.get_rng_state() reads it.
 at::Tensor cpu_rng_state() {
   auto gen = at::detail::getDefaultCPUGenerator();
@@ -233,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
     dk = dk.squeeze(0);
     dv = dv.squeeze(0);
   }
-  return {dq, dk, dv, db};
+  return {like(dq, query), like(dk, key), like(dv, value), db};
 }
 
 void through_fallback(const c10::OperatorHandle& op, Stack* stack) {
