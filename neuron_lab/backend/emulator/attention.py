@@ -143,7 +143,8 @@ def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
                              out: Tensor, logsumexp: Tensor, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                              philox_seed: Tensor, philox_offset: Tensor, *, scale=None):
     """``_scaled_dot_product_fused_attention_overrideable_backward`` on host tensors: the CPU's flash backward where
-    the forward ran flash and no bias gradient is asked for, else the closed form over the forward's dropout mask."""
+    the forward ran flash and no bias gradient is asked for, else what autograd computes through the math kernel,
+    over the forward's dropout mask."""
     three_d = query.dim() == 3
     go, q, k, v, o, bias = _batched(grad_out, query, key, value, out, attn_bias)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale

@@ -2,8 +2,8 @@
 // PrivateUse1, and the fused overrideable op and its backward, whose composite kernels raise. Their host kernels
 // are CPU kernels the boxed fallback runs on host aliases, so each call is reported as itself, with its call site
 // and the coverage's kind. The pure-Python core computes the same way (neuron_lab/backend/emulator/attention.py
-// says how: the CPU's flash kernels without dropout where they accept the arguments, else the closed form; dropout's
-// mask drawn from the default CPU generator as the CPU's math kernel draws it, philox_seed that generator's state).
+// says how: the CPU's flash kernels without dropout where they accept the arguments, else the math kernel's arithmetic;
+// dropout's mask drawn from the default CPU generator as the CPU's math kernel draws it, philox_seed its state).
 #include "aten/dispatch.h"
 
 #include <ATen/ATen.h>
@@ -142,7 +142,7 @@ at::Tensor laid_out_as_meta(const at::Tensor& out, const at::Tensor& query) {
 }
 
 // A gradient in its input's layout, as the backward's meta function gives it (empty_like).
-at::Tensor like(const at::Tensor& grad, const at::Tensor& input) {
+at::Tensor in_layout_of(const at::Tensor& grad, const at::Tensor& input) {
   at::Tensor want = at::empty_like(input);
   return want.strides() == grad.strides() ? grad : want.copy_(grad);
 }
@@ -153,6 +153,7 @@ at::Tensor cpu_rng_state() {
   std::scoped_lock<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const Opt& attn_bias,
                 double dropout_p, bool is_causal, bool /*return_debug_mask*/, std::optional<double> scale) {
@@ -239,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
     dk = dk.squeeze(0);
     dv = dv.squeeze(0);
   }
-  return {like(dq, query), like(dk, key), like(dv, value), db};
+  return {in_layout_of(dq, query), in_layout_of(dk, key), in_layout_of(dv, value), db};
 }
 
 void through_fallback(const c10::OperatorHandle& op, Stack* stack) {
