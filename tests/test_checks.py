@@ -281,20 +281,26 @@ opt.step()
 """
 
 
-@pytest.mark.parametrize("p, attn_p, flags, draws", [
-    (0.1, 0.1, "", 7),  # dropout everywhere: SDPA's dropout is a draw of its own on both sides
-    (0.1, 0.0, "", 5),  # the CPU would run its flash kernel (tagged random, draws nothing): not a draw
-    (0.1, 0.0, " --seed 0", 5),
-    (0.0, 0.0, "", 0),  # the reference runs SDPA's math kernel, as the device does: no rounding gap after AdamW
+FUSED = "aten::_scaled_dot_product_fused_attention_overrideable"
+
+
+@pytest.mark.parametrize("p, attn_p, flags, ops", [
+    # dropout everywhere: on `neuron` SDPA's mask is drawn inside the fused op, which the reference's math kernel takes
+    (0.1, 0.1, "", [("aten::native_dropout", 5), (FUSED, 2)]),
+    (0.1, 0.0, "", [("aten::native_dropout", 5)]),  # flash on either side: tagged random, it draws nothing
+    (0.1, 0.0, " --seed 0", [("aten::native_dropout", 5)]),
+    (0.0, 0.0, "", []),  # the emulator's fused op runs the CPU's flash kernel: no rounding gap after AdamW
 ])
-def test_a_transformer_lm_with_sdpa_and_dropout_agrees_with_every_draw_replayed(shell, p, attn_p, flags, draws):
+def test_a_transformer_lm_with_sdpa_and_dropout_agrees_with_every_draw_replayed(shell, p, attn_p, flags, ops):
     run(shell, LM_SETUP.replace("ATTN_P", str(attn_p)).replace("P", str(p)))
     res, _ = run(shell, "%%neuron parity" + flags + "\n" + LM_STEP.lstrip())
     r = res.result
     assert r.passed, str(r)
+    draws = sum(n for _, n in ops)
     assert r.randomness.complete and (r.randomness.drawn, r.randomness.own) == (draws, 0), str(r)
-    assert r.randomness.ops == ([("aten::native_dropout", draws)] if draws else [])
-    assert "drew differently" not in str(r) and "fused kernel" not in str(r)  # the emulator decomposes SDPA
+    assert r.randomness.ops == ops
+    assert "drew differently" not in str(r) and f"computed attention with {FUSED}" in str(r)
+    assert ("was given the dropout masks the fused kernel drew" in str(r)) == (attn_p > 0)
 
 
 MHA_SETUP = """
@@ -326,7 +332,7 @@ x, y = torch.randn(8, 3, 16, 16).to(device), torch.randint(0, 10, (8,)).to(devic
 
 
 @pytest.mark.parametrize("setup, loss, ops", [
-    (MHA_SETUP, "torch.nn.functional.mse_loss(model(x), y)", [("aten::native_dropout", 1)]),
+    (MHA_SETUP, "torch.nn.functional.mse_loss(model(x), y)", [(FUSED, 1)]),  # need_weights=False: SDPA
     (CNN_SETUP, "torch.nn.functional.cross_entropy(model(x), y)",
      [("aten::bernoulli_", 1), ("aten::native_dropout", 1)]),  # Dropout2d draws a channel mask with bernoulli_
 ], ids=["multihead-attention", "batchnorm-cnn"])

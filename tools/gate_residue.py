@@ -254,8 +254,8 @@ def _check_quote(root: Path, gate: dict, quote: str) -> None:
 _SDPA = [{"test": "ndim_not_in", "arg": a, "value": [4]} for a in ("query", "key", "value")]
 _GROUPED_MM = {"aten::_grouped_mm": [{"test": "ndim_not_in", "arg": "self", "value": [2]},
                                     {"test": "ndim_not_in", "arg": "mat2", "value": [2, 3]}]}
-_NOT_REACHED = ("not reached on the emulator: its F.scaled_dot_product_attention takes PyTorch's math path "
-                "(TorchNeuron's _fused_sdp_choice is not emulated), so only a direct call would meet it")
+_REACHED = ("reached on the emulator as on Trainium: its F.scaled_dot_product_attention makes TorchNeuron's "
+             "_fused_sdp_choice, which sends 4-D device inputs to this op")
 # What a person read in each shape or empty-tensor gate (by class; `path`: where, when a name is in two trees). The
 # legacy copies (python_ops/legacy) are never imported and have no reading. `args`: the calls of the op no
 # implementation takes, as argument tests by op, present only where the residue is cpu and the tests say all of it.
@@ -277,7 +277,7 @@ READINGS: dict[str, dict] = {
         "args": {"aten::_scaled_dot_product_fused_attention_overrideable": _SDPA + [
             {"test": "is", "arg": "return_debug_mask", "value": True}] + [
             {"test": "empty", "arg": a} for a in ("query", "key", "value")]},
-        "used": "in the combined coverage; " + _NOT_REACHED},
+        "used": "in the combined coverage; " + _REACHED},
     "ScaledDotProductAttentionBackwardNKIImpl": {
         "quote": "if seq_len_q % 512 != 0 or seq_len_k % 512 != 0:",
         "condition": "AttentionOpImpl's on query, key, value, and sequence lengths not multiples of 512, "
@@ -287,7 +287,7 @@ READINGS: dict[str, dict] = {
         "quote": "if not super().can_handle(query, key, value):",
         "condition": "AttentionOpImpl's on query, key and value: no implementation takes such a call",
         "args": {"aten::_scaled_dot_product_fused_attention_overrideable_backward": _SDPA},
-        "used": "in the combined coverage; " + _NOT_REACHED},
+        "used": "in the combined coverage; " + _REACHED},
     "ContiguousBroadcastImpl": {
         "quote": "if self_tensor.numel() == 0 or len(shape) == 0:",
         "condition": "complex, empty or 0-d tensors, another memory format, already contiguous, no broadcast "

@@ -141,6 +141,11 @@ class EmulatorBackend(NeuronBackend):
         return {**super().summary(), "core": self._rt.core, "core_reason": self._rt.core_reason,
                 "topology": self._rt.topology.summary}
 
+    def attention_dropout_mask(self, philox_seed: Any, shape: tuple[int, ...], p: float) -> Any:
+        from neuron_lab.backend.emulator import attention
+
+        return attention.dropout_mask(philox_seed.cpu(), shape, p)
+
     @property
     def compile_lowerings(self) -> tuple[str, ...]:
         from neuron_lab.backend.emulator import lowering

@@ -279,6 +279,12 @@ class NeuronBackend(ABC):
     # -- compile -------------------------------------------------------------------------------
     lowering_metric: str | None = None  # the key of a dynamo_metrics() record that times its lowering, in µs
 
+    def attention_dropout_mask(self, philox_seed: Any, shape: tuple[int, ...], p: float) -> Any:
+        """The keep mask (bool, on the CPU) a fused attention call with dropout ``p`` drew
+        (``_scaled_dot_product_fused_attention_overrideable``, from its ``philox_seed`` output), so a parity check can
+        hand it to the reference's math kernel; None where the backend cannot say."""
+        return None
+
     @property
     def compile_lowerings(self) -> tuple[str, ...]:
         """How this backend can run compiled graphs, default first; () where its compiler offers no choice."""

@@ -111,7 +111,7 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
             actual = runs.Run(dict(subject.namespace), error=e)
     notes: list[str] = []
     ops_before = _op_calls()
-    with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer, _math_attention():
+    with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer:
         cpu_state = _replay(start, after, device, reference, notes, seeded=options.seed is not None)
         expected = runs.run(subject, rng=lambda: start.restore(cpu_state), ns={**before, **copied.values},
                             device=reference, source=device, mode=modes.EAGER, locator=locator, exclude=exclude)
@@ -124,10 +124,9 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
         a.notes += notes
     if recorder.attention:
         a.notes.append(f"the {device} run computed attention with {', '.join(recorder.attention)}, a fused kernel; "
-                       f"the {reference} run with PyTorch's math kernel (its definition): what follows attention "
-                       f"differs by the fused kernel's rounding" + (
-                           ", and its dropout was drawn inside the kernel, so the reference could not replay it"
-                           if any(d.op in recorder.attention for d in recorder.draws) else ""))
+                       f"the {reference} run with the kernel its SDPA picks there (on the CPU: flash without dropout, "
+                       f"math with): what follows attention can differ by the fused kernel's rounding"
+                       + _attention_dropout(recorder))
     if stray:
         var = f"the `{subject.device_variable}` variable" if subject.device_variable else "its arguments"
         a.notes.append(f"the {reference} run still ran {stray:,} ops on {device.type}: the code names that device "
@@ -144,12 +143,14 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
     return result
 
 
-def _math_attention() -> contextlib.AbstractContextManager:
-    """SDPA's math kernel for the reference run: what an accelerator without a fused kernel decomposes it to (the
-    emulator does), and the definition a fused kernel is measured against. The CPU would pick its flash kernel."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.MATH])
+def _attention_dropout(recorder: randomness.Recorder) -> str:
+    """What became of the fused attention kernel's dropout: handed to the reference's math kernel, or not."""
+    draws = [d for d in recorder.draws if d.op in recorder.attention]
+    if not draws:
+        return ""
+    if all(d.is_dropout for d in draws):
+        return ", and the reference's math kernel was given the dropout masks the fused kernel drew"
+    return ", and its dropout was drawn inside the kernel, so the reference could not replay it"
 
 
 def _replay(start: runs.RngState, after: runs.RngState, device: torch.device, reference: torch.device,

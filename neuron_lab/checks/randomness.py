@@ -6,9 +6,11 @@ every random ATen op (the ops PyTorch tags ``nondeterministic_seeded``) produced
 reference run gets the same values back from its random ops, one by one, as long as both draw alike.
 Dropout is one draw whichever way it is spelled: ``native_dropout`` on an accelerator, ``bernoulli_``
 on the CPU; the reference keeps its own arithmetic and takes only the device's mask. Draws are matched on
-what they drew (kind, shapes, probability), never on which kernel drew them: SDPA runs a fused kernel on the
-CPU and its math decomposition on an accelerator by design, and a fused kernel called with ``dropout_p=0``
-draws nothing although PyTorch tags it random. Where the two runs draw differently (another op, another
+what they drew (kind, shapes, probability), never on which kernel drew them: SDPA runs a fused kernel on
+`neuron` (TorchNeuron's overrideable op) and, on the CPU, its flash kernel without dropout (tagged random, it draws
+nothing) and its math kernel with. A fused kernel's dropout is drawn inside it: where the backend can say which mask
+a call drew (the emulator's, from the call's ``philox_seed``), that mask is one bernoulli draw the reference's math
+kernel takes, else the draw cannot be replayed. Where the two runs draw differently (another op, another
 shape) that draw comes from the reference's own generator, the difference is said, and the replay picks up
 again at the next recorded draw that matches.
 """
@@ -25,11 +27,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from neuron_lab import backend
 from neuron_lab.report.checks import Randomness
 
 MAX_BYTES = 512 * 2**20  # what the device run's recorded draws may hold; later draws are not recorded
 LOOKAHEAD = 16  # recorded draws a reference draw may skip to find its match (the device drew those alone)
 _BERNOULLI = "bernoulli"
+_FUSED_ATTENTION = "_scaled_dot_product_fused_attention_overrideable"  # TorchNeuron's SDPA: draws its dropout itself
 
 
 @dataclass
@@ -41,6 +45,10 @@ class Draw:
     shapes: tuple[tuple[int, ...], ...]
     p: float | None = None
     values: tuple[torch.Tensor, ...] = ()  # on the CPU
+
+    @property
+    def is_dropout(self) -> bool:
+        return self.kind == _BERNOULLI
 
     def matches(self, other: Draw) -> bool:
         same_p = self.p is None and other.p is None or (
@@ -79,6 +87,9 @@ def _draw(func: Any, args: tuple, kwargs: dict, out: Any) -> Draw | None:
         if given.get("train") is False:
             return None
         return Draw(_op(func), _BERNOULLI, (tuple(given["input"].shape),), 1.0 - given["p"])
+    if name == _FUSED_ATTENTION:  # its mask has the attention weights' shape: (..., query length, key length)
+        shape = (*given["query"].shape[:-1], given["key"].shape[-2])
+        return Draw(_op(func), _BERNOULLI, (shape,), 1.0 - given["dropout_p"])
     tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     p = given.get("p")
     if name in ("bernoulli", "bernoulli_") and isinstance(p, float):
@@ -88,6 +99,11 @@ def _draw(func: Any, args: tuple, kwargs: dict, out: Any) -> Draw | None:
 
 def _values(draw: Draw, out: Any) -> tuple[torch.Tensor, ...]:
     tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if draw.op == f"aten::{_FUSED_ATTENTION}":
+        mask = backend.active().attention_dropout_mask(out[6], draw.shapes[0], 1.0 - draw.p)
+        if mask is not None:
+            return (mask.reshape(draw.shapes[0]),)
+        draw.kind = _FUSED_ATTENTION  # the backend cannot say which mask it drew: no reference draw matches
     if draw.kind == _BERNOULLI:  # the mask: dropout's second output, bernoulli's only one
         return (tensors[-1].detach().to("cpu", torch.bool),)
     return tuple(t.detach().to("cpu", copy=True) for t in tensors)

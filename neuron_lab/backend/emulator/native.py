@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from neuron_lab.backend import syncs
-from neuron_lab.backend.emulator import policy
+from neuron_lab.backend.emulator import attention, policy
 from neuron_lab.backend.emulator.ops import Executor, redispatch_to_cpu
 from neuron_lab.backend.emulator.runtime import direct_ops
 from neuron_lab.kinds import NATIVE
@@ -159,6 +159,7 @@ def install_native(ex: Executor, lib: torch.library.Library) -> None:
     _route_plumbing(ex, kernels)
     _register_copies(lib, kernels)
     _register_convolution(lib, kernels)
+    _register_attention(lib, ex)
     _register_direct_ops(lib, ex)
 
 
@@ -197,6 +198,22 @@ def _register_convolution(lib: torch.library.Library, kernels: _DeviceKernels) -
     kernels raise for any backend that does not. They run the CPU's ``convolution`` through the executor."""
     lib.impl("convolution_overrideable", kernels.convolution, "PrivateUse1")
     lib.impl("convolution_backward_overrideable", kernels.convolution_backward, "PrivateUse1")
+
+
+def _register_attention(lib: torch.library.Library, ex: Executor) -> None:
+    """Scaled dot-product attention as TorchNeuron runs it (attention.py): its backend choice, and the fused
+    overrideable op and backward, whose composite kernels raise, reported as themselves. Their host kernels are the
+    CPU kernels the executor runs; Python cannot reach the C++ choice stub, so the composite's own dispatch is
+    taken over at the device's keys."""
+    lib.impl("_fused_sdp_choice", attention.fused_sdp_choice, "PrivateUse1")
+    for key in ("AutogradPrivateUse1", "PrivateUse1"):  # the second under inference_mode, which skips autograd
+        lib.impl("scaled_dot_product_attention", attention.sdpa, key)
+    for op, host in ((aten._scaled_dot_product_fused_attention_overrideable.default, attention.fused_attention),
+                     (aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+                      attention.fused_attention_backward)):
+        name = op._schema.name.split("::")[-1]
+        lib.impl(name, host, "CPU")
+        lib.impl(name, ex.kernel(op), "PrivateUse1")
 
 
 def _register_direct_ops(lib: torch.library.Library, ex: Executor) -> None:

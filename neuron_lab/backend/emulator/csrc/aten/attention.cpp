@@ -1,0 +1,269 @@
+// Scaled dot-product attention as TorchNeuron runs it (SdpBackendSelection.cpp): the same choice registered for
+// PrivateUse1, and the fused overrideable op and its backward, whose composite kernels raise. Their host kernels
+// are CPU kernels the boxed fallback runs on host aliases, so each call is reported as itself, with its call site
+// and the coverage's kind. The pure-Python core computes the same way (neuron_lab/backend/emulator/attention.py
+// says how: the CPU's flash kernels without dropout where they accept the arguments, else the math kernel's arithmetic;
+// dropout's mask drawn from the default CPU generator as the CPU's math kernel draws it, philox_seed its state).
+#include "aten/dispatch.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+namespace neuron_lab {
+namespace {
+
+constexpr int64_t kMath = 0, kOverrideable = 4;  // SDPBackend's values
+
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& /*attn_mask*/, double /*dropout_p*/, bool /*is_causal*/,
+                         std::optional<double> /*scale*/, bool /*enable_gqa*/) {
+  if (query.device().type() != c10::DeviceType::PrivateUse1) return kMath;
+  return query.dim() == 4 && key.dim() == 4 && value.dim() == 4 ? kOverrideable : kMath;
+}
+
+using Opt = std::optional<at::Tensor>;
+
+bool reduced(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+at::Tensor acc(const at::Tensor& t) {
+  return t.defined() && reduced(t) ? t.to(at::kFloat) : t;
+}
+
+at::Tensor batched(const at::Tensor& t) {
+  return t.defined() && t.dim() == 3 ? t.unsqueeze(0) : t;
+}
+
+// Whether the CPU's flash kernels take these arguments (they raise on the others).
+bool flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double dropout_p) {
+  const int64_t d = q.size(-1);
+  return dropout_p == 0.0 && q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+         q.size(1) % k.size(1) == 0 && k.size(1) == v.size(1) && k.size(-1) == d && v.size(-1) == d &&
+         (!bias.defined() || ((bias.dim() == 2 || bias.dim() == 4) && bias.scalar_type() == q.scalar_type()));
+}
+
+// Key or value repeated to the query's heads; itself when they are equal (a copy would round differently).
+at::Tensor repeated(const at::Tensor& t, int64_t g) {
+  return g > 1 ? t.repeat_interleave(g, 1) : t;
+}
+
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  return scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+}
+
+// A 4-D matmul's operands as it hands them to bmm (reshaped, so copied where not viewable): its backward multiplies
+// these, so computing on them keeps autograd's rounding.
+std::pair<at::Tensor, at::Tensor> bmm_operands(const at::Tensor& a, const at::Tensor& b) {
+  return {a.reshape({-1, a.size(-2), a.size(-1)}), b.reshape({-1, b.size(-2), b.size(-1)})};
+}
+
+// bmm's two gradients, as its autograd formula computes them, for bmm_operands' a and b.
+std::pair<at::Tensor, at::Tensor> bmm_backward(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor g = grad.reshape({a.size(0), a.size(1), b.size(2)});
+  return {g.bmm(b.transpose(1, 2)), a.transpose(1, 2).bmm(g)};
+}
+
+// PyTorch's math kernel step by step, so with its rounding (attention.py's _math says how): inputs in the
+// accumulation dtype, key repeated to the query's heads.
+struct Math {
+  at::Tensor qs, kt;  // the query and the transposed key, each times sqrt(scale), as bmm took them
+  at::Tensor p, lse;
+  at::Tensor noise;  // dropout's: kept entries (1 - p) ** -1, else 0; undefined without dropout
+};
+
+double root(double scale) {
+  return std::sqrt(std::abs(scale));
+}
+
+double query_factor(double scale) {
+  return scale < 0 ? -root(scale) : root(scale);
+}
+
+// `state`: the generator state to draw dropout's mask from (a call's philox_seed); undefined: the default CPU generator.
+Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double dropout_p, bool is_causal, double scale,
+          const at::Tensor& state) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  Math m;
+  std::tie(m.qs, m.kt) = bmm_operands(q * query_factor(scale), k.transpose(-2, -1) * root(scale));
+  std::vector<int64_t> shape = q.sizes().vec();
+  shape.back() = k.size(-2);
+  at::Tensor s = m.qs.bmm(m.kt).view(shape);
+  if (is_causal) bias = at::ones({s.size(-2), s.size(-1)}, at::kBool).tril();
+  if (bias.defined()) {
+    s = s + (bias.scalar_type() == at::kBool
+                 ? at::zeros_like(bias, s.options()).masked_fill(bias.logical_not(), -inf)
+                 : bias.to(s.scalar_type()));
+  }
+  m.p = at::_safe_softmax(s, -1);
+  m.lse = at::logsumexp(s, {-1});
+  if (dropout_p > 0.0) {
+    std::optional<at::Generator> gen;
+    if (state.defined()) {
+      gen = at::make_generator<at::CPUGeneratorImpl>();
+      gen->set_state(state);
+    }
+    at::Tensor keep = at::empty(m.p.sizes(), at::kFloat).bernoulli_(1.0 - dropout_p, gen).to(at::kBool);
+    m.noise = keep.to(m.p.scalar_type());
+    if (dropout_p >= 1.0) {
+      m.noise.zero_();
+    } else {
+      m.noise.div_(1.0 - dropout_p);
+    }
+  }
+  return m;
+}
+
+// The output in the layout the op's meta function gives it (alloc_with_matching_layout: the query's dimension order):
+// a compiled graph's views of it were traced on that layout.
+at::Tensor laid_out_as_meta(const at::Tensor& out, const at::Tensor& query) {
+  at::Tensor want;
+  if (query.sizes() == out.sizes()) {
+    want = at::empty_like(query.transpose(1, 2), out.options()).transpose(1, 2);
+  } else {
+    std::vector<int64_t> order = {0, 1, 2, 3};
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return query.stride(a) > query.stride(b); });
+    std::vector<int64_t> permuted, back(4);
+    for (int64_t i = 0; i < 4; ++i) {
+      permuted.push_back(out.size(order[i]));
+      back[order[i]] = i;
+    }
+    want = at::empty(permuted, out.options()).permute(back);
+  }
+  return want.strides() == out.strides() ? out : want.copy_(out);
+}
+
+// A gradient in its input's layout, as the backward's meta function gives it (empty_like).
+at::Tensor in_layout_of(const at::Tensor& grad, const at::Tensor& input) {
+  at::Tensor want = at::empty_like(input);
+  return want.strides() == grad.strides() ? grad : want.copy_(grad);
+}
+
+// The default CPU generator's state, as torch.get_rng_state() reads it.
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::scoped_lock<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
+fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const Opt& attn_bias,
+                double dropout_p, bool is_causal, bool /*return_debug_mask*/, std::optional<double> scale) {
+  at::Tensor q = batched(query), k = batched(key), v = batched(value), bias = batched(attn_bias.value_or(at::Tensor()));
+  const double sc = scale_of(q, scale);
+  at::Tensor state = dropout_p > 0.0 ? cpu_rng_state() : at::empty({0}, at::kByte);
+  at::Tensor out, lse;
+  if (flash(q, k, v, bias, dropout_p)) {
+    std::tie(out, lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
+                                                                          bias.defined() ? Opt(bias) : std::nullopt, sc);
+  } else {
+    const int64_t g = q.size(1) / k.size(1);
+    at::Tensor va = acc(repeated(v, g));
+    Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, at::Tensor());
+    out = at::matmul(m.noise.defined() ? m.p * m.noise : m.p, va).to(q.scalar_type());
+    lse = m.lse;
+  }
+  out = query.dim() == 3 ? out.squeeze(0) : laid_out_as_meta(out, query);
+  return {out,
+          lse.to(at::kFloat),
+          at::Tensor(),
+          at::Tensor(),
+          c10::SymInt(q.size(2)),
+          c10::SymInt(k.size(2)),
+          state,
+          at::empty({0}, at::kInt),
+          at::Tensor()};
+}
+
+// A broadcast argument's gradient: summed over the dimensions it was broadcast along.
+at::Tensor sum_to(const at::Tensor& grad, const at::Tensor& like) {
+  const int64_t lead = grad.dim() - like.dim();
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < grad.dim(); ++i) {
+    if (i < lead || (like.size(i - lead) == 1 && grad.size(i) != 1)) dims.push_back(i);
+  }
+  return dims.empty() ? grad : grad.sum(dims, true).reshape(like.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+    c10::SymInt /*max_q*/, c10::SymInt /*max_k*/, double dropout_p, bool is_causal, const at::Tensor& philox_seed,
+    const at::Tensor& /*philox_offset*/, std::optional<double> scale) {
+  at::Tensor go = batched(grad_out), q = batched(query), k = batched(key), v = batched(value), o = batched(out);
+  at::Tensor bias = batched(attn_bias);
+  const double sc = scale_of(q, scale);
+  const bool want_bias = bias.defined() && grad_input_mask[3];
+  at::Tensor dq, dk, dv, db;
+  if (flash(q, k, v, bias, dropout_p) && !want_bias) {
+    // the flash kernel's own logsumexp dtype
+    at::Tensor lse = q.scalar_type() == at::kDouble ? logsumexp.to(at::kDouble) : logsumexp;
+    std::tie(dq, dk, dv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        go, q, k, v, o, lse, 0.0, is_causal, bias.defined() ? Opt(bias) : std::nullopt, sc);
+  } else {
+    const int64_t g = q.size(1) / k.size(1);
+    at::Tensor goa = acc(go), qa = acc(q), ka = acc(repeated(k, g)), va = acc(repeated(v, g));
+    Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed);
+    // what autograd computes through that math, op by op
+    auto [pd, vb] = bmm_operands(m.noise.defined() ? m.p * m.noise : m.p, va);
+    at::Tensor dp;
+    std::tie(dp, dv) = bmm_backward(goa, pd, vb);
+    dp = dp.view(m.p.sizes());
+    dv = dv.view(va.sizes());
+    if (m.noise.defined()) dp = dp * m.noise;
+    at::Tensor ds = at::_softmax_backward_data(dp, m.p, -1, m.p.scalar_type());
+    std::tie(dq, dk) = bmm_backward(ds, m.qs, m.kt);
+    dq = dq.view(qa.sizes()) * query_factor(sc);
+    std::vector<int64_t> kt_shape = ka.sizes().vec();
+    std::swap(kt_shape[kt_shape.size() - 1], kt_shape[kt_shape.size() - 2]);
+    dk = (dk.view(kt_shape) * root(sc)).transpose(-2, -1);
+    if (g > 1) {
+      dk = dk.unflatten(1, {k.size(1), g}).sum(2);
+      dv = dv.unflatten(1, {k.size(1), g}).sum(2);
+    }
+    if (want_bias) db = sum_to(ds, bias).to(bias.scalar_type());
+    dq = dq.to(q.scalar_type());
+    dk = dk.to(k.scalar_type());
+    dv = dv.to(v.scalar_type());
+  }
+  if (query.dim() == 3) {
+    dq = dq.squeeze(0);
+    dk = dk.squeeze(0);
+    dv = dv.squeeze(0);
+  }
+  return {in_layout_of(dq, query), in_layout_of(dk, key), in_layout_of(dv, value), db};
+}
+
+void through_fallback(const c10::OperatorHandle& op, Stack* stack) {
+  run(op, stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, CPU, m) {
+  m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(fused_attention));
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(fused_attention_backward));
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
+  m.impl("_scaled_dot_product_fused_attention_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&through_fallback>());
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+         torch::CppFunction::makeFromBoxedFunction<&through_fallback>());
+}
+
+}  // namespace neuron_lab
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron_lab::fused_sdp_choice);
+}  // namespace at::native
