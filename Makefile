@@ -56,7 +56,8 @@ BACKEND_TESTS := tests/test_device.py tests/test_memory.py tests/test_op_reporti
 	tests/test_training.py tests/test_opinfo_conformance.py tests/test_cores.py tests/test_compile.py \
 	tests/test_torch_neuronx.py tests/test_compile_cells.py tests/test_distributed.py tests/test_memory_snapshot.py \
 	tests/test_conformance_bugs.py tests/test_moduleinfo_conformance.py tests/test_out_conformance.py tests/test_syncs.py \
-	tests/test_opinfo64_conformance.py tests/test_aborts.py tests/test_int64_rule.py tests/test_checkup.py
+	tests/test_opinfo64_conformance.py tests/test_aborts.py tests/test_int64_rule.py tests/test_checkup.py \
+	tests/test_attention.py
 # speedscope (MIT, from npm): the offline viewer tools/render_trace.py shows exported traces in; its test needs it.
 # Installed where npm is (CI installs npm); elsewhere that test skips and says how to install it.
 SPEEDSCOPE := $(VENV)/speedscope/node_modules/speedscope/package.json
