@@ -89,8 +89,9 @@ double query_factor(double scale) {
 }
 
 // `state`: the generator state to draw dropout's mask from (a call's philox_seed); undefined: the default CPU generator.
+// `with_lse`: the forward returns the logsumexp; the backward's recomputation has no use for it.
 Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double dropout_p, bool is_causal, double scale,
-          const at::Tensor& state) {
+          const at::Tensor& state, bool with_lse) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   Math m;
   std::tie(m.qs, m.kt) = bmm_operands(q * query_factor(scale), k.transpose(-2, -1) * root(scale));
@@ -104,15 +105,15 @@ Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double drop
                  : bias.to(s.scalar_type()));
   }
   m.p = at::_safe_softmax(s, -1);
-  m.lse = at::logsumexp(s, {-1});
+  if (with_lse) m.lse = at::logsumexp(s, {-1});
   if (dropout_p > 0.0) {
     std::optional<at::Generator> gen;
     if (state.defined()) {
       gen = at::make_generator<at::CPUGeneratorImpl>();
       gen->set_state(state);
     }
-    at::Tensor keep = at::empty(m.p.sizes(), at::kFloat).bernoulli_(1.0 - dropout_p, gen).to(at::kBool);
-    m.noise = keep.to(m.p.scalar_type());
+    // drawn in the probabilities' dtype, as the CPU's dropout draws its noise (the draws do not depend on the dtype)
+    m.noise = at::empty(m.p.sizes(), m.p.options()).bernoulli_(1.0 - dropout_p, gen);
     if (dropout_p >= 1.0) {
       m.noise.zero_();
     } else {
@@ -167,7 +168,7 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   } else {
     const int64_t g = q.size(1) / k.size(1);
     at::Tensor va = acc(repeated(v, g));
-    Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, at::Tensor());
+    Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, at::Tensor(), true);
     out = at::matmul(m.noise.defined() ? m.p * m.noise : m.p, va).to(q.scalar_type());
     lse = m.lse;
   }
@@ -212,7 +213,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   } else {
     const int64_t g = q.size(1) / k.size(1);
     at::Tensor goa = acc(go), qa = acc(q), ka = acc(repeated(k, g)), va = acc(repeated(v, g));
-    Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed);
+    Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed, false);
     // what autograd computes through that math, op by op
     auto [pd, vb] = bmm_operands(m.noise.defined() ? m.p * m.noise : m.p, va);
     at::Tensor dp;
