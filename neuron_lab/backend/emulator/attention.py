@@ -129,7 +129,10 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias=None, d
         m = _math(qa, ka, ba, dropout_p, is_causal, scale, None)
         out, lse = torch.matmul(m.p if m.noise is None else m.p * m.noise, va).to(q.dtype), m.lse
     out = out.squeeze(0) if query.dim() == 3 else _laid_out_as_meta(out, query)
-    return out, lse.float(), None, None, q.size(2), k.size(2), state, torch.empty(0, dtype=torch.int32), None
+    # the logsumexp in float, as the meta function gives it; float64 keeps its own (exact 64-bit numerics: backward
+    # needs every bit)
+    lse = lse if q.dtype == torch.float64 else lse.float()
+    return out, lse, None, None, q.size(2), k.size(2), state, torch.empty(0, dtype=torch.int32), None
 
 
 def _laid_out_as_meta(out: Tensor, query: Tensor) -> Tensor:
@@ -150,9 +153,8 @@ def fused_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     want_bias = bias is not None and grad_input_mask[3]
     if _flash(q, k, v, bias, dropout_p) and not want_bias:
-        lse = logsumexp.double() if q.dtype == torch.float64 else logsumexp  # the flash kernel's own dtype
         dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            go, q, k, v, o, lse, 0.0, is_causal, attn_mask=bias, scale=scale)
+            go, q, k, v, o, logsumexp, 0.0, is_causal, attn_mask=bias, scale=scale)
         db = None
     else:
         g = _groups(q, k)

@@ -174,7 +174,8 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   }
   out = query.dim() == 3 ? out.squeeze(0) : laid_out_as_meta(out, query);
   return {out,
-          lse.to(at::kFloat),
+          // float, as the meta function gives it; float64 keeps its own (exact 64-bit numerics: backward needs every bit)
+          q.scalar_type() == at::kDouble ? lse : lse.to(at::kFloat),
           at::Tensor(),
           at::Tensor(),
           c10::SymInt(q.size(2)),
@@ -207,7 +208,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   at::Tensor dq, dk, dv, db;
   if (flash(q, k, v, bias, dropout_p) && !want_bias) {
     // the flash kernel's own logsumexp dtype
-    at::Tensor lse = q.scalar_type() == at::kDouble ? logsumexp.to(at::kDouble) : logsumexp;
+    at::Tensor lse = logsumexp;
     std::tie(dq, dk, dv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         go, q, k, v, o, lse, 0.0, is_causal, bias.defined() ? Opt(bias) : std::nullopt, sc);
   } else {
