@@ -82,13 +82,12 @@ res, r = cell("%%neuron profile\nw = (x * 2).sum()")
 p = r.profiled if r is not None else None
 lanes = sorted(p.lanes) if p is not None else []
 artefacts = list(getattr(p, "artefacts", None) or [])
-# The pure-Python core has no device lanes to give: PyTorch's PrivateUse1 profiler hooks are C++ only
-# (csrc/profiler/profiler.cpp), so there its ops are profiled as host work, which is what it can show.
-host_only = getattr(backend.active(), "core", None) == "python"
+# A device without lanes (the pure-Python core, whose ops are host work) shows host work, and its note says why.
+host_only = p is not None and not p.device_timing and not artefacts
 say("a profile with device activity or the device's own artefacts",
     p is not None and (lanes or artefacts or (host_only and len(p.rows) > 0)),
     f"{len(p.rows) if p else 0} profiled ops, device lanes {lanes}, device artefacts {artefacts[:6]}"
-    + ("; the pure-Python core adds no device lanes to torch.profiler (its ops are host work)" if host_only else ""))
+    + (f"; {p.lanes_note}" if host_only and p.lanes_note else ""))
 '''
 
 # One rank: the extension loaded first, then the process group joined (TorchNeuron's check: no runtime before it).

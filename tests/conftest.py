@@ -35,6 +35,21 @@ def shell() -> Any:
 
 
 @pytest.fixture
+def b() -> Iterator[Any]:
+    """The active backend, synchronized, with its op tracking cleared before and after the test and the default
+    coverage restored after it: tests that count ops see only their own."""
+    from neuron_lab import backend
+    from neuron_lab.backend import coverage
+
+    nb = backend.active()
+    nb.synchronize()
+    nb.clear_op_tracking()
+    yield nb
+    nb.set_coverage(coverage.DEFAULT_COVERAGE)
+    nb.clear_op_tracking()
+
+
+@pytest.fixture
 def run_python() -> Callable[..., Any]:
     """Run ``code`` in a new interpreter with extra environment variables; return the JSON it prints last.
 

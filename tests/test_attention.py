@@ -8,20 +8,9 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from neuron_lab import backend
-
 aten = torch.ops.aten
 FUSED = "aten::_scaled_dot_product_fused_attention_overrideable"
 FUSED_BACKWARD = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
-
-
-@pytest.fixture
-def b():
-    nb = backend.active()
-    nb.synchronize()
-    nb.clear_op_tracking()
-    yield nb
-    nb.clear_op_tracking()
 
 
 def _qkv(*shapes, dtype=torch.float32):

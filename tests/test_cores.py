@@ -249,6 +249,30 @@ def test_doctor_says_which_core_runs_and_why() -> None:
     assert line.split(None, 1)[1] == want, out.stdout
 
 
+def test_a_profile_has_device_lanes_only_where_the_core_can_add_them() -> None:
+    """PyTorch's PrivateUse1 profiler hooks are C++ only: the compiled core's ops are device work on its own lanes,
+    the pure-Python core's are host work, and its profile says so instead of showing an empty device column."""
+    from neuron_lab.report.profiled_rows import device_notes, profiled_head
+    from neuron_lab.trace.profile import OpProfile
+
+    x = torch.ones(64, 64, device="neuron")
+    prof = OpProfile().start()
+    try:
+        (x @ x).sum().item()
+    finally:
+        prof.stop()
+    p = prof.result()
+    assert p.device_timing is COMPILED and any(r.op == "aten::mm" for r in p.rows)
+    assert bool(p.lanes) is COMPILED
+    notes = device_notes(p)
+    if COMPILED:
+        assert " device (host clock) " in profiled_head(p) and notes[0].startswith("device lanes: the emulator's own")
+    else:
+        assert profiled_head(p).endswith(("ms", "µs", "s")) and "device" not in profiled_head(p)
+        assert notes == ["no device time: the pure-Python core adds no device lanes to torch.profiler (its ops are "
+                         "host work; the compiled core adds them)"]
+
+
 def test_a_core_built_for_another_torch_minor_is_not_loaded(tmp_path) -> None:
     """A copy of the package whose core record (setup.py writes it with the core) names another torch minor: doctor
     says so and what to do, the pure-Python core serves, and the compiled core is never imported (another libtorch's

@@ -13,16 +13,6 @@ from neuron_lab.backend import coverage
 from neuron_lab.report.rows import INT64_NOTE
 
 
-@pytest.fixture
-def b():
-    nb = backend.active()
-    nb.synchronize()
-    nb.clear_op_tracking()
-    yield nb
-    nb.set_coverage(coverage.DEFAULT_COVERAGE)
-    nb.clear_op_tracking()
-
-
 def _rows(nb, kind):
     return {(s.name, s.overload): s.count for s in nb.op_stats(kind)}
 

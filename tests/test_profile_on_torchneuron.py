@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fake_torchneuronx import SITE, run
 
-from neuron_lab.report.profiled_rows import NO_DEVICE_TIMING
+from neuron_lab.backend.torchneuron import NO_DEVICE_TIMING
 
 PROGRAM = """
 import json, os, tempfile

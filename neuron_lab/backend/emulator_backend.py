@@ -61,7 +61,16 @@ class EmulatorBackend(NeuronBackend):
         return "host"
 
     @property
+    def device_timing(self) -> bool:
+        """The compiled core adds device lanes through PyTorch's PrivateUse1 profiler hooks, which are C++ only
+        (``csrc/profiler/profiler.cpp``): the pure-Python core has none to add, its ops are host work."""
+        return self._rt.core == _rt.COMPILED
+
+    @property
     def device_lanes(self) -> str:
+        if not self.device_timing:
+            return ("no device time: the pure-Python core adds no device lanes to torch.profiler (its ops are host "
+                    "work; the compiled core adds them)")
         return ("device lanes: the emulator's own, its kernels run and timed on the host CPU; on a Trn instance the "
                 "device profile is in Neuron Explorer")
 

@@ -334,8 +334,8 @@ class NeuronBackend(ABC):
 
     @property
     def device_lanes(self) -> str | None:
-        """What this backend's device lanes in torch.profiler are, in a line a profile shows under its head; None
-        where there is nothing to say."""
+        """What this backend's device lanes in torch.profiler are, or, where :attr:`device_timing` is False, why a
+        profile has no device time: a line a profile shows under its head; None where there is nothing to say."""
         return None
 
     def profiler_config(self, output_dir: str) -> str | None:

@@ -57,6 +57,10 @@ _HOST_REASON = ("TorchNeuron runs it on the CPU with a host kernel of its own (c
 _CACHE_HITS = ("CompilationCache.InMemoryHits", "CompilationCache.PersistentHits")
 _CACHE_MISSES = ("CompilationCache.TotalCompilations",)
 
+# why a TorchNeuron profile has no device time, in the line the profile shows
+NO_DEVICE_TIMING = ("no device time: the device gives torch.profiler no events of its own (its profile is the files "
+                    "below); host times are enqueue times, the device runs asynchronously")
+
 
 def _qualified(func: torch._ops.OpOverload) -> str:
     overload = func._schema.overload_name
@@ -353,6 +357,10 @@ class TorchNeuronBackend(NeuronBackend):
     @property
     def device_timing(self) -> bool:
         return False
+
+    @property
+    def device_lanes(self) -> str:
+        return NO_DEVICE_TIMING
 
     def profiler_config(self, output_dir: str) -> str | None:
         """TorchNeuron's keys, "key:value;..." (tnx:csrc/profiler/README.md:86-93). Its parser splits on ";" and

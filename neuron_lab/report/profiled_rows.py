@@ -12,9 +12,6 @@ PERFETTO = "https://ui.perfetto.dev"
 PROFILED_HEADER = ["op", "ran", "calls", "device", "host", "first shapes", "issued at"]
 LINE_HEADER = ["line", "calls", "device", "host", "source"]
 DEVICE_COLUMN = "device"
-# why a profile without device events has no device time, in one line
-NO_DEVICE_TIMING = ("no device time: the device gives torch.profiler no events of its own (its profile is the files "
-                    "below); host times are enqueue times, the device runs asynchronously")
 # the device profile's files by kind, as NRT names them (tnx:tests/profiler/test_profiler_integration.py:33-40,
 # tnx:torch_neuronx/profiling.py:310-312): (test on the file name, what it holds)
 ARTEFACT_KINDS: list[tuple[str, str]] = [
@@ -32,7 +29,7 @@ def ran_text(kind: str) -> str:
 
 def profiled_head(p: Profiled) -> str:
     """The profile in one line: ops, device and host time, each lane's busy time (host time only, where the device
-    gave no events: :data:`NO_DEVICE_TIMING` says why)."""
+    gave no events: the backend's note says why)."""
     head = f"profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}, "
     if not p.device_timing:
         return head + f"host {format_seconds(p.host_ns / 1e9)}"
@@ -42,11 +39,10 @@ def profiled_head(p: Profiled) -> str:
 
 
 def device_notes(p: Profiled) -> list[str]:
-    """What the profile's device side is: why there is no device time, or what the device lanes are (the backend's
-    words)."""
-    if not p.device_timing:
-        return [NO_DEVICE_TIMING]
-    return [p.lanes_note] if p.lanes and p.lanes_note else []
+    """What the profile's device side is, in the backend's words: why there is no device time, or what the device
+    lanes are."""
+    shown = p.lanes or not p.device_timing
+    return [p.lanes_note] if shown and p.lanes_note else []
 
 
 def artefact_kind(name: str) -> str:
