@@ -3,7 +3,9 @@
 ``import neuron_lab`` imports torch and installs the backend (some 2 s), which ``--help``, ``--version`` and a mistyped
 argument do not need. So this makes the package's module without running its ``__init__``, imports
 ``neuron_lab.cli`` into it (the parser imports nothing heavy) and parses; only then does the package's ``__init__``
-run in that same module, after which the process is what ``import neuron_lab`` makes and the command runs.
+run in that same module, after which the process is what ``import neuron_lab`` makes and the command runs. ``run``
+skips it: its cells run in kernels (which import torch themselves), so its own process never loads torch, some 2 s
+less before the first kernel starts.
 (``python -m neuron_lab`` imports the package first, as Python does: the same commands, without the head start.)
 """
 
@@ -21,7 +23,8 @@ def main() -> int:
     from neuron_lab import cli
 
     args = cli.build_parser().parse_args()  # --help, --version and bad usage end here, torch never imported
-    spec.loader.exec_module(package)  # `import neuron_lab`: torch, the backend
+    if not getattr(args, "in_kernels", False):  # `run` launches kernels and reads what they send: no device here
+        spec.loader.exec_module(package)  # `import neuron_lab`: torch, the backend
     return cli.dispatch(args)
 
 

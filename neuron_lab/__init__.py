@@ -46,7 +46,7 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
 def track(*, callsites: bool = True, stack_limit: int = 3,
           locator: Locator | None = None) -> AbstractContextManager[Report]:
     """``with neuron_lab.track() as report: ...``: the per-cell report for a block of a script or test."""
-    from neuron_lab.trace import track as _track
+    from neuron_lab.trace.tracker import track as _track
 
     return _track(callsites=callsites, stack_limit=stack_limit, locator=locator)
 

@@ -22,13 +22,15 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_lab import backend, settings
 from neuron_lab.report.model import Report, Site
 from neuron_lab.session import preflight, rank_group, rank_pulse, shells, stuck
-from neuron_lab.session.session import Session, banner
-from neuron_lab.trace.tracker import Renaming
+
+if TYPE_CHECKING:  # the runner's process reads this module's wire types (Payload, Script, MIME) without torch
+    from neuron_lab.session.session import Session
+    from neuron_lab.trace.tracker import Renaming
 
 MIME = "application/vnd.neuron-lab.run.v1+json"
 NOTEBOOK_POLL_S = 1.0  # how often an engine checks that the notebook that started it is still there
@@ -55,6 +57,8 @@ class Script:
 
     def as_script_lines(self, report: Report) -> Renaming | None:
         """A site map: say ``train.py:12`` where the kernel saw ``In[N] line L``, and title the report so."""
+        from neuron_lab.trace.tracker import Renaming
+
         n = report.cell
         if n is None or not 1 <= n <= len(self.first_lines):
             return None
@@ -113,6 +117,8 @@ class Collector:
 def attach(shell: Any, script: dict[str, Any] | None = None, said: str = "") -> Payload:
     """Start keeping the reports of the session just loaded into ``shell``; what loading it ``said`` (its banner),
     as the runner shows it."""
+    from neuron_lab.session.session import banner
+
     session = shells.session_of(shell)
     Collector.attach(session, None if script is None else Script(**script))
     return Payload(_info(banner(session) if _on_rank_device(session) else said))
@@ -138,6 +144,8 @@ def after_cell(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     if collector is None:
         collector = Collector.attach(session, None if script is None else Script(**script))
         _on_rank_device(session)
+        from neuron_lab.session.session import banner
+
         loaded = _info(banner(session))
     return Payload({"loaded": loaded, "reports": collector.hand_over()})
 

@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser = sub.add_parser("run", help="run a notebook or script headless: reports, summary, CI gates, exports",
                                 **run_options.PARSER)
     run_options.add_arguments(run_parser)
-    run_parser.set_defaults(func=run)
+    run_parser.set_defaults(func=run, in_kernels=True)  # its cells run in kernels: this process needs no torch
     return parser
 
 

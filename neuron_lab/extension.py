@@ -23,7 +23,8 @@ def load(shell: Any) -> None:
     if _magics_of(shell) is not None:
         return
     from neuron_lab.magics import NeuronMagics
-    from neuron_lab.session import Session, settings_of
+    from neuron_lab.session.config import settings_of
+    from neuron_lab.session.session import Session
     from neuron_lab.trace.profile import quiet_kineto
 
     quiet_kineto()  # before any profiler session of the notebook's, the user's own torch.profiler included

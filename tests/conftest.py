@@ -152,7 +152,7 @@ def neuron_lab_run(tmp: Path, *args: str, timeout: float = 240) -> tuple[int, st
     """``neuron-lab run ARGS`` in ``tmp``, in a new process (and session: past ``timeout`` it dies with its kernels);
     its exit code and output."""
     env = {**os.environ, "IPYTHONDIR": str(tmp / "ipython")}
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", *args], cwd=tmp, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "_neuron_lab_cli", "run", *args], cwd=tmp, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -104,16 +104,19 @@ def test_help_ends_with_example_commands_that_the_real_parser_accepts():
         assert args.command == argv[0], command
         if argv[0] == "run":
             assert vars(main.parser().parse_args(argv[1:])) == {k: v for k, v in vars(args).items()
-                                                                 if k not in ("command", "func")}, command
+                                                                 if k not in ("command", "func", "in_kernels")}, command
 
 
-def test_the_console_script_answers_help_version_and_bad_usage_before_torch_loads():
-    """``neuron-lab`` (``_neuron_lab_cli``) parses before ``import neuron_lab``: only a command that runs imports
-    torch."""
+def test_the_console_script_answers_help_version_and_bad_usage_before_torch_loads(tmp_path):
+    """``neuron-lab`` (``_neuron_lab_cli``) parses before ``import neuron_lab``: only a command that uses the device
+    here imports torch; ``run``'s cells run in kernels, so its own process never does."""
     code = ("import atexit, sys, _neuron_lab_cli\natexit.register(lambda: print('torch' in sys.modules))\n"
             "sys.argv[0] = 'neuron-lab'\nsys.exit(_neuron_lab_cli.main())")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = torch.ones(2, device='neuron') * 2\n")
     for args, rc, torch_loaded in ((["--version"], 0, False), (["run", "--help"], 0, False),
                                    (["run", "nb.ipynb", "--timeout", "nan"], 2, False),
+                                   (["run", str(script), "--json", str(tmp_path / "run.json")], 0, False),
                                    (["coverage", "show", "no-such-coverage"], 2, True)):
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                            cwd=ROOT)

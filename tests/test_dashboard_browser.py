@@ -234,7 +234,7 @@ def test_the_runners_notebook_opened_untrusted_shows_the_last_state_readably(jup
     nb.cells = [nbformat.v4.new_code_cell(src) for src in RAN]
     nbformat.write(nb, tmp_path / "ran.ipynb")
     out = jupyter_lab.root_dir / "ran-output.ipynb"  # written unsigned: Jupyter opens it untrusted
-    proc = subprocess.run([sys.executable, "-m", "neuron_lab", "run", "ran.ipynb", "--output", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "_neuron_lab_cli", "run", "ran.ipynb", "--output", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")})
     assert proc.returncode == 0, proc.stdout + proc.stderr

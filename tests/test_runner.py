@@ -1,6 +1,7 @@
 """`neuron-lab run`: a notebook or `# %%` script headless in a real kernel, as a CI job runs it.
 
-Each kernel test runs the real command (``python -m neuron_lab run ...``) on a tiny notebook or script
+Each kernel test runs the real command (``neuron-lab run ...``, its console script's module; one runs it as
+``python -m neuron_lab run``) on a tiny notebook or script
 written here, and checks what a user or a CI job relies on: the progress and summary lines, the exit
 code, and the --json/--output/--html files. Bad input never starts a kernel, so those cases call
 ``main`` in-process. Each kernel start costs seconds, so one run checks several things.
@@ -61,7 +62,7 @@ def notebook(path: Path, *cells: str) -> Path:
 def run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``neuron-lab run ARGS`` in a new process, with a private IPython profile (no user startup files)."""
     env = {**os.environ, "IPYTHONDIR": str(tmp / "ipython"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "neuron_lab", "run", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "_neuron_lab_cli", "run", *args], capture_output=True, text=True,
                           timeout=RUN_TIMEOUT, env=env, cwd=tmp)
 
 
@@ -292,8 +293,8 @@ def test_ctrl_c_stops_at_the_running_cell_exits_130_and_keeps_its_report(tmp_pat
     nb = notebook(tmp_path / "slow.ipynb", SETUP + "\ny = torch.atan2(x, x)",
                   "y = torch.atan2(x, x)\nimport time\nfor _ in range(600):\n    time.sleep(0.1)", "print('never')")
     env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_lab", "run", str(nb), "--json", "run.json"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "_neuron_lab_cli", "run", str(nb), "--json", "run.json"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_sigint)
     out, errs = Lines(proc.stdout), Lines(proc.stderr)
     seen = []

@@ -83,8 +83,8 @@ def _run(tmp_path: Path, cells: list[str], *args: str) -> Any:
     notebook.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nbformat.write(notebook, tmp_path / "views.ipynb")
     env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
-    proc = subprocess.run([sys.executable, "-m", "neuron_lab", "run", "views.ipynb", "--output", "out.ipynb", *args],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "_neuron_lab_cli", "run", "views.ipynb", "--output", "out.ipynb",
+                           *args], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return nbformat.read(tmp_path / "out.ipynb", as_version=4)
 

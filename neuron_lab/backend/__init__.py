@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import threading
 import warnings
-
-import torch
+from typing import TYPE_CHECKING
 
 from neuron_lab.backend import foreign, torchneuron_env
-from neuron_lab.backend.interface import LiveAllocation, NeuronBackend
 from neuron_lab.backend.selection import EMULATOR, NONE, TORCHNEURON, Decision, decide
+
+if TYPE_CHECKING:  # the interface brings in torch, which nothing here needs before activate()
+    from neuron_lab.backend.interface import NeuronBackend
 
 _lock = threading.RLock()  # re-entrant: importing torch_neuronx may import neuron_lab
 _decision: Decision | None = None
@@ -36,6 +37,8 @@ def activate() -> Decision:
     """
     global _decision
     with _lock:
+        import torch  # first: its autoload may call this on the same thread, which the re-entrant lock lets through
+
         if _decision is not None:
             return _decision
         try:
@@ -110,5 +113,5 @@ def is_active() -> bool:
     return state().kind != NONE
 
 
-__all__ = ["BackendUnavailable", "Decision", "LiveAllocation", "NeuronBackend", "activate", "active", "is_active",
+__all__ = ["BackendUnavailable", "Decision", "activate", "active", "is_active",
            "note_problem", "state"]

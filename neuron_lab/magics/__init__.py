@@ -25,8 +25,9 @@ from neuron_lab.magics.parser import CELL_ONLY
 from neuron_lab.report.model import Report
 from neuron_lab.report.ranks import RanksReport
 from neuron_lab.report.rows import summary_line
-from neuron_lab.session import Session, devices
+from neuron_lab.session import devices
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, Ranks, RanksError, RanksFailed
+from neuron_lab.session.session import Session
 from neuron_lab.session.slurm_job import SlurmOptions
 from neuron_lab.session.ssh_engines import SSHOptions
 from neuron_lab.trace import profile as profiling

@@ -15,7 +15,7 @@ import re
 from IPython.core.completer import CompletionContext, SimpleCompletion, SimpleMatcherResult, context_matcher
 
 from neuron_lab.magics import parser as _parser
-from neuron_lab.session import Session
+from neuron_lab.session.session import Session
 
 IDENTIFIER = "neuron_lab.magics"  # the matcher's id (IPython's `IPCompleter.disable_matchers` can name it)
 # The magic's words up to the cursor: `%neuron ...` anywhere a line magic may stand (`x = %neuron ...` too),

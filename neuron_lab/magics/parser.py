@@ -18,9 +18,9 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from neuron_lab.backend import coverage
 from neuron_lab.checks import limits
-from neuron_lab.session import Session
 from neuron_lab.session.launch import host_instances
 from neuron_lab.session.ranks import DEFAULT_TIMEOUT_S, ENGINES, MAX_RANKS
+from neuron_lab.session.session import Session
 from neuron_lab.session.ssh_engines import NEED_HOSTS, SSHOptions
 from neuron_lab.widgets.snapshot import VIEWS as WIDGET_VIEWS
 

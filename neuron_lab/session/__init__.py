@@ -1,6 +1,4 @@
-"""Per-shell workbench state over the trace layer; needs an IPython shell object, never a frontend."""
+"""Per-shell workbench state over the trace layer; needs an IPython shell object, never a frontend.
 
-from neuron_lab.session.config import NeuronLab, settings_of
-from neuron_lab.session.session import Session, Status
-
-__all__ = ["NeuronLab", "Session", "Status", "settings_of"]
+Its modules are imported by name (``neuron_lab.session.session``): a launcher's process reads a few of them
+(launch, placement) without the device's stack, which ``session.session`` brings in."""
