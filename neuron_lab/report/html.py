@@ -48,6 +48,7 @@ from neuron_lab.report.rows import (
     host_growth,
     host_timed,
     memory_table,
+    off_device,
     one_line,
     oom_freed,
     oom_head,
@@ -126,9 +127,12 @@ _repeated = functools.lru_cache(maxsize=1024)(escape)  # texts every cell of a l
 
 
 def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -> list[list[str]]:
-    return [[f"<code>{_repeated(r.op)}</code>", f"{r.count:,}",
-             *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
+    # a duration's text needs no escaping (digits, a point, a unit)
+    return [[f"<code>{_repeated(r.op)}</code>", f"{r.count:,}", format_seconds(r.host_ns / 1e9),
              _repeated(shape_text(r)),
+             (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
+            if timed else
+            [f"<code>{_repeated(r.op)}</code>", f"{r.count:,}", _repeated(shape_text(r)),
              (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
             for r in rows]
 
@@ -225,12 +229,12 @@ def render_html(r: Report, detail: str | None = None) -> str:
         parts.append(f"<div><b>compile</b>: {compile_counts(c)}, {escape(compile_timing(r))}</div>")
         parts.append(compile_events_html(c.breaks, c.recompiles, c.failures))
     memory = memory_table(r)
-    parts.append(table(memory.header, escaped(memory.rows)))
+    parts.append(table(memory.header, memory.rows))  # sizes and "after first device use": nothing to escape
     host = host_growth(r, full)
     if host:
         parts.append(divs([host]))
     parts.append(op_sections_html(shown_sections(r, full), full))
-    if r.coverage and r.fallbacks:
+    if r.coverage and off_device(r):
         parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
     if r.profiled is not None:
         parts.append(profiled_html(r.profiled, full))

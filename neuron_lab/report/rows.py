@@ -40,10 +40,11 @@ def _summary_line(r: Report) -> str:
         neff = f", NEFF {format_seconds(r.compiles.neff_compile_s)}" if r.compiles.neff_compile_s else ""
         parts[-1] += f" (compile {format_seconds(r.compiles.compile_s)}{neff}, run {format_seconds(r.run_s)})"
     parts.append(count(r.ops, "op"))
-    fb = r.fallbacks
-    parts.append(f"{count(r.fallback_calls, kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
+    fb = off_device(r)
+    parts.append(f"{count(sum([x.count for x in fb]), kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
                  else "no CPU fallbacks")
-    parts += [count(sum(x.count for x in rows), kind.call) for kind, rows in shown_sections(r) if not kind.off_device]
+    parts += [count(sum([x.count for x in rows]), kind.call) for kind, rows in shown_sections(r)
+              if not kind.off_device]
     m = r.memory
     parts.append(f"mem {format_size(m.after)} ({format_delta(m.delta)}, peak {format_size(m.peak)})")
     if r.compiles:
@@ -57,6 +58,11 @@ def _summary_line(r: Report) -> str:
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
     return "neuron_lab " + " · ".join(parts)
+
+
+def off_device(r: Report) -> tuple[OpRow, ...]:
+    """The report's CPU fallbacks and host ops (:attr:`Report.fallbacks`), found once for its summary, text and HTML."""
+    return r.kept("_off_device", lambda: tuple(r.fallbacks))
 
 
 def memory_table(r: Report) -> Table:
@@ -117,7 +123,7 @@ def _without_expected(r: Report) -> tuple[tuple[kinds.Kind, list[OpRow]], ...]:
 def host_timed(rows: list[OpRow]) -> bool:
     """Whether the rows' host time is worth a column: kinds that run nothing on the host (a downcast is a note on a
     device call) would only show "0 µs"."""
-    return any(r.host_ns for r in rows)
+    return any([r.host_ns for r in rows])
 
 
 def reason_numbers(rows: list[OpRow]) -> dict[str, int]:

@@ -60,13 +60,11 @@ class OpTrace:
             return None
         name, overload, kind, reason, shapes, dtypes, host_ns, nbytes, ranks = event
         locator = self.locator
-        where = None
-        if locator is not None:  # from the recorder's caller (the recorder is internal); it reads frames: no lock
-            try:
-                frame = sys._getframe(2)
-            except ValueError:  # autograd's thread: the recorder's is its only Python frame
-                frame = sys._getframe(1)
-            user, library = locator.frames(frame)
+        where = walked = None
+        if locator is not None:  # the line from the recorder's caller, the stack from it; it reads frames: no lock
+            frame = sys._getframe(1)
+            walked = locator.walk(frame, caller=frame.f_back is not None)  # autograd's thread: the recorder's alone
+            user, library, _ = walked
             if user is not None:
                 where = (user.f_code.co_filename, user.f_lineno,
                          None if library is None else (library.f_code.co_filename, library.f_lineno))
@@ -86,7 +84,7 @@ class OpTrace:
             more = self.stack_limit - sc.count
             if more < 0:
                 return tally, 0
-        stack = locator.stack(sys._getframe(1), self.stack_depth)
+        stack = locator.stack(walked, self.stack_depth)
         with self._lock:
             if stack not in sc.stacks:
                 sc.stacks.append(stack)
