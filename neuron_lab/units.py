@@ -3,6 +3,7 @@ an object shows as its text in IPython (:class:`ShownAsText`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 # Binary multiples for every spelling, as NEURON_LAB_DEVICE_MEMORY has always read them ("2GB" is 2 GiB).
@@ -36,6 +37,7 @@ def format_delta(n: int) -> str:
     return ("+" if n >= 0 else "-") + format_size(abs(n))
 
 
+@functools.lru_cache(maxsize=1024)  # a report's text and HTML each show its rows' times
 def format_seconds(s: float) -> str:
     if s >= 1:
         return f"{s:.2f} s"

@@ -112,6 +112,9 @@ def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
 
 
 def _site_cells(row: OpRow, full: bool) -> str:
+    if len(row.sites) == 1 and not (full or row.unattributed):  # most rows: one line
+        sc = row.sites[0]
+        return f"{called_at_html(sc.site, sc.via)} ({sc.count:,}×)"
     parts = []
     for sc in row.sites:
         s = f"{called_at_html(sc.site, sc.via)} ({sc.count:,}×)"
@@ -127,14 +130,15 @@ _repeated = functools.lru_cache(maxsize=1024)(escape)  # texts every cell of a l
 
 
 def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -> list[list[str]]:
-    # a duration's text needs no escaping (digits, a point, a unit)
-    return [[f"<code>{_repeated(r.op)}</code>", f"{r.count:,}", format_seconds(r.host_ns / 1e9),
-             _repeated(shape_text(r)),
-             (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
-            if timed else
-            [f"<code>{_repeated(r.op)}</code>", f"{r.count:,}", _repeated(shape_text(r)),
-             (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
-            for r in rows]
+    out = []
+    for r in rows:
+        why = f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)
+        cells = [f"<code>{_repeated(r.op)}</code>", f"{r.count:,}", _repeated(shape_text(r)),
+                 why if r.rewrite is None else why + _rewrite(r), _site_cells(r, full)]
+        if timed:
+            cells.insert(2, format_seconds(r.host_ns / 1e9))  # a duration's text needs no escaping
+        out.append(cells)
+    return out
 
 
 def _rewrite(r: OpRow) -> str:

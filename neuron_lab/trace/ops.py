@@ -36,6 +36,11 @@ def _user(code: CodeType) -> int:
     return USER
 
 
+def _by_count(s: SiteCount) -> tuple[int, int, int]:
+    """How a row lists its lines: the most calls first, then by cell and line."""
+    return -s.count, s.site.cell or 0, s.site.line
+
+
 class OpTrace:
     """Collects :class:`OpRow`s from the backend's op events."""
 
@@ -125,11 +130,13 @@ class OpTrace:
         """Device-to-host syncs so far, read the same way."""
         return sum(r.count for r in list(self._rows.values()) if r.kind == SYNC)
 
-    def rows(self, *, copies: bool = False) -> list[OpRow]:
-        """In report order (:func:`neuron_lab.kinds.row_order`); sites by count. ``copies``: copied under the lock,
-        for another thread (a live view) to read while calls go on."""
+    def rows(self, *, copies: bool = False, ordered: bool = True) -> list[OpRow]:
+        """In report order (:func:`neuron_lab.kinds.row_order`; ``ordered=False``: as first seen, for a caller that
+        orders them itself); sites by count. ``copies``: copied under the lock, for another thread (a live view) to
+        read while calls go on."""
         with self._lock:
             rows = [copy.deepcopy(r) for r in self._rows.values()] if copies else list(self._rows.values())
             for r in rows:
-                r.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-        return sorted(rows, key=kinds.row_order)
+                if len(r.sites) > 1:  # most ops come from one line: no sort (a Python key call a site)
+                    r.sites.sort(key=_by_count)
+        return sorted(rows, key=kinds.row_order) if ordered else rows

@@ -86,17 +86,18 @@ class Locator:
         shell's frames (IPython's, above every user's chain), with how many of them reach the outermost user frame (0:
         none)."""
         user = library = None
-        roles, links = self._role, self._links  # one dict look-up per frame once its code object is known
+        links = self._links  # one dict look-up per frame once its code object is known
         out: list[tuple[CodeType, int]] = []
         outermost_user = 0
         f = frame
         while f is not None:
             code = f.f_code
+            key = id(code)
+            link = links.get(key)
+            if link is None:
+                link = self._link_of(code)
             line = -1  # not read yet: Python finds it by scanning the code's line table
             if chain:
-                link = links.get(id(code))
-                if link is None:
-                    link = self._link_of(code)
                 if link == SHELL:  # a cell magic's body: not the magic's line
                     chain = False
                     if user is not None:
@@ -108,9 +109,7 @@ class Locator:
                         if link == USER:
                             outermost_user = len(out)
             if user is None and f is not passed:
-                role = roles.get(id(code))
-                if role is None:
-                    role = self._role_of(code)
+                role = link if link != SHELL else self._role[key]  # the shell's own role (a library's)
                 if role == USER:
                     if line < 0:
                         line = f.f_lineno

@@ -221,7 +221,7 @@ class Tracker:
         ops = b.op_calls() - self._calls_before - self._excluded_calls
         h2d, d2h = b.transfer_totals()
         account = b.end_window()  # after the synchronize: what the device itself says about the window
-        rows = reconcile(self._ops.rows(), account)
+        rows = reconcile(self._ops.rows(ordered=False), account)  # it orders them
         for row in rows:
             if row.kind in OFF_DEVICE:
                 row.rewrite = rewrites.for_op(row.op, b.coverage)
