@@ -114,7 +114,8 @@ def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
 def _site_cells(row: OpRow, full: bool) -> str:
     if len(row.sites) == 1 and not (full or row.unattributed):  # most rows: one line
         sc = row.sites[0]
-        return f"{called_at_html(sc.site, sc.via)} ({sc.count:,}×)"
+        n = sc.count  # below 1,000 nothing to group: the cheaper format
+        return f"{called_at_html(sc.site, sc.via)} ({n if 0 <= n < 1000 else f'{n:,}'}×)"
     parts = []
     for sc in row.sites:
         s = f"{called_at_html(sc.site, sc.via)} ({sc.count:,}×)"
@@ -133,7 +134,8 @@ def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -
     out = []
     for r in rows:
         why = f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)
-        cells = [f"<code>{_repeated(r.op)}</code>", f"{r.count:,}", _repeated(shape_text(r)),
+        n = r.count
+        cells = [f"<code>{_repeated(r.op)}</code>", f"{n}" if 0 <= n < 1000 else f"{n:,}", _repeated(shape_text(r)),
                  why if r.rewrite is None else why + _rewrite(r), _site_cells(r, full)]
         if timed:
             cells.insert(2, format_seconds(r.host_ns / 1e9))  # a duration's text needs no escaping

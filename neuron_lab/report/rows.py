@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
+from neuron_lab.report.kept import ByIdentity
 from neuron_lab.report.model import Compiles, OpRow, OutOfMemory, Report
 from neuron_lab.units import count, format_capacity, format_delta, format_seconds, format_size
 
@@ -92,7 +93,13 @@ def shape_text(row: OpRow) -> str:
     moved = f"{format_size(row.nbytes)} over {row.ranks} ranks  " if row.ranks else ""
     if not row.shapes:
         return moved.rstrip()
-    return moved + _shapes_text(tuple(row.shapes), tuple(row.dtypes))
+    hit = _SHAPES.texts.get((id(row.shapes), id(row.dtypes)))  # the text's, for the HTML: no nested tuple hashed
+    shapes = hit[2] if hit is not None else _SHAPES.keep(row.shapes, row.dtypes,
+                                                         _shapes_text(tuple(row.shapes), tuple(row.dtypes)))
+    return moved + shapes
+
+
+_SHAPES = ByIdentity()
 
 
 @functools.lru_cache(maxsize=512)

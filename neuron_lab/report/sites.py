@@ -5,39 +5,27 @@ from __future__ import annotations
 
 from html import escape
 
+from neuron_lab.report.kept import ByIdentity
 from neuron_lab.report.model import Site
 
 LED_FROM = " ← "  # between a library's line and the user's line that led to it
 
 
-KEPT = 1024  # lines kept per form; past it, the forms are made afresh
-
-
 def called_at(site: Site | None, via: Site | None = None) -> str:
-    """The short form in plain text; "unknown line" when neither is known. Made once per line: a loop's cells
-    report the same lines in every report, text and HTML."""
-    hit = _TEXTS.get((id(site), id(via)))
-    return hit[2] if hit is not None else _keep(_TEXTS, site, via, _text(site, via))
+    """The short form in plain text; "unknown line" when neither is known. Made once per line (kept by the sites'
+    identity): a loop's cells report the same lines in every report, text and HTML."""
+    hit = _TEXTS.texts.get((id(site), id(via)))
+    return hit[2] if hit is not None else _TEXTS.keep(site, via, _text(site, via))
 
 
 def called_at_html(site: Site | None, via: Site | None = None) -> str:
     """The short form in HTML, each line's label and source as code; "?" when neither is known (made once per
     line, as :func:`called_at`)."""
-    hit = _HTMLS.get((id(site), id(via)))
-    return hit[2] if hit is not None else _keep(_HTMLS, site, via, _html(site, via))
+    hit = _HTMLS.texts.get((id(site), id(via)))
+    return hit[2] if hit is not None else _HTMLS.keep(site, via, _html(site, via))
 
 
-# (id of the site, id of the via): (the site, the via, the form). Keyed by identity, not by a site's value, whose
-# dataclass hash is a Python call per look-up; an entry holds its sites, so their ids are not reused while it is kept.
-_TEXTS: dict[tuple[int, int], tuple[Site | None, Site | None, str]] = {}
-_HTMLS: dict[tuple[int, int], tuple[Site | None, Site | None, str]] = {}
-
-
-def _keep(forms: dict, site: Site | None, via: Site | None, text: str) -> str:
-    if len(forms) >= KEPT:
-        forms.clear()
-    forms[(id(site), id(via))] = (site, via, text)
-    return text
+_TEXTS, _HTMLS = ByIdentity(), ByIdentity()
 
 
 def _text(site: Site | None, via: Site | None) -> str:

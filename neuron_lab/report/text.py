@@ -88,14 +88,17 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
     for row in shown:
         time = f"  {format_seconds(row.host_ns / 1e9):>9}" if timed else ""
         why = f"  why [{refs[row.reason]}]" if refs is not None and row.reason in refs else ""
-        lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {shape_text(row)}{why}".rstrip())
+        n = row.count  # below 1,000 nothing to group: the cheaper format (every row of every report)
+        calls = f"{n}".rjust(7) if 0 <= n < 1000 else f"{n:>7,}"
+        lines.append(f"  {row.op:<32} {calls}×{time}  {shape_text(row)}{why}".rstrip())
         if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
         if row.rewrite is not None:
             lines += rewrite_lines(row, full)
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
-            lines.append(f"      at {called_at(sc.site, sc.via)}  ({sc.count:,}×)")
+            n = sc.count
+            lines.append(f"      at {called_at(sc.site, sc.via)}  ({n if 0 <= n < 1000 else f'{n:,}'}×)")
             if full:
                 for stack in sc.stacks:
                     lines.append("        stack:")
