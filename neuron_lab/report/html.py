@@ -73,7 +73,7 @@ _NEXT_TD = f"</td>{_TD}"
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A compact inline-styled table; ``rows`` are HTML already, ``header`` is text."""
-    body = "".join(f"<tr>{_TD}{_NEXT_TD.join(row)}</td></tr>" if row else "<tr></tr>" for row in rows)
+    body = "".join([f"<tr>{_TD}{_NEXT_TD.join(row)}</td></tr>" if row else "<tr></tr>" for row in rows])
     return f"{_head(tuple(header))}{body}</tbody></table>"
 
 
@@ -99,16 +99,14 @@ def escaped(rows: list[list[str]]) -> list[list[str]]:
 
 def divs(lines: list[str]) -> str:
     """Sentences of text, a <div> each."""
-    return "".join(f"<div>{sentence(x)}</div>" for x in lines)
+    return "".join([f"<div>{sentence(x)}</div>" for x in lines])
 
 
 def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
     """A titled table showing its first :data:`FOLD` rows; the rest behind a <details>."""
     shown, rest = rows[:FOLD], rows[FOLD:]
-    out = f"<div><b>{escape(title)}</b>{table(header, shown)}"
-    if rest:
-        out += f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>"
-    return out + "</div>"
+    more = f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>" if rest else ""
+    return f"<div><b>{escape(title)}</b>{table(header, shown)}{more}</div>"  # one copy of the tables
 
 
 def _site_cells(row: OpRow, full: bool) -> str:
@@ -187,7 +185,8 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
         parts.append(op_table(title, rows, full, refs, kind.timed_as))
         if kind.why:
             parts.append(f"<div><small>{escape(kind.why)}</small></div>")
-    return "".join(parts) + reasons_html(refs)
+    parts.append(reasons_html(refs))
+    return "".join(parts)
 
 
 def oom_html(r: Report) -> str:
@@ -249,7 +248,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
     parts.append(divs(handled_oom_lines(r)) + oom_html(r))
-    return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
+    return "".join(["<div class='neuron-lab-report'>", *parts, "</div>"])  # one copy of the parts
 
 
 def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:

@@ -168,7 +168,7 @@ def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
     dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
     busiest = sorted(rows, key=lambda r: (-r.count, r.op))
     at = {r.op: f" at {r.sites[0].site.label}" if kind.why and r.sites else "" for r in busiest}  # a sync: its line
-    ops = ", ".join(f"{r.op} ×{r.count:,}{at[r.op]}" for r in busiest[:3])
+    ops = ", ".join([f"{r.op} ×{r.count:,}{at[r.op]}" for r in busiest[:3]])
     if len(rows) > 3:
         ops += f", … {count(len(rows) - 3, 'more op')}"
     return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"

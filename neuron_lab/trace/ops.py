@@ -22,7 +22,7 @@ from functools import partial
 from types import CodeType
 
 from neuron_lab import kinds
-from neuron_lab.backend.events import USER, OpEvent, Roles
+from neuron_lab.backend.events import USER, OpEvent, Roles, qualified
 from neuron_lab.kinds import OFF_DEVICE, SYNC
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
@@ -111,8 +111,8 @@ class OpTrace:
         key = (event.name, event.overload, event.kind, event.ranks)
         row = self._rows.get(key)
         if row is None:
-            row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason, shapes=event.shapes,
-                                          dtypes=event.dtypes, ranks=event.ranks)
+            row = self._rows[key] = OpRow(qualified(event.name, event.overload), event.kind, event.reason,
+                                          shapes=event.shapes, dtypes=event.dtypes, ranks=event.ranks)
         if where is None:  # with call sites on, a call with no user frame: not one a producer counts by line
             return row, None, partial(self._tally, row, None) if self.locator is None else None
         file, line, via = where

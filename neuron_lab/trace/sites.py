@@ -96,13 +96,16 @@ class Locator:
             link = links.get(key)
             if link is None:
                 link = self._link_of(code)
+            if link == INTERNAL:  # most frames (PyTorch's, neuron_lab's): in no chain, neither user nor library
+                f = f.f_back
+                continue
             line = -1  # not read yet: Python finds it by scanning the code's line table
             if chain:
                 if link == SHELL:  # a cell magic's body: not the magic's line
                     chain = False
                     if user is not None:
                         break
-                elif link != INTERNAL:
+                else:
                     line = f.f_lineno
                     if line != code.co_firstlineno or not _compiled_entry(f):
                         out.append((code, line))
