@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.frames import shown_path
-from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SOURCE, SYNC, Kind, section_of, sections
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SECTION_OF, SOURCE, SYNC, Kind, sections
 from neuron_lab.units import ShownAsText
 
 
@@ -427,7 +427,7 @@ class Report(ShownAsText):
         """The rows by section, in one pass over them."""
         grouped: dict[int, list[OpRow]] = {}
         for r in self.ops_not_native:
-            at = section_of(r.kind)
+            at = SECTION_OF.get(r.kind)
             if at is not None:
                 grouped.setdefault(at, []).append(r)
         table = sections()

@@ -123,7 +123,8 @@ def shown_sections(r: Report, full: bool = False) -> list[tuple[kinds.Kind, list
 
 
 def _without_expected(r: Report) -> tuple[tuple[kinds.Kind, list[OpRow]], ...]:
-    out = [(kind, [row for row in rows if not expected_downcast(row)]) for kind, rows in r.sections()]
+    out = [(kind, [row for row in rows if row.kind != kinds.DOWNCAST or not expected_downcast(row)])
+           for kind, rows in r.sections()]
     return tuple((kind, rows) for kind, rows in out if rows)
 
 
