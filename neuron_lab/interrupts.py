@@ -68,27 +68,40 @@ def guarded() -> Iterator[None]:
     A no-op off the main thread, or where SIGINT is not handled in Python (ignored, or the default action).
     Guards nest: an inner one (a check inside a checked cell) protects its own bookkeeping the same way.
     """
-    if threading.current_thread() is not threading.main_thread():
+    outermost = _enter(sys._getframe(2))  # the frame that entered the guard (past contextmanager's __enter__)
+    if outermost is None:
         yield
         return
+    try:
+        yield
+    finally:
+        _exit(outermost)
+
+
+def _enter(root: FrameType) -> bool | None:
+    """A guard starts, entered at ``root``: whether it is the outermost (None: no guard here, off the main thread or
+    where SIGINT is not handled in Python)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
     outermost = not _previous
     if outermost:
         # _signal: the functions signal wraps; the wrappers turn each handler into an enum member by raising and
         # catching ValueError (~30 k instructions a call, and the session's cell hooks swap the handler each cell)
         current = _signal.getsignal(signal.SIGINT)
         if not callable(current):
-            yield
-            return
+            return None
         _signal.signal(signal.SIGINT, _handler)  # first: a SIGINT from here on waits (a Ctrl-C between the two
         _previous.append(current)  # lines the other way round left _previous set for good, and every guard inner)
-    _roots.append(sys._getframe(2))  # the frame that entered the guard (past contextmanager's __enter__)
-    try:
-        yield
-    finally:
-        _roots.pop()
-        if outermost:
-            _signal.signal(signal.SIGINT, _previous.pop())
-        _deliver()
+    _roots.append(root)
+    return outermost
+
+
+def _exit(outermost: bool) -> None:
+    """The innermost guard ends: the outermost puts the handler back; a SIGINT kept back is delivered."""
+    _roots.pop()
+    if outermost:
+        _signal.signal(signal.SIGINT, _previous.pop())
+    _deliver()
 
 
 def user_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -106,9 +119,14 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: ``fn`` runs :func:`guarded` (the checks' entry points)."""
 
     @functools.wraps(fn)
-    def guarded_call(*args: Any, **kwargs: Any) -> Any:
+    def guarded_call(*args: Any, **kwargs: Any) -> Any:  # guarded() without a context manager's calls (every cell)
         __tracebackhide__ = True  # noqa: F841
-        with guarded():
+        outermost = _enter(sys._getframe())
+        if outermost is None:
             return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _exit(outermost)
 
     return guarded_call

@@ -77,7 +77,7 @@ def order(kind: str) -> int:
 def row_order(row: Any) -> tuple[int, int, int, str]:
     """How every listing sorts a report's op rows: by section (:func:`sections`), the most host time first (what
     slowed the window), then the most calls."""
-    at = _SECTION_OF.get(row.kind)
+    at = SECTION_OF.get(row.kind)
     return (len(KINDS) + order(row.kind) if at is None else at), -row.host_ns, -row.count, row.op
 
 
@@ -94,7 +94,7 @@ def sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
 
 def section_of(kind: str) -> int | None:
     """Where in :func:`sections` the rows of ``kind`` are listed (None: in no section)."""
-    return _SECTION_OF.get(kind)
+    return SECTION_OF.get(kind)
 
 
 def _sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
@@ -105,7 +105,7 @@ def _sections() -> tuple[tuple[Kind, frozenset[str]], ...]:
 
 
 _SECTIONS = _sections()  # the table is fixed at import: every report and every sort reads these
-_SECTION_OF = {name: i for i, (_, members) in enumerate(_SECTIONS) for name in members}
+SECTION_OF = {name: i for i, (_, members) in enumerate(_SECTIONS) for name in members}  # section_of's table
 
 
 def as_json() -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ an object shows as its text in IPython (:class:`ShownAsText`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 # Binary multiples for every spelling, as NEURON_LAB_DEVICE_MEMORY has always read them ("2GB" is 2 GiB).
@@ -12,10 +13,14 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb":
 
 def format_size(n: int) -> str:
     """Binary units, two decimals: ``format_size(3 * 2**20) == "3.00 MiB"``."""
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+    a = abs(n)  # an if per unit, not a loop: every report's memory line formats a handful
+    if a < 1024:
+        return f"{n} B"
+    if a < 1048576:
+        return f"{n / 1024:.2f} KiB"
+    if a < 1073741824:
+        return f"{n / 1048576:.2f} MiB"
+    return f"{n / 1073741824:.2f} GiB"
 
 
 # What every view says for a capacity not known yet: TorchNeuron reads it from the Neuron runtime, which
@@ -32,6 +37,7 @@ def format_delta(n: int) -> str:
     return ("+" if n >= 0 else "-") + format_size(abs(n))
 
 
+@functools.lru_cache(maxsize=1024)  # a report's text and HTML each show its rows' times
 def format_seconds(s: float) -> str:
     if s >= 1:
         return f"{s:.2f} s"
@@ -42,7 +48,9 @@ def format_seconds(s: float) -> str:
 
 def count(n: int, noun: str) -> str:
     """``count(1, "graph break") == "1 graph break"``, ``count(3, "op") == "3 ops"``."""
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+    if type(n) is int and 0 <= n < 1000:  # nothing to group: the cheaper format (every report makes a dozen)
+        return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def parse_size(text: str) -> int:

@@ -208,10 +208,14 @@ class OpRecorder:
     def _subscribers_changed(self) -> None:
         """Each kind's subscribers as a tuple, made once here (a delivery takes one dict look-up and copies
         nothing), and the kinds anybody wants."""
-        by_kind: dict[str, tuple[Subscriber, ...]] = {}
-        for fn, kinds, _ in self._subscribers:
-            for k in kinds:
-                by_kind[k] = (*by_kind.get(k, ()), fn)
+        if len(self._subscribers) == 1:  # a tracked cell's window alone: every kind it asked for is its own
+            fn, kinds, _ = self._subscribers[0]
+            by_kind = dict.fromkeys(kinds, (fn,))
+        else:
+            by_kind = {}
+            for fn, kinds, _ in self._subscribers:
+                for k in kinds:
+                    by_kind[k] = (*by_kind.get(k, ()), fn)
         self._by_kind = by_kind
         self._wanted = frozenset(by_kind)
         self._wanted_changed()

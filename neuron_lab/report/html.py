@@ -48,6 +48,7 @@ from neuron_lab.report.rows import (
     host_growth,
     host_timed,
     memory_table,
+    off_device,
     one_line,
     oom_freed,
     oom_head,
@@ -72,7 +73,7 @@ _NEXT_TD = f"</td>{_TD}"
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A compact inline-styled table; ``rows`` are HTML already, ``header`` is text."""
-    body = "".join(f"<tr>{_TD}{_NEXT_TD.join(row)}</td></tr>" if row else "<tr></tr>" for row in rows)
+    body = "".join([f"<tr>{_TD}{_NEXT_TD.join(row)}</td></tr>" if row else "<tr></tr>" for row in rows])
     return f"{_head(tuple(header))}{body}</tbody></table>"
 
 
@@ -98,19 +99,21 @@ def escaped(rows: list[list[str]]) -> list[list[str]]:
 
 def divs(lines: list[str]) -> str:
     """Sentences of text, a <div> each."""
-    return "".join(f"<div>{sentence(x)}</div>" for x in lines)
+    return "".join([f"<div>{sentence(x)}</div>" for x in lines])
 
 
 def folded(title: str, header: list[str], rows: list[list[str]]) -> str:
     """A titled table showing its first :data:`FOLD` rows; the rest behind a <details>."""
     shown, rest = rows[:FOLD], rows[FOLD:]
-    out = f"<div><b>{escape(title)}</b>{table(header, shown)}"
-    if rest:
-        out += f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>"
-    return out + "</div>"
+    more = f"<details><summary>{len(rest)} more</summary>{table(header, rest)}</details>" if rest else ""
+    return f"<div><b>{escape(title)}</b>{table(header, shown)}{more}</div>"  # one copy of the tables
 
 
 def _site_cells(row: OpRow, full: bool) -> str:
+    if len(row.sites) == 1 and not (full or row.unattributed):  # most rows: one line
+        sc = row.sites[0]
+        n = sc.count  # below 1,000 nothing to group: the cheaper format
+        return f"{called_at_html(sc.site, sc.via)} ({n if 0 <= n < 1000 else f'{n:,}'}×)"
     parts = []
     for sc in row.sites:
         s = f"{called_at_html(sc.site, sc.via)} ({sc.count:,}×)"
@@ -126,11 +129,16 @@ _repeated = functools.lru_cache(maxsize=1024)(escape)  # texts every cell of a l
 
 
 def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -> list[list[str]]:
-    return [[f"<code>{_repeated(r.op)}</code>", f"{r.count:,}",
-             *([escape(format_seconds(r.host_ns / 1e9))] if timed else []),
-             _repeated(shape_text(r)),
-             (f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)) + _rewrite(r), _site_cells(r, full)]
-            for r in rows]
+    out = []
+    for r in rows:
+        why = f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)
+        n = r.count
+        cells = [f"<code>{_repeated(r.op)}</code>", f"{n}" if 0 <= n < 1000 else f"{n:,}", _repeated(shape_text(r)),
+                 why if r.rewrite is None else why + _rewrite(r), _site_cells(r, full)]
+        if timed:
+            cells.insert(2, format_seconds(r.host_ns / 1e9))  # a duration's text needs no escaping
+        out.append(cells)
+    return out
 
 
 def _rewrite(r: OpRow) -> str:
@@ -177,7 +185,8 @@ def op_sections_html(sections: list[tuple[Kind, list[OpRow]]], full: bool = Fals
         parts.append(op_table(title, rows, full, refs, kind.timed_as))
         if kind.why:
             parts.append(f"<div><small>{escape(kind.why)}</small></div>")
-    return "".join(parts) + reasons_html(refs)
+    parts.append(reasons_html(refs))
+    return "".join(parts)
 
 
 def oom_html(r: Report) -> str:
@@ -225,12 +234,12 @@ def render_html(r: Report, detail: str | None = None) -> str:
         parts.append(f"<div><b>compile</b>: {compile_counts(c)}, {escape(compile_timing(r))}</div>")
         parts.append(compile_events_html(c.breaks, c.recompiles, c.failures))
     memory = memory_table(r)
-    parts.append(table(memory.header, escaped(memory.rows)))
+    parts.append(table(memory.header, memory.rows))  # sizes and "after first device use": nothing to escape
     host = host_growth(r, full)
     if host:
         parts.append(divs([host]))
     parts.append(op_sections_html(shown_sections(r, full), full))
-    if r.coverage and r.fallbacks:
+    if r.coverage and off_device(r):
         parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
     if r.profiled is not None:
         parts.append(profiled_html(r.profiled, full))
@@ -239,7 +248,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
     if r.error:
         parts.append(f"<div>raised: <code>{escape(r.error)}</code></div>")
     parts.append(divs(handled_oom_lines(r)) + oom_html(r))
-    return "<div class='neuron-lab-report'>" + "".join(parts) + "</div>"
+    return "".join(["<div class='neuron-lab-report'>", *parts, "</div>"])  # one copy of the parts
 
 
 def profiled_html(p: Profiled, full: bool = False, head: bool = True) -> str:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import FrozenInstanceError, asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import MISSING, FrozenInstanceError, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Protocol
 
 from neuron_lab.backend.coverage.rewrites import Rewrite
 from neuron_lab.deprecation import renamed
 from neuron_lab.frames import shown_path
-from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SOURCE, SYNC, Kind, section_of, sections
+from neuron_lab.kinds import DOWNCAST, OFF_DEVICE, POSSIBLE, SECTION_OF, SOURCE, SYNC, Kind, sections
 from neuron_lab.units import ShownAsText
 
 
@@ -372,6 +372,24 @@ class Report(ShownAsText):
     profiled: Profiled | None = None  # set by `%%neuron profile` / neuron_lab.profile(): torch.profiler's view
     _final = False  # a class attribute, not a field: True on a report its tracker has stopped
 
+    @classmethod
+    def opened(cls, *args: Any, **values: Any) -> Report:
+        """A new report as its tracker opens it, every cell: as ``Report(*args, **values)``, its fields set at once
+        (the dataclass's ``__init__`` sets each through :meth:`__setattr__`, a Python call a field)."""
+        r = object.__new__(cls)
+        d = r.__dict__
+        for name, default, factory in _FIELDS:
+            d[name] = default if factory is MISSING else factory()
+        d.update(zip(_NAMES, args))
+        d.update(values)
+        return r
+
+    def write(self, **values: Any) -> None:
+        """Set several fields at once (its tracker, as it stops); as setting each does, it raises once final."""
+        if self._final:
+            setattr(self, next(iter(values)), None)  # raises, saying why
+        self.__dict__.update(values)
+
     def freeze(self) -> None:
         """The report is final: from now on setting a field raises ``FrozenInstanceError``."""
         object.__setattr__(self, "_final", True)
@@ -409,7 +427,7 @@ class Report(ShownAsText):
         """The rows by section, in one pass over them."""
         grouped: dict[int, list[OpRow]] = {}
         for r in self.ops_not_native:
-            at = section_of(r.kind)
+            at = SECTION_OF.get(r.kind)
             if at is not None:
                 grouped.setdefault(at, []).append(r)
         table = sections()
@@ -518,6 +536,10 @@ class Report(ShownAsText):
         from neuron_lab.report.html import render_html
 
         return render_html(self)
+
+
+_FIELDS = tuple((f.name, f.default, f.default_factory) for f in fields(Report))  # what Report.opened sets
+_NAMES = tuple(f.name for f in fields(Report))
 
 
 def _rewrite(d: dict[str, Any] | None) -> Rewrite | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
+from neuron_lab.report.kept import ByIdentity
 from neuron_lab.report.model import Compiles, OpRow, OutOfMemory, Report
 from neuron_lab.units import count, format_capacity, format_delta, format_seconds, format_size
 
@@ -40,10 +41,11 @@ def _summary_line(r: Report) -> str:
         neff = f", NEFF {format_seconds(r.compiles.neff_compile_s)}" if r.compiles.neff_compile_s else ""
         parts[-1] += f" (compile {format_seconds(r.compiles.compile_s)}{neff}, run {format_seconds(r.run_s)})"
     parts.append(count(r.ops, "op"))
-    fb = r.fallbacks
-    parts.append(f"{count(r.fallback_calls, kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
+    fb = off_device(r)
+    parts.append(f"{count(sum([x.count for x in fb]), kinds.KINDS[FALLBACK].call)} ({count(len(fb), 'op')})" if fb
                  else "no CPU fallbacks")
-    parts += [count(sum(x.count for x in rows), kind.call) for kind, rows in shown_sections(r) if not kind.off_device]
+    parts += [count(sum([x.count for x in rows]), kind.call) for kind, rows in shown_sections(r)
+              if not kind.off_device]
     m = r.memory
     parts.append(f"mem {format_size(m.after)} ({format_delta(m.delta)}, peak {format_size(m.peak)})")
     if r.compiles:
@@ -57,6 +59,11 @@ def _summary_line(r: Report) -> str:
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
     return "neuron_lab " + " · ".join(parts)
+
+
+def off_device(r: Report) -> tuple[OpRow, ...]:
+    """The report's CPU fallbacks and host ops (:attr:`Report.fallbacks`), found once for its summary, text and HTML."""
+    return r.kept("_off_device", lambda: tuple(r.fallbacks))
 
 
 def memory_table(r: Report) -> Table:
@@ -86,7 +93,13 @@ def shape_text(row: OpRow) -> str:
     moved = f"{format_size(row.nbytes)} over {row.ranks} ranks  " if row.ranks else ""
     if not row.shapes:
         return moved.rstrip()
-    return moved + _shapes_text(tuple(row.shapes), tuple(row.dtypes))
+    hit = _SHAPES.texts.get((id(row.shapes), id(row.dtypes)))  # the text's, for the HTML: no nested tuple hashed
+    shapes = hit[2] if hit is not None else _SHAPES.keep(row.shapes, row.dtypes,
+                                                         _shapes_text(tuple(row.shapes), tuple(row.dtypes)))
+    return moved + shapes
+
+
+_SHAPES = ByIdentity()
 
 
 @functools.lru_cache(maxsize=512)
@@ -110,14 +123,15 @@ def shown_sections(r: Report, full: bool = False) -> list[tuple[kinds.Kind, list
 
 
 def _without_expected(r: Report) -> tuple[tuple[kinds.Kind, list[OpRow]], ...]:
-    out = [(kind, [row for row in rows if not expected_downcast(row)]) for kind, rows in r.sections()]
+    out = [(kind, [row for row in rows if row.kind != kinds.DOWNCAST or not expected_downcast(row)])
+           for kind, rows in r.sections()]
     return tuple((kind, rows) for kind, rows in out if rows)
 
 
 def host_timed(rows: list[OpRow]) -> bool:
     """Whether the rows' host time is worth a column: kinds that run nothing on the host (a downcast is a note on a
     device call) would only show "0 µs"."""
-    return any(r.host_ns for r in rows)
+    return any([r.host_ns for r in rows])
 
 
 def reason_numbers(rows: list[OpRow]) -> dict[str, int]:
@@ -155,7 +169,7 @@ def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
     dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
     busiest = sorted(rows, key=lambda r: (-r.count, r.op))
     at = {r.op: f" at {r.sites[0].site.label}" if kind.why and r.sites else "" for r in busiest}  # a sync: its line
-    ops = ", ".join(f"{r.op} ×{r.count:,}{at[r.op]}" for r in busiest[:3])
+    ops = ", ".join([f"{r.op} ×{r.count:,}{at[r.op]}" for r in busiest[:3]])
     if len(rows) > 3:
         ops += f", … {count(len(rows) - 3, 'more op')}"
     return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"

@@ -44,6 +44,7 @@ from neuron_lab.report.rows import (
     host_growth,
     host_timed,
     memory_table,
+    off_device,
     one_line,
     oom_freed,
     oom_head,
@@ -79,21 +80,25 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
              timed_as: str = "on the host") -> list[str]:
     """A titled list of ops that did not run natively, each with its call sites (stacks when ``full``) and the number
     of its reason in ``refs`` (the reason itself when ``refs`` is None)."""
-    total = sum(x.count for x in rows)
+    total = sum([x.count for x in rows])
     timed = host_timed(rows)
-    host = f", {format_seconds(sum(x.host_ns for x in rows) / 1e9)} {timed_as}" if timed else ""
+    host = f", {format_seconds(sum([x.host_ns for x in rows]) / 1e9)} {timed_as}" if timed else ""
     lines = [f"{title} ({count(len(rows), 'op')}, {count(total, 'call')}{host}):"]
     shown = rows if full else rows[:FOLD]
     for row in shown:
         time = f"  {format_seconds(row.host_ns / 1e9):>9}" if timed else ""
         why = f"  why [{refs[row.reason]}]" if refs is not None and row.reason in refs else ""
-        lines.append(f"  {row.op:<32} {row.count:>7,}×{time}  {shape_text(row)}{why}".rstrip())
+        n = row.count  # below 1,000 nothing to group: the cheaper format (every row of every report)
+        calls = f"{n}".rjust(7) if 0 <= n < 1000 else f"{n:>7,}"
+        lines.append(f"  {row.op:<32} {calls}×{time}  {shape_text(row)}{why}".rstrip())
         if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
-        lines += rewrite_lines(row, full)
+        if row.rewrite is not None:
+            lines += rewrite_lines(row, full)
         sites = row.sites if full else row.sites[:3]
         for sc in sites:
-            lines.append(f"      at {called_at(sc.site, sc.via)}  ({sc.count:,}×)")
+            n = sc.count
+            lines.append(f"      at {called_at(sc.site, sc.via)}  ({n if 0 <= n < 1000 else f'{n:,}'}×)")
             if full:
                 for stack in sc.stacks:
                     lines.append("        stack:")
@@ -181,9 +186,9 @@ def render_text(r: Report, detail: str | None = None) -> str:
     if r.h2d_bytes or r.d2h_bytes:
         lines.append(f"copies: host→device {h2d}, device→host {d2h}")
     lines += op_sections(shown_sections(r, full), full)
-    if r.coverage and r.fallbacks:
+    if r.coverage and off_device(r):
         lines.append(f"predicted by the coverage {r.coverage} (`%neuron coverage NAME` switches)")
-    if not r.callsites and r.fallbacks:
+    if not r.callsites and off_device(r):
         lines.append("call sites are off (`%config NeuronLab.callsites = True` turns them on)")
     if r.profiled is not None:
         lines += profiled_lines(r.profiled, full)

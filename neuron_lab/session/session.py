@@ -488,7 +488,7 @@ class Status(ShownAsText):
 
 def _frames_below(frame: Any) -> int:
     """How many frames call ``frame``: a run_cell inside a cell calls its hooks from deeper than the cell did."""
-    n = 0
-    while frame.f_back is not None:
+    n = -1
+    while frame is not None:  # each frame's f_back read once
         frame, n = frame.f_back, n + 1
     return n

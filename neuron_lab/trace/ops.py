@@ -22,7 +22,7 @@ from functools import partial
 from types import CodeType
 
 from neuron_lab import kinds
-from neuron_lab.backend.events import USER, OpEvent, Roles
+from neuron_lab.backend.events import USER, OpEvent, Roles, qualified
 from neuron_lab.kinds import OFF_DEVICE, SYNC
 from neuron_lab.report.model import OpRow, SiteCount
 from neuron_lab.trace.sites import Locator
@@ -34,6 +34,11 @@ def _user(code: CodeType) -> int:
     """Every code object's role without call sites: the user's, so that a producer keys a call by its caller's line
     and counts it, unattributed, in its row."""
     return USER
+
+
+def _by_count(s: SiteCount) -> tuple[int, int, int]:
+    """How a row lists its lines: the most calls first, then by cell and line."""
+    return -s.count, s.site.cell or 0, s.site.line
 
 
 class OpTrace:
@@ -60,13 +65,11 @@ class OpTrace:
             return None
         name, overload, kind, reason, shapes, dtypes, host_ns, nbytes, ranks = event
         locator = self.locator
-        where = None
-        if locator is not None:  # from the recorder's caller (the recorder is internal); it reads frames: no lock
-            try:
-                frame = sys._getframe(2)
-            except ValueError:  # autograd's thread: the recorder's is its only Python frame
-                frame = sys._getframe(1)
-            user, library = locator.frames(frame)
+        where = walked = None
+        if locator is not None:  # the line from the recorder's caller, the stack from it; it reads frames: no lock
+            frame = sys._getframe(1)
+            walked = locator.walk(frame, caller=frame.f_back is not None)  # autograd's thread: the recorder's alone
+            user, library, _ = walked
             if user is not None:
                 where = (user.f_code.co_filename, user.f_lineno,
                          None if library is None else (library.f_code.co_filename, library.f_lineno))
@@ -86,7 +89,7 @@ class OpTrace:
             more = self.stack_limit - sc.count
             if more < 0:
                 return tally, 0
-        stack = locator.stack(sys._getframe(1), self.stack_depth)
+        stack = locator.stack(walked, self.stack_depth)
         with self._lock:
             if stack not in sc.stacks:
                 sc.stacks.append(stack)
@@ -108,8 +111,8 @@ class OpTrace:
         key = (event.name, event.overload, event.kind, event.ranks)
         row = self._rows.get(key)
         if row is None:
-            row = self._rows[key] = OpRow(event.qualified_name, event.kind, event.reason, shapes=event.shapes,
-                                          dtypes=event.dtypes, ranks=event.ranks)
+            row = self._rows[key] = OpRow(qualified(event.name, event.overload), event.kind, event.reason,
+                                          shapes=event.shapes, dtypes=event.dtypes, ranks=event.ranks)
         if where is None:  # with call sites on, a call with no user frame: not one a producer counts by line
             return row, None, partial(self._tally, row, None) if self.locator is None else None
         file, line, via = where
@@ -127,11 +130,13 @@ class OpTrace:
         """Device-to-host syncs so far, read the same way."""
         return sum(r.count for r in list(self._rows.values()) if r.kind == SYNC)
 
-    def rows(self, *, copies: bool = False) -> list[OpRow]:
-        """In report order (:func:`neuron_lab.kinds.row_order`); sites by count. ``copies``: copied under the lock,
-        for another thread (a live view) to read while calls go on."""
+    def rows(self, *, copies: bool = False, ordered: bool = True) -> list[OpRow]:
+        """In report order (:func:`neuron_lab.kinds.row_order`; ``ordered=False``: as first seen, for a caller that
+        orders them itself); sites by count. ``copies``: copied under the lock, for another thread (a live view) to
+        read while calls go on."""
         with self._lock:
             rows = [copy.deepcopy(r) for r in self._rows.values()] if copies else list(self._rows.values())
             for r in rows:
-                r.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-        return sorted(rows, key=kinds.row_order)
+                if len(r.sites) > 1:  # most ops come from one line: no sort (a Python key call a site)
+                    r.sites.sort(key=_by_count)
+        return sorted(rows, key=kinds.row_order) if ordered else rows

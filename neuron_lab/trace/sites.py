@@ -19,6 +19,9 @@ from neuron_lab.backend.events import ASK, INTERNAL, LIBRARY, USER
 from neuron_lab.report.model import Site
 
 SHELL = -1  # a stack chain's role for IPython's own frames, which bound it from above (not a producer's role)
+# A walk up a call's frames (Locator.walk): the innermost user frame, the innermost library frame below it, and the
+# chain of library and user frames as (code, line), innermost first, with how many reach the outermost user frame
+Walk = tuple[FrameType | None, FrameType | None, tuple[list[tuple[CodeType, int]], int]]
 
 class Locator:
     """Maps frames to user sites. Subclasses decide what counts as user code."""
@@ -64,28 +67,63 @@ class Locator:
     def frames(self, frame: FrameType | None) -> tuple[FrameType | None, FrameType | None]:
         """(the innermost user frame, the innermost library frame below it) at or above ``frame``; on a thread
         with no user frame (autograd's), the main thread's user frame. Either is None when there is none."""
-        user, library = self._walk(frame)
+        return self.walk(frame, chain=False)[:2]
+
+    def walk(self, frame: FrameType | None, chain: bool = True, caller: bool = False) -> Walk:
+        """One walk up from ``frame`` for a recorded call: what :meth:`frames` finds (from ``frame``'s caller with
+        ``caller``: ``frame`` is the recorder's) and, with ``chain``, the chain of library and user frames that
+        :meth:`stack` formats (a call's site and its stack read the frames once)."""
+        user, library, chained = self._walk(frame, chain, frame if caller else None)
         if user is None and frame is not None and threading.current_thread() is not threading.main_thread():
             # autograd's device threads run no user code: the op was caused by what the main thread runs
-            user, main_library = self._walk(sys._current_frames().get(threading.main_thread().ident))
+            user, main_library, _ = self._walk(sys._current_frames().get(threading.main_thread().ident), False, None)
             library = library or main_library
-        return user, library
+        return user, library, chained
 
-    def _walk(self, frame: FrameType | None) -> tuple[FrameType | None, FrameType | None]:
-        library = None
-        roles = self._role  # one dict look-up per frame once its code object is known (every call on a hot path)
-        while frame is not None:
-            code = frame.f_code
-            role = roles.get(id(code))
-            if role is None:
-                role = self._role_of(code)
-            if role == USER:
-                if frame.f_lineno != code.co_firstlineno or not _compiled_entry(frame):
-                    return frame, library
-            elif role == LIBRARY and library is None:
-                library = frame
-            frame = frame.f_back
-        return None, library
+    def _walk(self, frame: FrameType | None, chain: bool, passed: FrameType | None) -> Walk:
+        """The innermost user frame (not dynamo's entry of a compiled function) but ``passed``, the innermost library
+        frame below it, and (``chain``) the library and user frames as (code, line), innermost first, up to the
+        shell's frames (IPython's, above every user's chain), with how many of them reach the outermost user frame (0:
+        none)."""
+        user = library = None
+        links = self._links  # one dict look-up per frame once its code object is known
+        out: list[tuple[CodeType, int]] = []
+        outermost_user = 0
+        f = frame
+        while f is not None:
+            code = f.f_code
+            key = id(code)
+            link = links.get(key)
+            if link is None:
+                link = self._link_of(code)
+            if link == INTERNAL:  # most frames (PyTorch's, neuron_lab's): in no chain, neither user nor library
+                f = f.f_back
+                continue
+            line = -1  # not read yet: Python finds it by scanning the code's line table
+            if chain:
+                if link == SHELL:  # a cell magic's body: not the magic's line
+                    chain = False
+                    if user is not None:
+                        break
+                else:
+                    line = f.f_lineno
+                    if line != code.co_firstlineno or not _compiled_entry(f):
+                        out.append((code, line))
+                        if link == USER:
+                            outermost_user = len(out)
+            if user is None and f is not passed:
+                role = link if link != SHELL else self._role[key]  # the shell's own role (a library's)
+                if role == USER:
+                    if line < 0:
+                        line = f.f_lineno
+                    if line != code.co_firstlineno or not _compiled_entry(f):
+                        user = f
+                        if not chain:
+                            break
+                elif role == LIBRARY and library is None:
+                    library = f
+            f = f.f_back
+        return user, library, (out, outermost_user)
 
     def _role_of(self, code: CodeType) -> int:
         role = self._role.get(id(code))
@@ -106,15 +144,14 @@ class Locator:
         f = self.user_frame(frame)
         return None if f is None else self.site(f.f_code.co_filename, f.f_lineno)
 
-    def stack(self, frame: FrameType, depth: int) -> tuple[str, ...]:
-        """The chain from the outermost user line down to the innermost library line at or above ``frame``, as
-        "where in function: source": library and user frames, none internal (PyTorch, neuron_lab), none of the
-        shell's (IPython's) and none above them. Longer than ``depth``: the outermost line and the innermost
-        ``depth - 1``."""
-        chain, has_user = self._chain(frame)
-        if not has_user:
-            user = self.user_frame(frame)  # autograd's thread: the main thread's line
-            chain += [] if user is None else self._chain(user)[0]
+    def stack(self, walked: Walk, depth: int) -> tuple[str, ...]:
+        """The chain of a :meth:`walk` from the outermost user line down to the innermost library line, as "where in
+        function: source": library and user frames, none internal (PyTorch, neuron_lab), none of the shell's
+        (IPython's) and none above them. Longer than ``depth``: the outermost line and the innermost ``depth - 1``."""
+        user, _, chained = walked
+        chain, has_user = _to_user(chained)
+        if not has_user and user is not None:  # autograd's thread: the main thread's line
+            chain = chain + _to_user(self._walk(user, True, None)[2])[0]
         if len(chain) > depth:
             chain = chain[:depth - 1] + chain[-1:]
         return tuple([self._frame_line(code, line) for code, line in reversed(chain)])
@@ -129,34 +166,17 @@ class Locator:
             text = self._lines[key] = f"{s.label} in {code.co_name}: {s.source}"
         return text
 
-    def _chain(self, frame: FrameType | None) -> tuple[list[tuple[CodeType, int]], bool]:
-        """The library and user frames at or above ``frame`` as (code, line), innermost first, up to the outermost user
-        frame below the shell's; and whether there is a user frame among them."""
-        chain: list[tuple[CodeType, int]] = []
-        outermost_user = 0
-        links = self._links  # one dict look-up per frame once its code object is known
-        f = frame
-        while f is not None:
-            code = f.f_code
-            role = links.get(id(code))
-            if role is None:
-                role = self._link_of(code)
-            if role == SHELL:  # a cell magic's body: not the magic's line
-                break
-            if role != INTERNAL:
-                line = f.f_lineno  # read once: Python finds it by scanning the code's line table
-                if line != code.co_firstlineno or not _compiled_entry(f):
-                    chain.append((code, line))
-                    if role == USER:
-                        outermost_user = len(chain)
-            f = f.f_back
-        return (chain[:outermost_user], True) if outermost_user else (chain, False)
-
     def _link_of(self, code: CodeType) -> int:
         """The code object's role in a chain, found once (:meth:`_role_of` keeps it alive, so its id is not reused)."""
         role = self._role_of(code)
         self._links[id(code)] = role = SHELL if frames.is_shell(code.co_filename) else role
         return role
+
+
+def _to_user(chained: tuple[list[tuple[CodeType, int]], int]) -> tuple[list[tuple[CodeType, int]], bool]:
+    """A walk's chain up to its outermost user frame, and whether it met one (if not: all of it)."""
+    chain, outermost_user = chained
+    return (chain[:outermost_user], True) if outermost_user else (chain, False)
 
 
 def _compiled_entry(frame: FrameType) -> bool:

@@ -54,8 +54,8 @@ class Tracker:
         self.backend = _backend.active()
         locator = locator if locator is not None else FileLocator()
         coverage = self.backend.coverage
-        self.report = Report(title, cell, device, mode, self.backend.description, callsites=callsites,
-                             detail=detail, coverage=coverage.name if coverage is not None else None)
+        self.report = Report.opened(title, cell, device, mode, self.backend.description, callsites=callsites,
+                                    detail=detail, coverage=coverage.name if coverage is not None else None)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
         self._compiles = CompileTrace(locator, self.backend.lowering_us, self.backend.dynamo_metrics)
         self._locator = locator
@@ -211,30 +211,30 @@ class Tracker:
         self._unsubscribe()
         self._unwatch_ooms()
         r = self.report
-        r.compiles = self._compiles.stop()
+        compiles = self._compiles.stop()
         reading = b.memory_reading(self._index)  # the one synchronize
         after = reading.allocated
-        r.ooms_handled = self._handled_ooms(error, reading.ooms)
+        ooms_handled = self._handled_ooms(error, reading.ooms)
         peak = b.close_peak_window(self._peak_window)
-        r.memory = Memory(self._mem_before, after, max(peak, after, self._mem_before),
-                          b.capacity(), rss() - self._rss_before)
-        r.wall_s = wall
-        r.ops = b.op_calls() - self._calls_before - self._excluded_calls
+        memory = Memory(self._mem_before, after, max(peak, after, self._mem_before), b.capacity(),
+                        rss() - self._rss_before)
+        ops = b.op_calls() - self._calls_before - self._excluded_calls
         h2d, d2h = b.transfer_totals()
-        r.h2d_bytes = max(h2d - self._transfers_before[0] - self._excluded_transfers[0], 0)
-        r.d2h_bytes = max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0)
         account = b.end_window()  # after the synchronize: what the device itself says about the window
-        r.ops_not_native = reconcile(self._ops.rows(), account)
-        for row in r.ops_not_native:
+        rows = reconcile(self._ops.rows(ordered=False), account)  # it orders them
+        for row in rows:
             if row.kind in OFF_DEVICE:
                 row.rewrite = rewrites.for_op(row.op, b.coverage)
-        r.compiles = with_account(r.compiles, account)
+        r.write(ooms_handled=ooms_handled, memory=memory, wall_s=wall, ops=ops,
+                h2d_bytes=max(h2d - self._transfers_before[0] - self._excluded_transfers[0], 0),
+                d2h_bytes=max(d2h - self._transfers_before[1] - self._excluded_transfers[1], 0),
+                ops_not_native=rows, compiles=with_account(compiles, account))
         if error is not None:  # formatted last: str() of an exception may format tensors (device work)
             text = str(error).strip().split("\n")[0]
             text = text if len(text) <= 200 else text[:199] + "…"
             r.error = f"{type(error).__name__}: {text}".rstrip(": ")
         if cell is not None:
-            r.cell, r.title = cell, f"In[{cell}]"
+            r.write(cell=cell, title=f"In[{cell}]")
         for site_map in site_maps:
             renaming = site_map(r)
             if renaming is not None:

@@ -178,8 +178,10 @@ class CoreRecorder(OpRecorder):
         # The core counts calls by line for the kinds whose one subscriber takes them so (one such subscriber only:
         # the core keeps one set of roles); the counts it kept under the old subscribers go to their tallies first.
         by_line = [(fn, kinds, roles) for fn, kinds, roles in self._subscribers if roles is not None]
-        fn, kinds, roles = by_line[0] if len(by_line) == 1 else (None, (), None)
-        lined = _mask(frozenset(k for k in kinds if self._by_kind.get(k) == (fn,)))
+        fn, kinds, roles = by_line[0] if len(by_line) == 1 else (None, frozenset(), None)
+        # a sole subscriber's kinds are all its own (a tracked cell's window alone)
+        lined = _mask(kinds if len(self._subscribers) == 1 else
+                      frozenset(k for k in kinds if self._by_kind.get(k) == (fn,)))
         self._hand_over(self._core.set_lines(lined, roles, threading.main_thread().ident))
 
     def flush(self, keep: bool = True) -> None:
