@@ -21,6 +21,7 @@
 #include "runtime/allocator.h"
 
 #include "profiler/profiler.h"
+#include "runtime/clock.h"
 #include "runtime/device.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -30,10 +31,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <tuple>
 
 namespace neuron_lab {
@@ -65,18 +64,6 @@ size_t small_index(size_t size_class) {
   return 1 + 4 * static_cast<size_t>(std::countr_zero(pow2 / kMinBlock)) + (size_class - pow2) / (pow2 / 4) - 1;
 }
 static_assert(kSmallLimit == size_t(1) << 20 && kSmallClasses == 1 + 4 * 12, "one index for each small class");
-
-// When a block was allocated, for its age in the live list (seconds): the steady clock as of its last tick, a few
-// milliseconds coarse and never ahead of it, so an age is never negative. Read for every result, it costs about 7 ns
-// where the precise clock costs about 30 (clock_gettime in this VM).
-int64_t allocated_at_ns() {
-#ifdef CLOCK_MONOTONIC_COARSE
-  timespec ts;
-  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0) return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-#endif
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string format_size(int64_t n) {
   const char* units[] = {"GiB", "MiB", "KiB"};
@@ -191,7 +178,7 @@ Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small,
 }
 
 NeuronAllocator::Origin NeuronAllocator::origin() {
-  Origin o{gather(1), allocated_at_ns(), {}};
+  Origin o{gather(1), OpClock::allocation_ns(), {}};
   if (record_sites) o.site = allocation_site();
   return o;
 }

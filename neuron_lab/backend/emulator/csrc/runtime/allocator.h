@@ -76,7 +76,7 @@ struct Block {
   bool small = true;
   bool live = false;  // allocated, not a spare block kept for its bytes
   c10::DeviceIndex device = 0;
-  int64_t created_ns = 0;  // allocated_at_ns(): the steady clock, to its last tick
+  int64_t created_ns = 0;  // OpClock::allocation_ns(): the time of the call that allocated it
   int64_t serial = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> shape;
@@ -149,7 +149,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // What a block records of where and when it was allocated, taken before the lock (a stack takes the GIL).
   struct Origin {
     Context context;
-    int64_t created_ns = 0;  // allocated_at_ns(): the steady clock, to its last tick
+    int64_t created_ns = 0;
     std::vector<std::string> site;
   };
   Origin origin();
