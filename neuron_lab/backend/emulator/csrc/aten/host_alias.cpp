@@ -20,13 +20,17 @@ at::Tensor with_math_bits(at::Tensor t, const at::Tensor& like) {
 // instructions and mispredicted branches a tensor, for every result and every restrided alias). A tensor of the
 // same layout has them already: copy_generic_tensor_metadata copies sizes, strides, offset, numel and those flags
 // (and dtype and device: dst keeps its own device; both are of one dtype), never storage, keys or version. Where it
-// would carry more (names, symbolic sizes, a wrapped number's mark), the layout is set as before.
+// would carry more (names, symbolic sizes, a wrapped number's mark) or the sizes are not the plain ones (a custom
+// sizes or strides policy), the layout is set as before.
 struct Layout final : c10::TensorImpl {
   static void copy(c10::TensorImpl& dst, const c10::TensorImpl& src) {
     constexpr auto extra = &Layout::extra_meta_;  // pointers to protected members, formed through the subclass
     constexpr auto device = &Layout::device_opt_;
-    if (src.*extra || dst.*extra || src.has_symbolic_sizes_strides() || src.is_wrapped_number() ||
-        dst.is_wrapped_number() || dst.dtype() != src.dtype()) {
+    constexpr auto custom = &Layout::matches_policy;
+    constexpr auto kCustom = SizesStridesPolicy::CustomStrides;
+    if (src.*extra || dst.*extra || (src.*custom)(kCustom) || (dst.*custom)(kCustom) ||
+        src.has_symbolic_sizes_strides() || src.is_wrapped_number() || dst.is_wrapped_number() ||
+        dst.dtype() != src.dtype()) {
       dst.set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
       return;
     }
