@@ -188,6 +188,26 @@ def test_a_pooled_result_starts_at_its_blocks_first_byte(b):
         assert got.storage_offset() == 0 and got.stride() == want.stride() and torch.allclose(got.cpu(), want)
 
 
+def test_results_and_restrided_aliases_keep_the_cpus_layout_and_flags(b):
+    """A device result, and a block's host alias that takes a view's layout, copy their contiguity flags from the
+    tensor of that layout instead of deriving them again: strides, offset, contiguity in each memory format, the
+    dispatch keys of a fresh device tensor and the values are the CPU's, also for a block's alias after a view's."""
+    torch.manual_seed(0)
+    a, w = torch.randn(2, 3, 1, 5), torch.randn(6, 10)
+    d, dw = a.to("neuron"), w.to("neuron")
+    cases = [lambda x, y: x + 1, lambda x, y: x.permute(0, 2, 3, 1) * 2, lambda x, y: x.sum(1),
+             lambda x, y: x.to(memory_format=torch.channels_last) - x, lambda x, y: x[:, 1:].exp(),
+             lambda x, y: y @ y.t(), lambda x, y: y.t() @ y, lambda x, y: y[:, 2:] * y[:, :8], lambda x, y: y + y]
+    for f in cases:
+        want, got = f(a, w), f(d, dw)
+        assert (got.stride(), got.storage_offset()) == (want.stride(), want.storage_offset())
+        for fmt in [torch.contiguous_format] + [torch.channels_last] * (want.dim() == 4):
+            assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt)
+        fresh = torch.empty(0, device="neuron", dtype=want.dtype)
+        assert got.device == d.device and torch._C._dispatch_keys(got) == torch._C._dispatch_keys(fresh)
+        assert torch.equal(got.cpu(), want)
+
+
 def test_typed_dropout_draws_what_the_fallback_draws(b):
     x = torch.randn(256, device="neuron")
     torch.neuron.manual_seed(5)

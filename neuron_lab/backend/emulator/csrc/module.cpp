@@ -8,6 +8,7 @@
 #include "lines.h"
 #include "profiler/profiler.h"
 #include "runtime/allocator.h"
+#include "runtime/clock.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 
@@ -517,8 +518,5 @@ PYBIND11_MODULE(_core, m) {
 
   // random numbers
   m.def("default_generator", [](int64_t i) { return default_generator(checked_index(i)); });
-  m.def("now_ns", [] {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  });
+  m.def("now_ns", [] { return now_ns(); }, "The core's steady clock (runtime/clock.h), in ns.");
 }

@@ -9,6 +9,7 @@
 #include "aten/unboxed.h"
 #include "profiler/profiler.h"
 #include "runtime/allocator.h"
+#include "runtime/clock.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 
@@ -19,7 +20,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -32,11 +32,6 @@ namespace {
 
 constexpr int64_t kSignatureProbes = 256;  // calls per op inspected for a new signature
 constexpr size_t kMaxSignatures = 4;
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::mutex plans_mu;
 std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Plan>> plans;
@@ -721,7 +716,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
 
   const bool traced = profiling();
   const int64_t w0 = traced ? profile_clock() : 0;
-  int64_t t0 = now_ns();
+  const OpClock clock;  // its results, adopted below, take its time as their allocation time
   const size_t base = stack->size();
   auto call = [&] {
     for (const auto& v : hargs) stack->push_back(v);
@@ -746,7 +741,7 @@ void run(const c10::OperatorHandle& op, Stack* stack) {
       call();
     }
   }
-  int64_t host_ns = now_ns() - t0;
+  int64_t host_ns = clock.elapsed_ns();
   if (traced) trace_kernel(p.name, c.device, kind, w0, profile_clock());
   for (auto& [dev, low] : written) {  // a kernel may have resized the stand-in (an out= that must grow)
     if (dev.sizes() != low.sizes()) dev.resize_(low.sizes());
@@ -799,14 +794,13 @@ bool plain(const Plan& p, c10::ArrayRef<const at::Tensor*> tensors, c10::DeviceI
   return *device >= 0 && !(*mask & rules.wide_mask);
 }
 
-// How long a plain call's host kernel took.
-int64_t timed(c10::function_ref<void()> kernel) {
-  int64_t t0 = now_ns();
+// How long a plain call took, from its start to its host kernel's end.
+int64_t timed(const OpClock& clock, c10::function_ref<void()> kernel) {
   {
     QuietHost quiet;
     kernel();
   }
-  return now_ns() - t0;
+  return clock.elapsed_ns();
 }
 
 // Counts a plain call as run() would.
@@ -843,7 +837,8 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
     return stack.back().toTensor();
   }
   at::Tensor r;
-  int64_t host_ns = timed([&] { r = kernel(); });
+  const OpClock clock;  // the result, pooled or presented below, takes its time as its allocation time
+  int64_t host_ns = timed(clock, [&] { r = kernel(); });
   for (const at::Tensor* t : tensors) {  // a result over a CPU scalar's bytes is its own, as in Call::back
     if (t->is_cpu() && t->storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) r = r.clone();
   }
@@ -867,7 +862,8 @@ at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c1
     run(op, &stack);
     return self;
   }
-  tally(p, kind, timed(kernel), tensors, args);
+  const OpClock clock;
+  tally(p, kind, timed(clock, kernel), tensors, args);
   return self;
 }
 
@@ -879,7 +875,8 @@ bool direct_results(Plan& p, c10::ArrayRef<const at::Tensor*> tensors,
   if (!plain(p, tensors, &device, &mask, draws_on_device)) return false;
   const Classified& kind = kind_of(p, mask);
   if (!kind.tests.empty()) return false;
-  const int64_t host_ns = timed([&] { kernel(results); });
+  const OpClock clock;  // as direct()'s
+  const int64_t host_ns = timed(clock, [&] { kernel(results); });
   for (at::Tensor& r : results) {
     if (!r.defined()) continue;
     for (const at::Tensor* t : tensors) {  // as direct(): a result over a CPU scalar's bytes is its own

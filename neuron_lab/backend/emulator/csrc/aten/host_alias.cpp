@@ -16,11 +16,35 @@ at::Tensor with_math_bits(at::Tensor t, const at::Tensor& like) {
   return t;
 }
 
+// Setting sizes and strides makes TensorImpl derive its contiguity flags again (refresh_contiguous: a few hundred
+// instructions and mispredicted branches a tensor, for every result and every restrided alias). A tensor of the
+// same layout has them already: copy_generic_tensor_metadata copies sizes, strides, offset, numel and those flags
+// (and dtype and device: dst keeps its own device; both are of one dtype), never storage, keys or version. Where it
+// would carry more (names, symbolic sizes, a wrapped number's mark) or the sizes are not the plain ones (a custom
+// sizes or strides policy), the layout is set as before.
+struct Layout final : c10::TensorImpl {
+  static void copy(c10::TensorImpl& dst, const c10::TensorImpl& src) {
+    constexpr auto extra = &Layout::extra_meta_;  // pointers to protected members, formed through the subclass
+    constexpr auto device = &Layout::device_opt_;
+    constexpr auto custom = &Layout::matches_policy;
+    constexpr auto kCustom = SizesStridesPolicy::CustomStrides;
+    if (src.*extra || dst.*extra || (src.*custom)(kCustom) || (dst.*custom)(kCustom) ||
+        src.has_symbolic_sizes_strides() || src.is_wrapped_number() || dst.is_wrapped_number() ||
+        dst.dtype() != src.dtype()) {
+      dst.set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
+      return;
+    }
+    const std::optional<c10::Device> own = dst.*device;
+    copy_generic_tensor_metadata(&src, &dst);
+    dst.*device = own;
+  }
+};
+
 }  // namespace
 
 at::Tensor over(c10::Storage storage, c10::DispatchKeySet keys, const at::Tensor& like) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, like.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  Layout::copy(*t.unsafeGetTensorImpl(), *like.unsafeGetTensorImpl());
   return with_math_bits(std::move(t), like);
 }
 
@@ -73,7 +97,7 @@ at::Tensor cached(Block& b, const at::Tensor& t) {
   at::Tensor& a = b.alias.tensor;
   if (!fits(a, b, t)) {
     if (a.defined() && a.use_count() == 1 && plain_alias(a, b) && a.dtype() == t.dtype()) {
-      a.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      Layout::copy(*a.unsafeGetTensorImpl(), *t.unsafeGetTensorImpl());
     } else {
       a = over(b.host, kCPU, t);
     }

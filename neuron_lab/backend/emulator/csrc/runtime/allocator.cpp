@@ -21,6 +21,7 @@
 #include "runtime/allocator.h"
 
 #include "profiler/profiler.h"
+#include "runtime/clock.h"
 #include "runtime/device.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -30,7 +31,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <tuple>
@@ -57,10 +57,13 @@ size_t size_class(size_t n) {
   return (n + step - 1) / step * step;
 }
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+// A small-pool size class's index: 256 B is 0, then four classes a power of two (pow2 + k * pow2 / 4, k = 1..4).
+size_t small_index(size_t size_class) {
+  if (size_class <= kMinBlock) return 0;
+  size_t pow2 = std::bit_floor(size_class - 1);
+  return 1 + 4 * static_cast<size_t>(std::countr_zero(pow2 / kMinBlock)) + (size_class - pow2) / (pow2 / 4) - 1;
 }
+static_assert(kSmallLimit == size_t(1) << 20 && kSmallClasses == 1 + 4 * 12, "one index for each small class");
 
 std::string format_size(int64_t n) {
   const char* units[] = {"GiB", "MiB", "KiB"};
@@ -83,6 +86,13 @@ void for_each_stat(c10::CachingDeviceAllocator::DeviceStats& s, F f) {
                     &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (auto& st : *arr) f(st);
   }
+}
+
+// Calls f(small, segments) on each size class's cached segments, small pool then large, ascending size.
+template <typename D, typename F>
+void for_each_cached(D& d, F f) {
+  for (auto& segs : d.cached_small) f(true, segs);
+  for (auto& [_, segs] : d.cached_large) f(false, segs);
 }
 
 template <typename F>
@@ -129,13 +139,17 @@ Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small,
   size_t seg = size_class(n);
   *small = seg <= kSmallLimit;
   DeviceMemory& d = devices_.at(device);
-  auto& pool = *small ? d.cached_small : d.cached_large;
-  auto it = pool.find(seg);
-  if (it != pool.end() && !it->second.empty()) {  // reuse the newest cached segment of the class: same address
-    Segment cached = std::move(it->second.back());
-    it->second.pop_back();  // the class's entry stays, empty: the next free of the class allocates nothing
+  std::vector<Segment>* cached = nullptr;
+  if (*small) {
+    cached = &d.cached_small[small_index(seg)];
+  } else if (auto it = d.cached_large.find(seg); it != d.cached_large.end()) {
+    cached = &it->second;
+  }
+  if (cached && !cached->empty()) {  // reuse the newest cached segment of the class: same address
+    Segment out = std::move(cached->back());
+    cached->pop_back();  // the class's entry stays, empty: the next free of the class allocates nothing
     d.cached_bytes -= static_cast<int64_t>(seg);
-    return cached;
+    return out;
   }
   auto reserved = [&] { return d.stats.reserved_bytes[0].current; };
   if (reserved() + static_cast<int64_t>(seg) > d.capacity && d.cached_bytes > 0) {
@@ -163,55 +177,58 @@ Segment NeuronAllocator::reserve(size_t n, c10::DeviceIndex device, bool* small,
   return fresh;
 }
 
-c10::DataPtr NeuronAllocator::register_block(Block* b, c10::Storage host, size_t capacity, size_t n,
+NeuronAllocator::Origin NeuronAllocator::origin() {
+  Origin o{gather(1), OpClock::allocation_ns(), {}};
+  if (record_sites) o.site = allocation_site();
+  return o;
+}
+
+c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t capacity, size_t n,
                                              std::optional<Segment> segment, bool small, c10::DeviceIndex device,
-                                             Context ctx) {
-  int64_t created = now_ns();
-  std::vector<std::string> site;
-  if (record_sites) site = allocation_site();  // before the lock: it takes the GIL
+                                             Origin origin) {
   std::unique_ptr<Block> owned;  // a shell made here goes if the reservation raises OutOfMemoryError
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!b) {
-      if (shells_.empty()) {
-        owned = std::make_unique<Block>();
-        b = owned.get();
-      } else {
-        b = shells_.back();
-        shells_.pop_back();
-        owned.reset(b);
-      }
-      b->host = std::move(host);
-      b->capacity = capacity;
-    }
-    b->ptr = b->host.mutable_data();
-    b->nbytes = n;
-    b->context = std::move(ctx);
-    b->device = device;
-    b->created_ns = created;
-    b->site = std::move(site);
-    if (segment) {
-      b->segment = std::move(*segment);
-      b->small = small;
-    } else {
-      b->segment = reserve(n, device, &b->small, b->context);  // may raise OutOfMemoryError; the block goes
-    }
-    owned.release();
-    DeviceMemory& d = devices_[device];
-    for_pool(b->small, [&](size_t i) {
-      d.stats.allocated_bytes[i].increase(n);
-      d.stats.requested_bytes[i].increase(n);
-      d.stats.active_bytes[i].increase(n);
-      d.stats.allocation[i].increase(1);
-      d.stats.active[i].increase(1);
-    });
-    b->serial = next_serial_++;
-    by_ptr_[b->ptr] = b;
-    total_ += static_cast<int64_t>(n);
-    if (d.windows) d.window_high = std::max(d.window_high, d.stats.allocated_bytes[0].current);
-    report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
-    record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
+  std::lock_guard<std::mutex> g(mu_);
+  if (shells_.empty()) {
+    owned = std::make_unique<Block>();
+  } else {
+    owned.reset(shells_.back());
+    shells_.pop_back();
   }
+  Block* b = owned.get();
+  b->host = std::move(host);
+  b->capacity = capacity;
+  if (segment) {
+    b->segment = std::move(*segment);
+    b->small = small;
+  } else {
+    b->segment = reserve(n, device, &b->small, origin.context);  // may raise OutOfMemoryError; the block goes
+  }
+  owned.release();
+  return enter(b, n, std::move(origin), device, false);
+}
+
+c10::DataPtr NeuronAllocator::enter(Block* b, size_t n, Origin origin, c10::DeviceIndex device, bool spare) {
+  b->ptr = b->host.mutable_data();
+  b->nbytes = n;
+  b->context = std::move(origin.context);
+  b->device = device;
+  b->created_ns = origin.created_ns;
+  b->site = std::move(origin.site);
+  b->live = true;
+  DeviceMemory& d = devices_[device];
+  for_pool(b->small, [&](size_t i) {
+    d.stats.allocated_bytes[i].increase(n);
+    d.stats.requested_bytes[i].increase(n);
+    d.stats.active_bytes[i].increase(n);
+    d.stats.allocation[i].increase(1);
+    d.stats.active[i].increase(1);
+  });
+  b->serial = next_serial_++;
+  if (!spare) by_ptr_[b->ptr] = b;
+  total_ += static_cast<int64_t>(n);
+  if (d.windows) d.window_high = std::max(d.window_high, d.stats.allocated_bytes[0].current);
+  report_to_profiler(b->ptr, static_cast<int64_t>(n), d, device);
+  record(d, TraceEntry::kAlloc, b->segment.addr, n, b->context);
   return c10::DataPtr(b->ptr, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
@@ -222,18 +239,18 @@ c10::DataPtr NeuronAllocator::allocate(size_t n) {
 c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   bool small = true;
   Segment seg;
-  Block* spare = nullptr;
-  Context ctx = gather(1);  // before the lock: taking the stack takes the GIL
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    seg = reserve(n, device, &small, ctx);  // may raise OutOfMemoryError before any host memory is taken
-    spare = take_spare(devices_[device], seg.size);
-  }
+  Origin o = origin();
   // One byte at least, so every live allocation has a pointer of its own.
   size_t bytes = std::max<size_t>(n, 1);
-  if (spare) {
-    spare->host.set_nbytes(bytes);
-    return register_block(spare, {}, 0, n, std::move(seg), small, device, std::move(ctx));
+  {  // a spare block's bytes serve it under this one lock
+    std::lock_guard<std::mutex> g(mu_);
+    seg = reserve(n, device, &small, o.context);  // may raise OutOfMemoryError before any host memory is taken
+    if (Block* spare = small ? take_spare(devices_[device], seg.size) : nullptr) {
+      spare->host.set_nbytes(bytes);
+      spare->segment = std::move(seg);
+      spare->small = small;
+      return enter(spare, n, std::move(o), device, true);
+    }
   }
   // A small-pool block takes its whole class, so that once freed it can serve any request of the class. Taken
   // from the host directly, not through the CPU allocator, so that torch.profiler counts these bytes once, as
@@ -254,22 +271,22 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
   }
   c10::Storage host(c10::Storage::use_byte_size_t(), bytes,
                     c10::DataPtr(data, data, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)), nullptr, false);
-  return register_block(nullptr, std::move(host), capacity, n, std::move(seg), small, device, std::move(ctx));
+  return register_block(std::move(host), capacity, n, std::move(seg), small, device, std::move(o));
 }
 
 c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex device) {
   size_t n = host.nbytes();
-  Context ctx = gather(1);
   if (host.data() == nullptr) {  // an empty result may have no buffer
     c10::Storage own(c10::Storage::use_byte_size_t(), 1, c10::GetCPUAllocator(), false);
-    return register_block(nullptr, std::move(own), 0, n, std::nullopt, true, device, std::move(ctx));
+    return register_block(std::move(own), 0, n, std::nullopt, true, device, origin());
   }
-  return register_block(nullptr, host, 0, n, std::nullopt, true, device, std::move(ctx));
+  return register_block(host, 0, n, std::nullopt, true, device, origin());
 }
 
 void NeuronAllocator::cache(DeviceMemory& d, Segment segment, bool small) {
   d.cached_bytes += static_cast<int64_t>(segment.size);
-  (small ? d.cached_small : d.cached_large)[segment.size].push_back(std::move(segment));
+  auto& cached = small ? d.cached_small[small_index(segment.size)] : d.cached_large[segment.size];
+  cached.push_back(std::move(segment));
 }
 
 namespace {
@@ -308,7 +325,7 @@ void NeuronAllocator::release(Block* b) {
     record(d, TraceEntry::kFreeRequested, b->segment.addr, b->nbytes, ctx);
     record(d, TraceEntry::kFreeCompleted, b->segment.addr, b->nbytes, ctx);
     cache(d, std::move(b->segment), b->small);
-    by_ptr_.erase(b->ptr);
+    b->live = false;
     total_ -= static_cast<int64_t>(b->nbytes);
     report_to_profiler(b->ptr, -static_cast<int64_t>(b->nbytes), d, b->device);
     b->context.reset();
@@ -317,9 +334,10 @@ void NeuronAllocator::release(Block* b) {
     b->shape.clear();
     b->dtype = c10::ScalarType::Undefined;
     if (reusable(*b) && d.spare_bytes + static_cast<int64_t>(b->capacity) <= kSpareLimit) {
-      d.spare[b->capacity].push_back(b);
+      d.spare[small_index(b->capacity)].push_back(b);  // stays in by_ptr_: its bytes stay
       d.spare_bytes += static_cast<int64_t>(b->capacity);
     } else {
+      by_ptr_.erase(b->ptr);
       host = std::move(b->host);
       alias = std::move(b->alias.tensor);
       b->capacity = 0;
@@ -333,36 +351,39 @@ void NeuronAllocator::release(Block* b) {
 }
 
 Block* NeuronAllocator::take_spare(DeviceMemory& d, size_t size_class) {
-  auto it = d.spare.find(size_class);
-  if (it == d.spare.end() || it->second.empty()) return nullptr;
-  Block* b = it->second.back();
-  it->second.pop_back();
+  auto& spare = d.spare[small_index(size_class)];
+  if (spare.empty()) return nullptr;
+  Block* b = spare.back();
+  spare.pop_back();
   d.spare_bytes -= static_cast<int64_t>(b->capacity);
   return b;
 }
 
 void NeuronAllocator::drop_spare(DeviceMemory& d) {
-  for (auto& [_, blocks] : d.spare) {
-    for (Block* b : blocks) delete b;
+  for (auto& blocks : d.spare) {
+    for (Block* b : blocks) {
+      by_ptr_.erase(b->ptr);
+      delete b;
+    }
+    blocks.clear();
   }
-  d.spare.clear();
   d.spare_bytes = 0;
 }
 
 void NeuronAllocator::release_cached(DeviceMemory& d, c10::DeviceIndex device) {
-  for (auto* pool : {&d.cached_small, &d.cached_large}) {
-    bool small = pool == &d.cached_small;
-    for (auto& [size, segs] : *pool) {
-      int64_t count = static_cast<int64_t>(segs.size());
-      for_pool(small, [&, size = size](size_t i) {
-        d.stats.reserved_bytes[i].decrease(size * count);
-        d.stats.segment[i].decrease(count);
-      });
-      d.stats.num_device_free += count;
-      for (const auto& s : segs) record(d, TraceEntry::kSegmentFree, s.addr, s.size, s.context);
-    }
-    pool->clear();
-  }
+  for_each_cached(d, [&](bool small, std::vector<Segment>& segs) {
+    if (segs.empty()) return;
+    int64_t count = static_cast<int64_t>(segs.size());
+    size_t size = segs.front().size;
+    for_pool(small, [&](size_t i) {
+      d.stats.reserved_bytes[i].decrease(size * count);
+      d.stats.segment[i].decrease(count);
+    });
+    d.stats.num_device_free += count;
+    for (const auto& s : segs) record(d, TraceEntry::kSegmentFree, s.addr, s.size, s.context);
+    segs.clear();
+  });
+  d.cached_large.clear();
   d.cached_bytes = 0;
   drop_spare(d);
 }
@@ -426,16 +447,14 @@ MemorySnapshot NeuronAllocator::snapshot() {
   MemorySnapshot out;
   std::lock_guard<std::mutex> g(mu_);
   for (const auto& [_, b] : by_ptr_) {
-    out.segments.push_back({b->device, b->segment, b->small, true, b->nbytes, b->context});
+    if (b->live) out.segments.push_back({b->device, b->segment, b->small, true, b->nbytes, b->context});
   }
   for (size_t i = 0; i < devices_.size(); ++i) {
     const DeviceMemory& d = devices_[i];
     auto device = static_cast<c10::DeviceIndex>(i);
-    for (const auto* pool : {&d.cached_small, &d.cached_large}) {
-      for (const auto& [size, segs] : *pool) {
-        for (const auto& s : segs) out.segments.push_back({device, s, pool == &d.cached_small, false, 0, nullptr});
-      }
-    }
+    for_each_cached(d, [&](bool small, const std::vector<Segment>& segs) {
+      for (const auto& s : segs) out.segments.push_back({device, s, small, false, 0, nullptr});
+    });
     out.traces.push_back(in_order(d));
   }
   std::sort(out.segments.begin(), out.segments.end(), [](const SegmentState& a, const SegmentState& b) {
@@ -475,7 +494,7 @@ void NeuronAllocator::describe(const at::Tensor& t) {
 c10::intrusive_ptr<c10::StorageImpl> NeuronAllocator::storage_at(const void* ptr) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = by_ptr_.find(ptr);
-  if (it == by_ptr_.end() || !it->second->storage) return {};
+  if (it == by_ptr_.end() || !it->second->live || !it->second->storage) return {};
   return it->second->storage->lock();
 }
 
@@ -545,6 +564,7 @@ std::vector<Block> NeuronAllocator::live_blocks() {
   {
     std::lock_guard<std::mutex> g(mu_);
     for (const auto& [_, b] : by_ptr_) {
+      if (!b->live) continue;
       Block copy;
       copy.ptr = b->ptr;
       copy.nbytes = b->nbytes;

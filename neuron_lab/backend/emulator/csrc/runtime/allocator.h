@@ -6,6 +6,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -73,8 +74,9 @@ struct Block {
   Segment segment;  // the size class it reserved, at its emulated device address
   Context context;  // where it was allocated, while history records stacks
   bool small = true;
+  bool live = false;  // allocated, not a spare block kept for its bytes
   c10::DeviceIndex device = 0;
-  int64_t created_ns = 0;
+  int64_t created_ns = 0;  // OpClock::allocation_ns(): the time of the call that allocated it
   int64_t serial = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> shape;
@@ -82,17 +84,23 @@ struct Block {
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;  // the device storage, once known
 };
 
+// The small pool's size classes (allocator.cpp's size_class): 256 B, then four a power of two up to 1 MiB.
+constexpr size_t kSmallClasses = 49;
+
 struct DeviceMemory {
   int64_t capacity = 0;
   c10::CachingDeviceAllocator::DeviceStats stats;
-  std::map<size_t, std::vector<Segment>> cached_small, cached_large;  // size class -> cached segments, newest last
+  // Cached segments by size class, newest last: the small pool's by class index (ascending size), the large's by size.
+  std::array<std::vector<Segment>, kSmallClasses> cached_small;
+  std::map<size_t, std::vector<Segment>> cached_large;
   int64_t cached_bytes = 0;
   uint64_t next_addr = 0;  // the emulated address space: segments are carved from here and never move
   std::vector<TraceEntry> trace;  // a ring of the last max_entries actions while history records
   size_t trace_next = 0;
-  // Freed blocks that keep their host bytes (a size class's worth) and cached CPU alias for the next allocation of
-  // the class, newest last: host memory only, invisible to every statistic (allocator.cpp says why).
-  ska::flat_hash_map<size_t, std::vector<Block*>> spare;
+  // Freed small-pool blocks that keep their host bytes (a size class's worth) and cached CPU alias for the next
+  // allocation of the class, by class index, newest last: host memory only, invisible to every statistic
+  // (allocator.cpp says why).
+  std::array<std::vector<Block*>, kSmallClasses> spare;
   int64_t spare_bytes = 0;
   // Open peak windows on the device, and the highest allocated bytes since a window last opened or closed on it:
   // an allocation updates one number, each window takes it when a window opens or closes (fold_windows).
@@ -138,14 +146,24 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   MemorySnapshot snapshot();
 
  private:
+  // What a block records of where and when it was allocated, taken before the lock (a stack takes the GIL).
+  struct Origin {
+    Context context;
+    int64_t created_ns = 0;
+    std::vector<std::string> site;
+  };
+  Origin origin();
   Segment reserve(size_t n, c10::DeviceIndex device, bool* small, const Context& ctx);
   // Without a segment, it reserves one under the same lock (an adopted result: its host bytes exist already).
-  // `b` is a spare block of the segment's class (its host bytes kept), or null: a shell then holds `host`.
-  c10::DataPtr register_block(Block* b, c10::Storage host, size_t capacity, size_t n, std::optional<Segment> segment,
-                              bool small, c10::DeviceIndex device, Context ctx);
+  // A shell (or a new block) then holds `host`.
+  c10::DataPtr register_block(c10::Storage host, size_t capacity, size_t n, std::optional<Segment> segment,
+                              bool small, c10::DeviceIndex device, Origin origin);
+  // Under the lock: `b`, which has its host bytes and segment, becomes live with n bytes (statistics, trace).
+  // A spare block is already in by_ptr_ (its bytes did not move).
+  c10::DataPtr enter(Block* b, size_t n, Origin origin, c10::DeviceIndex device, bool spare);
   void cache(DeviceMemory& d, Segment segment, bool small);  // a freed segment stays reserved, reusable
   void release_cached(DeviceMemory& d, c10::DeviceIndex device);
-  Block* take_spare(DeviceMemory& d, size_t size_class);  // a freed block with its host bytes, or null
+  Block* take_spare(DeviceMemory& d, size_t size_class);  // a freed small block with its host bytes, or null
   void drop_spare(DeviceMemory& d);  // their host bytes go back to the host
   Context gather(int level) const;  // the caller's stack if history records stacks at `level`, else null
   void record(DeviceMemory& d, TraceEntry::Action action, uint64_t addr, size_t size, const Context& ctx);
@@ -155,7 +173,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   size_t max_entries_ = 0;
   std::mutex mu_;
   std::vector<DeviceMemory> devices_;
-  ska::flat_hash_map<const void*, Block*> by_ptr_;  // every live block, of every device
+  ska::flat_hash_map<const void*, Block*> by_ptr_;  // every live and spare block, of every device
   std::vector<Block*> shells_;  // freed blocks without bytes, for the next adopted result
   std::map<int64_t, std::pair<c10::DeviceIndex, int64_t>> windows_;  // open peak windows: id -> (device, highest
                                                                      // allocated on it since)

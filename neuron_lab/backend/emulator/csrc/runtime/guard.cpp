@@ -3,13 +3,13 @@
 // Every op completes before it returns, so streams are names for one in-order queue per device and an
 // event's timestamp is exact: work recorded before it is done when it is recorded.
 #include "runtime/device.h"
+#include "runtime/clock.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <limits>
 
 namespace neuron_lab {
@@ -24,11 +24,6 @@ struct EventRecord {
   int64_t ns = 0;
   c10::DeviceIndex device = 0;
 };
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
