@@ -94,10 +94,12 @@ def test_values_and_gradients_equal_the_cpu(case):
         torch.testing.assert_close(d, c, **tol)
 
 
+@pytest.mark.parametrize("value_dim", [8, 3], ids=["flash", "math"])
 @pytest.mark.parametrize("layout", ["contiguous", "heads-inner"])
-def test_outputs_are_the_meta_functions_shapes_and_layout(layout):
-    """A compiled graph's views of the output were traced on the meta function's layout (the query's order)."""
-    q, k, v = (t.to("neuron") for t in _qkv((2, 4, 5, 8), (2, 4, 6, 8), (2, 4, 6, 3)))
+def test_outputs_are_the_meta_functions_shapes_and_layout(layout, value_dim):
+    """A compiled graph's views of the output were traced on the meta function's layout (the query's order), and its
+    logsumexp is contiguous (the CPU's flash kernel lays its own out (B, S, H))."""
+    q, k, v = (t.to("neuron") for t in _qkv((2, 4, 5, 8), (2, 4, 6, 8), (2, 4, 6, value_dim)))
     if layout == "heads-inner":  # as a model's q.view(B, T, H, D).transpose(1, 2)
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
     out, lse, cum_q, cum_k, max_q, max_k, seed, offset, debug = aten._scaled_dot_product_fused_attention_overrideable(
@@ -105,7 +107,7 @@ def test_outputs_are_the_meta_functions_shapes_and_layout(layout):
     with torch.device("meta"):
         meta = aten._scaled_dot_product_fused_attention_overrideable(q.to("meta"), k.to("meta"), v.to("meta"))
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == (meta[0].shape, meta[0].dtype, meta[1].shape, meta[1].dtype)
-    assert out.stride() == meta[0].stride()
+    assert (out.stride(), lse.stride()) == (meta[0].stride(), meta[1].stride())
     assert (max_q, max_k) == (5, 6) and cum_q is None and cum_k is None and debug is None
     assert seed.numel() == offset.numel() == 0 and out.device.type == lse.device.type == "neuron"  # no dropout
 

@@ -360,3 +360,21 @@ def test_inductor_lowers_attention_whose_key_the_host_lays_out_differently(induc
     (m,) = torch.neuron.get_dynamo_metrics()
     assert (m["lowering"], m["lowering_reason"]) == ("inductor", None)
     assert not [w for w in caught if "runs eagerly" in str(w.message)]
+
+
+def test_a_graph_with_fused_attention_runs_eagerly_under_host_inductor_and_says_why(inductor) -> None:
+    """TorchNeuron's fused attention returns its philox seed and offset (a generator state, an empty int32), not the
+    meta function's int64 scalars, which host Inductor checks at run time: the graph runs eagerly on the device with
+    that reason, where it once stopped the step with Inductor's stride assertion (its logsumexp's layout first)."""
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(2, 16, 4, 8).transpose(1, 2) for _ in range(3))
+    with pytest.warns(UserWarning, match="runs eagerly on the device"):
+        out = torch.compile(attend, backend="neuron")(q.to("neuron"), k.to("neuron"), v.to("neuron"))
+    torch.testing.assert_close(out.cpu(), attend(q, k, v))
+    (m,) = torch.neuron.get_dynamo_metrics()
+    reason = ("aten::_scaled_dot_product_fused_attention_overrideable: its philox seed and offset are TorchNeuron's, "
+              "not the meta function's scalars that host Inductor checks")
+    assert (m["lowering"], m["lowering_reason"]) == ("eager", reason)

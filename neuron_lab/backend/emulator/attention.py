@@ -26,6 +26,11 @@ from torch._meta_registrations import alloc_with_matching_layout
 aten = torch.ops.aten
 
 MATH, OVERRIDEABLE = 0, 4  # SDPBackend's values
+# The fused op and its backward, whose kernels here return TorchNeuron's philox seed and offset (a generator state, an
+# empty int32), not the meta function's int64 scalars: host Inductor, which compiles against the meta function and
+# checks every output's shape, cannot run them (TorchNeuron's own compiler decomposes them first).
+FUSED_OPS = ("aten::_scaled_dot_product_fused_attention_overrideable",
+             "aten::_scaled_dot_product_fused_attention_overrideable_backward")
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -129,15 +134,15 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias=None, d
         m = _math(qa, ka, ba, dropout_p, is_causal, scale, None)
         out, lse = torch.matmul(m.p if m.noise is None else m.p * m.noise, va).to(q.dtype), m.lse
     out = out.squeeze(0) if query.dim() == 3 else _laid_out_as_meta(out, query)
-    # the logsumexp in float, as the meta function gives it; float64 keeps its own (exact 64-bit numerics: backward
-    # needs every bit)
-    lse = lse if q.dtype == torch.float64 else lse.float()
+    # the logsumexp contiguous and in float, as the meta function gives it (the CPU's flash lays it out (B, S, H));
+    # float64 keeps its own (exact 64-bit numerics: backward needs every bit)
+    lse = (lse if q.dtype == torch.float64 else lse.float()).contiguous()
     return out, lse, None, None, q.size(2), k.size(2), state, torch.empty(0, dtype=torch.int32), None
 
 
 def _laid_out_as_meta(out: Tensor, query: Tensor) -> Tensor:
     """The output in the layout the op's meta function gives it (the query's dimension order): a compiled graph's
-    views of it were traced on that layout."""
+    views of it were traced on that layout, and Inductor asserts it."""
     want = alloc_with_matching_layout(query, tuple(out.shape))
     return out if want.stride() == out.stride() else want.copy_(out)
 

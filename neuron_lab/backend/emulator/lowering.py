@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_lab import settings
 from neuron_lab.backend import compile_failures
-from neuron_lab.backend.emulator import runtime, unlowered
+from neuron_lab.backend.emulator import attention, runtime, unlowered
 from neuron_lab.backend.emulator.compile_metrics import NeuronCompilationMetrics
 from neuron_lab.backend.emulator.graph_lines import located_forward
 
@@ -192,12 +192,20 @@ def _on_device(v: Any) -> bool:
     return isinstance(v, Tensor) and v.device.type != "cpu"
 
 
+def _ops_in(gm: torch.fx.GraphModule) -> set[str]:
+    return {n.target.name() for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+
+
 def _no_host_kernel(gm: torch.fx.GraphModule) -> list[str]:
     """Ops with a device kernel but no CPU one (custom ``neuron`` ops): host Inductor cannot run them."""
     has = torch._C._dispatch_has_computed_kernel_for_dispatch_key
-    names = {n.target.name() for n in gm.graph.nodes
-             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
-    return sorted(name for name in names if not has(name, "CPU"))
+    return sorted(name for name in _ops_in(gm) if not has(name, "CPU"))
+
+
+def _fused_attention(gm: torch.fx.GraphModule) -> list[str]:
+    """The fused attention ops in ``gm`` (:data:`attention.FUSED_OPS`)."""
+    return sorted(_ops_in(gm).intersection(attention.FUSED_OPS))
 
 
 _VIEW, _RESHAPE = torch.ops.aten.view.default, torch.ops.aten.reshape.default
@@ -264,8 +272,12 @@ class NeuronGraph:
         self.lowered = True  # TorchNeuron lowered it: its ops run on the device, none falls back
         self._run_eagerly: Callable[..., Any] | None = None
         missing = [] if self.eager else _no_host_kernel(gm)
+        fused = [] if self.eager else _fused_attention(gm)
         if missing:
             self._use_eager(f"no CPU kernel for {', '.join(missing)}, so host Inductor cannot run it")
+        elif fused:
+            self._use_eager(f"{', '.join(fused)}: its philox seed and offset are TorchNeuron's, not the meta "
+                            "function's scalars that host Inductor checks")
 
     def _use_eager(self, reason: str) -> None:
         self.eager = True

@@ -174,8 +174,9 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   }
   out = query.dim() == 3 ? out.squeeze(0) : laid_out_as_meta(out, query);
   return {out,
-          // float, as the meta function gives it; float64 keeps its own (exact 64-bit numerics: backward needs every bit)
-          q.scalar_type() == at::kDouble ? lse : lse.to(at::kFloat),
+          // contiguous and in float, as the meta function gives it (the CPU's flash lays it out (B, S, H)); float64
+          // keeps its own (exact 64-bit numerics: backward needs every bit)
+          (q.scalar_type() == at::kDouble ? lse : lse.to(at::kFloat)).contiguous(),
           at::Tensor(),
           at::Tensor(),
           c10::SymInt(q.size(2)),
