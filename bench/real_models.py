@@ -6,11 +6,13 @@ step each (forward, loss, backward, step, zero_grad), built by bench/model_zoo.p
 random init, nothing downloaded), plus a small MLP's step and a 64x64 add. The CPU and `neuron` copies of a
 model (same weights, same batch) run alternately, round by round; each round's ratio is the device run's
 process CPU time over the CPU run's, so a busy machine's other processes do not count. Median and
-interquartile range over rounds. Each workload runs in a process of its own, as a user's training does: in one
+interquartile range over rounds. Each workload runs in processes of its own, as a user's training does: in one
 process a model's step ran on the heap the models before it left (resnet18 after the transformers faulted in
-freed memory again: 0.90x alone, 1.11-1.23x after them).
+freed memory again: 0.90x alone, 1.11-1.23x after them). And in three: a process draws its own speed, CPU eager's
+included (resnet18's CPU step took 95-107 ms in most processes and 153 ms in some, where the ratio fell to 0.91x),
+so the figure pools the rounds of three processes.
 
-    python bench/real_models.py [--rounds 9] [--figures out/bench/real_models.json] [--workload NAME]
+    python bench/real_models.py [--rounds 9] [--processes 3] [--figures out/bench/real_models.json] [--workload NAME]
 """
 
 from __future__ import annotations
@@ -99,27 +101,32 @@ def measure_one(name: str, rounds: int) -> dict:
     torch.manual_seed(0)
     make, target = WORKLOADS[name]
     runs, number = make()
-    return figures.figure(name, _ratio_rounds(runs, rounds, number), "x", target)
+    samples = _ratio_rounds(runs, rounds, number)
+    return {**figures.figure(name, samples, "x", target), "samples": samples}
 
 
-def measure(rounds: int) -> list[dict]:
-    """Every workload's figure, each measured in a child process of its own."""
-    out = []
-    for name in WORKLOADS:
-        child = subprocess.run([sys.executable, __file__, "--workload", name, "--rounds", str(rounds)],
-                               capture_output=True, text=True, timeout=1800)
-        if child.returncode == 0:
-            out.append(json.loads(child.stdout.splitlines()[-1]))
-        elif "ImportError" in child.stderr or "ModuleNotFoundError" in child.stderr:  # a missing library is said
-            print(f"{name}: skipped ({child.stderr.strip().splitlines()[-1]})")
-        else:
-            raise RuntimeError(f"{name} failed:\n{child.stderr}")
-    return out
+def measure(rounds: int, processes: int = 3) -> list[dict]:
+    """Every workload's figure, over the rounds of ``processes`` child processes of its own (interleaved: each
+    workload's first process, then each one's second, ...)."""
+    samples: dict[str, list[float]] = {name: [] for name in WORKLOADS}
+    for _ in range(processes):
+        for name in list(samples):
+            child = subprocess.run([sys.executable, __file__, "--workload", name, "--rounds", str(rounds)],
+                                   capture_output=True, text=True, timeout=1800)
+            if child.returncode == 0:
+                samples[name] += json.loads(child.stdout.splitlines()[-1])["samples"]
+            elif "ImportError" in child.stderr or "ModuleNotFoundError" in child.stderr:  # a missing library
+                print(f"{name}: skipped ({child.stderr.strip().splitlines()[-1]})")
+                del samples[name]
+            else:
+                raise RuntimeError(f"{name} failed:\n{child.stderr}")
+    return [figures.figure(name, got, "x", WORKLOADS[name][1]) for name, got in samples.items()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=9, help="rounds in each process")
+    ap.add_argument("--processes", type=int, default=3, help="processes each workload runs in (their rounds pooled)")
     ap.add_argument("--figures", help="also write the figures here (bench/table.py reads them)")
     ap.add_argument("--workload", choices=list(WORKLOADS), help="measure this workload only, in this process, and "
                     "print its figure as JSON")
@@ -127,7 +134,7 @@ def main() -> None:
     if args.workload:
         print(json.dumps(measure_one(args.workload, args.rounds)))
         return
-    rows = measure(args.rounds)
+    rows = measure(args.rounds, args.processes)
     print("| workload (compiled core, ratio to CPU eager by CPU time) | median | IQR | target | holds |")
     print("|---|---|---|---|---|")
     for r in rows:
