@@ -115,6 +115,31 @@ def test_hot_ops_probe_signatures_without_a_subscriber(b):
     assert sigs[("aten::add_", "Tensor")] == [(((4, 4), (4, 4)), ("float32", "float32"))]
 
 
+def test_a_typed_kernels_calls_at_one_line_reach_the_subscriber_once_and_keep_their_signatures(b):
+    """A typed kernel's call handed to a subscriber carries its arguments (boxed only for that hand-over); a core that
+    counts by line counts the line's later calls itself, and every call is still probed for a new signature."""
+    from neuron_lab.backend.events import USER
+
+    x, y = torch.ones(4, 4, device="neuron"), torch.ones(2, 4, device="neuron")
+    handed, tallied = [], []
+
+    def subscriber(ev, args, kwargs):
+        handed.append((ev.qualified_name, ev.shapes[:2], [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
+        return (lambda calls, host_ns: tallied.append(calls)), 0
+
+    b.clear_op_tracking()
+    unsubscribe = b.subscribe(subscriber, kinds={"native"}, roles=lambda code: USER)
+    for t in (x, x, x, y):
+        t.add_(t)
+    b.flush_ops()
+    unsubscribe()
+    assert handed[0] == ("aten::add_.Tensor", ((4, 4), (4, 4)), [(4, 4), (4, 4)])
+    assert len(handed) + sum(tallied) == 4, (handed, tallied)
+    (add_,) = [s for s in b.op_stats("native") if (s.name, s.overload) == ("aten::add_", "Tensor")]
+    assert add_.count == 4
+    assert add_.signatures == [(((4, 4), (4, 4)), ("float32", "float32")), (((2, 4), (2, 4)), ("float32", "float32"))]
+
+
 _SEVERAL = {  # the typed kernels of several results, of tensor lists and of the ops a model step calls most
     "cat": lambda x, w, g: torch.cat([x, g, x], 1),
     "tril": lambda x, w, g: torch.tril(x, -1),

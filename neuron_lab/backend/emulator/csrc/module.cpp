@@ -329,7 +329,7 @@ void keep_thread_state() {
 
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
              const std::string& reason, c10::function_ref<const Signature&()> signature, int64_t host_ns,
-             const std::vector<c10::IValue>& args) {
+             c10::function_ref<const std::vector<c10::IValue>&()> call_args) {
   keep_thread_state();
   py::gil_scoped_acquire gil;
   if (deliver_fn == nullptr) return;
@@ -355,6 +355,7 @@ void deliver(const void* key, const std::string& name, const std::string& overlo
       d.dtypes = s[1];
       d.sig = sig;
     }
+    const std::vector<c10::IValue>& args = call_args();
     py::tuple pyargs(args.size());
     for (size_t i = 0; i < args.size(); ++i) pyargs[i] = torch::jit::toPyObject(args[i]);
     py::handle fn(deliver_fn);

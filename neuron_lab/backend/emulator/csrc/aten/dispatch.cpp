@@ -609,55 +609,72 @@ int count(Plan& p, int kind, const std::string& reason, int64_t host_ns) {
   return (probe ? kProbe : 0) | (((wanted.load(std::memory_order_relaxed) >> kind) & 1) ? kDeliver : 0);
 }
 
-// Keeps `s` among the kind's first distinct signatures.
-void keep_signature(OpStat& st, const Signature& s) {
-  std::lock_guard<std::mutex> g(plans_mu);
-  if (st.signatures.size() < kMaxSignatures &&
-      std::find(st.signatures.begin(), st.signatures.end(), s) == st.signatures.end()) {
-    st.signatures.push_back(s);
-  }
-}
-
-// Whether `st` keeps the signature of `tensors` already, compared in place (no vectors, no strings made): a probe of
-// an op called with the same shapes again, the common case, builds nothing.
-bool kept(const OpStat& st, c10::ArrayRef<const at::Tensor*> tensors) {
+// Whether `st` keeps the signature of the tensors `each` visits already, compared in place (no vectors, no strings
+// made): a probe of an op called with the same shapes again, the common case, builds nothing.
+template <typename ForEach>
+bool kept(const OpStat& st, ForEach each) {
   for (const Signature& s : st.signatures) {
     size_t i = 0;
     bool same = true;
-    for (const at::Tensor* t : tensors) {
-      if (!t->defined() || t->unsafeGetTensorImpl()->is_wrapped_number()) continue;  // as add_to skips them
-      if (i >= s.shapes.size() || !t->sizes().equals(s.shapes[i]) ||
-          s.dtypes[i] != c10::getDtypeNames(t->scalar_type()).first) {
-        same = false;
-        break;
-      }
+    each([&](const at::Tensor& t) {
+      if (!same || !t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // as add_to skips them
+      same = i < s.shapes.size() && t.sizes().equals(s.shapes[i]) &&
+             s.dtypes[i] == c10::getDtypeNames(t.scalar_type()).first;
       ++i;
-    }
+    });
     if (same && i == s.shapes.size()) return true;
   }
   return false;
 }
 
-// The same for a typed kernel's call, from its tensors.
+// Keeps the signature of a typed kernel's call, from its tensors, among the kind's first distinct ones.
 void keep_signature(OpStat& st, c10::ArrayRef<const at::Tensor*> tensors) {
   std::lock_guard<std::mutex> g(plans_mu);
-  if (st.signatures.size() < kMaxSignatures && !kept(st, tensors)) st.signatures.push_back(signature_of(tensors));
+  auto each = [&](auto f) {
+    for (const at::Tensor* t : tensors) f(*t);
+  };
+  if (st.signatures.size() < kMaxSignatures && !kept(st, each)) st.signatures.push_back(signature_of(tensors));
 }
 
-// Made only when a probe or a delivery needs it (a call counted at its line does not).
-struct LazySignature {
-  const Stack& args;
+// The same for a boxed call, from its argument stack.
+void keep_signature(OpStat& st, const Stack& args) {
+  std::lock_guard<std::mutex> g(plans_mu);
+  auto each = [&](auto f) {
+    for (const auto& v : args) for_each_tensor(v, f);
+  };
+  if (st.signatures.size() < kMaxSignatures && !kept(st, each)) st.signatures.push_back(signature_of(args));
+}
+
+// A call's argument stack and signature, made only when a delivery calls Python (a call counted at its line, the
+// common case, needs neither: a typed kernel's arguments are not even boxed).
+struct Lazy {
+  explicit Lazy(const Stack& args) : given(&args) {}
+  explicit Lazy(c10::function_ref<Stack()> make) : make(make) {}
+  std::optional<c10::function_ref<Stack()>> make;
+  const Stack* given = nullptr;
+  std::optional<Stack> made;
   std::optional<Signature> sig;
-  const Signature& operator()() {
-    if (!sig) sig = signature_of(args);
+  const Stack& args() {
+    if (given == nullptr) given = &made.emplace((*make)());
+    return *given;
+  }
+  const Signature& signature() {
+    if (!sig) sig = signature_of(args());
     return *sig;
   }
 };
 
+void deliver_lazily(Plan& p, int kind, const std::string& reason, int64_t host_ns, Lazy& lazy) {
+  deliver(&p, p.name, p.overload, kind, reason, [&]() -> const Signature& { return lazy.signature(); }, host_ns,
+          [&]() -> const Stack& { return lazy.args(); });
+}
+
 void examine(Plan& p, int kind, const std::string& reason, int64_t host_ns, const Stack& args, int wants) {
-  LazySignature sig{args};
-  if (wants & kProbe) keep_signature(p.stats[kind], sig());
-  if (wants & kDeliver) deliver(&p, p.name, p.overload, kind, reason, sig, host_ns, args);
+  if (wants & kProbe) keep_signature(p.stats[kind], args);
+  if (wants & kDeliver) {
+    Lazy lazy(args);
+    deliver_lazily(p, kind, reason, host_ns, lazy);
+  }
 }
 
 }  // namespace
@@ -814,10 +831,10 @@ void tally(Plan& p, const Classified& kind, int64_t host_ns, c10::ArrayRef<const
 void record(Plan& p, int kind, const std::string& reason, int64_t host_ns, c10::ArrayRef<const at::Tensor*> tensors,
             c10::function_ref<Stack()> args) {
   const int wants = count(p, kind, reason, host_ns);
+  if (wants & kProbe) keep_signature(p.stats[kind], tensors);
   if (wants & kDeliver) {
-    examine(p, kind, reason, host_ns, args(), wants);
-  } else if (wants & kProbe) {
-    keep_signature(p.stats[kind], tensors);
+    Lazy lazy(args);
+    deliver_lazily(p, kind, reason, host_ns, lazy);
   }
 }
 
@@ -901,8 +918,8 @@ void set_sync_kind(int kind) {
 void sync_point(Plan& p, const Stack& args) {
   const int k = sync_kind.load();
   if (k < 0 || !((wanted.load() >> k) & 1)) return;
-  LazySignature sig{args};
-  deliver(&p, p.name, p.overload, k, "", sig, 0, args);
+  Lazy lazy(args);
+  deliver_lazily(p, k, "", 0, lazy);
 }
 
 void count_transfer(int64_t to_device, int64_t to_host) {

@@ -164,12 +164,12 @@ struct Classification {
   std::vector<NamedArgTest> tests;
 };
 Classification classify(const std::string& name, const std::vector<std::string>& dtypes);
-// `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key. A call
-// at a line its subscriber is done with is only counted there (lines.h): no signature, no Python call.
 // A call of an abort op, before it runs: Python flags it (a row, a warning) or raises when a parameter is among `args`.
 void abort_check(const std::string& name, const std::string& overload, const std::vector<c10::IValue>& args);
+// `key` names the op (its plan): the Python strings and the last signature's tuples are made once per key. A call
+// at a line its subscriber is done with is only counted there (lines.h): no signature, no arguments, no Python call.
 void deliver(const void* key, const std::string& name, const std::string& overload, int kind,
              const std::string& reason, c10::function_ref<const Signature&()> sig, int64_t host_ns,
-             const std::vector<c10::IValue>& args);
+             c10::function_ref<const std::vector<c10::IValue>&()> args);
 
 }  // namespace neuron_lab
