@@ -74,6 +74,7 @@ _bench_loop_s, _bench_loop_cpu = time.perf_counter() - _bench_t0, time.process_t
 PLAIN, PLAIN_AGAIN = "no extension", "no extension, again"
 OFF, ON = "extension, call sites off", "extension, call sites on"
 CONFIGS = (PLAIN, OFF, PLAIN_AGAIN, ON)  # the starting order; it rotates per round
+STEPS = 50  # training steps per cell (~100 ms); bench/extension_counts.py also counts a 20-step cell
 TARGETS = {OFF: 1.03, ON: 1.03}  # issue 31: the extension as loaded (call sites on by default) costs <= 3% a cell
 NOISY = 0.05  # an A/A interquartile range wider than this either side of 1 gets a note
 MEASURES = (("loop", "loop (in cell)"), ("cell", "whole run_cell"))
@@ -135,7 +136,7 @@ def setup(shell, batch: int, width: int) -> None:
     shell.run_cell(SETUP.format(batch=batch, width=width), store_history=True).raise_error()
 
 
-def measure(repeat: int = 15, steps: int = 50, batch: int = 64, width: int = 128) -> dict:
+def measure(repeat: int = 15, steps: int = STEPS, batch: int = 64, width: int = 128) -> dict:
     """Per-round ratios of each loaded configuration (and the A/A control) for every measure of :func:`run_loop`."""
     shell = make_shell()
     loop = LOOP.format(steps=steps)
@@ -211,7 +212,7 @@ def instructions(rounds: int = 3, steps: int = 20) -> dict[str, list[float]] | s
     return out
 
 
-def profile(steps: int = 50, batch: int = 64, width: int = 128, top: int = 15) -> dict:
+def profile(steps: int = STEPS, batch: int = 64, width: int = 128, top: int = 15) -> dict:
     """One call-sites-on cell under cProfile (after a warm-up): the observing code's share, and its top functions."""
     shell = make_shell()
     loop = LOOP.format(steps=steps)
@@ -232,7 +233,7 @@ def profile(steps: int = 50, batch: int = 64, width: int = 128, top: int = 15) -
             "entries_share": entries / st.total_tt, "table": buf.getvalue()}
 
 
-def rows(repeat: int = 15, steps: int = 50) -> list[dict]:
+def rows(repeat: int = 15, steps: int = STEPS) -> list[dict]:
     """Rows in bench/run.py's format (name, ratio, target, float details): medians of the wall-clock ratios."""
     m = measure(repeat=repeat, steps=steps)
     out = []
@@ -264,7 +265,7 @@ def _with_ci(ratios: list[float], target: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=15, help="rounds (each runs every configuration once)")
-    ap.add_argument("--steps", type=int, default=50, help="training steps per cell")
+    ap.add_argument("--steps", type=int, default=STEPS, help="training steps per cell")
     ap.add_argument("--json", help="also write the measurements to this file")
     ap.add_argument("--figures", help="also write the CPU-time figures here (bench/table.py)")
     ap.add_argument("--instructions", type=int, default=3, metavar="ROUNDS",
