@@ -80,3 +80,17 @@ def test_a_stopped_report_is_final_and_a_copy_is_its_own() -> None:
         report.detail = "full"
     shown = dataclasses.replace(report, detail="full")
     assert (shown.detail, report.detail) == ("full", "table")
+
+
+def test_a_row_lists_its_first_four_tensors_shapes_and_full_lists_all() -> None:
+    """An optimizer's ``_foreach`` call has three tensors a parameter: a row shows the first four and how many more, in
+    text and HTML; ``--full`` and the JSON keep every one."""
+    from neuron_lab.report.text import render_text
+
+    shapes = tuple((n, 2) for n in range(1, 13))
+    row = OpRow("aten::_foreach_lerp_.Scalar", kinds.POSSIBLE, "", 1, shapes=shapes, dtypes=("float32",) * 12)
+    r = Report("In[1]", 1, "neuron:0", "default", "emulator", ops_not_native=[row])
+    first = "[1, 2] float32, [2, 2] float32, [3, 2] float32, [4, 2] float32, … 8 more tensors"
+    assert first in str(r) and first in r._repr_html_() and "[5, 2]" not in str(r) + r._repr_html_()
+    assert "[12, 2] float32" in render_text(r, "full")
+    assert len(r.as_dict()["ops_not_native"][0]["shapes"]) == 12

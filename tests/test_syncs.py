@@ -40,6 +40,15 @@ def test_an_item_per_step_is_one_line_with_its_count(shell) -> None:
     assert str(r).splitlines()[-1].startswith("device-to-host syncs: 1 (item ×1 at"), str(r)  # no int64→int32 words
 
 
+def test_a_syncs_one_line_counts_each_line_as_its_own(shell) -> None:
+    """The op's count is not its busiest line's: the one line says that line's own count and how many lines more."""
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    r = _report(shell, "for i in range(3):\n    u = x.sum().item()\nv = x.max().item()")
+    assert _syncs(r) == {"item": (4, [(2, 3), (3, 1)])}
+    assert str(r).splitlines()[-1] == (f"device-to-host syncs: 4 (item ×4 at In[{r.cell}] line 2 (3×), 1 more site) — "
+                                       "`%neuron report --full` lists them"), str(r)
+
+
 def test_print_tolist_cpu_nonzero_and_if_each_at_their_line(shell) -> None:
     run(shell, "import torch\nx = torch.ones(4, device='neuron')")
     r = _report(shell, "print(x)\ny = x.tolist()\nz = x.cpu()\nn = torch.nonzero(x)\nif x.sum():\n    pass")

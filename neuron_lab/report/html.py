@@ -133,8 +133,8 @@ def _op_rows(rows: list[OpRow], full: bool, timed: bool, refs: dict[str, int]) -
     for r in rows:
         why = f"[{refs[r.reason]}]" if r.reason in refs else sentence(r.why)
         n = r.count
-        cells = [f"<code>{_repeated(r.op)}</code>", f"{n}" if 0 <= n < 1000 else f"{n:,}", _repeated(shape_text(r)),
-                 why if r.rewrite is None else why + _rewrite(r), _site_cells(r, full)]
+        cells = [f"<code>{_repeated(r.op)}</code>", f"{n}" if 0 <= n < 1000 else f"{n:,}",
+                 _repeated(shape_text(r, full)), why if r.rewrite is None else why + _rewrite(r), _site_cells(r, full)]
         if timed:
             cells.insert(2, format_seconds(r.host_ns / 1e9))  # a duration's text needs no escaping
         out.append(cells)

@@ -13,6 +13,7 @@ from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
 from neuron_lab.report.kept import ByIdentity
 from neuron_lab.report.model import Compiles, OpRow, OutOfMemory, Report
+from neuron_lab.report.sites import op_line
 from neuron_lab.units import count, format_capacity, format_delta, format_seconds, format_size
 
 FOLD = 8  # rows shown per list in "table" detail; "full" shows all
@@ -88,25 +89,30 @@ def host_growth(r: Report, full: bool = False) -> str | None:
 
 
 # -- op rows: the sections of ops that did not run natively (Report.sections) -----------------------------------------
-def shape_text(row: OpRow) -> str:
-    """The first call's shapes and dtypes; for a collective, its bytes and group size first."""
+def shape_text(row: OpRow, full: bool = False) -> str:
+    """The first call's shapes and dtypes (the first :data:`SHAPES_SHOWN` tensors' unless ``full``: an optimizer's
+    ``_foreach`` call has three of every parameter); for a collective, its bytes and group size first."""
     moved = f"{format_size(row.nbytes)} over {row.ranks} ranks  " if row.ranks else ""
     if not row.shapes:
         return moved.rstrip()
-    hit = _SHAPES.texts.get((id(row.shapes), id(row.dtypes)))  # the text's, for the HTML: no nested tuple hashed
-    shapes = hit[2] if hit is not None else _SHAPES.keep(row.shapes, row.dtypes,
-                                                         _shapes_text(tuple(row.shapes), tuple(row.dtypes)))
+    kept = _ALL_SHAPES if full else _SHAPES
+    hit = kept.texts.get((id(row.shapes), id(row.dtypes)))  # the text's, for the HTML: no nested tuple hashed
+    shapes = hit[2] if hit is not None else kept.keep(row.shapes, row.dtypes,
+                                                      _shapes_text(tuple(row.shapes), tuple(row.dtypes), full))
     return moved + shapes
 
 
-_SHAPES = ByIdentity()
+SHAPES_SHOWN = 4  # tensors whose shapes a row lists (``--full`` and the JSON: all of them)
+_SHAPES, _ALL_SHAPES = ByIdentity(), ByIdentity()
 
 
 @functools.lru_cache(maxsize=512)
-def _shapes_text(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...]) -> str:
-    """Shapes and dtypes as text, made once per signature: every cell of a loop reports the same ones (an
-    optimizer's ``_foreach`` calls list every parameter), in its text and its HTML."""
-    return ", ".join(f"{list(s)} {d}" for s, d in zip(shapes, dtypes))
+def _shapes_text(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...], full: bool) -> str:
+    """Shapes and dtypes as text, made once per signature: every cell of a loop reports the same ones, in its text and
+    its HTML."""
+    shown = len(shapes) if full else SHAPES_SHOWN
+    text = ", ".join(f"{list(s)} {d}" for s, d in zip(shapes[:shown], dtypes[:shown]))
+    return text + (f", … {count(len(shapes) - shown, 'more tensor')}" if len(shapes) > shown else "")
 
 
 def expected_downcast(row: OpRow) -> bool:
@@ -168,10 +174,12 @@ def one_line(kind: kinds.Kind, rows: list[OpRow]) -> str:
                   if kind.name == kinds.DOWNCAST else ())  # a sync's int64 item is read as it is
     dtypes = "/".join(f"{d}→{d.removesuffix('64')}32" for d in wide)
     busiest = sorted(rows, key=lambda r: (-r.count, r.op))
-    at = {r.op: f" at {r.sites[0].site.label}" if kind.why and r.sites else "" for r in busiest}  # a sync: its line
-    ops = ", ".join([f"{r.op} ×{r.count:,}{at[r.op]}" for r in busiest[:3]])
+    if kind.why:  # a sync: its busiest line, with that line's own count when there are more
+        ops = "; ".join([op_line(r, sites=1) for r in busiest[:3]])
+    else:
+        ops = ", ".join([f"{r.op} ×{r.count:,}" for r in busiest[:3]])
     if len(rows) > 3:
-        ops += f", … {count(len(rows) - 3, 'more op')}"
+        ops += f"{'; ' if kind.why else ', '}… {count(len(rows) - 3, 'more op')}"
     return f"{kind.title}: {total:,}{' ' + dtypes if dtypes else ''} ({ops}) — `%neuron report --full` lists them"
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from html import escape
 
+from neuron_lab.kinds import HOST
 from neuron_lab.report.kept import ByIdentity
-from neuron_lab.report.model import Site
+from neuron_lab.report.model import OpRow, Site
+from neuron_lab.units import count
 
 LED_FROM = " ← "  # between a library's line and the user's line that led to it
+SITES_SHOWN = 3  # call sites an op_line lists; the report's tables and its JSON have all
 
 
 def called_at(site: Site | None, via: Site | None = None) -> str:
@@ -40,3 +43,15 @@ def _html(site: Site | None, via: Site | None) -> str:
     if site is not None:
         parts.append(f"<code>{escape(site.label)}</code> {escape(site.source)}")
     return escape(LED_FROM).join(parts) or "?"
+
+
+def op_line(row: OpRow, sites: int = SITES_SHOWN) -> str:
+    """``aten::atan2.out ×5 at In[3] line 7 (3×), In[4] line 2 (2×)``: one op with its first call sites (each with its
+    own count when there are several: the op's count is not one line's), how many more, and calls without a line."""
+    where = [f"{sc.site.label} ({sc.count:,}×)" if len(row.sites) > 1 else sc.site.label for sc in row.sites[:sites]]
+    if len(row.sites) > sites:
+        where.append(count(len(row.sites) - sites, "more site"))
+    if row.unattributed:
+        where.append(f"{row.unattributed:,}× without a user line")
+    host = " (host op)" if row.kind == HOST else ""
+    return f"{row.op}{host} ×{row.count:,}" + (f" at {', '.join(where)}" if where else "")

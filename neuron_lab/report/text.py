@@ -90,7 +90,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
         why = f"  why [{refs[row.reason]}]" if refs is not None and row.reason in refs else ""
         n = row.count  # below 1,000 nothing to group: the cheaper format (every row of every report)
         calls = f"{n}".rjust(7) if 0 <= n < 1000 else f"{n:>7,}"
-        lines.append(f"  {row.op:<32} {calls}×{time}  {shape_text(row)}{why}".rstrip())
+        lines.append(f"  {row.op:<32} {calls}×{time}  {shape_text(row, full)}{why}".rstrip())
         if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
         if row.rewrite is not None:

@@ -13,9 +13,8 @@ from typing import Any
 from neuron_lab.kinds import ABORT, KINDS, OFF_DEVICE, UNSUPPORTED
 from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import Report
-from neuron_lab.report.sites import called_at
+from neuron_lab.report.sites import called_at, op_line
 from neuron_lab.runner.options import op_matches
-from neuron_lab.runner.summary import op_line
 from neuron_lab.units import count, format_size
 
 

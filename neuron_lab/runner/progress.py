@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuron_lab.report.sites import op_line
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import FAILED, OK, CellRecord
-from neuron_lab.runner.summary import op_line
 from neuron_lab.units import count, format_seconds
 
 INDENT = "    "

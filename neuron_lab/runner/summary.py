@@ -12,14 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_lab.kinds import HOST
 from neuron_lab.report.aggregate import merge_reports
 from neuron_lab.report.model import OpRow, Report, Site
 from neuron_lab.report.text import render_text
 from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, CellRecord
 from neuron_lab.units import count, format_capacity, format_seconds, format_size
-
-SITES_SHOWN = 3  # call sites an op_line lists; the JSON has all
 
 
 @dataclass
@@ -58,17 +55,6 @@ def summarize(cells: list[CellRecord], seconds: float) -> Summary:
     return Summary(len(cells), sum(c.status != NOT_RUN for c in cells), seconds, merge_reports(rs),
                    peak.title if peak is not None else None,
                    [c for c in cells if c.status in (*FAILED, DIED)])
-
-
-def op_line(row: OpRow, sites: int = SITES_SHOWN) -> str:
-    """``aten::atan2.out ×5 at In[3] line 7 (3×), In[4] line 2 (2×)``: one op with its first call sites."""
-    where = [f"{sc.site.label} ({sc.count:,}×)" if len(row.sites) > 1 else sc.site.label for sc in row.sites[:sites]]
-    if len(row.sites) > sites:
-        where.append(count(len(row.sites) - sites, "more site"))
-    if row.unattributed:
-        where.append(f"{row.unattributed:,}× without a user line")
-    host = " (host op)" if row.kind == HOST else ""
-    return f"{row.op}{host} ×{row.count:,}" + (f" at {', '.join(where)}" if where else "")
 
 
 def render(s: Summary) -> list[str]:
