@@ -554,6 +554,22 @@ def test_the_same_float64_cell_agrees_with_exact_64bit(run_python):
         "int64 in int32)" in out["text"]
 
 
+def test_a_checks_own_copies_and_reads_are_not_the_cells_and_a_users_item_still_is(shell):
+    run(shell, "import torch\na = torch.ones(1000, device=device)\nmodel = torch.nn.Linear(8, 1).to(device)\n"
+               "x = torch.ones(4, 8, device=device)")
+    run(shell, "%%neuron parity\nb = a * 2")
+    r = last_report(shell)
+    assert (r.ops, r.sync_calls, r.h2d_bytes, r.d2h_bytes) == (1, 0, 0, 0), str(r)  # a * 2, nothing more
+    assert "syncs" not in str(r) and "interactiveshell" not in str(r)
+    run(shell, "%%neuron parity\nb = a * 2\nv = b.sum().item()")
+    r = last_report(shell)
+    assert (r.ops, r.sync_calls, r.d2h_bytes) == (2, 1, 4), str(r)  # a * 2, b.sum(), and the user's own read
+    assert [(s.site.line, s.count) for s in r.syncs[0].sites] == [(3, 1)]  # the .item(), at its own line
+    run(shell, "%%neuron compare --warmup 0 --runs 3\nout = model(x)")
+    r = last_report(shell)
+    assert (r.sync_calls, r.d2h_bytes, r.ops) == (0, 0, 1), str(r)  # the real run's addmm alone
+
+
 # -- bad flags -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("line, message", [
     ("%%neuron parity --rtol 1e-3", "give both --rtol and --atol, or neither"),
