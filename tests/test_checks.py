@@ -570,6 +570,24 @@ def test_a_checks_own_copies_and_reads_are_not_the_cells_and_a_users_item_still_
     assert (r.sync_calls, r.d2h_bytes, r.ops) == (0, 0, 1), str(r)  # the real run's addmm alone
 
 
+def test_an_eager_cells_parity_check_loads_no_compiler(run_python):
+    out = run_python("""
+        import json, sys
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        from traitlets.config import Config
+        c = Config(); c.HistoryAccessor.enabled = False
+        sh = InteractiveShell(config=c)
+        with capture_output() as cap:
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("import torch\\na = torch.ones(1000, device=device)", store_history=True)
+            res = sh.run_cell("%%neuron parity\\nb = a * 2", store_history=True)
+        print(json.dumps({"passed": res.result.passed, "dynamo": "torch._dynamo" in sys.modules,
+                          "said": "loading PyTorch's compiler" in cap.stdout + cap.stderr}))
+    """, {})
+    assert out == {"passed": True, "dynamo": False, "said": False}
+
+
 # -- bad flags -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("line, message", [
     ("%%neuron parity --rtol 1e-3", "give both --rtol and --atol, or neither"),
