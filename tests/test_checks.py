@@ -814,6 +814,7 @@ def test_a_cold_run_faster_than_the_timed_ones_is_the_min_and_ends_shown_alike_o
     # the walkthrough's run: eager's cold run 749 µs under its timed runs' 22.5 ms; compiled's median shown as that
     r = timed([22.51, 24.8, 23, 40.7, 25], [1.0, 22.3, 22.49, 27.4, 23], first_ms=(0.749, 22.3))
     assert r.eager.min_s == pytest.approx(0.000749) and r.eager.spread_s == pytest.approx((0.000749, 0.0248))
+    assert Timing(0.5).min_s == 0.5  # no timed run yet: the first is the fastest
     assert r.within_noise is True and r.speedup is None and r.break_even is None, str(r)
     assert "within noise: the spreads (min–median) eager 749 µs–24.8 ms, compiled 1.0 ms–22.5 ms overlap" in str(r)
     shown_alike = timed([22.51, 24.8, 23, 40.7, 25], [1.0, 22.3, 22.49, 27.4, 23], first_ms=(30, 22.3))

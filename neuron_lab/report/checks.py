@@ -195,7 +195,7 @@ class Timing:
         way (timeit's reasoning), so the figure a speed-up and a break-even are reckoned from. A first run faster than
         every timed one says the machine slowed those, and the spread must show it (a first run that compiled is
         never the fastest)."""
-        return min(self.first_s, *self.runs_s)
+        return min([self.first_s, *self.runs_s])
 
     @property
     def max_s(self) -> float:
