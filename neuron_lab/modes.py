@@ -5,7 +5,8 @@
   that are already compiled (``torch.compile(model)``, ``model.compile()``) and explicitly compiled
   functions are left alone. Dynamo's code cache keeps the compiled code per module and options,
   so re-running a cell does not recompile.
-- ``eager``: ``torch.compiler.set_stance("force_eager")``; explicitly compiled functions run eagerly.
+- ``eager``: ``torch.compiler.set_stance("force_eager")``, once dynamo is loaded; explicitly compiled functions run
+  eagerly.
 - ``default``: code runs as written.
 
 Modes nest (a ``%%neuron eager`` cell inside ``%neuron mode compile``) and always restore the
@@ -17,11 +18,12 @@ from __future__ import annotations
 import threading
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from neuron_lab.trace import compiler_loading
 from neuron_lab.trace.compiles import observed
 
 DEFAULT, EAGER, COMPILE = "default", "eager", "compile"
@@ -112,12 +114,25 @@ def mode(name: str, options: CompileOptions | None = None) -> Iterator[None]:
     elif name == EAGER:
         _push(None)
         try:
-            with torch.compiler.set_stance("force_eager"):
+            with _forced_eager():
                 yield
         finally:
             _pop()
     else:
         yield
+
+
+@contextmanager
+def _forced_eager() -> Iterator[None]:
+    """``set_stance("force_eager")`` from the moment dynamo is loaded: at once when it is, else when the block's code
+    loads it (a ``torch.compile`` call does, before it compiles anything). Setting a stance loads dynamo (seconds),
+    which a block that compiles nothing, such as a parity check's reference run, must not pay."""
+    with ExitStack() as stack:
+        cancel = compiler_loading.when_loaded(lambda: stack.enter_context(torch.compiler.set_stance("force_eager")))
+        try:
+            yield
+        finally:
+            cancel()
 
 
 def patched() -> bool:

@@ -37,13 +37,22 @@ def format_delta(n: int) -> str:
     return ("+" if n >= 0 else "-") + format_size(abs(n))
 
 
+def _seconds_unit(s: float) -> tuple[float, int, str]:
+    """How :func:`format_seconds` shows ``s``: (scale, decimals, unit)."""
+    return (1.0, 2, "s") if s >= 1 else (1e3, 1, "ms") if s >= 1e-3 else (1e6, 0, "µs")
+
+
 @functools.lru_cache(maxsize=1024)  # a report's text and HTML each show its rows' times
 def format_seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s * 1e6:.0f} µs"
+    scale, decimals, unit = _seconds_unit(s)
+    return f"{s * scale:.{decimals}f} {unit}"
+
+
+def seconds_as_shown(s: float) -> float:
+    """``s`` rounded as :func:`format_seconds` shows it: figures compared as a reader reads them (two shown alike
+    are equal)."""
+    scale, decimals, _ = _seconds_unit(s)
+    return round(s * scale, decimals) / scale
 
 
 def count(n: int, noun: str) -> str:

@@ -18,7 +18,7 @@ from neuron_lab import modes
 from neuron_lab.extension import session_of
 from neuron_lab.report.checks import Agreement, CompareResult, ParityResult, Timing, overlap
 from neuron_lab.report.checks_rows import check_summary_line
-from neuron_lab.units import format_seconds
+from neuron_lab.units import count, format_seconds
 
 
 def last_report(sh):
@@ -554,6 +554,40 @@ def test_the_same_float64_cell_agrees_with_exact_64bit(run_python):
         "int64 in int32)" in out["text"]
 
 
+def test_a_checks_own_copies_and_reads_are_not_the_cells_and_a_users_item_still_is(shell):
+    run(shell, "import torch\na = torch.ones(1000, device=device)\nmodel = torch.nn.Linear(8, 1).to(device)\n"
+               "x = torch.ones(4, 8, device=device)")
+    run(shell, "%%neuron parity\nb = a * 2")
+    r = last_report(shell)
+    assert (r.ops, r.sync_calls, r.h2d_bytes, r.d2h_bytes) == (1, 0, 0, 0), str(r)  # a * 2, nothing more
+    assert "syncs" not in str(r) and "interactiveshell" not in str(r)
+    run(shell, "%%neuron parity\nb = a * 2\nv = b.sum().item()")
+    r = last_report(shell)
+    assert (r.ops, r.sync_calls, r.d2h_bytes) == (2, 1, 4), str(r)  # a * 2, b.sum(), and the user's own read
+    assert [(s.site.line, s.count) for s in r.syncs[0].sites] == [(3, 1)]  # the .item(), at its own line
+    run(shell, "%%neuron compare --warmup 0 --runs 3\nout = model(x)")
+    r = last_report(shell)
+    assert (r.sync_calls, r.d2h_bytes, r.ops) == (0, 0, 1), str(r)  # the real run's addmm alone
+
+
+def test_an_eager_cells_parity_check_loads_no_compiler(run_python):
+    out = run_python("""
+        import json, sys
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        from traitlets.config import Config
+        c = Config(); c.HistoryAccessor.enabled = False
+        sh = InteractiveShell(config=c)
+        with capture_output() as cap:
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("import torch\\na = torch.ones(1000, device=device)", store_history=True)
+            res = sh.run_cell("%%neuron parity\\nb = a * 2", store_history=True)
+        print(json.dumps({"passed": res.result.passed, "dynamo": "torch._dynamo" in sys.modules,
+                          "said": "loading PyTorch's compiler" in cap.stdout + cap.stderr}))
+    """, {})
+    assert out == {"passed": True, "dynamo": False, "said": False}
+
+
 # -- bad flags -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("line, message", [
     ("%%neuron parity --rtol 1e-3", "give both --rtol and --atol, or neither"),
@@ -702,7 +736,7 @@ pace.n = 0
 
 def paced_compare(shell, eager_ms, compiled_ms):
     run(shell, PACED.lstrip())
-    shell.user_ns["pace"].plan = [0, *eager_ms, 0, *compiled_ms]
+    shell.user_ns["pace"].plan = [max(eager_ms), *eager_ms, 0, *compiled_ms]  # eager's cold run: not its fastest
     res, _ = run(shell, "%%neuron compare --warmup 0 --runs 5\npace()\nnet.train()\nout = net(x)")
     assert shell.user_ns["pace"].n == 13  # 6 eager, 6 compiled (each one cold), the real run
     return res.result
@@ -713,7 +747,7 @@ def test_compare_says_when_the_difference_is_within_noise_and_claims_no_speedup(
     assert r.passed and r.within_noise is True and r.speedup is None and r.break_even is None, str(r)
     lines = str(r).splitlines()
     assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.min_s)} vs compiled "
-                               f"{format_seconds(r.compiled.min_s)} (min of 5): within noise · "
+                               f"{format_seconds(r.compiled.min_s)} (min of 6): within noise · "
                                "emulator: host CPU timings · compile ")
     assert lines[0].endswith(" · outputs agree (4 items)")
     assert lines[1].split() == ["mode", "min", "median", "max", "first", "run", "runs"], lines[1]
@@ -735,22 +769,23 @@ def test_compare_gives_the_ratio_when_the_runs_are_clearly_apart(shell):
     r = paced_compare(shell, [40] * 5, [1] * 5)
     assert r.passed and r.within_noise is False and r.speedup > 4, str(r)
     lines = str(r).splitlines()
-    be = "never breaks even" if r.break_even is None else f"breaks even after {r.break_even:,} runs"
+    be = "never breaks even" if r.break_even is None else f"breaks even after {count(r.break_even, 'run')}"
     assert lines[0].startswith(f"neuron_lab compare eager {format_seconds(r.eager.min_s)} vs compiled "
-                               f"{format_seconds(r.compiled.min_s)} (min of 5): {r.speedup:.2f}× · "
+                               f"{format_seconds(r.compiled.min_s)} (min of 6): {r.speedup:.2f}× · "
                                "emulator: host CPU timings · compile ")
     assert f" · {be} · outputs agree (4 items)" in lines[0]
-    assert lines[4].startswith(f"speedup {r.speedup:.2f}× (min of 5; the spreads (min–median) eager ") and \
+    assert lines[4].startswith(f"speedup {r.speedup:.2f}× (min of 6; the spreads (min–median) eager ") and \
         lines[4].endswith(f"do not overlap) · compile cost {format_seconds(r.compile_cost_s)} (dynamo and backend "
                           f"{format_seconds(r.compile_s)}, 1 frame compile, 1 graph) · {be}"), lines[4]
 
 
 def timed(eager_ms: list[float], compiled_ms: list[float], first_ms: tuple[float, float] = (50, 50),
-          note: str | None = None) -> CompareResult:
-    """A compare result from made-up timings (ms), its outputs in agreement."""
+          note: str | None = None, frames: int = 1) -> CompareResult:
+    """A compare result from made-up timings (ms), its outputs in agreement; ``frames``: frames it compiled."""
     return CompareResult("neuron:0", "neuron", False, 1, len(eager_ms), Agreement("compiled", "eager"),
                          Timing(first_ms[0] / 1e3, [t / 1e3 for t in eager_ms]),
-                         Timing(first_ms[1] / 1e3, [t / 1e3 for t in compiled_ms]), timing_note=note)
+                         Timing(first_ms[1] / 1e3, [t / 1e3 for t in compiled_ms]), frames=frames, graphs=frames,
+                         timing_note=note)
 
 
 def test_spreads_that_overlap_are_within_noise_and_claim_nothing():
@@ -759,7 +794,7 @@ def test_spreads_that_overlap_are_within_noise_and_claim_nothing():
     assert (r.eager.spread_s, r.compiled.spread_s) == ((0.045, 0.048), (0.0017, 0.123))
     assert r.within_noise is True and r.speedup is None and r.break_even is None
     assert check_summary_line(r).startswith(f"compare eager {format_seconds(0.045)} vs compiled "
-                                            f"{format_seconds(0.0017)} (min of 5): within noise · compile ")
+                                            f"{format_seconds(0.0017)} (min of 6): within noise · compile ")
     assert "×" not in str(r) and "breaks even" not in str(r) and "host CPU" not in str(r)
 
 
@@ -767,12 +802,48 @@ def test_spreads_apart_give_the_speedup_of_the_fastest_runs_and_the_break_even()
     r = timed([40, 41, 40, 45, 42], [1, 1.2, 1.1, 1, 1.3], first_ms=(42, 508), note="emulator: host CPU timings")
     assert r.within_noise is False and r.speedup == pytest.approx(40) and r.break_even == 13  # 1 + ⌈466 / 39⌉
     line = check_summary_line(r)
-    assert line.startswith(f"compare eager {format_seconds(0.04)} vs compiled {format_seconds(0.001)} (min of 5): "
+    assert line.startswith(f"compare eager {format_seconds(0.04)} vs compiled {format_seconds(0.001)} (min of 6): "
                            "40.00× · emulator: host CPU timings · ")
     assert " · breaks even after 13 runs · outputs agree (0 items)" in line
     slower = timed([1, 1.2, 1.1, 1, 1.3], [50, 51, 50, 55, 52])
     assert slower.speedup == pytest.approx(1 / 50) and slower.break_even is None
     assert "0.02× · compile " in check_summary_line(slower) and "never breaks even" in check_summary_line(slower)
+
+
+def test_a_cold_run_faster_than_the_timed_ones_is_the_min_and_ends_shown_alike_overlap():
+    # the walkthrough's run: eager's cold run 749 µs under its timed runs' 22.5 ms; compiled's median shown as that
+    r = timed([22.51, 24.8, 23, 40.7, 25], [1.0, 22.3, 22.49, 27.4, 23], first_ms=(0.749, 22.3))
+    assert r.eager.min_s == pytest.approx(0.000749) and r.eager.spread_s == pytest.approx((0.000749, 0.0248))
+    assert Timing(0.5).min_s == 0.5  # no timed run yet: the first is the fastest
+    assert r.within_noise is True and r.speedup is None and r.break_even is None, str(r)
+    assert "within noise: the spreads (min–median) eager 749 µs–24.8 ms, compiled 1.0 ms–22.5 ms overlap" in str(r)
+    shown_alike = timed([22.51, 24.8, 23, 40.7, 25], [1.0, 22.3, 22.49, 27.4, 23], first_ms=(30, 22.3))
+    assert shown_alike.eager.spread_s[0] > shown_alike.compiled.spread_s[1]  # apart by 20 µs, both shown 22.5 ms
+    assert shown_alike.within_noise is True and "do not overlap" not in str(shown_alike)
+
+
+def test_nothing_compiled_claims_no_compile_cost_nor_break_even_and_one_run_is_singular():
+    r = timed([40, 41, 40, 45, 42], [1, 1.2, 1.1, 1, 1.3], first_ms=(42, 30), frames=0)
+    assert r.within_noise is False and r.compiled_nothing and r.compile_cost_s is None and r.break_even is None
+    line = check_summary_line(r)
+    assert " (min of 6): 40.00× · nothing compiled · outputs agree (0 items)" in line, line
+    facts = str(r).splitlines()[4]
+    assert facts.startswith("speedup 40.00× (min of 6;") and "(dynamo and backend" not in str(r) and \
+        "breaks even" not in str(r), str(r)
+    once = timed([40, 41, 40, 45, 42], [1, 1.2, 1.1, 1, 1.3], first_ms=(42, 41))  # compiled's first run costs no more
+    assert once.break_even == 1 and check_summary_line(once).endswith(" · breaks even after 1 run · outputs agree "
+                                                                      "(0 items)")
+
+
+def test_a_second_compare_of_a_cached_module_claims_no_compile_cost(shell):
+    run(shell, BREAKING.lstrip())
+    run(shell, "%%neuron compare --warmup 0 --runs 3\nout = net(x)")
+    res, _ = run(shell, "%%neuron compare --warmup 0 --runs 3\nout = net(x)")  # dynamo's cache holds it now
+    r = res.result
+    assert r.passed and r.compiled_nothing and r.compile_cost_s is None and r.break_even is None, str(r)
+    assert " · nothing compiled · " in check_summary_line(r) and "(dynamo and backend" not in str(r)
+    assert "breaks even" not in str(r) and "nothing compiled in this check" in str(r)
+    assert json.loads(json.dumps(r.as_dict()))["compile_cost_s"] is None
 
 
 def test_too_few_runs_claim_nothing_and_the_overlap_rule_counts_a_shared_end():

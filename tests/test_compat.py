@@ -22,6 +22,7 @@ from traitlets.config import Config
 from neuron_lab.compat import argparse as argparse_compat
 from neuron_lab.compat import ipython
 from neuron_lab.compat import nbclient as nbclient_compat
+from neuron_lab.compat import torch as torch_compat
 
 
 @pytest.fixture
@@ -117,3 +118,21 @@ def test_shut_down_is_nbclients_own_cleanup_or_the_kernel_managers_shutdown():
     km = Manager()
     _run(nbclient_compat.shut_down(types.SimpleNamespace(km=km)))  # an nbclient without the private cleanup
     assert km.stopped is True
+
+
+def test_a_dispatch_mode_answers_torchs_hook_so_torch_leaves_its_dispatch_unwrapped():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    assert callable(getattr(TorchDispatchMode, "_should_skip_dynamo", None))  # the hook torch's __init_subclass__ reads
+    calls = []
+
+    class Seen(torch_compat.DispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    assert not Seen._should_skip_dynamo() and Seen.__torch_dispatch__.__wrapped__ is not None
+    with Seen():
+        assert torch.equal(torch.ones(2) * 2, torch.full((2,), 2.0))
+    assert torch.ops.aten.mul.Tensor in calls

@@ -501,6 +501,27 @@ def test_cell_state_comes_back_after_exception_and_keyboard_interrupt(shell):
     assert shell.user_ns["inside"] == "force_eager" and _stance.stance == "default"
 
 
+def test_an_eager_cell_loads_no_compiler_and_forces_a_compile_it_loads_eager(run_python):
+    out = run_python("""
+        import json, sys
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        from traitlets.config import Config
+        c = Config(); c.HistoryAccessor.enabled = False
+        sh = InteractiveShell(config=c)
+        with capture_output():
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("%%neuron eager\\nimport torch\\ny = torch.ones(2) * 2", store_history=True)
+            plain = "torch._dynamo" in sys.modules
+            res = sh.run_cell("%%neuron eager\\nseen = []\\ndef f(x):\\n    seen.append(torch.compiler.is_compiling())"
+                              "\\n    return x * 2\\ny = torch.compile(f, backend='eager')(torch.ones(2))\\nseen",
+                              store_history=True)
+        from torch._dynamo.eval_frame import _stance
+        print(json.dumps({"plain": plain, "compiling": res.result, "after": _stance.stance}))
+    """, {})
+    assert out == {"plain": False, "compiling": [False], "after": "default"}
+
+
 def test_device_cell_runs_with_that_device_and_restores_it(shell):
     run(shell, "import torch")
     run(shell, "%%neuron device cpu\nseen = device\nt = torch.ones(2, device=device)\n"

@@ -39,7 +39,7 @@ def test_the_checks_and_the_live_views_over_the_stand_in() -> None:
     assert "parity neuron:0 vs cpu: agree (4 items)" in parity
     assert "float64 computed in float32 by the device" in parity  # the real device's 64-bit rule, said as such
     compare = out["compare"]["text"]
-    assert "neuron_lab compare eager " in compare and " (min of 3): " in compare
+    assert "neuron_lab compare eager " in compare and " (min of 4): " in compare
     assert "check: " not in compare  # the result is the cell's Out; the report under it does not repeat it
     assert "host CPU" not in compare  # the emulator's timing note is its own: TorchNeuron's times are the device's
     dash = out["dashboard"]["text"]

@@ -86,31 +86,31 @@ def check(subject: runs.Subject, device: torch.device, options: CompareOptions, 
         shared[:] = c.shared
         return {**subject.namespace, **c.values}  # now: with the globals earlier compiled runs installed
 
-    downcasts = parity.Downcasts()
-    opts = modes.CompileOptions(options.backend, options.fullgraph)
-    with runs.rng_preserved({device.type}) as start:  # every run draws what the real run will draw
-        with downcasts.watching():
-            eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, locator, exclude)
-        trace = CompileTrace(locator, _backend.active().lowering_us if _backend.is_active() else None)
-        try:
-            trace.start()  # inside: a Ctrl-C that lands in it still closes the window
-            with subject.compiled(opts):
-                compiled, compiled_t = _series(subject, fresh, device, modes.COMPILE, opts, options, start, locator,
-                                                       exclude)
-        finally:
-            compiles = trace.stop()
-    a = agreement.build(subject, live, compiled, eager, ("compiled", "eager"))
-    a.shared = shared
-    with exclude():
+    with exclude():  # every run here is on copies, and the comparison is the check's: not the cell's report
+        downcasts = parity.Downcasts()
+        opts = modes.CompileOptions(options.backend, options.fullgraph)
+        with runs.rng_preserved({device.type}) as start:  # every run draws what the real run will draw
+            with downcasts.watching():
+                eager, eager_t = _series(subject, fresh, device, modes.EAGER, None, options, start, locator, exclude)
+            trace = CompileTrace(locator, _backend.active().lowering_us if _backend.is_active() else None)
+            try:
+                trace.start()  # inside: a Ctrl-C that lands in it still closes the window
+                with subject.compiled(opts):
+                    compiled, compiled_t = _series(subject, fresh, device, modes.COMPILE, opts, options, start, locator,
+                                                           exclude)
+            finally:
+                compiles = trace.stop()
+        a = agreement.build(subject, live, compiled, eager, ("compiled", "eager"))
+        a.shared = shared
         diff.mark_unchanged(a.items, live, eager.namespace)
-    result = CompareResult(str(device), options.backend, options.fullgraph, options.warmup, options.runs, a,
-                           eager_t, compiled_t, compiles.compile_s, compiles.frames, compiles.graphs,
-                           list(compiles.breaks), list(compiles.recompiles), list(compiles.failures),
-                           parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.coverage_name(),
-                           timing_note=_timing_note(device))
-    if compiled_t is not None and compiles.frames == 0:
-        a.notes.append("nothing compiled in this check: the code calls no nn.Module, or dynamo's cache already "
-                       "held it, so the first compiled run shows no compile cost")
+        result = CompareResult(str(device), options.backend, options.fullgraph, options.warmup, options.runs, a,
+                               eager_t, compiled_t, compiles.compile_s, compiles.frames, compiles.graphs,
+                               list(compiles.breaks), list(compiles.recompiles), list(compiles.failures),
+                               parity.downcast_emulated(), downcasts.calls, list(downcasts.ops), parity.coverage_name(),
+                               timing_note=_timing_note(device))
+        if compiled_t is not None and compiles.frames == 0:
+            a.notes.append("nothing compiled in this check: the code calls no nn.Module, or dynamo's cache already "
+                           "held it, so the first compiled run shows no compile cost")
     if keep is not None:
         keep(result)
     if then_run:

@@ -214,8 +214,7 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
     if diff.numel():
         excess = torch.where(bad, diff - allowed, torch.full_like(diff, -1.0)) if item.mismatched else diff
         flat = int(excess.reshape(-1).argmax())
-        flat_index = torch.tensor(flat, device="cpu")
-        item.worst = tuple(int(i) for i in torch.unravel_index(flat_index, diff.shape)) if diff.dim() else ()
+        item.worst = _unravel(flat, diff.shape)
         item.max_abs = float(diff.max())
         item.max_rel = float(rel.max())
         item.actual_value = _scalar(a.reshape(-1)[flat])
@@ -227,6 +226,16 @@ def _tensors(name: str, var: str, actual: torch.Tensor, expected: torch.Tensor, 
     else:
         item.max_abs = item.max_rel = 0.0
     return item
+
+
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index of element ``flat`` of a tensor of ``shape``, as ``torch.unravel_index`` gives it (which imports
+    sympy at its first call: most of a second of the first check's)."""
+    index = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:

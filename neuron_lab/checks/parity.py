@@ -98,42 +98,41 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
     __tracebackhide__ = True  # noqa: F841
     reference = options.against
     before = dict(subject.namespace)
-    copied = copies.copy_state(before, subject.names(), device, reference)
-    if options.seed is not None:
-        torch.manual_seed(options.seed)  # every device's generator
     types = {device.type, reference.type}
-    start = runs.RngState.now(types)
+    with exclude():  # the check's own work, here and after the device run: the cell's report is its code's alone
+        copied = copies.copy_state(before, subject.names(), device, reference)
+        if options.seed is not None:
+            torch.manual_seed(options.seed)  # every device's generator
+        start = runs.RngState.now(types)
     downcasts = Downcasts()
     with downcasts.watching(), randomness.recording(exclude) as recorder:
         try:
             actual = runs.run(subject, locator=locator, exclude=exclude)
         except Exception as e:
             actual = runs.Run(dict(subject.namespace), error=e)
-    notes: list[str] = []
-    ops_before = _op_calls()
-    with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer:
-        cpu_state = _replay(start, after, device, reference, notes, seeded=options.seed is not None)
-        expected = runs.run(subject, rng=lambda: start.restore(cpu_state), ns={**before, **copied.values},
-                            device=reference, source=device, mode=modes.EAGER, locator=locator, exclude=exclude)
-    stray = _op_calls() - ops_before if reference.type != device.type and device.type == "neuron" else 0
-    drawn = randomness.summary(recorder, replayer)
-    a = agreement.build(subject, before, actual, expected, (str(device), str(reference)), names=options.vars,
-                        rtol=options.rtol, atol=options.atol)
-    a.shared = copied.shared
-    if not drawn.complete:  # how the generators were lined up matters only for the draws not replayed
-        a.notes += notes
-    if recorder.attention:
-        a.notes.append(f"the {device} run computed attention with {', '.join(recorder.attention)}, a fused kernel; "
-                       f"the {reference} run with the kernel its SDPA picks there (on the CPU: flash without dropout, "
-                       f"math with): what follows attention can differ by the fused kernel's rounding"
-                       + _attention_dropout(recorder))
-    if stray:
-        var = f"the `{subject.device_variable}` variable" if subject.device_variable else "its arguments"
-        a.notes.append(f"the {reference} run still ran {stray:,} ops on {device.type}: the code names that device "
-                       f"itself instead of using {var}")
-    result = ParityResult(str(device), str(reference), options.seed, a, options.rtol, options.atol, actual.seconds,
-                          expected.seconds, downcast_emulated(), downcasts.calls, list(downcasts.ops),
-                          coverage_name(), randomness=drawn)
+    with exclude():
+        notes: list[str] = []
+        ops_before = _op_calls()
+        with runs.rng_preserved(types) as after, randomness.replaying(recorder) as replayer:
+            cpu_state = _replay(start, after, device, reference, notes, seeded=options.seed is not None)
+            expected = runs.run(subject, rng=lambda: start.restore(cpu_state), ns={**before, **copied.values},
+                                device=reference, source=device, mode=modes.EAGER, locator=locator, exclude=exclude)
+        stray = _op_calls() - ops_before if reference.type != device.type and device.type == "neuron" else 0
+        drawn = randomness.summary(recorder, replayer)
+        a = agreement.build(subject, before, actual, expected, (str(device), str(reference)), names=options.vars,
+                            rtol=options.rtol, atol=options.atol)
+        a.shared = copied.shared
+        if not drawn.complete:  # how the generators were lined up matters only for the draws not replayed
+            a.notes += notes
+        if recorder.attention:
+            a.notes.append(_attention_note(recorder, device, reference))
+        if stray:
+            var = f"the `{subject.device_variable}` variable" if subject.device_variable else "its arguments"
+            a.notes.append(f"the {reference} run still ran {stray:,} ops on {device.type}: the code names that device "
+                           f"itself instead of using {var}")
+        result = ParityResult(str(device), str(reference), options.seed, a, options.rtol, options.atol, actual.seconds,
+                              expected.seconds, downcast_emulated(), downcasts.calls, list(downcasts.ops),
+                              coverage_name(), randomness=drawn)
     if keep is not None:
         keep(result)
     if actual.error is not None:
@@ -141,6 +140,12 @@ def check(subject: runs.Subject, device: torch.device, options: ParityOptions, *
         actual.error.add_note(f"neuron_lab parity: the {device} run raised; the {reference} reference run {outcome}")
         raise actual.error
     return result
+
+
+def _attention_note(recorder: randomness.Recorder, device: torch.device, reference: torch.device) -> str:
+    return (f"the {device} run computed attention with {', '.join(recorder.attention)}, a fused kernel; the "
+            f"{reference} run with the kernel its SDPA picks there (on the CPU: flash without dropout, math with): "
+            f"what follows attention can differ by the fused kernel's rounding" + _attention_dropout(recorder))
 
 
 def _attention_dropout(recorder: randomness.Recorder) -> str:

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from neuron_lab import backend
+from neuron_lab.compat.torch import DispatchMode
 from neuron_lab.report.checks import Randomness
 
 MAX_BYTES = 512 * 2**20  # what the device run's recorded draws may hold; later draws are not recorded
@@ -119,7 +119,7 @@ def _random(func: Any) -> bool:
     return r
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(DispatchMode):
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         """Dynamo compiles as usual under this mode; the compiled code's random ops still come through it."""

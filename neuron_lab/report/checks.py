@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_lab.report.model import GraphBreak, Recompile, Site
-from neuron_lab.units import ShownAsText
+from neuron_lab.units import ShownAsText, seconds_as_shown
 
 
 @dataclass
@@ -191,9 +191,11 @@ class Timing:
 
     @property
     def min_s(self) -> float:
-        """The fastest timed run: what the code costs when nothing else on the machine got in its way (timeit's
-        reasoning), so the figure a speed-up and a break-even are reckoned from."""
-        return min(self.runs_s, default=self.first_s)
+        """The fastest run, the first one's included: what the code costs when nothing else on the machine got in its
+        way (timeit's reasoning), so the figure a speed-up and a break-even are reckoned from. A first run faster than
+        every timed one says the machine slowed those, and the spread must show it (a first run that compiled is
+        never the fastest)."""
+        return min([self.first_s, *self.runs_s])
 
     @property
     def max_s(self) -> float:
@@ -201,8 +203,8 @@ class Timing:
 
     @property
     def spread_s(self) -> tuple[float, float] | None:
-        """min..median of the timed runs: from the best run to a typical one, the noise the machine added. A slow
-        outlier cannot narrow it, and one lucky fast run widens it, as it should. None under :data:`MIN_RUNS` runs."""
+        """min..median: from the best run to a typical timed one, the noise the machine added. A slow outlier cannot
+        narrow it, and one lucky fast run widens it, as it should. None under :data:`MIN_RUNS` timed runs."""
         if len(self.runs_s) < MIN_RUNS:
             return None
         return self.min_s, self.median_s
@@ -235,13 +237,19 @@ class CompareResult(_Rendered):
 
     @property
     def within_noise(self) -> bool | None:
-        """Whether the two modes' spreads (:attr:`Timing.spread_s`) overlap: their difference is within the runs'
-        own noise. None: a mode raised, or too few runs to tell."""
+        """Whether the two modes' spreads (:attr:`Timing.spread_s`) overlap, as shown (two ends shown alike touch):
+        their difference is within the runs' own noise. None: a mode raised, or too few runs to tell."""
         e = self.eager.spread_s if self.eager is not None else None
         c = self.compiled.spread_s if self.compiled is not None else None
         if e is None or c is None:
             return None
-        return overlap(e, c)
+        return overlap(tuple(map(seconds_as_shown, e)), tuple(map(seconds_as_shown, c)))
+
+    @property
+    def compiled_nothing(self) -> bool:
+        """The compiled runs ran, and none of them compiled a frame (dynamo's cache held the code, or there was no
+        module to compile): there is no compile cost, and nothing to break even on."""
+        return self.compiled is not None and self.frames == 0
 
     @property
     def speedup(self) -> float | None:
@@ -253,17 +261,17 @@ class CompareResult(_Rendered):
 
     @property
     def compile_cost_s(self) -> float | None:
-        """What the compiled first run cost beyond its fastest timed run."""
-        if self.compiled is None:
+        """What the compiled first run cost beyond its fastest run; None when nothing compiled."""
+        if self.compiled is None or self.compiled_nothing:
             return None
         return max(self.compiled.first_s - self.compiled.min_s, 0.0)
 
     @property
     def break_even(self) -> int | None:
-        """Runs of the cell after which compiling has paid for itself (None: it never does, or the timings
-        cannot tell: :attr:`within_noise` is not False)."""
+        """Runs of the cell after which compiling has paid for itself (None: it never does, the timings cannot tell
+        (:attr:`within_noise` is not False), or nothing compiled)."""
         e, c = self.eager, self.compiled
-        if self.within_noise is not False or c.min_s >= e.min_s:
+        if self.within_noise is not False or self.compiled_nothing or c.min_s >= e.min_s:
             return None
         # n runs cost first + (n-1) * fastest in each mode
         extra = c.first_s - e.first_s

@@ -102,9 +102,12 @@ def compare_summary(result: CompareResult) -> str:
                                          else f"{result.speedup:.2f}×")]
     if result.timing_note:
         parts.append(result.timing_note)
-    parts.append(f"compile {format_seconds(result.compile_cost_s or 0.0)}")
-    if noise is False:
-        parts.append(break_even_text(be))
+    if result.compiled_nothing:
+        parts.append("nothing compiled")
+    else:
+        parts.append(f"compile {format_seconds(result.compile_cost_s)}")
+        if noise is False:
+            parts.append(break_even_text(be))
     parts.append(f"outputs {verdict(a)}")
     if result.breaks or result.recompiles:
         parts.append(f"{count(len(result.breaks), 'graph break')}, {count(len(result.recompiles), 'recompile')}")
@@ -112,13 +115,20 @@ def compare_summary(result: CompareResult) -> str:
 
 
 def min_of(result: CompareResult) -> str:
-    """What the figures a compare check leads with are: each mode's fastest timed run (``min of 5``)."""
-    n = {len(result.eager.runs_s), len(result.compiled.runs_s)}
+    """What the figures a compare check leads with are: each mode's fastest run, of its first and its timed ones
+    (``min of 6`` for ``--runs 5``)."""
+    n = {len(result.eager.runs_s) + 1, len(result.compiled.runs_s) + 1}
     return f"min of {'/'.join(str(k) for k in sorted(n))}"
 
 
+def timed_runs(result: CompareResult) -> str:
+    """How many timed runs each mode made (``5``; ``2/3`` when they differ)."""
+    n = {len(result.eager.runs_s), len(result.compiled.runs_s)}
+    return "/".join(str(k) for k in sorted(n))
+
+
 def break_even_text(be: int | None) -> str:
-    return "never breaks even" if be is None else f"breaks even after {be:,} runs"
+    return "never breaks even" if be is None else f"breaks even after {count(be, 'run')}"
 
 
 def check_context(result: CheckResult) -> str:
@@ -168,7 +178,8 @@ def parity_head(result: ParityResult) -> list[str]:
 
 
 def timing_table(result: CompareResult) -> Table:
-    """A compare check's timings, a row per mode: the fastest, typical and slowest timed runs, and the cold one."""
+    """A compare check's timings, a row per mode: the fastest run (the cold one included), the typical and slowest
+    timed runs, and the cold one."""
     rows = []
     for name, t in (("eager", result.eager), ("compiled", result.compiled)):
         if t is None:
@@ -182,8 +193,10 @@ def timing_table(result: CompareResult) -> Table:
 def compare_facts(result: CompareResult) -> list[str]:
     """What compiling cost and bought, the backend and the context (the compile events are listed apart)."""
     out = []
-    if result.eager is not None and result.compiled is not None:
-        cost = (f"compile cost {format_seconds(result.compile_cost_s or 0.0)} (dynamo and backend "
+    if result.compiled_nothing:  # a note says why
+        out.append(noise_text(result))
+    elif result.eager is not None and result.compiled is not None:
+        cost = (f"compile cost {format_seconds(result.compile_cost_s)} (dynamo and backend "
                 f"{format_seconds(result.compile_s)}, {count(result.frames, 'frame compile')}, "
                 f"{count(result.graphs, 'graph')})")
         out.append(" · ".join([noise_text(result), cost] + (
@@ -194,12 +207,12 @@ def compare_facts(result: CompareResult) -> list[str]:
 
 
 def noise_text(result: CompareResult) -> str:
-    """The speed-up of a compare check, or why there is none to claim: the two modes' spreads (min–median of each
-    mode's timed runs, :attr:`~neuron_lab.report.checks.Timing.spread_s`) overlap, or too few runs."""
+    """The speed-up of a compare check, or why there is none to claim: the two modes' spreads (each mode's min to its
+    timed runs' median, :attr:`~neuron_lab.report.checks.Timing.spread_s`) overlap, or too few runs."""
     noise = result.within_noise
     if noise is None:
-        return (f"too few timed runs to tell from noise ({min_of(result).removeprefix('min of ')} per mode; --runs "
-                f"{MIN_RUNS} or more): no speed-up or break-even claimed")
+        return (f"too few timed runs to tell from noise ({timed_runs(result)} per mode; --runs {MIN_RUNS} or more): "
+                f"no speed-up or break-even claimed")
 
     def spread(t: Timing) -> str:
         lo, hi = t.spread_s

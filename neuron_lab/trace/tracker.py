@@ -68,8 +68,9 @@ class Tracker:
 
     @contextmanager
     def excluded(self) -> Iterator[None]:
-        """Work inside the block is not the window's (rendering a cell's value or traceback)."""
-        if not self._running:
+        """Work inside the block is not the window's (rendering a cell's value or traceback, a check's copies and
+        comparisons). A block inside another is the outer one's: its calls are set aside once."""
+        if not self._running or self._ops.paused:
             yield
             return
         b = self.backend

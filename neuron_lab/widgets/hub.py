@@ -75,8 +75,7 @@ class Hub:
 
     @contextmanager
     def _aside(self) -> Iterator[None]:
-        """The views' own work on the main thread: inside a cell, the cell's report leaves it out (not nested:
-        ``Tracker.excluded`` would count the inner block twice)."""
+        """The views' own work on the main thread: inside a cell, the cell's report leaves it out."""
         tracker = self.session.running
         if tracker is None:
             yield
