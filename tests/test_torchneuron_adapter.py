@@ -60,6 +60,7 @@ report["device_executed"] = sorted(b.get_executed_ops())
 report["stats"] = sorted([s.name, s.kind, s.count] for s in b.op_stats())
 report["transfers"] = list(b.transfer_bytes())
 report["values_ok"] = bool(torch.allclose(c.cpu(), torch.atan2(h, w.detach().cpu())))
+report["dynamo_loaded_by_observing"] = "torch._dynamo" in sys.modules  # nothing compiled yet
 
 # -- not subscribed: nothing observed, the device's own sets still fill --------------------------
 b.clear_op_tracking()
@@ -132,6 +133,12 @@ def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("adapter") / "program.py"
     path.write_text(f"SITE = {str(SITE)!r}" + PROGRAM)
     return run(argv=[sys.executable, str(path)]).json()
+
+
+def test_observing_ops_loads_no_compiler(report):
+    """The observer is a dispatch mode that torch would wrap in dynamo's ``disable``, importing dynamo (seconds) at a
+    session's first op; ours takes it only once something loaded dynamo, so a session that compiles nothing pays none."""
+    assert report["dynamo_loaded_by_observing"] is False
 
 
 def test_the_adapter_is_active_for_torch_neuronx(report):

@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 from torch.utils import _python_dispatch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuron_lab.backend import compile_failures, syncs, torchneuron_env
 from neuron_lab.backend.events import DeviceOp, OpEvent, OpRecorder, Roles, WindowAccount
 from neuron_lab.backend.interface import NeuronBackend
+from neuron_lab.compat.torch import DispatchMode
 from neuron_lab.kinds import DOWNCAST, FALLBACK, HOST, NATIVE, SOURCE
 
 _WIDE = {torch.float64: "float64", torch.int64: "int64"}
@@ -121,8 +121,9 @@ def _targets_neuron(kwargs: dict) -> bool:
     return d is not None and torch.device(d).type == "neuron"
 
 
-class _Observer(TorchDispatchMode):
-    """Sees every op before the backend does; records those that run on a `neuron` device."""
+class _Observer(DispatchMode):
+    """Sees every op before the backend does; records those that run on a `neuron` device (a compat mode: the first op
+    of a session that compiles nothing loads no compiler)."""
 
     def __init__(self, recorder: OpRecorder) -> None:
         super().__init__()
