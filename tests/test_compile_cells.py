@@ -251,6 +251,35 @@ def test_compiling_says_which_frame_how_many_graphs_and_how_long_from_any_thread
     assert tracker.compiling() is None
 
 
+def test_compiling_names_the_compiled_call_through_a_graph_break_inside_what_it_calls() -> None:
+    """A break inside a called function has dynamo compile that function, then its resumption, while the compiled
+    call runs: the progress line keeps the call's name (a module's class, as compile mode compiles it)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    seen: list[str] = []
+
+    def spying_backend(gm, example_inputs):
+        seen.append(tracker.compiling()["frame"])
+        return lookup_backend("neuron")(gm, example_inputs)
+
+    def inner(t):
+        t = t * 2
+        if t.sum() > 0:  # a Python branch on a tensor: a graph break in the function outer calls
+            t = t + 1
+        return t
+
+    def outer(t):
+        return inner(t) * 3
+
+    tracker = Tracker().start()
+    try:
+        out = torch.compile(outer, backend=spying_backend)(torch.ones(2, device="neuron"))
+    finally:
+        tracker.stop()
+    assert out.tolist() == [9.0, 9.0]
+    assert len(seen) >= 2 and set(seen) == {"outer"}, seen
+
+
 @pytest.mark.parametrize(("dynamo_text", "plain", "hint"), [
     ("Failed to trace builtin operator\n  Explanation: Dynamo does not know how to trace builtin operator `print` "
      "with argument types ['str'] (has_kwargs False)\n  Hint: Avoid calling builtin `print` with argument types "

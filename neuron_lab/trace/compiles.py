@@ -327,7 +327,7 @@ class CompileTrace:
     def compiling(self) -> dict[str, Any] | None:
         """What dynamo is compiling right now, for live views and the progress line; None when it compiles nothing.
 
-        ``{"frame": the function being compiled ("PolarNet.__call__", "forward (resumed after line 7)"),
+        ``{"frame": the call being compiled ("PolarNet.__call__", also while a break inside it compiles forward),
         "graphs": graphs compiled so far in this window, "elapsed_s": seconds since this frame's compile began,
         "phase": "loading" (the compiler itself, at the first compile), "tracing" (dynamo reads the Python code),
         "lowering" (the backend compiles the graph) or "backward" (the backward graph, at the first ``backward()``),
@@ -456,13 +456,31 @@ def _inner_restart(metrics: list) -> str:
 
 
 def _compiled_frame_name(frame: types.FrameType | None) -> str | None:
-    """The function dynamo's ``_compile`` is converting, from its frame up the stack (None: none found)."""
+    """The function dynamo's ``_compile`` is converting, from its frame up the stack (None: none found), named as
+    the call that was compiled: a graph break inside ``Net.__call__`` has dynamo compile ``forward`` and its
+    resumption while that call runs, and the progress line should name ``Net`` throughout, not switch names."""
+    converting = outermost = None
     while frame is not None:
-        if frame.f_code.co_name in ("compile_inner", "_compile"):
-            code = frame.f_locals.get("code")
-            if isinstance(code, types.CodeType):
-                resumed = _RESUME.match(code.co_name)
-                return f"{resumed['fn']} (resumed after line {resumed['line']})" if resumed else code.co_name
+        if converting is None:
+            if frame.f_code.co_name in ("compile_inner", "_compile"):
+                code = frame.f_locals.get("code")
+                if isinstance(code, types.CodeType):
+                    resumed = _RESUME.match(code.co_name)
+                    converting = f"{resumed['fn']} (resumed after line {resumed['line']})" if resumed else code.co_name
+        elif _entered_by_torch_compile(frame):
+            outermost = frame.f_code.co_name
         frame = frame.f_back
-    return None
+    return outermost or converting
+
+
+_DYNAMO_DIR = os.path.join("torch", "_dynamo", "")
+_EVAL_FRAME = os.path.join("torch", "_dynamo", "eval_frame.py")
+
+
+def _entered_by_torch_compile(frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs a function torch.compile wrapped, called by the wrapper (its compiled code keeps
+    the function's name); dynamo's own frames that the wrapper calls are not."""
+    caller = frame.f_back
+    return (caller is not None and caller.f_code.co_filename.endswith(_EVAL_FRAME)
+            and _DYNAMO_DIR not in frame.f_code.co_filename)
 
