@@ -337,7 +337,8 @@ def test_coverage_magic_names_and_switches_the_coverage(shell, tmp_path):
     b = backend.active()
     before = b.coverage
     res, _ = run(shell, "%neuron coverage")
-    assert str(res.result).startswith(f"op coverage: {before.name} (")
+    assert str(res.result).startswith(f"op coverage: {before.name}, dated {before.date}: {before.source}\n")
+    assert before.source.endswith(".") and ".," not in str(res.result)  # the source's own stop ends the line
     assert "switch with `%neuron coverage NAME|FILE`" in str(res.result)
     res, _ = run(shell, "%neuron coverage no-such-coverage", ok=False)
     assert "%neuron coverage: no coverage 'no-such-coverage'" in str(res.error_in_exec)
@@ -347,7 +348,7 @@ def test_coverage_magic_names_and_switches_the_coverage(shell, tmp_path):
                                              "date": "2026-12-02", "default": {"kind": "native"}}))
     try:
         res, _ = run(shell, f"%neuron coverage {everything_native}")
-        assert str(res.result).startswith("op coverage: all-native (test, 2026-12-02)")
+        assert str(res.result).startswith("op coverage: all-native, dated 2026-12-02: test\n")
         run(shell, "%config NeuronLab.display_as = 'widget'")
         run(shell, TRAIN)
         res, _ = run(shell, "panel = %neuron fallbacks")

@@ -375,7 +375,7 @@ class NeuronMagics(Magics):
         c = b.coverage
         if c is None:
             return _Text(f"{b.name} reports which ops ran natively; it has no op coverage to switch")
-        return _Text(f"op coverage: {c.name} ({c.source}, {c.date})\n"
+        return _Text(f"op coverage: {c.name}, dated {c.date}: {c.source}\n"  # a source is sentences, its own stop
                      f"bundled: {', '.join(coverage.bundled())}; switch with `%neuron coverage NAME|FILE`")
 
     def cmd_profile(self, args):
