@@ -529,6 +529,16 @@ def test_the_compiles_view_shows_a_check_as_its_one_line_summary(shell):
     assert f"    {line}" in text.splitlines()
 
 
+def test_the_tensors_view_shows_a_0d_tensors_shape_as_empty_brackets_in_text_and_html(shell):
+    sh = widget_shell(shell)
+    run(sh, "import torch\nscalar_t = torch.zeros((), device='neuron')")
+    run(sh, "panel = %neuron tensors")
+    data = sh.user_ns["panel"].data
+    (line,) = [ln for ln in static.render_text(data, {}, ["tensors"]).splitlines() if ln.endswith("scalar_t")]
+    assert line.split()[2:5] == ["[]", "float32", "namespace"], line
+    assert 'vertical-align:top">[]</td>' in static.render_html(data, {}, ["tensors"])
+
+
 def test_the_dashboards_display_is_updated_to_its_last_state_at_each_cell_end(shell):
     """Issue 28 point 4: the text and HTML beside the widget are not frozen at its creation ("In[2] running")."""
     sh = widget_shell(shell)
