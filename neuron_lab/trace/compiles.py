@@ -26,7 +26,8 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -208,7 +209,8 @@ def observed(backend: str | Callable) -> Callable:
     key = backend if isinstance(backend, str) else f"{getattr(backend, '__name__', 'backend')}@{id(backend)}"
     wrapper = _observed.get(key)
     if wrapper is None:
-        inner = lookup_backend(backend) if isinstance(backend, str) else backend
+        with loading_compiler():
+            inner = lookup_backend(backend) if isinstance(backend, str) else backend
 
         def wrapper(gm, example_inputs, **kwargs):
             _report_graph(gm)
@@ -217,6 +219,22 @@ def observed(backend: str | Callable) -> Callable:
         wrapper.__name__ = getattr(inner, "__name__", "backend")  # dynamo's errors name it: say the user's backend
         _observed[key] = wrapper
     return wrapper
+
+
+@contextmanager
+def loading_compiler() -> Iterator[None]:
+    """Count the block as loading the compiler in the open windows: the backend registry's first listing or lookup
+    imports AOTAutograd (a second or more) after dynamo itself loaded, before any frame compiles, and that is no part
+    of running the cell. Import dynamo before the block: its own loading is counted already."""
+    t0, modules = time.perf_counter(), len(sys.modules)
+    try:
+        yield
+    finally:
+        took = time.perf_counter() - t0
+        with _active_lock:
+            traces = list(_active) if len(sys.modules) > modules else []  # it imported: not a cached listing
+        for t in traces:
+            t.loaded_more(took)
 
 
 def with_account(c: Compiles, account: WindowAccount) -> Compiles:
@@ -278,6 +296,11 @@ class CompileTrace:
         on_start = callback_handler.register_start_callback(self._on_start)
         on_end = callback_handler.register_end_callback(self._on_end)
         self._callbacks = (on_start, on_end)
+
+    def loaded_more(self, seconds: float) -> None:
+        """The compiler's loading went on after dynamo loaded (a backend's imports): compile time of this window."""
+        self._result.loading_s += seconds
+        self._result.compile_s += seconds
 
     def stop(self) -> Compiles:
         _close_window(self)
@@ -417,7 +440,13 @@ class CompileTrace:
             code, where = self._code_and_site(m)
             if m.fail_reason:
                 at = f" (called at {where.label}: {where.source})" if where else ""
-                res.failures.append(f"{code}{at}: {short_reason(m.fail_reason)}")
+                broke = self._break_that_failed(m)
+                if broke is None:
+                    res.failures.append(f"{code}{at}: {short_reason(m.fail_reason)}")
+                else:  # fullgraph: the break is listed, where and why, as one without it would be
+                    breaks.setdefault((broke.site, broke.via), broke)
+                    line = broke.site.label if broke.site else "a line of its code"
+                    res.failures.append(f"{code}{at}: a graph break at {line}, and fullgraph allows none")
             resumed = _RESUME.match(m.co_name or "")
             if resumed:
                 at = self._site(m.co_filename, int(resumed["line"]))
@@ -432,6 +461,16 @@ class CompileTrace:
                 reason = m.recompile_reason.strip().split("\n")[0]
                 res.recompiles.append(Recompile(code, reason, where))
         res.breaks = list(breaks.values())
+
+    def _break_that_failed(self, m: Any) -> GraphBreak | None:
+        """The graph break that failed a frame's compile (``fullgraph=True`` raises dynamo's ``Unsupported`` where
+        it would break the graph), at the line dynamo stopped at; None for any other failure."""
+        if m.fail_type != "Unsupported" or not m.fail_user_frame_filename or not m.fail_user_frame_lineno:
+            return None
+        at = self._site(m.fail_user_frame_filename, m.fail_user_frame_lineno)
+        user = self.locator is None or self.locator.is_user_file(m.fail_user_frame_filename)
+        site, via = (at, None) if user else (self._triggers.get(str(m.compile_id)), at)  # broke inside a library
+        return GraphBreak(**_break_words(m.fail_reason, at.source if at else ""), site=site, via=via)
 
     def _code_and_site(self, m: Any) -> tuple[str, Site | None]:
         """What was compiled and the user line to show: its own, or the line whose call compiled it."""
