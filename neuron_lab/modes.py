@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_lab.trace import compiler_loading
+from neuron_lab.trace import compile_errors, compiler_loading
 from neuron_lab.trace.compiles import observed
 
 DEFAULT, EAGER, COMPILE = "default", "eager", "compile"
@@ -65,6 +65,7 @@ def _compiled_call(opts: CompileOptions, cls: type) -> object:
 
 
 def _compiling_call(self: torch.nn.Module, *args, **kwargs):
+    __tracebackhide__ = True  # noqa: F841
     opts = _stack[-1] if _stack else None
     if (opts is None or torch.compiler.is_compiling() or getattr(_tls, "depth", 0)
             or isinstance(self, torch._dynamo.eval_frame.OptimizedModule)
@@ -74,6 +75,10 @@ def _compiling_call(self: torch.nn.Module, *args, **kwargs):
     _tls.depth = 1
     try:
         return fn(self, *args, **kwargs)
+    except Exception as e:
+        if compile_errors.is_graph_break_error(e):  # fullgraph: the break
+            compile_errors.keep_user_frames(e)
+        raise
     finally:
         _tls.depth = 0
 

@@ -26,7 +26,7 @@ class EnvVar:
     default: str | None = None
     fold_case: bool = True  # a choice is read case-insensitively ("AUTO" is auto)
     listed: bool = True  # shown by doctor and docs/configuration.md; a launcher's own variables (LOCAL_RANK) are not
-    torchneuron: bool = False  # TorchNeuron's own setting, shown apart by doctor; the emulator mirrors some
+    torchneuron: bool = False  # TorchNeuron's own setting that neuron_lab never reads, shown apart by doctor
 
     @property
     def summary(self) -> str:
@@ -180,9 +180,6 @@ register_env("TORCH_NEURONX_DEBUG_DIR", "where torch.compile(backend='neuron') w
              "(default /tmp/neuron_backend_<uuid>)", **_tnx)
 register_env("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1: keep those compile artefacts after execution",
              **_tnx)
-register_env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1 (unset: TorchNeuron 2.33's default): a compiled graph "
-             "that fails to compile raises; 0: it runs eagerly instead (the emulator does the same for a graph with "
-             "an op TorchNeuron would not lower)", f"{E}.unlowered", **_tnx)
 register_env("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1: an op TorchNeuron implements raises when its "
              "implementations fail or cannot take the arguments, instead of running on the CPU; ops it has no kernel "
              "for still fall back (torch_neuronx sets it at import: DEV builds 1, RELEASE 0)", **_tnx)
@@ -196,6 +193,10 @@ register_env("TORCH_NEURONX_ENABLED_METRIC_TABLES", "comma-separated TorchNeuron
              **_tnx)
 register_env("TORCH_NEURONX_METRICS_DIR", "where TorchNeuron writes metric CSVs (default /tmp)", **_tnx)
 del _tnx
+# TorchNeuron's and the runtime's that the emulator reads too: listed with neuron_lab's own
+register_env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1 (unset: TorchNeuron 2.33's default): a compiled graph "
+             "that fails to compile raises; 0: it runs eagerly instead (the emulator does the same for a graph with "
+             "an op TorchNeuron would not lower)", f"{E}.unlowered")
 register_env("NEURON_RT_VISIBLE_CORES", "NeuronCores this process may use (TorchNeuron and the emulator)",
              f"{E}.topology", f"{E}.distributed")
 register_env("NEURON_RT_ROOT_COMM_ID", "host:port of rank 0, where the Neuron runtime's collectives bootstrap; set "

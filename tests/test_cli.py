@@ -41,6 +41,8 @@ def test_doctor_on_the_emulator_says_what_the_torchneuron_lines_are(tmp_path):
     names = [line.split()[0] for line in section.splitlines()]
     assert "NEURON_LAUNCH_BLOCKING" in names and "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS" in names
     assert "NEURON_LAUNCH_BLOCKING" not in out.split("  TorchNeuron settings", 1)[0]  # not among neuron_lab's own
+    assert "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION" not in names  # the emulator reads it: listed with its own
+    assert "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION" in out.split("  TorchNeuron settings", 1)[0]
     tool = tmp_path / "neuron-ls"
     tool.write_text("#!/bin/sh\necho 'NEURON DEVICE 0: held by pid 4242'\n")
     tool.chmod(0o755)

@@ -201,6 +201,70 @@ def test_graph_break_is_reported_in_plain_words_with_a_hint_and_nothing_on_stder
     assert "Graph break from `Tensor.item()`" in raw.stderr
 
 
+FULLGRAPH_NET = """\
+import torch
+class Branchy(torch.nn.Module):
+    def forward(self, t):
+        h = t * 2
+        if h.sum() > 0:
+            h = h + 1
+        return h
+branchy = Branchy()
+t = torch.ones(3, device="neuron")
+"""
+
+
+def test_a_fullgraph_break_is_reported_at_its_line_with_why_and_fix_and_its_traceback_ends_in_the_cell(shell):
+    """With --fullgraph dynamo raises where it would break the graph: the report lists that break as it would
+    without --fullgraph, and says the compile failed there; the traceback is the user's frames only."""
+    res, _ = run(shell, FULLGRAPH_NET)
+    n = res.execution_count
+    res, cap = run(shell, "%%neuron compile --fullgraph\nout = branchy(t)", ok=False)
+    report = next(reversed(session_of(shell).history.values()))
+    (b,) = report.compiles.breaks
+    assert (b.site.label, b.site.source) == (f"In[{n}] line 5", "if h.sum() > 0:")
+    assert b.reason.startswith("Python `if`/`while` on a tensor's value") and b.hint
+    assert report.compiles.failures == [f"Branchy.__call__ (called at In[{res.execution_count}] line 2: "
+                                        f"out = branchy(t)): a graph break at In[{n}] line 5, and fullgraph allows "
+                                        "none"]
+    lines = cap.stdout.splitlines()
+    assert f"  graph break at In[{n}] line 5: if h.sum() > 0:" in lines and "0 graphs, 1 break" in cap.stdout
+    # the traceback: the cell's line, then dynamo's message with the user's frames only
+    assert not [f for f in ("modes.py", "eval_frame.py", "module.py") if f in cap.stdout], cap.stdout
+    last = sys.last_traceback
+    while last.tb_next is not None:
+        last = last.tb_next
+    assert last.tb_frame.f_code.co_filename.startswith("<ipython-input-") and last.tb_lineno == 2
+    user_code = str(res.error_in_exec).split("from user code:\n", 1)[1].split("\n\n")[0]
+    assert user_code.splitlines()[0].endswith(", line 5, in forward") and len(user_code.splitlines()) == 3
+
+
+_FIRST_COMPILE = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from neuron_lab.extension import session_of
+from neuron_lab.trace import compiler_loading
+sh = InteractiveShell()
+with capture_output():
+    sh.run_line_magic("load_ext", "neuron_lab")
+    sh.run_cell("import torch\\nnet = torch.nn.Linear(2, 2).to('neuron')\\nx = torch.ones(2, device='neuron')")
+    before = "torch._functorch.aot_autograd" in sys.modules
+    sh.run_cell("%%neuron compile\\ny = net(x)", store_history=True)
+c = next(reversed(session_of(sh).history.values())).compiles
+print(json.dumps({"before": before, "after": "torch._functorch.aot_autograd" in sys.modules,
+                  "dynamo_s": compiler_loading.load_s, "loading_s": c.loading_s}))
+"""
+
+
+def test_a_first_compile_counts_the_backend_registrys_imports_as_loading_the_compiler(run_python) -> None:
+    """Listing dynamo's backends the first time imports AOTAutograd (a second or more) after dynamo loaded: loading
+    the compiler, not running the cell (a --fullgraph break's report read "run 2.46 s" for 0 ops)."""
+    out = run_python(_FIRST_COMPILE, {})
+    assert not out["before"] and out["after"]
+    assert out["loading_s"] > out["dynamo_s"] > 0, out
+
+
 def test_compile_lowering_setting_chooses_inductor_and_unload_restores_the_default(shell) -> None:
     run(shell, "import torch\nt = torch.ones(3, device='neuron')")
     run(shell, '%config NeuronLab.compile_lowering = "inductor"')
@@ -249,6 +313,35 @@ def test_compiling_says_which_frame_how_many_graphs_and_how_long_from_any_thread
     assert re.fullmatch(r"compiling scaled: lowering graph 1 to the neuron device — \d+ s", compiling_line(snapshot))
     assert 0 < snapshot["elapsed_s"] < 60
     assert tracker.compiling() is None
+
+
+def test_compiling_names_the_compiled_call_through_a_graph_break_inside_what_it_calls() -> None:
+    """A break inside a called function has dynamo compile that function, then its resumption, while the compiled
+    call runs: the progress line keeps the call's name (a module's class, as compile mode compiles it)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    seen: list[str] = []
+
+    def spying_backend(gm, example_inputs):
+        seen.append(tracker.compiling()["frame"])
+        return lookup_backend("neuron")(gm, example_inputs)
+
+    def inner(t):
+        t = t * 2
+        if t.sum() > 0:  # a Python branch on a tensor: a graph break in the function outer calls
+            t = t + 1
+        return t
+
+    def outer(t):
+        return inner(t) * 3
+
+    tracker = Tracker().start()
+    try:
+        out = torch.compile(outer, backend=spying_backend)(torch.ones(2, device="neuron"))
+    finally:
+        tracker.stop()
+    assert out.tolist() == [9.0, 9.0]
+    assert len(seen) >= 2 and set(seen) == {"outer"}, seen
 
 
 @pytest.mark.parametrize(("dynamo_text", "plain", "hint"), [

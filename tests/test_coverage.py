@@ -139,10 +139,10 @@ def test_the_profile_magic_on_a_line_still_shows_and_switches_the_coverage_and_w
     try:
         with pytest.warns(FutureWarning, match=r"`%neuron profile NAME` is deprecated: use `%neuron coverage NAME`"):
             res, _ = run(shell, f"%neuron profile {other}")
-        assert str(res.result).startswith(f"op coverage: {other} (") and b.coverage.name == other
+        assert str(res.result).startswith(f"op coverage: {other}, dated ") and b.coverage.name == other
         with pytest.warns(FutureWarning):
             res, _ = run(shell, "%neuron profile")
-        assert str(res.result).startswith(f"op coverage: {other} (")
+        assert str(res.result).startswith(f"op coverage: {other}, dated ")
     finally:
         b.set_coverage(before)
 

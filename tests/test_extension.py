@@ -19,6 +19,7 @@ import neuron_lab
 from neuron_lab import modes
 from neuron_lab.extension import session_of
 from neuron_lab.session.devices import default_device
+from neuron_lab.session.free import FreeReport
 
 
 def usage_error(sh, line: str) -> str:
@@ -700,6 +701,11 @@ def test_free_drops_ipython_references_and_reports_bytes(shell):
     assert holders[f"Out[{n}]"] == 1 << 18 and holders["_"] == 1 << 18
     assert any(h.endswith("frames") and b == 1 << 16 for h, b in fr.dropped)
     assert "freed 320.00 KiB" in str(fr)
+
+
+def test_free_points_at_the_magic_that_lists_what_your_variables_hold():
+    """`%neuron device` shows only the notebook's device; `%neuron tensors` lists the tensors left."""
+    assert "(`%neuron tensors` lists them)" in str(FreeReport(allocated=4096))
 
 
 def test_track_gives_the_same_report_in_a_script():

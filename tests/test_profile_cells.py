@@ -213,9 +213,14 @@ def test_bad_options_are_refused_before_the_cell_runs(shell, tmp_path: Path) -> 
     msg = refused(shell, f"%%neuron profile --export {tmp_path}\nran = 1")
     assert msg.splitlines()[0].startswith(f"%%neuron profile: --export {tmp_path}: is a directory; give a file name")
     msg = refused(shell, "%%neuron profile --row-limit 0\nran = 1")
-    assert msg.splitlines()[0] == "%%neuron profile: --row-limit must be 1 or more, not 0"
+    assert msg.splitlines()[:2] == ["%%neuron profile: --row-limit must be 1 or more, not 0",
+                                    "usage: %%neuron profile [--export PATH] [--row-limit N]"]  # the form written
     msg = refused(shell, "%%neuron profile torchneuron-2.33\nran = 1")
     assert msg.splitlines()[0].startswith("%%neuron profile: the cell form takes only --export PATH and --row-limit N")
+    assert msg.splitlines()[-1] == "usage: %%neuron profile [--export PATH] [--row-limit N]"
+    msg = refused(shell, "%%neuron profile --bogus\nran = 1")
+    assert msg.splitlines() == ["%%neuron profile: unrecognized arguments: --bogus",
+                                "usage: %%neuron profile [--export PATH] [--row-limit N]"]
     with torch.profiler.profile():
         msg = refused(shell, "%%neuron profile\nran = 1")
     assert msg.splitlines()[0] == ("%%neuron profile: torch.profiler is already running: profiles do not nest; stop "

@@ -64,6 +64,7 @@ USAGE = ("usage: %neuron ranks [--timeout S] [--restart]\n"
          "                     [--profile [NAME]] [--cluster-file PATH]\n"
          "                     [--sshserver HOST] [--export PATH] [--row-limit N]\n"
          "                     [{start,attach,interrupt,stop}] [N]")
+CELL_USAGE = USAGE.replace("%neuron", "%%neuron").replace("\n ", "\n  ")  # a cell's error shows the cell form
 
 PROFILED = """%%neuron ranks --profile --export {path} --timeout 60
 import torch, torch.distributed as dist
@@ -541,7 +542,7 @@ def test_ranks_refusals(plain_shell: InteractiveShell, cell: str, message: str) 
     msg = ranks_error(plain_shell, cell)
     assert msg.startswith(message), msg
     if not cell.startswith("%%neuron ranks\n"):  # a grammar error: the usage follows
-        assert msg.endswith(USAGE)
+        assert msg.endswith(CELL_USAGE if cell.startswith("%%") else USAGE)
     assert session_of(plain_shell).ranks is None
 
 

@@ -37,6 +37,12 @@ def test_every_reader_exists():
             assert reader == "setup.py" or importlib.util.find_spec(reader), (var.name, reader)
 
 
+def test_torchneurons_settings_shown_apart_are_the_ones_neuron_lab_never_reads():
+    """Doctor heads them "not read by the emulator"; one the emulator reads is listed with neuron_lab's own."""
+    assert [v.name for v in settings.torchneuron() if v.readers] == []
+    assert not settings.env("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION").torchneuron  # unlowered.py reads it
+
+
 def test_the_modules_choices_and_defaults_are_the_registrys():
     assert tuple(topology.INSTANCES) == settings.env("NEURON_LAB_INSTANCE").choices
     assert topology.DEFAULT_INSTANCE == settings.env("NEURON_LAB_INSTANCE").default

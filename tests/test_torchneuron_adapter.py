@@ -137,7 +137,7 @@ def report(tmp_path_factory):
 
 def test_observing_ops_loads_no_compiler(report):
     """The observer is a dispatch mode that torch would wrap in dynamo's ``disable``, importing dynamo (seconds) at a
-    session's first op; ours takes it only once something loaded dynamo, so a session that compiles nothing pays none."""
+    session's first op; ours takes it only once something loaded dynamo: a session that compiles nothing pays none."""
     assert report["dynamo_loaded_by_observing"] is False
 
 

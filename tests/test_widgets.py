@@ -337,7 +337,8 @@ def test_coverage_magic_names_and_switches_the_coverage(shell, tmp_path):
     b = backend.active()
     before = b.coverage
     res, _ = run(shell, "%neuron coverage")
-    assert str(res.result).startswith(f"op coverage: {before.name} (")
+    assert str(res.result).startswith(f"op coverage: {before.name}, dated {before.date}: {before.source}\n")
+    assert before.source.endswith(".") and ".," not in str(res.result)  # the source's own stop ends the line
     assert "switch with `%neuron coverage NAME|FILE`" in str(res.result)
     res, _ = run(shell, "%neuron coverage no-such-coverage", ok=False)
     assert "%neuron coverage: no coverage 'no-such-coverage'" in str(res.error_in_exec)
@@ -347,7 +348,7 @@ def test_coverage_magic_names_and_switches_the_coverage(shell, tmp_path):
                                              "date": "2026-12-02", "default": {"kind": "native"}}))
     try:
         res, _ = run(shell, f"%neuron coverage {everything_native}")
-        assert str(res.result).startswith("op coverage: all-native (test, 2026-12-02)")
+        assert str(res.result).startswith("op coverage: all-native, dated 2026-12-02: test\n")
         run(shell, "%config NeuronLab.display_as = 'widget'")
         run(shell, TRAIN)
         res, _ = run(shell, "panel = %neuron fallbacks")
@@ -526,6 +527,16 @@ def test_the_compiles_view_shows_a_check_as_its_one_line_summary(shell):
     assert len(str(check).splitlines()) > 1  # what the tab showed before: the whole result
     text = static.render_text(sh.user_ns["panel"].data, {}, ["compiles"])
     assert f"    {line}" in text.splitlines()
+
+
+def test_the_tensors_view_shows_a_0d_tensors_shape_as_empty_brackets_in_text_and_html(shell):
+    sh = widget_shell(shell)
+    run(sh, "import torch\nscalar_t = torch.zeros((), device='neuron')")
+    run(sh, "panel = %neuron tensors")
+    data = sh.user_ns["panel"].data
+    (line,) = [ln for ln in static.render_text(data, {}, ["tensors"]).splitlines() if ln.endswith("scalar_t")]
+    assert line.split()[2:5] == ["[]", "float32", "namespace"], line
+    assert 'vertical-align:top">[]</td>' in static.render_html(data, {}, ["tensors"])
 
 
 def test_the_dashboards_display_is_updated_to_its_last_state_at_each_cell_end(shell):

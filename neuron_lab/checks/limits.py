@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from neuron_lab import modes
+from neuron_lab.trace import compiles
 
 MAX_RUNS = 10_000
 MAX_WARMUP = 10_000
@@ -85,7 +86,8 @@ def compile_backend(name: Any) -> None:
     """A backend ``torch.compile`` knows: dynamo's registry, and its built-in names."""
     from torch._dynamo.backends.registry import list_backends
 
-    known = set(list_backends(exclude_tags=())) | set(BUILTIN_BACKENDS)
+    with compiles.loading_compiler():
+        known = set(list_backends(exclude_tags=())) | set(BUILTIN_BACKENDS)
     if name not in known:
         raise OptionError(f"unknown torch.compile backend {_shown(name)}; known: {', '.join(sorted(known))}")
 

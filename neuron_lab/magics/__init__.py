@@ -113,7 +113,7 @@ class NeuronMagics(Magics):
             p = profiling.OpProfile(self.session.locator, with_stack=path is not None, export=path,
                                     label="cell").start()  # its number is known only at its end (IPython 8)
         except ValueError as e:  # the cell form's errors say `%%neuron`; the command is a line magic too
-            raise UsageError(f"%%neuron profile: {e}\n{_parser.usage(_PARSER, 'profile')}") from None
+            raise UsageError(f"%%neuron profile: {e}\n{_parser.usage(_PARSER, 'profile', cell=True)}") from None
         tracker = self.session.running
         try:
             self.session.run_cell_body(cell, f"%%neuron {line}\n{cell}")
@@ -313,7 +313,7 @@ class NeuronMagics(Magics):
             export = profiling.check_export_path(args.export) if args.export else None
             limit = None if args.row_limit is None else profiling.check_row_limit(args.row_limit)
         except ValueError as e:
-            raise UsageError(f"%%neuron ranks: {e}\n{_parser.usage(_PARSER, 'ranks')}") from None
+            raise UsageError(f"%%neuron ranks: {e}\n{_parser.usage(_PARSER, 'ranks', cell=True)}") from None
         ranks = self.session.ranks
         if ranks is None or ranks.stopped:
             raise UsageError("%%neuron ranks: no ranks are running; start them first with `%neuron ranks start N` "
@@ -375,7 +375,7 @@ class NeuronMagics(Magics):
         c = b.coverage
         if c is None:
             return _Text(f"{b.name} reports which ops ran natively; it has no op coverage to switch")
-        return _Text(f"op coverage: {c.name} ({c.source}, {c.date})\n"
+        return _Text(f"op coverage: {c.name}, dated {c.date}: {c.source}\n"  # a source is sentences, its own stop
                      f"bundled: {', '.join(coverage.bundled())}; switch with `%neuron coverage NAME|FILE`")
 
     def cmd_profile(self, args):

@@ -7,6 +7,7 @@ plus the usage of the command it concerns, no traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import glob
 import os
@@ -279,9 +280,14 @@ def help_text(p: NeuronArgumentParser) -> str:
     return "\n\n".join(parts)
 
 
-def usage(p: NeuronArgumentParser, command: str) -> str:
-    """The usage line of one command (``usage: %neuron device [-h] ...``), to follow an error message."""
-    return p.subcommands[command][0].format_usage().rstrip()
+def usage(p: NeuronArgumentParser, command: str, *, cell: bool = False) -> str:
+    """The usage line of one command (``usage: %neuron device [-h] ...``), to follow an error message; ``cell``: in
+    the form the user wrote, for a command that is a cell magic and a line magic both (``%%neuron profile``)."""
+    sp = p.subcommands[command][0]
+    if cell and not sp.prog.startswith("%%"):
+        sp = copy.copy(sp)
+        sp.prog = f"%{sp.prog}"
+    return sp.format_usage().rstrip()
 
 
 def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespace:
@@ -291,11 +297,11 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
         raise UsageError(f"%neuron: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
     cmd = args.command
     if extra:
-        where = f"%neuron {cmd}" if cmd else "%neuron"
+        where = f"%{'%' if cell else ''}neuron {cmd}" if cmd else "%neuron"
         flags = [s for a in options(p.subcommands[cmd][0] if cmd else p) for s in a.option_strings]
         hint = next((h for word in extra if word.startswith("-") and (h := did_you_mean(word, flags))), "")
         raise UsageError(f"{where}: unrecognized arguments: {' '.join(extra)}{hint}\n"
-                         f"{usage(p, cmd) if cmd else p.format_usage().rstrip()}")
+                         f"{usage(p, cmd, cell=cell) if cmd else p.format_usage().rstrip()}")
     if cell and cmd in LINE_ONLY:
         raise UsageError(f"%%neuron {cmd}: is a line magic; use `%neuron {cmd}` on a line of its own.\n"
                          + CELL_FORMS)
@@ -317,7 +323,7 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
     if cmd == "profile" and cell and args.coverage:
         raise UsageError(f"%%neuron profile: the cell form takes only --export PATH and --row-limit N; switch the "
                          f"op coverage with `%neuron coverage {args.coverage}` on a line of its own\n"
-                         f"{usage(p, 'profile')}")
+                         f"{usage(p, 'profile', cell=True)}")
     if cmd == "profile" and not cell and (args.export or args.row_limit is not None):
         raise UsageError("%neuron profile: --export and --row-limit go with the cell form: put `%%neuron profile "
                          f"--export PATH` on the first line of the cell to profile\n{usage(p, 'profile')}")
@@ -348,7 +354,7 @@ def _check_ranks(p: NeuronArgumentParser, args: argparse.Namespace, cell: bool) 
     """``start N [--timeout S] [--restart]`` / ``interrupt`` / ``stop`` / nothing (status) on a line;
     ``[--timeout S]`` on a cell."""
     def refuse(why: str) -> UsageError:
-        return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks')}")
+        return UsageError(f"%{'%' if cell else ''}neuron ranks: {why}\n{usage(p, 'ranks', cell=cell)}")
 
     attaching = [o for o, given in (("--cluster-file", args.cluster_file), ("--sshserver", args.sshserver)) if given]
     if args.action == "attach" and not cell:

@@ -35,7 +35,7 @@ class FreeReport(ShownAsText):
         else:
             lines.append("IPython held no device tensors")
         if self.allocated:
-            lines.append("what remains is held by your variables (`%neuron device` lists them) or by objects "
+            lines.append("what remains is held by your variables (`%neuron tensors` lists them) or by objects "
                          "they reference")
         return "\n".join(lines)
 

@@ -30,6 +30,7 @@ from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
 from neuron_lab.session.oom import OomHandler
 from neuron_lab.session.waits import CompileProgress
+from neuron_lab.trace import compile_errors
 from neuron_lab.trace.sampler import MemorySampler
 from neuron_lab.trace.timeline import Timeline
 from neuron_lab.trace.tracker import Renaming, SiteMap, Tracker
@@ -405,8 +406,13 @@ class Session:
                 if self._tracker is not None:
                     self._tracker.ran_on(mode=mode)
             number = self.locator.current_cell()
-            return interrupts.user_code(run_body, self.shell, body, raw,
-                                        self.shell.execution_count if number is None else number)
+            try:
+                return interrupts.user_code(run_body, self.shell, body, raw,
+                                            self.shell.execution_count if number is None else number)
+            except Exception as e:
+                if compile_errors.is_graph_break_error(e):  # fullgraph: torch.compile's wrapper is no line of theirs
+                    oom.end_in_user_code(e.__traceback__)
+                raise
 
     def cell_to_check(self, body: str, raw_cell: str) -> CellToCheck:
         """The running ``%%neuron parity`` / ``compare`` cell, described for :func:`neuron_lab.checks.run_check`;

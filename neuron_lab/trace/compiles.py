@@ -26,7 +26,8 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -208,7 +209,8 @@ def observed(backend: str | Callable) -> Callable:
     key = backend if isinstance(backend, str) else f"{getattr(backend, '__name__', 'backend')}@{id(backend)}"
     wrapper = _observed.get(key)
     if wrapper is None:
-        inner = lookup_backend(backend) if isinstance(backend, str) else backend
+        with loading_compiler():
+            inner = lookup_backend(backend) if isinstance(backend, str) else backend
 
         def wrapper(gm, example_inputs, **kwargs):
             _report_graph(gm)
@@ -217,6 +219,22 @@ def observed(backend: str | Callable) -> Callable:
         wrapper.__name__ = getattr(inner, "__name__", "backend")  # dynamo's errors name it: say the user's backend
         _observed[key] = wrapper
     return wrapper
+
+
+@contextmanager
+def loading_compiler() -> Iterator[None]:
+    """Count the block as loading the compiler in the open windows: the backend registry's first listing or lookup
+    imports AOTAutograd (a second or more) after dynamo itself loaded, before any frame compiles, and that is no part
+    of running the cell. Import dynamo before the block: its own loading is counted already."""
+    t0, modules = time.perf_counter(), len(sys.modules)
+    try:
+        yield
+    finally:
+        took = time.perf_counter() - t0
+        with _active_lock:
+            traces = list(_active) if len(sys.modules) > modules else []  # it imported: not a cached listing
+        for t in traces:
+            t.loaded_more(took)
 
 
 def with_account(c: Compiles, account: WindowAccount) -> Compiles:
@@ -279,6 +297,11 @@ class CompileTrace:
         on_end = callback_handler.register_end_callback(self._on_end)
         self._callbacks = (on_start, on_end)
 
+    def loaded_more(self, seconds: float) -> None:
+        """The compiler's loading went on after dynamo loaded (a backend's imports): compile time of this window."""
+        self._result.loading_s += seconds
+        self._result.compile_s += seconds
+
     def stop(self) -> Compiles:
         _close_window(self)
         self._no_wait()
@@ -327,7 +350,7 @@ class CompileTrace:
     def compiling(self) -> dict[str, Any] | None:
         """What dynamo is compiling right now, for live views and the progress line; None when it compiles nothing.
 
-        ``{"frame": the function being compiled ("PolarNet.__call__", "forward (resumed after line 7)"),
+        ``{"frame": the call being compiled ("PolarNet.__call__", also while a break inside it compiles forward),
         "graphs": graphs compiled so far in this window, "elapsed_s": seconds since this frame's compile began,
         "phase": "loading" (the compiler itself, at the first compile), "tracing" (dynamo reads the Python code),
         "lowering" (the backend compiles the graph) or "backward" (the backward graph, at the first ``backward()``),
@@ -417,7 +440,13 @@ class CompileTrace:
             code, where = self._code_and_site(m)
             if m.fail_reason:
                 at = f" (called at {where.label}: {where.source})" if where else ""
-                res.failures.append(f"{code}{at}: {short_reason(m.fail_reason)}")
+                broke = self._break_that_failed(m)
+                if broke is None:
+                    res.failures.append(f"{code}{at}: {short_reason(m.fail_reason)}")
+                else:  # fullgraph: the break is listed, where and why, as one without it would be
+                    breaks.setdefault((broke.site, broke.via), broke)
+                    line = broke.site.label if broke.site else "a line of its code"
+                    res.failures.append(f"{code}{at}: a graph break at {line}, and fullgraph allows none")
             resumed = _RESUME.match(m.co_name or "")
             if resumed:
                 at = self._site(m.co_filename, int(resumed["line"]))
@@ -432,6 +461,16 @@ class CompileTrace:
                 reason = m.recompile_reason.strip().split("\n")[0]
                 res.recompiles.append(Recompile(code, reason, where))
         res.breaks = list(breaks.values())
+
+    def _break_that_failed(self, m: Any) -> GraphBreak | None:
+        """The graph break that failed a frame's compile (``fullgraph=True`` raises dynamo's ``Unsupported`` where
+        it would break the graph), at the line dynamo stopped at; None for any other failure."""
+        if m.fail_type != "Unsupported" or not m.fail_user_frame_filename or not m.fail_user_frame_lineno:
+            return None
+        at = self._site(m.fail_user_frame_filename, m.fail_user_frame_lineno)
+        user = self.locator is None or self.locator.is_user_file(m.fail_user_frame_filename)
+        site, via = (at, None) if user else (self._triggers.get(str(m.compile_id)), at)  # broke inside a library
+        return GraphBreak(**_break_words(m.fail_reason, at.source if at else ""), site=site, via=via)
 
     def _code_and_site(self, m: Any) -> tuple[str, Site | None]:
         """What was compiled and the user line to show: its own, or the line whose call compiled it."""
@@ -456,13 +495,31 @@ def _inner_restart(metrics: list) -> str:
 
 
 def _compiled_frame_name(frame: types.FrameType | None) -> str | None:
-    """The function dynamo's ``_compile`` is converting, from its frame up the stack (None: none found)."""
+    """The function dynamo's ``_compile`` is converting, from its frame up the stack (None: none found), named as
+    the call that was compiled: a graph break inside ``Net.__call__`` has dynamo compile ``forward`` and its
+    resumption while that call runs, and the progress line should name ``Net`` throughout, not switch names."""
+    converting = outermost = None
     while frame is not None:
-        if frame.f_code.co_name in ("compile_inner", "_compile"):
-            code = frame.f_locals.get("code")
-            if isinstance(code, types.CodeType):
-                resumed = _RESUME.match(code.co_name)
-                return f"{resumed['fn']} (resumed after line {resumed['line']})" if resumed else code.co_name
+        if converting is None:
+            if frame.f_code.co_name in ("compile_inner", "_compile"):
+                code = frame.f_locals.get("code")
+                if isinstance(code, types.CodeType):
+                    resumed = _RESUME.match(code.co_name)
+                    converting = f"{resumed['fn']} (resumed after line {resumed['line']})" if resumed else code.co_name
+        elif _entered_by_torch_compile(frame):
+            outermost = frame.f_code.co_name
         frame = frame.f_back
-    return None
+    return outermost or converting
+
+
+_DYNAMO_DIR = os.path.join("torch", "_dynamo", "")
+_EVAL_FRAME = os.path.join("torch", "_dynamo", "eval_frame.py")
+
+
+def _entered_by_torch_compile(frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs a function torch.compile wrapped, called by the wrapper (its compiled code keeps
+    the function's name); dynamo's own frames that the wrapper calls are not."""
+    caller = frame.f_back
+    return (caller is not None and caller.f_code.co_filename.endswith(_EVAL_FRAME)
+            and _DYNAMO_DIR not in frame.f_code.co_filename)
 
