@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -44,7 +44,7 @@ def alike(text: str) -> str:
 class _Group:
     texts: dict[int, str]  # rank: its line, for the ranks whose line waits to be shown with the group
     first_s: float  # when its first line came
-    pieces: dict[int, list[str]] = field(default_factory=dict)  # rank: its line made alike, split (_pieces)
+    pieces: dict[int, list[str]] = field(default_factory=dict)  # rank: its line made alike, split on NUMBER
     shown: bool = False  # a rank printing it from now on shows its own line
 
 
@@ -64,7 +64,7 @@ class Collapser:
         self.running = set(self.ranks)
         self._queues: dict[int, deque[tuple[_Group, str]]] = {rank: deque() for rank in self.running}
         self._groups: dict[tuple[str, int], _Group] = {}
-        self._seen: dict[int, Counter[str]] = {rank: Counter() for rank in self.running}
+        self._seen: dict[int, dict[str, int]] = {rank: {} for rank in self.running}  # rank: lines of each shape
 
     def add(self, rank: int, text: str) -> list[str]:
         """Rank ``rank`` printed the line ``text``: the lines that can be shown now."""
@@ -76,8 +76,8 @@ class Collapser:
         pieces = NUMBER.split(same) if self.values else [same]
         shape = "#".join(pieces[::2])
         seen = self._seen[rank]
-        key = (shape, seen[shape])
-        seen[shape] += 1
+        key = (shape, seen.get(shape, 0))  # a Counter's missing key is a Python call
+        seen[shape] = key[1] + 1
         group = self._groups.get(key)
         if group is None:  # the line's group is new: made once, not once a rank
             group = self._groups[key] = _Group({}, self.clock())
