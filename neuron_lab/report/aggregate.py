@@ -28,7 +28,8 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
             m.nbytes += r.nbytes
             m.unattributed += r.unattributed
             for sc in r.sites:
-                where = (sc.site, sc.via)
+                s = sc.site  # told apart by its fields, as Site's == does, with no Python call to hash it
+                where = (s.filename, s.line, s.source, s.cell, sc.via)
                 into = sites[key].get(where)
                 if into is None:
                     into = sites[key][where] = SiteCount(sc.site, via=sc.via)
