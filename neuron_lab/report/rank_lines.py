@@ -149,7 +149,7 @@ def _ranks_line(texts: dict[int, str], pieces: dict[int, list[str]]) -> str:
                 return ""
             odd = outliers(numbers)
             mark = f" ← {'rank' if len(odd) == 1 else 'ranks'} {ranks_label(odd)}" if odd else ""
-            parts.append("{" + ", ".join(f"{rank}: {v}" for rank, v in shown.items()) + mark + "}")
+            parts.append("{" + ", ".join([f"{rank}: {v}" for rank, v in shown.items()]) + mark + "}")
         parts.append(first[i + 1])
     return "".join(parts)
 

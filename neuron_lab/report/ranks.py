@@ -86,9 +86,13 @@ class RankResult:
         return self.error or (self.report.error if self.report is not None else None)
 
     def collectives(self) -> tuple[int, int, int]:
-        """Calls, bytes and nanoseconds of its collectives."""
-        rows = [r for r in self.report.ops_not_native if r.kind == COLLECTIVE] if self.report else []
-        return sum(r.count for r in rows), sum(r.nbytes for r in rows), sum(r.host_ns for r in rows)
+        """Calls, bytes and nanoseconds of its collectives (summed in one pass: the summary and the rank table each
+        ask, for every rank)."""
+        calls = nbytes = ns = 0
+        for r in self.report.ops_not_native if self.report else ():
+            if r.kind == COLLECTIVE:
+                calls, nbytes, ns = calls + r.count, nbytes + r.nbytes, ns + r.host_ns
+        return calls, nbytes, ns
 
     def unsupported_calls(self) -> int:
         return sum(r.count for r in self.report.ops_not_native if r.kind == UNSUPPORTED) if self.report else 0
@@ -223,7 +227,7 @@ def outliers(values: dict[int, float]) -> list[int]:
         return []
     mid = statistics.median(finite)
     bound = max(3 * 1.4826 * statistics.median([abs(v - mid) for v in finite]), abs(mid) / 10)
-    return [rank for rank, v in sorted(values.items()) if not math.isfinite(v) or abs(v - mid) > bound]
+    return sorted([rank for rank, v in values.items() if not math.isfinite(v) or abs(v - mid) > bound])
 
 
 def _site_key(row: OpRow, site: Site) -> tuple[Any, ...]:
