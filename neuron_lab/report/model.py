@@ -548,7 +548,22 @@ def _rewrite(d: dict[str, Any] | None) -> Rewrite | None:
 
 
 def _site(d: dict[str, Any] | None) -> Site | None:
-    return None if d is None else Site(d["filename"], d["line"], d["source"], d.get("cell"))
+    """A site read back, one object per line: the reports of a loop's cells, and of a cell's ranks, name the same
+    lines (a Site is immutable, and looking one up costs less than making one: a frozen class's fields are set one
+    Python call each)."""
+    if d is None:
+        return None
+    key = (d["filename"], d["line"], d["source"], d.get("cell"))
+    site = _SITES.get(key)
+    if site is None:
+        if len(_SITES) >= _SITES_KEPT:
+            _SITES.clear()
+        site = _SITES[key] = Site(*key)
+    return site
+
+
+_SITES: dict[tuple[str, int, str, int | None], Site] = {}  # read-back sites by their fields
+_SITES_KEPT = 4096  # past it, the sites are made afresh
 
 
 def as_data(obj: Any, *names: str) -> Any:
