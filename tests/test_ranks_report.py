@@ -63,6 +63,13 @@ def test_a_site_the_ranks_called_unequally_names_how_often_each_called_it() -> N
     assert "rank 2: 3×, ranks 0-1,3: 1×" in four._repr_html_()  # every renderer shows it
 
 
+def test_the_ranks_reports_read_back_name_each_line_with_one_site() -> None:
+    back = RanksReport.from_dict(json.loads(json.dumps(_three_ranks().as_dict())))
+    first, second = (r.report.ops_not_native[0].sites[0].site for r in back.ranks[:2])
+    assert first == Site("<ipython-input-7>", 3, "dist.all_reduce(x)", cell=7)
+    assert first is second  # one object per line: made once for all ranks, its texts kept once by its identity
+
+
 def _stuck(told: bool = True) -> RanksReport:
     waits = {"op": "all_reduce", "group": "0", "size": 3, "shapes": [[4]], "dtypes": ["float32"]}
     at = Site("In[7]", 5, "dist.all_reduce(x)", cell=7)

@@ -13,31 +13,34 @@ def merge_rows(reports: Iterable[Report]) -> list[OpRow]:
 
     The first call's shapes and dtypes and the reason come from the earliest report that has the op.
     """
-    rows: dict[tuple[str, str, int], OpRow] = {}
-    sites: dict[tuple[str, str, int], dict[tuple, SiteCount]] = {}
+    merged: dict[tuple[str, str, int], tuple[OpRow, dict[tuple, SiteCount]]] = {}  # a row and its sites
     for report in reports:
         for r in report.ops_not_native:
             key = (r.op, r.kind, r.ranks)
-            m = rows.get(key)
-            if m is None:
-                m = rows[key] = OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes, ranks=r.ranks,
-                                      rewrite=r.rewrite)
-                sites[key] = {}
+            found = merged.get(key)
+            if found is None:
+                found = merged[key] = (OpRow(r.op, r.kind, r.reason, shapes=r.shapes, dtypes=r.dtypes, ranks=r.ranks,
+                                             rewrite=r.rewrite), {})
+            m, sites = found
             m.count += r.count
             m.host_ns += r.host_ns
             m.nbytes += r.nbytes
             m.unattributed += r.unattributed
             for sc in r.sites:
-                where = (sc.site, sc.via)
-                into = sites[key].get(where)
+                s = sc.site  # told apart by its fields, as Site's == does, with no Python call to hash it
+                where = (s.filename, s.line, s.source, s.cell, sc.via)
+                into = sites.get(where)
                 if into is None:
-                    into = sites[key][where] = SiteCount(sc.site, via=sc.via)
+                    into = sites[where] = SiteCount(sc.site, via=sc.via)
                     m.sites.append(into)
                 into.count += sc.count
-                into.stacks.extend(st for st in sc.stacks if st not in into.stacks)
-    for m in rows.values():
+                for st in sc.stacks:
+                    if st not in into.stacks:
+                        into.stacks.append(st)
+    rows = [m for m, _ in merged.values()]
+    for m in rows:
         m.sites.sort(key=lambda s: (-s.count, s.site.cell or 0, s.site.line))
-    return sorted(rows.values(), key=kinds.row_order)
+    return sorted(rows, key=kinds.row_order)
 
 
 def merge_reports(rs: list[Report]) -> Report:

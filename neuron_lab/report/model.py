@@ -87,9 +87,9 @@ class OpRow:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpRow:
         """The inverse of ``as_data(row)``: a row read back from JSON (a saved report, the widget's data)."""
-        sites = [SiteCount(_site(sc["site"]), sc["count"], [tuple(st) for st in sc["stacks"]], _site(sc.get("via")))
+        sites = [SiteCount(_site(sc["site"]), sc["count"], list(map(tuple, sc["stacks"])), _site(sc.get("via")))
                  for sc in d["sites"]]
-        return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(tuple(s) for s in d["shapes"]),
+        return cls(d["op"], d["kind"], d["reason"], d["count"], d["host_ns"], tuple(map(tuple, d["shapes"])),
                    tuple(d["dtypes"]), sites, d["unattributed"], d.get("nbytes", 0), d.get("ranks", 0),
                    _rewrite(d.get("rewrite")))
 
@@ -374,8 +374,9 @@ class Report(ShownAsText):
 
     @classmethod
     def opened(cls, *args: Any, **values: Any) -> Report:
-        """A new report as its tracker opens it, every cell: as ``Report(*args, **values)``, its fields set at once
-        (the dataclass's ``__init__`` sets each through :meth:`__setattr__`, a Python call a field)."""
+        """A new report as its tracker opens it every cell, or as :meth:`from_dict` reads one back (16 per
+        ``%%neuron ranks`` cell of 16 ranks): as ``Report(*args, **values)``, its fields set at once (the dataclass's
+        ``__init__`` sets each through :meth:`__setattr__`, a Python call a field)."""
         r = object.__new__(cls)
         d = r.__dict__
         for name, default, factory in _FIELDS:
@@ -484,7 +485,7 @@ class Report(ShownAsText):
             for sc in row.sites:
                 sc.site = site(sc.site)
                 if frame is not None:
-                    sc.stacks = [tuple(frame(f) for f in st) for st in sc.stacks]
+                    sc.stacks = [tuple(map(frame, st)) for st in sc.stacks]
         p = self.profiled
         if p is not None:
             for lt in [*p.lines, *(x for r in p.rows for x in r.sites)]:
@@ -519,12 +520,12 @@ class Report(ShownAsText):
                                                             else tuple(t["shape"]), t["dtype"], t["bytes"],
                                                             t["storages"], t["held_by"]) for t in oom["tensors"]],
                               oom["more"], oom["freed"], oom.get("asked"), oom.get("free"))
-        return cls(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
-                   d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"], d["callsites"],
-                   d["detail"], coverage=d.get("coverage", d.get("profile")), oom=oom,
-                   profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None,
-                   ooms_handled=[HandledOom(_site(h["site"]), h["count"], h["asked"], h["free"])
-                                 for h in d.get("ooms_handled", [])])
+        return cls.opened(d["title"], d["cell"], d["device"], d["mode"], d["backend"], d["wall_s"], d["ops"],
+                          d["h2d_bytes"], d["d2h_bytes"], Memory(**d["memory"]), rows, compiles, d["error"],
+                          d["callsites"], d["detail"], coverage=d.get("coverage", d.get("profile")), oom=oom,
+                          profiled=Profiled.from_dict(d["profiled"]) if d.get("profiled") else None,
+                          ooms_handled=[HandledOom(_site(h["site"]), h["count"], h["asked"], h["free"])
+                                        for h in d.get("ooms_handled", [])])
 
     # -- IPython display protocol ---------------------------------------------------------
     def __str__(self) -> str:
@@ -547,7 +548,22 @@ def _rewrite(d: dict[str, Any] | None) -> Rewrite | None:
 
 
 def _site(d: dict[str, Any] | None) -> Site | None:
-    return None if d is None else Site(d["filename"], d["line"], d["source"], d.get("cell"))
+    """A site read back, one object per line: the reports of a loop's cells, and of a cell's ranks, name the same
+    lines (a Site is immutable, and looking one up costs less than making one: a frozen class's fields are set one
+    Python call each)."""
+    if d is None:
+        return None
+    key = (d["filename"], d["line"], d["source"], d.get("cell"))
+    site = _SITES.get(key)
+    if site is None:
+        if len(_SITES) >= _SITES_KEPT:
+            _SITES.clear()
+        site = _SITES[key] = Site(*key)
+    return site
+
+
+_SITES: dict[tuple[str, int, str, int | None], Site] = {}  # read-back sites by their fields
+_SITES_KEPT = 4096  # past it, the sites are made afresh
 
 
 def as_data(obj: Any, *names: str) -> Any:

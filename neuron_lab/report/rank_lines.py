@@ -15,25 +15,28 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from neuron_lab.report.ranks import outliers, ranks_label
 
 STDOUT = ("[stdout:{ranks}] ", "[ranks {ranks}] ")  # how a line is prefixed: one rank's, several ranks'
-NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)(?!\w|\.\d)")
-_OWN_PROCESS = [  # (what differs between ranks in a line that says the same thing on each, what it becomes)
-    (re.compile(r"ipykernel_\d+"), "ipykernel_*"),  # ipykernel names a cell's file after the process
-    (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ \d+ "), r"[\1 "),  # c10's log prefix: date, time, thread
-    (re.compile(r"\[Gloo\] Rank \d+ is connected to"), "[Gloo] Rank * is connected to"),
+# a number in a line; captured, so that splitting a line on it gives its words and numbers in turn
+NUMBER = re.compile(r"((?<![\w.])[-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)(?!\w|\.\d))")
+_OWN_PROCESS = [  # (what differs between ranks in a line that says the same thing on each, what it becomes, a text
+    # every line it differs in holds: most lines hold none, and looking for a text costs less than a pattern's sub)
+    (re.compile(r"ipykernel_\d+"), "ipykernel_*", "ipykernel_"),  # ipykernel names a cell's file after the process
+    (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ \d+ "), r"[\1 ", "["),  # c10's log prefix: date, time, thread
+    (re.compile(r"\[Gloo\] Rank \d+ is connected to"), "[Gloo] Rank * is connected to", "[Gloo] Rank "),
 ]
 
 
 def alike(text: str) -> str:
     """``text`` with what each rank's process writes its own way made the same."""
-    for pattern, same in _OWN_PROCESS:
-        text = pattern.sub(same, text)
+    for pattern, same, held in _OWN_PROCESS:
+        if held in text:
+            text = pattern.sub(same, text)
     return text
 
 
@@ -41,6 +44,7 @@ def alike(text: str) -> str:
 class _Group:
     texts: dict[int, str]  # rank: its line, for the ranks whose line waits to be shown with the group
     first_s: float  # when its first line came
+    pieces: dict[int, list[str]] = field(default_factory=dict)  # rank: its line made alike, split on NUMBER
     shown: bool = False  # a rank printing it from now on shows its own line
 
 
@@ -60,7 +64,7 @@ class Collapser:
         self.running = set(self.ranks)
         self._queues: dict[int, deque[tuple[_Group, str]]] = {rank: deque() for rank in self.running}
         self._groups: dict[tuple[str, int], _Group] = {}
-        self._seen: dict[int, Counter[str]] = {rank: Counter() for rank in self.running}
+        self._seen: dict[int, dict[str, int]] = {rank: {} for rank in self.running}  # rank: lines of each shape
 
     def add(self, rank: int, text: str) -> list[str]:
         """Rank ``rank`` printed the line ``text``: the lines that can be shown now."""
@@ -68,13 +72,18 @@ class Collapser:
         return self.due()
 
     def _add(self, rank: int, text: str) -> None:
-        shape = alike(text)
-        shape = NUMBER.sub("#", shape) if self.values else shape
-        key = (shape, self._seen[rank][shape])
-        self._seen[rank][shape] += 1
-        group = self._groups.setdefault(key, _Group({}, self.clock()))
+        same = alike(text)
+        pieces = NUMBER.split(same) if self.values else [same]
+        shape = "#".join(pieces[::2])
+        seen = self._seen[rank]
+        key = (shape, seen.get(shape, 0))  # a Counter's missing key is a Python call
+        seen[shape] = key[1] + 1
+        group = self._groups.get(key)
+        if group is None:  # the line's group is new: made once, not once a rank
+            group = self._groups[key] = _Group({}, self.clock())
         if not group.shown:
             group.texts[rank] = text
+            group.pieces[rank] = pieces
         self._queues[rank].append((group, text))
 
     def leave(self, rank: int) -> list[str]:
@@ -100,7 +109,7 @@ class Collapser:
                     group, text = queue[0]
                     if group.shown:  # printed late: its own line
                         queue.popleft()
-                        out += self._render({rank: text})
+                        out += self._render({rank: text}, group.pieces)
                         continue
                     heads = {q: t for q, t in group.texts.items() if self._queues[q] and self._queues[q][0][0] is group}
                     complete = self.running <= heads.keys() and len(heads) == len(group.texts)
@@ -109,41 +118,39 @@ class Collapser:
                     for q in heads:
                         self._queues[q].popleft()
                     group.shown, moved = True, True
-                    out += self._render(heads)
+                    out += self._render(heads, group.pieces)
         return out
 
-    def _render(self, texts: dict[int, str]) -> list[str]:
+    def _render(self, texts: dict[int, str], pieces: dict[int, list[str]]) -> list[str]:
         one, many = self.prefixes
         ranks = sorted(texts)
-        line = _ranks_line(texts) if len(ranks) > 1 else ""
+        line = _ranks_line(texts, pieces) if len(ranks) > 1 else ""
         if not line:
             return [one.format(ranks=rank) + texts[rank] for rank in ranks]
         return [many.format(ranks=ranks_label(ranks)) + line]
 
 
-def _ranks_line(texts: dict[int, str]) -> str:
+def _ranks_line(texts: dict[int, str], pieces: dict[int, list[str]]) -> str:
     """The ranks' lines as one, each number that differs as every rank's value, the ranks that stand apart marked;
-    "" when a number that differs is each rank's own rank (the line is each rank's own)."""
-    same = {rank: alike(t) for rank, t in sorted(texts.items())}
-    if len(set(same.values())) == 1:
+    "" when a number that differs is each rank's own rank (the line is each rank's own). ``pieces``: each rank's
+    line made alike and split into its words and numbers in turn (one shape: the same words)."""
+    ranks = sorted(texts)
+    first = pieces[ranks[0]]
+    if all(pieces[rank] == first for rank in ranks):
         return next(iter(texts.values()))
-    found = {rank: NUMBER.findall(t) for rank, t in same.items()}
-    first = min(texts)
-    parts = []
-    for i, words in enumerate(NUMBER.split(same[first])):
-        parts.append(words)
-        if i == len(found[first]):
-            break
-        shown = {rank: numbers[i] for rank, numbers in found.items()}
+    parts = [first[0]]
+    for i in range(1, len(first), 2):
+        shown = {rank: pieces[rank][i] for rank in ranks}
         if len(set(shown.values())) == 1:
-            parts.append(shown[first])
-            continue
-        numbers = {rank: float(v) for rank, v in shown.items()}
-        if all(v == rank for rank, v in numbers.items()):
-            return ""
-        odd = outliers(numbers)
-        mark = f" ← {'rank' if len(odd) == 1 else 'ranks'} {ranks_label(odd)}" if odd else ""
-        parts.append("{" + ", ".join(f"{rank}: {v}" for rank, v in shown.items()) + mark + "}")
+            parts.append(first[i])
+        else:
+            numbers = {rank: float(v) for rank, v in shown.items()}
+            if all(v == rank for rank, v in numbers.items()):
+                return ""
+            odd = outliers(numbers)
+            mark = f" ← {'rank' if len(odd) == 1 else 'ranks'} {ranks_label(odd)}" if odd else ""
+            parts.append("{" + ", ".join([f"{rank}: {v}" for rank, v in shown.items()]) + mark + "}")
+        parts.append(first[i + 1])
     return "".join(parts)
 
 

@@ -8,6 +8,7 @@ each rank's profile on its report and adds the ranks' timelines merged into one,
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterable
@@ -85,9 +86,13 @@ class RankResult:
         return self.error or (self.report.error if self.report is not None else None)
 
     def collectives(self) -> tuple[int, int, int]:
-        """Calls, bytes and nanoseconds of its collectives."""
-        rows = [r for r in self.report.ops_not_native if r.kind == COLLECTIVE] if self.report else []
-        return sum(r.count for r in rows), sum(r.nbytes for r in rows), sum(r.host_ns for r in rows)
+        """Calls, bytes and nanoseconds of its collectives (summed in one pass: the summary and the rank table each
+        ask, for every rank)."""
+        calls = nbytes = ns = 0
+        for r in self.report.ops_not_native if self.report else ():
+            if r.kind == COLLECTIVE:
+                calls, nbytes, ns = calls + r.count, nbytes + r.nbytes, ns + r.host_ns
+        return calls, nbytes, ns
 
     def unsupported_calls(self) -> int:
         return sum(r.count for r in self.report.ops_not_native if r.kind == UNSUPPORTED) if self.report else 0
@@ -141,9 +146,10 @@ class RanksReport(ShownAsText):
                 for sc in row.sites:
                     per_rank = calls.setdefault(_site_key(row, sc.site), {})
                     per_rank[r.rank] = per_rank.get(r.rank, 0) + sc.count
+        ranks = [r.rank for r in reporting]
         for row in merged:
             for sc in row.sites:
-                note = _ranks_note(calls[_site_key(row, sc.site)], [r.rank for r in reporting])
+                note = _ranks_note(calls[_site_key(row, sc.site)], ranks)
                 if note:
                     sc.site = replace(sc.site, source=f"{sc.site.source} · {note}")
         return Report(f"{len(reporting)} ranks", None, "", "", "", ops_not_native=merged)
@@ -197,8 +203,14 @@ def ranks_named(ranks: list[int]) -> str:
 
 def ranks_label(ranks: Iterable[int]) -> str:
     """``0-3``, ``0,2``, ``0-1,4``: ranks as runs of consecutive numbers."""
+    return _runs(frozenset(ranks))
+
+
+@functools.lru_cache(maxsize=256)
+def _runs(ranks: frozenset[int]) -> str:
+    """The label of a set of ranks, made once per set: every line the ranks print alike is labelled with it."""
     runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
+    for r in sorted(ranks):
         if runs and r == runs[-1][-1] + 1:
             runs[-1].append(r)
         else:
@@ -210,13 +222,12 @@ def outliers(values: dict[int, float]) -> list[int]:
     """The ranks whose value stands apart from the others' (a loss that diverged, a NaN among numbers): further from
     the median than 3 scaled median absolute deviations and than a tenth of the median. Three ranks at least: of two,
     neither is the odd one."""
-    finite = sorted(v for v in values.values() if math.isfinite(v))
+    finite = sorted([v for v in values.values() if math.isfinite(v)])
     if len(values) < 3 or len(finite) <= len(values) // 2:
         return []
     mid = statistics.median(finite)
-    spread = 3 * 1.4826 * statistics.median(abs(v - mid) for v in finite)
-    return [rank for rank, v in sorted(values.items())
-            if not math.isfinite(v) or abs(v - mid) > max(spread, abs(mid) / 10)]
+    bound = max(3 * 1.4826 * statistics.median([abs(v - mid) for v in finite]), abs(mid) / 10)
+    return sorted([rank for rank, v in values.items() if not math.isfinite(v) or abs(v - mid) > bound])
 
 
 def _site_key(row: OpRow, site: Site) -> tuple[Any, ...]:
@@ -226,6 +237,8 @@ def _site_key(row: OpRow, site: Site) -> tuple[Any, ...]:
 
 def _ranks_note(per_rank: dict[int, int], ranks: list[int]) -> str:
     """"" when every rank made as many calls at the site; else each count with its ranks, the most calls first."""
+    if len(per_rank) == len(ranks) and len(set(per_rank.values())) == 1:  # each rank called it, as often
+        return ""
     by_count: dict[int, list[int]] = {}
     for rank in ranks:
         by_count.setdefault(per_rank.get(rank, 0), []).append(rank)
