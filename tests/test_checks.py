@@ -697,6 +697,19 @@ def test_compare_times_both_modes_lists_breaks_and_runs_the_cell_once_for_real(s
 
 
 
+def test_a_checks_runs_parse_and_compile_the_body_once(shell, monkeypatch):
+    """Every run of a check (warm-up, timed, copy and real) executes one compiled body: a timed run times the code,
+    not IPython's parsing and compiling of its text, which would pull a small cell's ratio towards 1."""
+    run(shell, "import torch\nx = torch.ones(4, device='neuron')")
+    parsed = []
+    ast_parse = shell.compile.ast_parse
+    monkeypatch.setattr(shell.compile, "ast_parse", lambda code, *a, **k: parsed.append(code) or ast_parse(code, *a,
+                                                                                                           **k))
+    res, _ = run(shell, "%%neuron compare --warmup 2 --runs 5\ny = x * 2\ny.sum()")
+    assert len(res.result.eager.runs_s) == 5 and len(res.result.compiled.runs_s) == 5
+    assert sum(code.startswith("y = x * 2") for code in parsed) == 1, parsed  # (the other: the magic's own cell)
+
+
 def test_namespace_after_compare_is_exactly_a_plain_runs_and_the_compile_panel_shows_it(shell):
     from neuron_lab.widgets import snapshot
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import linecache
 import sys
+from types import CodeType
 from typing import Any
 
 from neuron_lab.compat import ipython
@@ -62,6 +63,15 @@ def run_body(shell: Any, body: str, raw_cell: str, number: int) -> Any:
     included); assignments land in the user namespace; IPython's input and AST transformers apply.
     """
     __tracebackhide__ = True  # noqa: F841  (IPython hides this frame from tracebacks)
+    return run_compiled(shell, compile_body(shell, body, raw_cell, number))
+
+
+Compiled = tuple[CodeType, CodeType | None]  # a body's statements, and its last expression's (None: it has none)
+
+
+def compile_body(shell: Any, body: str, raw_cell: str, number: int) -> Compiled:
+    """A cell magic's body compiled as IPython compiles a cell (:func:`run_body`), to run once or several times (a
+    check's timed runs time the body, not its parsing)."""
     name = shell.compile.cache(raw_cell, number, raw_code=raw_cell)
     code = shell.transform_cell(body)
     tree = shell.compile.ast_parse(code, filename=name)
@@ -70,7 +80,12 @@ def run_body(shell: Any, body: str, raw_cell: str, number: int) -> Any:
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(shell.compile(tree, name, "exec"), shell.user_global_ns, shell.user_ns)
-    if last is not None:
-        return eval(shell.compile(last, name, "eval"), shell.user_global_ns, shell.user_ns)
-    return None
+    return shell.compile(tree, name, "exec"), None if last is None else shell.compile(last, name, "eval")
+
+
+def run_compiled(shell: Any, compiled: Compiled) -> Any:
+    """Run a body :func:`compile_body` made, in the user namespace; the last expression's value."""
+    __tracebackhide__ = True  # noqa: F841
+    statements, last = compiled
+    exec(statements, shell.user_global_ns, shell.user_ns)
+    return None if last is None else eval(last, shell.user_global_ns, shell.user_ns)
