@@ -5,8 +5,7 @@ argument do not need. So this makes the package's module without running its ``_
 ``neuron_lab.cli`` into it (the parser imports nothing heavy) and parses; only then does the package's ``__init__``
 run in that same module, after which the process is what ``import neuron_lab`` makes and the command runs. ``run``
 skips it: its cells run in kernels (which import torch themselves), so its own process never loads torch, some 2 s
-less before the first kernel starts.
-(``python -m neuron_lab`` imports the package first, as Python does: the same commands, without the head start.)
+less before the first kernel starts. ``python -m neuron_lab`` takes the same path (``neuron_lab/__main__.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +21,7 @@ def main() -> int:
     sys.modules["neuron_lab"] = package
     from neuron_lab import cli
 
-    args = cli.build_parser().parse_args()  # --help, --version and bad usage end here, torch never imported
-    if not getattr(args, "in_kernels", False):  # `run` launches kernels and reads what they send: no device here
-        spec.loader.exec_module(package)  # `import neuron_lab`: torch, the backend
-    return cli.dispatch(args)
+    return cli.main_parsing_first(lambda: spec.loader.exec_module(package))  # `import neuron_lab`: torch, the backend
 
 
 if __name__ == "__main__":

@@ -9,13 +9,11 @@ in a cell, ``last_profile()`` exports the newest profile's trace afterwards, and
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-import torch  # noqa: E402,F401  (first: PyTorch's autoload may call back into neuron_lab.backend)
-
-from neuron_lab import backend as backend  # noqa: E402
 from neuron_lab._version import __version__ as __version__
 
 if TYPE_CHECKING:  # the modules behind the API load when it is first called, not at `import neuron_lab`
@@ -26,7 +24,17 @@ if TYPE_CHECKING:  # the modules behind the API load when it is first called, no
     from neuron_lab.trace.profile import ProfileResult
     from neuron_lab.trace.sites import Locator
 
-backend.activate()  # never raises: problems become warnings and stay in backend.state() for `doctor`
+# `python -m neuron_lab` imports this package before running its __main__, which reads the command line first, as the
+# console script does (_neuron_lab_cli.py), and runs this module again for a command that uses the device. While
+# Python looks for the module `-m` names, sys.argv[0] is "-m" (as its docs say); the name is the word before the
+# arguments.
+_COMMAND_LINE_FIRST = sys.argv[:1] == ["-m"] and sys.orig_argv[-len(sys.argv)] in ("neuron_lab", "-mneuron_lab")
+if not _COMMAND_LINE_FIRST:
+    import torch  # noqa: F401  (first: PyTorch's autoload may call back into neuron_lab.backend)
+
+    from neuron_lab import backend as backend
+
+    backend.activate()  # never raises: problems become warnings and stay in backend.state() for `doctor`
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:

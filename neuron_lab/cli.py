@@ -288,8 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     return dispatch(build_parser().parse_args(argv))
 
 
+def main_parsing_first(install: Callable[[], object]) -> int:
+    """The command line read before the package's ``__init__`` imports torch and installs the backend (some 2 s):
+    ``--help``, ``--version`` and bad usage end in the parser, and ``install`` runs that ``__init__`` only for a
+    command that uses the device here (``run``'s cells run in kernels, which import torch themselves). The console
+    script (``_neuron_lab_cli``) and ``python -m neuron_lab`` (``__main__``) both start here."""
+    args = build_parser().parse_args()
+    if not getattr(args, "in_kernels", False):
+        install()
+    return dispatch(args)
+
+
 def dispatch(args: argparse.Namespace) -> int:
-    """Run the parsed command (the console script parses before ``import neuron_lab``: ``_neuron_lab_cli``)."""
+    """Run the parsed command (parsed by :func:`main`, or by :func:`main_parsing_first` before torch loads)."""
     try:
         return args.func(args)
     except BrokenPipeError:  # `neuron-lab coverage show | head`: the reader left, which is not an error

@@ -8,12 +8,16 @@ memory in use and the default device restored.
 
 ``instance=True`` makes it IPython's singleton, so ``display()`` goes through its display publisher
 (what ``capture_output`` captures) as in a real frontend.
+
+``in_child_shell`` is the same for a test that needs a fresh interpreter (``run_python``): a setting read once
+per process, or which modules a step imports.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +27,17 @@ from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 from neuron_lab.session.devices import default_device
+
+# The shell a child interpreter's code starts with: a frontend's singleton, history off, the extension not loaded.
+_CHILD_SHELL = """\
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+
+c = Config()
+c.HistoryAccessor.enabled = False
+sh = InteractiveShell.instance(config=c)
+"""
 
 
 @contextmanager
@@ -69,6 +84,12 @@ def release(sh: InteractiveShell) -> None:
     sh.InteractiveTB.tb = None
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         sys.__dict__.pop(name, None)
+
+
+def in_child_shell(code: str) -> str:
+    """``code`` (indented as in the test) after the lines that make a child's shell ``sh``, with ``capture_output``
+    imported: the text for ``run_python``."""
+    return _CHILD_SHELL + textwrap.dedent(code)
 
 
 def run(sh: InteractiveShell, code: str, *, ok: bool = True):

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from IPython.core.error import UsageError
-from shells import loaded_shell, run
+from shells import in_child_shell, loaded_shell, run
 
 from neuron_lab import modes
 from neuron_lab.extension import session_of
@@ -533,13 +533,8 @@ def test_a_float32_mismatch_is_not_called_64bit_drift(shell):
 
 
 def test_the_same_float64_cell_agrees_with_exact_64bit(run_python):
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        from traitlets.config import Config
-        c = Config(); c.HistoryAccessor.enabled = False
-        sh = InteractiveShell(config=c)
         with capture_output():
             sh.run_line_magic("load_ext", "neuron_lab")
             sh.run_cell("import torch\\nx = torch.full((8,), 1 + 1e-6, dtype=torch.float64).to(device)",
@@ -548,7 +543,7 @@ def test_the_same_float64_cell_agrees_with_exact_64bit(run_python):
         r = res.result
         print(json.dumps({"passed": r.passed, "emulated": r.downcast_emulation, "downcasts": r.downcasts,
                           "text": str(r)}))
-    """, {"NEURON_LAB_EMULATE_DOWNCAST": "0"})
+    """), {"NEURON_LAB_EMULATE_DOWNCAST": "0"})
     assert out["passed"] and out["emulated"] is False and out["downcasts"] == 2
     assert "64-bit downcast not emulated (NEURON_LAB_EMULATE_DOWNCAST=0; TorchNeuron computes float64 in float32, " \
         "int64 in int32)" in out["text"]
@@ -571,20 +566,15 @@ def test_a_checks_own_copies_and_reads_are_not_the_cells_and_a_users_item_still_
 
 
 def test_an_eager_cells_parity_check_loads_no_compiler(run_python):
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json, sys
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        from traitlets.config import Config
-        c = Config(); c.HistoryAccessor.enabled = False
-        sh = InteractiveShell(config=c)
         with capture_output() as cap:
             sh.run_line_magic("load_ext", "neuron_lab")
             sh.run_cell("import torch\\na = torch.ones(1000, device=device)", store_history=True)
             res = sh.run_cell("%%neuron parity\\nb = a * 2", store_history=True)
         print(json.dumps({"passed": res.result.passed, "dynamo": "torch._dynamo" in sys.modules,
                           "said": "loading PyTorch's compiler" in cap.stdout + cap.stderr}))
-    """, {})
+    """), {})
     assert out == {"passed": True, "dynamo": False, "said": False}
 
 

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -109,18 +111,24 @@ def test_help_ends_with_example_commands_that_the_real_parser_accepts():
                                                                  if k not in ("command", "func", "in_kernels")}, command
 
 
-def test_the_console_script_answers_help_version_and_bad_usage_before_torch_loads(tmp_path):
-    """``neuron-lab`` (``_neuron_lab_cli``) parses before ``import neuron_lab``: only a command that uses the device
-    here imports torch; ``run``'s cells run in kernels, so its own process never does."""
-    code = ("import atexit, sys, _neuron_lab_cli\natexit.register(lambda: print('torch' in sys.modules))\n"
-            "sys.argv[0] = 'neuron-lab'\nsys.exit(_neuron_lab_cli.main())")
+CONSOLE_SCRIPT = ("-c", "import sys, _neuron_lab_cli\nsys.argv[0] = 'neuron-lab'\nsys.exit(_neuron_lab_cli.main())")
+
+
+@pytest.mark.parametrize("launch", [CONSOLE_SCRIPT, ("-m", "neuron_lab")], ids=["neuron-lab", "python-m"])
+def test_the_command_line_answers_help_version_and_bad_usage_before_torch_loads(tmp_path, launch):
+    """``neuron-lab`` (``_neuron_lab_cli``) and ``python -m neuron_lab`` parse before ``import neuron_lab`` has
+    imported torch: only a command that uses the device here imports it; ``run``'s cells run in kernels, so its own
+    process never does. ``-X importtime`` lists every module the process imports, on stderr."""
     script = tmp_path / "train.py"
     script.write_text("import torch\nx = torch.ones(2, device='neuron') * 2\n")
     for args, rc, torch_loaded in ((["--version"], 0, False), (["run", "--help"], 0, False),
                                    (["run", "nb.ipynb", "--timeout", "nan"], 2, False),
                                    (["run", str(script), "--json", str(tmp_path / "run.json")], 0, False),
                                    (["coverage", "show", "no-such-coverage"], 2, True)):
-        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                           cwd=ROOT)
-        assert (r.returncode, r.stdout.splitlines()[-1]) == (rc, str(torch_loaded)), (args, r.stdout, r.stderr)
-    assert r.stderr.startswith("neuron-lab coverage show: no coverage 'no-such-coverage'"), r.stderr
+        r = subprocess.run([sys.executable, "-X", "importtime", *launch, *args], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+        timed = [line for line in r.stderr.splitlines() if line.startswith("import time:")]
+        imported = {line.rpartition("|")[2].strip() for line in timed}
+        assert (r.returncode, "torch" in imported) == (rc, torch_loaded), (args, r.stdout, r.stderr[-3000:])
+    said = [line for line in r.stderr.splitlines() if not line.startswith("import time:")]
+    assert said[0].startswith("neuron-lab coverage show: no coverage 'no-such-coverage'"), said

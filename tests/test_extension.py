@@ -12,7 +12,7 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
-from shells import run
+from shells import in_child_shell, run
 from traitlets.config import Config
 
 import neuron_lab
@@ -277,11 +277,8 @@ def test_move_all_moves_everything_movable(shell):
 
 
 def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json, torch
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        sh = InteractiveShell()
         with capture_output():
             sh.run_line_magic("load_ext", "neuron_lab")
             sh.run_cell("import torch\\nsmall = torch.nn.Linear(4, 4)\\nbig = torch.ones(1 << 20)", store_history=True)
@@ -290,7 +287,7 @@ def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):
         print(json.dumps({"error": str(res.error_in_exec), "small": str(ns["small"].weight.device),
                           "big": str(ns["big"].device), "device": str(ns["device"]),
                           "allocated": torch.neuron.memory_allocated()}))
-    """, {"NEURON_LAB_DEVICE_MEMORY": "1MiB"})
+    """), {"NEURON_LAB_DEVICE_MEMORY": "1MiB"})
     assert "moving to neuron:0 failed, and everything was put back where it was" in out["error"]
     assert "OutOfMemoryError" in out["error"]
     assert out["small"] == "cpu" and out["big"] == "cpu"
@@ -300,11 +297,8 @@ def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):
 def test_a_failed_move_frees_its_partial_copies_at_once(run_python):
     """The copies made before the move ran out of memory are freed when it fails, not when the next exception
     replaces this one in IPython's last-traceback slots (no gc.collect() here: the user does not call it either)."""
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json, torch
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        sh = InteractiveShell()
         with capture_output():
             sh.run_line_magic("load_ext", "neuron_lab")
             sh.run_cell("import torch\\nkept = torch.ones(1024, device='neuron')\\nm = torch.nn.Linear(512, 512)\\n"
@@ -316,7 +310,7 @@ def test_a_failed_move_frees_its_partial_copies_at_once(run_python):
         print(json.dumps({"error": str(res.error_in_exec), "type": type(res.error_in_exec).__name__,
                           "where": [str(ns[n].device) for n in "abc"] + [str(ns["m"].weight.device)],
                           "before": before, "after": torch.neuron.memory_allocated()}))
-    """, {"NEURON_LAB_DEVICE_MEMORY": "10MiB"})
+    """), {"NEURON_LAB_DEVICE_MEMORY": "10MiB"})
     assert out["type"] == "UsageError"
     assert out["error"].startswith("%neuron device: moving to neuron:0 failed, and everything was put back where it "
                                    "was: OutOfMemoryError: neuron:0 out of memory")
@@ -503,13 +497,8 @@ def test_cell_state_comes_back_after_exception_and_keyboard_interrupt(shell):
 
 
 def test_an_eager_cell_loads_no_compiler_and_forces_a_compile_it_loads_eager(run_python):
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json, sys
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        from traitlets.config import Config
-        c = Config(); c.HistoryAccessor.enabled = False
-        sh = InteractiveShell(config=c)
         with capture_output():
             sh.run_line_magic("load_ext", "neuron_lab")
             sh.run_cell("%%neuron eager\\nimport torch\\ny = torch.ones(2) * 2", store_history=True)
@@ -519,7 +508,7 @@ def test_an_eager_cell_loads_no_compiler_and_forces_a_compile_it_loads_eager(run
                               store_history=True)
         from torch._dynamo.eval_frame import _stance
         print(json.dumps({"plain": plain, "compiling": res.result, "after": _stance.stance}))
-    """, {})
+    """), {})
     assert out == {"plain": False, "compiling": [False], "after": "default"}
 
 

@@ -3,24 +3,19 @@ says what it does while it does it."""
 
 from __future__ import annotations
 
+from shells import in_child_shell
+
 HEAVY = ("torch._dynamo", "torch._inductor", "ipywidgets", "matplotlib")  # each loads at its first use, not at load
 
 
 def test_loading_the_extension_imports_no_compiler_or_widgets_and_prints_its_banner(run_python) -> None:
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json, os, sys
         import torch
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        from traitlets.config import Config
-
-        c = Config()
-        c.HistoryAccessor.enabled = False
-        sh = InteractiveShell(config=c)
         with capture_output() as cap:
             sh.run_line_magic("load_ext", "neuron_lab")
         print(json.dumps({"loaded": [m for m in os.environ["HEAVY"].split() if m in sys.modules], "out": cap.stdout}))
-    """, {"HEAVY": " ".join(HEAVY)}, timeout=120)
+    """), {"HEAVY": " ".join(HEAVY)}, timeout=120)
     assert out["loaded"] == []
     assert out["out"].startswith("neuron_lab ") and "device neuron:0" in out["out"]
 
@@ -29,16 +24,9 @@ def test_a_cell_that_compiles_nothing_loads_no_compiler_and_a_first_compile_says
     """The first device cell after `%load_ext` does not load dynamo (its 2 s and 70 MiB wait for a compile); the
     first compile then prints its steps in plain lines in a plain shell (no carriage returns, no dynamo names),
     counts loading the compiler as compile time, and a second compile of the same cell (cached) prints nothing."""
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json, sys
         import torch
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        from traitlets.config import Config
-
-        c = Config()
-        c.HistoryAccessor.enabled = False
-        sh = InteractiveShell.instance(config=c)
         outs = []
         for code in ["%load_ext neuron_lab\\n%config NeuronLab.compile_progress_s = 0",
                      "import torch\\nnet = torch.nn.Linear(4, 2).to('neuron')\\nx = torch.ones(3, 4, device='neuron')",
@@ -51,7 +39,7 @@ def test_a_cell_that_compiles_nothing_loads_no_compiler_and_a_first_compile_says
 
         c = session_of(sh).history[3].compiles
         print(json.dumps({"outs": outs, "loading_s": c.loading_s, "compile_s": c.compile_s}))
-    """, {}, timeout=300)
+    """), {}, timeout=300)
     outs = out["outs"]
     assert [o["dynamo"] for o in outs] == [False, False, True, True]
     said = [x for x in outs[2]["out"].splitlines() if x.startswith("neuron_lab: ")]
@@ -69,16 +57,9 @@ def test_a_cell_that_compiles_nothing_loads_no_compiler_and_a_first_compile_says
 def test_torch_loading_its_compiler_for_no_compile_is_no_compile_time(run_python) -> None:
     """An optimizer's constructor makes torch load dynamo (functions it guards against compiling): the cell says so
     while it waits, and its report counts no compile (the time is the cell's own)."""
-    out = run_python("""
+    out = run_python(in_child_shell("""
         import json
         import torch
-        from IPython.core.interactiveshell import InteractiveShell
-        from IPython.utils.capture import capture_output
-        from traitlets.config import Config
-
-        c = Config()
-        c.HistoryAccessor.enabled = False
-        sh = InteractiveShell.instance(config=c)
         with capture_output():
             sh.run_cell("%load_ext neuron_lab\\n%config NeuronLab.compile_progress_s = 0", store_history=True)
             sh.run_cell("import torch\\nemb = torch.nn.Embedding(10, 4).to('neuron')\\n"
@@ -90,6 +71,6 @@ def test_torch_loading_its_compiler_for_no_compile_is_no_compile_time(run_python
         r = session_of(sh).history[3]
         print(json.dumps({"out": cap.stdout, "head": str(r).splitlines()[0], "compile_s": r.compiles.compile_s,
                           "loading_s": r.compiles.loading_s}))
-    """, {}, timeout=300)
+    """), {}, timeout=300)
     assert out["out"].splitlines()[0] == "neuron_lab: loading PyTorch's compiler (once a session)…"
     assert (out["compile_s"], out["loading_s"]) == (0, 0) and "compile" not in out["head"], out

@@ -529,14 +529,21 @@ def test_the_compiles_view_shows_a_check_as_its_one_line_summary(shell):
     assert f"    {line}" in text.splitlines()
 
 
-def test_the_tensors_view_shows_a_0d_tensors_shape_as_empty_brackets_in_text_and_html(shell):
+def test_the_tensors_view_shows_a_0d_tensors_shape_as_empty_brackets_in_text_html_and_widget(shell):
+    """The widget draws the shape text the data carries, the one its text view shows (it drew a 0-d shape as ())."""
     sh = widget_shell(shell)
-    run(sh, "import torch\nscalar_t = torch.zeros((), device='neuron')")
+    run(sh, "import torch\nscalar_t = torch.zeros((), device='neuron')\nmatrix_t = torch.zeros(4, 8, device='neuron')")
     run(sh, "panel = %neuron tensors")
     data = sh.user_ns["panel"].data
-    (line,) = [ln for ln in static.render_text(data, {}, ["tensors"]).splitlines() if ln.endswith("scalar_t")]
+    lines = static.render_text(data, {}, ["tensors"]).splitlines()
+    (line,) = [ln for ln in lines if ln.endswith("scalar_t")]
     assert line.split()[2:5] == ["[]", "float32", "namespace"], line
     assert 'vertical-align:top">[]</td>' in static.render_html(data, {}, ["tensors"])
+    texts = {r["names"][0]: r["shape_text"] for r in data["tensors"]["rows"] if r["names"]}
+    assert (texts["scalar_t"], texts["matrix_t"]) == ("[]", "4×8")
+    assert [ln for ln in lines if ln.endswith("matrix_t")][0].split()[2] == "4×8"
+    js = (Path(static.__file__).parent / "panel.js").read_text()
+    assert 'h("td", {}, r.shape_text)' in js and "r.shape.join" not in js
 
 
 def test_the_dashboards_display_is_updated_to_its_last_state_at_each_cell_end(shell):

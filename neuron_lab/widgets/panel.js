@@ -304,7 +304,7 @@ function tensorsView(ctx) {
   }, label + (key === k ? (desc ? " ▼" : " ▲") : ""));
   const body = rows.map((r) => h("tr", { "data-testid": "nl-tensor-row" },
     h("td", {}, r.names.length ? r.names.join(", ") : "—"),
-    h("td", {}, r.shape ? "(" + r.shape.join(", ") + ")" : "?"), h("td", {}, r.dtype || "?"),
+    h("td", {}, r.shape_text), h("td", {}, r.dtype || "?"),
     h("td", { class: "nl-num" }, fmtBytes(r.bytes)), h("td", {}, r.requires_grad ? "✓" : ""), h("td", {}, r.held_by)));
   return h("div", {},
     h("div", { class: "nl-numbers" },

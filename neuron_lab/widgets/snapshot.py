@@ -4,9 +4,9 @@ Rows are the cells' :class:`~neuron_lab.report.model.Report` fields under their 
 report's ``cell``, ``wall_s`` and ``memory``; an op row is an :class:`~neuron_lab.report.model.OpRow`), and
 the header carries the op-kind table (:func:`neuron_lab.kinds.as_json`), how reports group the kinds into
 sections (:func:`neuron_lab.kinds.sections`) and the views' titles, so the widget (``panel.js``) spells none of
-them. What only the session has: the memory timeline and the device tensors'
-holders. The static views (``static.py``) read the same JSON. ``live()`` is the part that changes while a
-cell runs: counter reads and the running cell's op rows (copied under the trace's lock), so the refresh thread
+them. What only the session has: the memory timeline and the device tensors' holders (a row with its shape's text,
+:func:`shape_text`). The static views (``static.py``) read the same JSON. ``live()`` is the part that changes while
+a cell runs: counter reads and the running cell's op rows (copied under the trace's lock), so the refresh thread
 may call it; with ranks started, the hub adds their rows to it (:func:`ranks`), each rank's own counters.
 """
 
@@ -139,7 +139,16 @@ def tensors(session: Any) -> dict[str, Any]:
 
     # Built between cells: the cell's closing synchronize was the last device work, so a second would only add a
     # device sync a cell (on TorchNeuron each ends a fusion group); the workbench adds at most one.
-    return device_tensors(session.shell, synchronize=False).as_dict()
+    table = device_tensors(session.shell, synchronize=False).as_dict()
+    for row in table["rows"]:
+        row["shape_text"] = shape_text(row["shape"])
+    return table
+
+
+def shape_text(shape: list[int] | None) -> str:
+    """A storage's shape as the Tensors view shows it, in the widget and as text: ``4×8``, ``[]`` for a 0-d tensor
+    (a blank reads as a missing value), ``?`` where no tensor was found."""
+    return "?" if shape is None else "×".join(map(str, shape)) or "[]"
 
 
 def fallbacks(session: Any) -> dict[str, Any]:

@@ -209,8 +209,7 @@ def _tensors_text(data: dict, live: dict) -> str:
     lines = [f"device tensors: {len(t['rows'])} storages, {format_size(t['total'])} "
              f"(memory_allocated {format_size(t['allocated'])})"]
     for r in t["rows"][:ROWS]:
-        shape = "?" if r.get("shape") is None else "×".join(map(str, r["shape"])) or "[]"  # 0-d: [] as in the HTML
-        lines.append(f"  {format_size(r['bytes']):>11}  {shape:<14} {r.get('dtype') or '?':<9} "
+        lines.append(f"  {format_size(r['bytes']):>11}  {r['shape_text']:<14} {r.get('dtype') or '?':<9} "
                      f"{r['held_by']:<20} {', '.join(r['names']) or '—'}")
     return "\n".join(lines)
 
