@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import core
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 aten = torch.ops.aten
@@ -139,6 +140,39 @@ def test_dropout_drops_with_probability_p_and_scales_the_rest():
     assert abs(kept.mean().item() - (1 - p)) < 0.02
     expected = kept.mean(-1, keepdim=True).expand(4, 4, 64, 8) / (1 - p)  # each kept weight 1/64, times 1/(1-p)
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(core() != "compiled", reason="the compiled core keeps the forward's work; the pure-Python core's "
+                    "backward computes it again")
+def test_the_backward_takes_the_forwards_probabilities_and_mask_once():
+    """CPU eager's math kernel keeps its softmax and dropout mask for autograd; the compiled core keeps them too, by the
+    forward's logsumexp, so its backward draws nothing again. So a backward given another philox_seed still takes the
+    forward's mask, once: the next one computes it again from the seed it is given, and the two agree to the bit
+    where the seed is the forward's. Under no_grad nothing is kept."""
+    q, k, v = (t.to("neuron") for t in _qkv((2, 2, 5, 8), (2, 2, 6, 8), (2, 2, 6, 8)))
+    go = torch.linspace(-1, 1, 2 * 2 * 5 * 8).reshape(2, 2, 5, 8).to("neuron")
+    torch.manual_seed(8)
+    other = torch.get_rng_state().to("neuron")
+
+    def forward():
+        torch.manual_seed(7)
+        return aten._scaled_dot_product_fused_attention_overrideable(q, k, v, None, 0.3, True)
+
+    def backward(fwd, seed, query=q):
+        out, lse, cum_q, cum_k, max_q, max_k, _, offset, _ = fwd
+        return [g.cpu() for g in aten._scaled_dot_product_fused_attention_overrideable_backward(
+            go, query, k, v, None, [True, True, True, False], out, lse, cum_q, cum_k, max_q, max_k, 0.3, True, seed,
+            offset)[:3]]
+
+    fwd = forward()
+    kept, drawn, other_mask = backward(fwd, other), backward(fwd, fwd[6]), backward(fwd, other)
+    assert all(torch.equal(a, b) for a, b in zip(kept, drawn, strict=True))
+    assert not torch.equal(other_mask[0], drawn[0])
+    fwd = forward()
+    assert not torch.equal(backward(fwd, other, q.clone())[0], drawn[0])  # other inputs: the seed's mask
+    with torch.no_grad():
+        fwd = forward()
+    assert not torch.equal(backward(fwd, other)[0], drawn[0])
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

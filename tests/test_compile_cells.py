@@ -366,6 +366,15 @@ def test_compiling_names_the_compiled_call_through_a_graph_break_inside_what_it_
      "a compiled graph needs its shapes before it runs",
      "Enable tracing of dynamic shape operators with `torch._dynamo.config.capture_dynamic_output_shape_ops = True`"),
     ("Some new break\n  Explanation: Dynamo cannot do this yet.", "Dynamo cannot do this yet", ""),
+    # a fullgraph error's text: its hints lose to ours, which the same break logged without hints reads
+    ("Data-dependent branching\n  Explanation: Detected data-dependent branching (e.g. `if my_tensor.sum() > 0:`). "
+     "Dynamo does not support tracing dynamic control flow.\n  Hint: For the common pattern `if tensor_cond: x = "
+     "transform(x)` (e.g. clamping inf/nan values), consider making the code branchless by always applying the "
+     "transform.\n  Hint: Use `torch.cond` to express dynamic control flow.",
+     "Python `if`/`while` on a tensor's value: which way it goes depends on the data, which the compiler cannot "
+     "see while tracing, so the graph ends here and Python decides at run time",
+     "compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond(pred, true_fn, false_fn, "
+     "operands)`), or decide outside the compiled code, on the host"),
 ])
 def test_dynamo_break_reasons_read_in_plain_words(dynamo_text: str, plain: str, hint: str) -> None:
     from neuron_lab.trace.compiles import explain_break

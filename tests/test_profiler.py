@@ -179,6 +179,26 @@ def test_two_devices_are_two_lanes(tmp_path: Path) -> None:
     assert (names[0], names[1]) == ("neuron:0", "neuron:1")
 
 
+def test_a_fallbacks_result_is_the_devices_memory_only_and_its_free_draws_no_warning() -> None:
+    """A CPU kernel's result the core adopts as device memory leaves the CPU's accounting when it is adopted, as
+    TorchNeuron frees a fallback's CPU result once it is on the device: counted once, as the device's. Freed in a
+    memory profile after being made before it, it drew torch's "Memory block of unknown size" warning (a process's
+    first such free warns, so a process of its own)."""
+    out, err = _child("""
+        import json, torch, neuron_lab
+        from torch.profiler import profile, ProfilerActivity
+        x = torch.randn(64, 64, device="neuron")
+        before = x.nonzero()  # the boxed fallback's CPU result, adopted
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            del before
+            y = x.nonzero()
+        (row,) = [r for r in prof.key_averages() if r.key == "aten::nonzero"]
+        print(json.dumps([row.self_device_memory_usage, row.self_cpu_memory_usage, y.nbytes]))
+    """, {"NEURON_LAB_CORE": "compiled"})
+    assert out == [out[2], 0, out[2]] and out[2] > 0
+    assert "unknown size" not in err
+
+
 def test_the_legacy_use_device_profiler_has_device_time_and_no_errors() -> None:
     out, err = _child("""
         import json, torch, neuron_lab

@@ -60,8 +60,10 @@ def short_reason(text: str) -> str:
 _DECIDE_ELSEWHERE = ("compute both sides and choose with `torch.where(cond, a, b)` (or `torch.cond(pred, true_fn, "
                      "false_fn, operands)`), or decide outside the compiled code, on the host")
 _ITEM = r"Tensor\.item\(\)"
-# Dynamo's break reasons a newcomer meets most, in plain words: (pattern on dynamo's text, sentence, a hint
-# for when dynamo gives none). ``{name}`` is the first `quoted` name in dynamo's explanation.
+# Dynamo's break reasons a newcomer meets most, in plain words: (pattern on dynamo's text, sentence, our hint, which
+# wins over dynamo's: the same break reads the same whether dynamo's text came with hints, as a fullgraph error's
+# does, or without, as a logged break's does; "" takes dynamo's). ``{name}`` is the first `quoted` name in dynamo's
+# explanation.
 _PLAIN: tuple[tuple[re.Pattern[str], str, str], ...] = tuple((re.compile(p, re.I), text, hint) for p, text, hint in (
     (r"generic_jump|data.dependent (branch|jump|control flow)",
      "Python `if`/`while` on a tensor's value: which way it goes depends on the data, which the compiler cannot "
@@ -113,7 +115,7 @@ def explain_break(text: str, source: str = "") -> tuple[str, str, str]:
                 plain = plain.format(name=quoted.group(1))
             if pattern.pattern == _ITEM and _BRANCHES.search(source.strip()):
                 hint = _BRANCH_HINT
-            return plain, note, hint or own_hint
+            return plain, note, own_hint or hint
     return (explanation.rstrip(".") or note), note, hint
 
 

@@ -3,7 +3,8 @@
 // are CPU kernels the boxed fallback runs on host aliases, so each call is reported as itself, with its call site
 // and the coverage's kind. The pure-Python core computes the same way (neuron_lab/backend/emulator/attention.py
 // says how: the CPU's flash kernels without dropout where they accept the arguments, else the math kernel's arithmetic;
-// dropout's mask drawn from the default CPU generator as the CPU's math kernel draws it, philox_seed its state).
+// dropout's mask drawn from the default CPU generator as the CPU's math kernel draws it, philox_seed its state), but
+// for one thing: this core keeps the math arithmetic's softmax and mask for the backward (Kept, below).
 #include "aten/dispatch.h"
 
 #include <ATen/ATen.h>
@@ -13,9 +14,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <vector>
 
 namespace neuron_lab {
 namespace {
@@ -123,6 +127,90 @@ Math math(const at::Tensor& q, const at::Tensor& k, at::Tensor bias, double drop
   return m;
 }
 
+// A call's query, key, value and bias, by their bytes: a backward called with other inputs finds nothing kept.
+using Inputs = std::array<const void*, 4>;
+
+Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias) {
+  return {q.data_ptr(), k.data_ptr(), v.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr};
+}
+
+// What a forward's math computed, kept for its backward: CPU eager's math kernel keeps the same tensors for autograd,
+// and without them the backward computes the scores, softmax and dropout's mask again (a third of a dropout
+// transformer's step's extra work on `neuron`). Kept by the forward's logsumexp's host storage, held here, so that its
+// bytes cannot be another call's while the entry lives. An entry goes once its backward took it, or once nothing but
+// this holds that storage (the graph died without a backward: swept at the next forward's keep); a backward that
+// finds none computes them again, as TorchNeuron's fused kernel does, to the same bits.
+struct Kept {
+  c10::Storage lse;
+  Inputs inputs;
+  std::vector<int64_t> q_sizes, k_sizes;
+  double dropout_p, scale;
+  bool is_causal;
+  Math m;
+  at::Tensor dropped;  // the probabilities after dropout, as the output's matmul took them
+  size_t nbytes;
+};
+
+class KeptForBackward {
+ public:
+  static constexpr size_t kLimit = size_t{1} << 30;  // host bytes held at most; past it a backward recomputes
+
+  void keep(Kept k) {
+    std::lock_guard<std::mutex> g(mu_);
+    sweep();
+    if (held_ + k.nbytes > kLimit) return;
+    held_ += k.nbytes;
+    entries_.push_back(std::move(k));
+  }
+
+  std::optional<Kept> take(const at::Tensor& lse, const Inputs& inputs, c10::IntArrayRef q_sizes,
+                           c10::IntArrayRef k_sizes, double dropout_p, bool is_causal, double scale) {
+    std::lock_guard<std::mutex> g(mu_);
+    const c10::StorageImpl* st = lse.storage().unsafeGetStorageImpl();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->lse.unsafeGetStorageImpl() != st) continue;
+      std::optional<Kept> out;
+      if (it->inputs == inputs && c10::IntArrayRef(it->q_sizes) == q_sizes && c10::IntArrayRef(it->k_sizes) == k_sizes &&
+          it->dropout_p == dropout_p && it->is_causal == is_causal && it->scale == scale) {
+        out = std::move(*it);
+      }
+      held_ -= it->nbytes;
+      entries_.erase(it);
+      return out;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  void sweep() {  // under mu_: the entries whose graph died
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->lse.use_count() == 1) {
+        held_ -= it->nbytes;
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<Kept> entries_;
+  size_t held_ = 0;
+};
+
+KeptForBackward& kept_for_backward() {
+  static auto* k = new KeptForBackward();  // never destroyed: tensors must not be freed after torch unloads
+  return *k;
+}
+
+size_t bytes_of(std::initializer_list<const at::Tensor*> ts) {
+  size_t n = 0;
+  for (const at::Tensor* t : ts) {
+    if (t->defined()) n += t->nbytes();
+  }
+  return n;
+}
+
 // The output in the layout the op's meta function gives it (alloc_with_matching_layout: the query's dimension order):
 // a compiled graph's views of it were traced on that layout.
 at::Tensor laid_out_as_meta(const at::Tensor& out, const at::Tensor& query) {
@@ -155,6 +243,12 @@ at::Tensor cpu_rng_state() {
   return gen.get_state();
 }
 
+// Contiguous and in float, as the meta function gives it (the CPU's flash lays it out (B, S, H)); float64 keeps its own
+// (exact 64-bit numerics: backward needs every bit).
+at::Tensor as_meta_lse(const at::Tensor& lse, const at::Tensor& q) {
+  return (q.scalar_type() == at::kDouble ? lse : lse.to(at::kFloat)).contiguous();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const Opt& attn_bias,
                 double dropout_p, bool is_causal, bool /*return_debug_mask*/, std::optional<double> scale) {
@@ -165,18 +259,24 @@ fused_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   if (flash(q, k, v, bias, dropout_p)) {
     std::tie(out, lse) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
                                                                           bias.defined() ? Opt(bias) : std::nullopt, sc);
+    lse = as_meta_lse(lse, q);
   } else {
     const int64_t g = q.size(1) / k.size(1);
     at::Tensor va = acc(repeated(v, g));
     Math m = math(acc(q), acc(repeated(k, g)), acc(bias), dropout_p, is_causal, sc, at::Tensor(), true);
-    out = at::matmul(m.noise.defined() ? m.p * m.noise : m.p, va).to(q.scalar_type());
-    lse = m.lse;
+    at::Tensor dropped = m.noise.defined() ? m.p * m.noise : m.p;
+    out = at::matmul(dropped, va).to(q.scalar_type());
+    // contiguous and in float, as the meta function gives it; float64 keeps its own (exact 64-bit numerics)
+    lse = as_meta_lse(m.lse, q);
+    if (at::GradMode::is_enabled()) {  // a backward may come (none does under no_grad)
+      const size_t nbytes = bytes_of({&m.qs, &m.kt, &m.p, &m.noise, &dropped});
+      kept_for_backward().keep({lse.storage(), inputs_of(q, k, v, bias), q.sizes().vec(),
+                                k.sizes().vec(), dropout_p, sc, is_causal, std::move(m), std::move(dropped), nbytes});
+    }
   }
   out = query.dim() == 3 ? out.squeeze(0) : laid_out_as_meta(out, query);
   return {out,
-          // contiguous and in float, as the meta function gives it (the CPU's flash lays it out (B, S, H)); float64
-          // keeps its own (exact 64-bit numerics: backward needs every bit)
-          (q.scalar_type() == at::kDouble ? lse : lse.to(at::kFloat)).contiguous(),
+          lse,
           at::Tensor(),
           at::Tensor(),
           c10::SymInt(q.size(2)),
@@ -215,9 +315,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   } else {
     const int64_t g = q.size(1) / k.size(1);
     at::Tensor goa = acc(go), qa = acc(q), ka = acc(repeated(k, g)), va = acc(repeated(v, g));
-    Math m = math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed, false);
+    std::optional<Kept> kept = kept_for_backward().take(logsumexp, inputs_of(q, k, v, bias),
+                                                        q.sizes(), k.sizes(), dropout_p, is_causal, sc);
+    Math m = kept ? std::move(kept->m) : math(qa, ka, acc(bias), dropout_p, is_causal, sc, philox_seed, false);
     // what autograd computes through that math, op by op
-    auto [pd, vb] = bmm_operands(m.noise.defined() ? m.p * m.noise : m.p, va);
+    auto [pd, vb] = bmm_operands(kept ? kept->dropped : m.noise.defined() ? m.p * m.noise : m.p, va);
     at::Tensor dp;
     std::tie(dp, dv) = bmm_backward(goa, pd, vb);
     dp = dp.view(m.p.sizes());

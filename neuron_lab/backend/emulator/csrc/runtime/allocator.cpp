@@ -110,6 +110,19 @@ void report_to_profiler(void* ptr, int64_t delta, const DeviceMemory& d, c10::De
                                    c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
+// An adopted CPU result's bytes leave the CPU's accounting as they become the device's: torch.profiler's CPU memory
+// records their free now, as TorchNeuron frees a fallback's CPU result once it is copied to the device, and their
+// eventual free is the device's alone. Left to the CPU allocator's deleter, a result adopted before a memory profile
+// and freed in it made torch warn once a process ("Memory block of unknown size was allocated before the profiling
+// started", CPUAllocator.cpp), and one adopted in it stayed in the CPU's timeline beside the device's.
+void leave_cpu_accounting(const c10::Storage& host) {
+  static const c10::DeleterFnPtr reported = c10::GetDefaultCPUAllocator()->raw_deleter();
+  c10::DataPtr& p = host.unsafeGetStorageImpl()->mutable_data_ptr();
+  if (reported != &c10::free_cpu && p.compare_exchange_deleter(reported, &c10::free_cpu)) {
+    c10::profiledCPUMemoryReporter().Delete(p.get());
+  }
+}
+
 void delete_block(void* ctx) {
   allocator().release(static_cast<Block*>(ctx));
 }
@@ -280,6 +293,7 @@ c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex d
     c10::Storage own(c10::Storage::use_byte_size_t(), 1, c10::GetCPUAllocator(), false);
     return register_block(std::move(own), 0, n, std::nullopt, true, device, origin());
   }
+  leave_cpu_accounting(host);
   return register_block(host, 0, n, std::nullopt, true, device, origin());
 }
 
