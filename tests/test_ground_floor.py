@@ -94,3 +94,14 @@ def test_a_row_lists_its_first_four_tensors_shapes_and_full_lists_all() -> None:
     assert first in str(r) and first in r._repr_html_() and "[5, 2]" not in str(r) + r._repr_html_()
     assert "[12, 2] float32" in render_text(r, "full")
     assert len(r.as_dict()["ops_not_native"][0]["shapes"]) == 12
+
+
+@pytest.mark.parametrize(("n", "more"), [(4, "… 1 more site"), (5, "… 2 more sites")])
+def test_a_row_lists_its_first_three_sites_and_counts_the_rest_in_words(n: int, more: str) -> None:
+    from neuron_lab.report.text import render_text
+
+    sites = [SiteCount(Site("<ipython-input-1>", i, f"y{i} = x.atan2(x)", cell=1), 1, []) for i in range(1, n + 1)]
+    row = OpRow("aten::atan2", kinds.FALLBACK, "", n, sites=sites)
+    r = Report("In[1]", 1, "neuron:0", "default", "emulator", ops_not_native=[row])
+    assert f"      {more}" in str(r).splitlines() and "line 4" not in str(r)
+    assert "line 4" in render_text(r, "full") and "more site" not in render_text(r, "full")

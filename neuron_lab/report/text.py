@@ -54,7 +54,7 @@ from neuron_lab.report.rows import (
     shown_sections,
     summary_line,
 )
-from neuron_lab.report.sites import called_at
+from neuron_lab.report.sites import SITES_SHOWN, called_at
 from neuron_lab.units import count, format_seconds, format_size
 
 
@@ -95,7 +95,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
             lines.append(f"      why: {row.why}")
         if row.rewrite is not None:
             lines += rewrite_lines(row, full)
-        sites = row.sites if full else row.sites[:3]
+        sites = row.sites if full else row.sites[:SITES_SHOWN]
         for sc in sites:
             n = sc.count
             lines.append(f"      at {called_at(sc.site, sc.via)}  ({n if 0 <= n < 1000 else f'{n:,}'}×)")
@@ -104,7 +104,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
                     lines.append("        stack:")
                     lines.extend(f"          {frame}" for frame in stack)
         if len(row.sites) > len(sites):
-            lines.append(f"      … {len(row.sites) - len(sites)} more sites")
+            lines.append(f"      … {count(len(row.sites) - len(sites), 'more site')}")
         if row.unattributed:
             lines.append(f"      {count(row.unattributed, 'call')} without a user line")
     if len(rows) > len(shown):
