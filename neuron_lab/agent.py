@@ -49,35 +49,38 @@ class Payload:
 
 @dataclass
 class Script:
-    """A script run as cells: chunk N (a ``# %%`` block, from line ``first_lines[N - 1]``) is cell In[N]."""
+    """A script run as cells: chunk N (a ``# %%`` block, from line ``first_lines[N - 1]``) is cell In[N].
+
+    The runner's kernel compiles each chunk at its own lines in the script (``runner.kernel_script``), so a chunk's
+    ``In[N] line L`` is the script's line L: only its name changes, to ``train.py:L``.
+    """
 
     path: str  # the name shown: train.py:12
     file: str  # the resolved path, the kernel's ``__file__``
     first_lines: list[int]
 
+    def offset(self, n: int | None) -> int | None:
+        """How many lines into the script cell In[N]'s chunk starts; None for a cell that is no chunk."""
+        return self.first_lines[n - 1] - 1 if n is not None and 1 <= n <= len(self.first_lines) else None
+
     def as_script_lines(self, report: Report) -> Renaming | None:
-        """A site map: say ``train.py:12`` where the kernel saw ``In[N] line L``, and title the report so."""
+        """A site map: say ``train.py:12`` where the kernel saw ``In[N] line 12``, and title the report so."""
         from neuron_lab.trace.tracker import Renaming
 
         n = report.cell
-        if n is None or not 1 <= n <= len(self.first_lines):
+        if self.offset(n) is None:
             return None
-        offset = self.first_lines[n - 1] - 1
-        label = re.compile(rf"^In\[{n}\] line (\d+)")
-
-        def site(s: Site) -> Site:
-            return s if s.cell != n else self.line(s)
+        label = re.compile(r"^In\[(\d+)\] line (\d+)")
 
         def frame(f: str) -> str:
-            return label.sub(lambda m: f"{self.path}:{int(m.group(1)) + offset}", f)
+            return label.sub(lambda m: f"{self.path}:{m.group(2)}" if self.offset(int(m.group(1))) is not None
+                             else m.group(0), f)
 
-        return Renaming(site, frame, f"{self.path}:{self.first_lines[n - 1]}")
+        return Renaming(self.line, frame, f"{self.path}:{self.first_lines[n - 1]}")
 
     def line(self, s: Site) -> Site:
-        """A chunk's line as the script's (``In[2] line 3`` -> ``train.py:12``); any other line as it is."""
-        if s.cell is None or not 1 <= s.cell <= len(self.first_lines):
-            return s
-        return Site(self.path, s.line + self.first_lines[s.cell - 1] - 1, s.source)
+        """A chunk's line as the script's (``In[2] line 12`` -> ``train.py:12``); any other line as it is."""
+        return s if self.offset(s.cell) is None else Site(self.path, s.line, s.source)
 
 
 class Collector:

@@ -372,6 +372,33 @@ def test_a_script_reports_file_lines_and_a_timeout_stops_it(tmp_path):
     assert doc["cells"][3]["report"]["error"].startswith("KeyboardInterrupt")  # the interrupted cell still reports
 
 
+def test_a_scripts_tracebacks_and_lines_are_the_script_files(tmp_path):
+    """IPython compiles each chunk at its lines in the script: a traceback names the script and its lines (not
+    ``Cell In[3], line 2``), and so does a fallback in a function an earlier chunk defined (not ``In[1] line 3``)."""
+    script = tmp_path / "script.py"
+    script.write_text("import torch\n"                   # 1
+                      "def f(t):\n"                      # 2
+                      "    return torch.atan2(t, t)\n"   # 3
+                      "x = torch.ones(2).to(device)\n"   # 4
+                      "# %%\n"                           # 5
+                      "y = f(x)\n"                       # 6
+                      "def g(v):\n"                      # 7
+                      "    raise ValueError(f'bad {v}')\n"  # 8
+                      "# %%\n"                           # 9
+                      "g(3)\n")                          # 10
+    r = run(tmp_path, "script.py", "--output", "out.ipynb")
+    assert r.returncode == options.EXIT_CELL_ERROR, r.stdout + r.stderr
+    text = r.stdout
+    assert re.search(r"^\[2/3\] script\.py:5 ok \S+ \S+ · 1 CPU fallback call: aten::atan2\.out ×1 at script\.py:3$",
+                     text, re.M), text
+    traceback = text[text.index("[3/3] script.py:9 error"):text.index("summary: ")]
+    assert "Cell In[" not in traceback, traceback
+    assert re.search(r"^    File script\.py, line 10$\n(.*\n)*^    -+> 10 g\(3\)$", traceback, re.M), traceback
+    assert re.search(r"^    File script\.py, line 8, in g\(v\)$\n(.*\n)*^    -+> 8 +raise ValueError", traceback, re.M)
+    (error,) = [o for o in nbformat.read(tmp_path / "out.ipynb", 4).cells[2].outputs if o.output_type == "error"]
+    assert "File script.py, line 10" in re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))  # the notebook's too
+
+
 def test_in_the_kernel_a_scripts_lines_are_a_site_map_and_the_reports_a_collector_on_the_session(tmp_path):
     """The runner's kernel side keeps one Collector on the session, found again after each cell; the script's
     lines are applied before any listener runs, so the report the extension shows already says FILE:LINE."""
