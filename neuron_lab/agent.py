@@ -29,6 +29,7 @@ from neuron_lab.report.model import Report, Site
 from neuron_lab.session import preflight, rank_group, rank_pulse, shells, stuck
 
 if TYPE_CHECKING:  # the runner's process reads this module's wire types (Payload, Script, MIME) without torch
+    from neuron_lab.session.notes import OnceNotes
     from neuron_lab.session.session import Session
     from neuron_lab.trace.tracker import Renaming
 
@@ -85,16 +86,17 @@ class Script:
 
 class Collector:
     """The reports of the cells that finished since the launcher last asked, as data (``Report.as_dict()``), with
-    the text the extension's renderer made of the same report when ``text`` is on (the runner prints it)."""
+    the text shown under the cell when ``text`` is on (the runner prints it): the extension's rendering of the same
+    report, then the notes said once a session under it (the int64 note)."""
 
-    def __init__(self, text: bool = True) -> None:
-        self.text = text
+    def __init__(self, notes: OnceNotes, text: bool = True) -> None:
+        self.notes, self.text = notes, text
         self.reports: list[dict[str, Any]] = []
 
     @classmethod
     def attach(cls, session: Session, script: Script | None = None, *, text: bool = True) -> Collector:
         """A new collector, listening to ``session``; a script's lines replace the cells' in every report."""
-        collector = cls(text)
+        collector = cls(session.notes, text)
         if script is not None:
             session.site_maps.append(script.as_script_lines)
         session.listeners.append(collector.keep)
@@ -108,7 +110,8 @@ class Collector:
 
     def keep(self, report: Report) -> None:
         kept = {"report": report.as_dict(), "touched_device": report.touched_device}
-        self.reports.append({**kept, "text": str(report)} if self.text else kept)
+        shown = "\n".join([str(report), *self.notes.said_under(report)]) if self.text else None
+        self.reports.append(kept if shown is None else {**kept, "text": shown})
 
     def hand_over(self) -> list[dict[str, Any]]:
         """The reports kept so far, oldest first; the collector starts empty again."""

@@ -33,6 +33,7 @@ from shells import run as run_cell
 from neuron_lab import agent
 from neuron_lab.extension import session_of
 from neuron_lab.report.model import Memory, Report
+from neuron_lab.report.rows import INT64_NOTE
 from neuron_lab.runner import execute, gates, kernel, main, options
 from neuron_lab.runner.records import CellRecord
 
@@ -144,6 +145,22 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
     assert block == summary_block(text) and block[0].startswith("summary: 3 of 3 cells ran in ")
     assert "  pass  --fail-on-fallback: only allowed CPU fallbacks; allowed: aten::atan2.out ×3" in block
     assert html.index('<pre class="neuron-lab-run-summary">') < html.index('<div class="jp-Cell jp-CodeCell')
+
+
+def test_the_terminal_says_the_once_a_session_notes_jupyter_shows_under_the_cell(tmp_path):
+    """The int64 note Jupyter shows under the first report with an int64 index follows that report in the terminal
+    too, once a session, as under the cell."""
+    nb = notebook(tmp_path / "ids.ipynb", "import torch\nemb = torch.nn.Embedding(100, 16).to(device)\n"
+                                          "ids = torch.arange(32).view(4, 8).to(device)",
+                  "emb(ids).sum().backward()", "emb(ids).sum().backward()")
+    r = run(tmp_path, str(nb), "--output", "run.ipynb")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = re.split(r"^(?=\[\d/3\] )", r.stdout, flags=re.M)[1:]
+    assert [cell.count(INT64_NOTE) for cell in cells] == [0, 1, 0], r.stdout
+    assert cells[1].rstrip().endswith("\n    " + INT64_NOTE)  # below the report, indented as it is
+    executed = [c for c in nbformat.read(tmp_path / "run.ipynb", as_version=4).cells if c.cell_type == "code"]
+    assert [[o.data["text/plain"] for o in c.outputs if o.output_type == "display_data"].count(INT64_NOTE)
+            for c in executed] == [0, 1, 0]
 
 
 def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_path):
