@@ -29,6 +29,7 @@ from neuron_lab.report.model import Report, Site
 from neuron_lab.session import preflight, rank_group, rank_pulse, shells, stuck
 
 if TYPE_CHECKING:  # the runner's process reads this module's wire types (Payload, Script, MIME) without torch
+    from neuron_lab.session.notes import OnceNotes
     from neuron_lab.session.session import Session
     from neuron_lab.trace.tracker import Renaming
 
@@ -49,49 +50,53 @@ class Payload:
 
 @dataclass
 class Script:
-    """A script run as cells: chunk N (a ``# %%`` block, from line ``first_lines[N - 1]``) is cell In[N]."""
+    """A script run as cells: chunk N (a ``# %%`` block, from line ``first_lines[N - 1]``) is cell In[N].
+
+    The runner's kernel compiles each chunk at its own lines in the script (``runner.kernel_script``), so a chunk's
+    ``In[N] line L`` is the script's line L: only its name changes, to ``train.py:L``.
+    """
 
     path: str  # the name shown: train.py:12
     file: str  # the resolved path, the kernel's ``__file__``
     first_lines: list[int]
 
+    def offset(self, n: int | None) -> int | None:
+        """How many lines into the script cell In[N]'s chunk starts; None for a cell that is no chunk."""
+        return self.first_lines[n - 1] - 1 if n is not None and 1 <= n <= len(self.first_lines) else None
+
     def as_script_lines(self, report: Report) -> Renaming | None:
-        """A site map: say ``train.py:12`` where the kernel saw ``In[N] line L``, and title the report so."""
+        """A site map: say ``train.py:12`` where the kernel saw ``In[N] line 12``, and title the report so."""
         from neuron_lab.trace.tracker import Renaming
 
         n = report.cell
-        if n is None or not 1 <= n <= len(self.first_lines):
+        if self.offset(n) is None:
             return None
-        offset = self.first_lines[n - 1] - 1
-        label = re.compile(rf"^In\[{n}\] line (\d+)")
-
-        def site(s: Site) -> Site:
-            return s if s.cell != n else self.line(s)
+        label = re.compile(r"^In\[(\d+)\] line (\d+)")
 
         def frame(f: str) -> str:
-            return label.sub(lambda m: f"{self.path}:{int(m.group(1)) + offset}", f)
+            return label.sub(lambda m: f"{self.path}:{m.group(2)}" if self.offset(int(m.group(1))) is not None
+                             else m.group(0), f)
 
-        return Renaming(site, frame, f"{self.path}:{self.first_lines[n - 1]}")
+        return Renaming(self.line, frame, f"{self.path}:{self.first_lines[n - 1]}")
 
     def line(self, s: Site) -> Site:
-        """A chunk's line as the script's (``In[2] line 3`` -> ``train.py:12``); any other line as it is."""
-        if s.cell is None or not 1 <= s.cell <= len(self.first_lines):
-            return s
-        return Site(self.path, s.line + self.first_lines[s.cell - 1] - 1, s.source)
+        """A chunk's line as the script's (``In[2] line 12`` -> ``train.py:12``); any other line as it is."""
+        return s if self.offset(s.cell) is None else Site(self.path, s.line, s.source)
 
 
 class Collector:
     """The reports of the cells that finished since the launcher last asked, as data (``Report.as_dict()``), with
-    the text the extension's renderer made of the same report when ``text`` is on (the runner prints it)."""
+    the text shown under the cell when ``text`` is on (the runner prints it): the extension's rendering of the same
+    report, then the notes said once a session under it (the int64 note)."""
 
-    def __init__(self, text: bool = True) -> None:
-        self.text = text
+    def __init__(self, notes: OnceNotes, text: bool = True) -> None:
+        self.notes, self.text = notes, text
         self.reports: list[dict[str, Any]] = []
 
     @classmethod
     def attach(cls, session: Session, script: Script | None = None, *, text: bool = True) -> Collector:
         """A new collector, listening to ``session``; a script's lines replace the cells' in every report."""
-        collector = cls(text)
+        collector = cls(session.notes, text)
         if script is not None:
             session.site_maps.append(script.as_script_lines)
         session.listeners.append(collector.keep)
@@ -105,7 +110,8 @@ class Collector:
 
     def keep(self, report: Report) -> None:
         kept = {"report": report.as_dict(), "touched_device": report.touched_device}
-        self.reports.append({**kept, "text": str(report)} if self.text else kept)
+        shown = "\n".join([str(report), *self.notes.said_under(report)]) if self.text else None
+        self.reports.append(kept if shown is None else {**kept, "text": shown})
 
     def hand_over(self) -> list[dict[str, Any]]:
         """The reports kept so far, oldest first; the collector starts empty again."""

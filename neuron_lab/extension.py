@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_lab.report.rows import INT64_NOTE, expected_downcast
 from neuron_lab.session import shells
 from neuron_lab.session.session import banner
 from neuron_lab.units import ShownAsText
@@ -37,15 +36,12 @@ def load(shell: Any) -> None:
     shell.Completer.custom_matchers.append(magics.completer.matcher)
     shells.register(shell, session)  # where the agent, the widgets and the API find it
 
-    said_int64 = []  # the int64 note is said once a session, under the first report with an int64 downcast
-
     def show(report: Any) -> None:
         if not (config.auto_report and report.touched_device):
             return
         _display(_unshown(report, shell), shell)
-        if not said_int64 and any(expected_downcast(r) for r in report.downcasts):
-            said_int64.append(True)
-            _display(_Note(INT64_NOTE), shell)  # shown as the report is, under it: not in the cell's own stdout
+        for note in session.notes.say(report):  # shown as the report is, under it: not in the cell's own stdout
+            _display(_Note(note), shell)
 
     session.listeners.append(show)
     session.start()

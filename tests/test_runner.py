@@ -33,6 +33,7 @@ from shells import run as run_cell
 from neuron_lab import agent
 from neuron_lab.extension import session_of
 from neuron_lab.report.model import Memory, Report
+from neuron_lab.report.rows import INT64_NOTE
 from neuron_lab.runner import execute, gates, kernel, main, options
 from neuron_lab.runner.records import CellRecord
 
@@ -144,6 +145,22 @@ def test_fallbacks_are_reported_per_cell_and_summed_and_exported(tmp_path):
     assert block == summary_block(text) and block[0].startswith("summary: 3 of 3 cells ran in ")
     assert "  pass  --fail-on-fallback: only allowed CPU fallbacks; allowed: aten::atan2.out ×3" in block
     assert html.index('<pre class="neuron-lab-run-summary">') < html.index('<div class="jp-Cell jp-CodeCell')
+
+
+def test_the_terminal_says_the_once_a_session_notes_jupyter_shows_under_the_cell(tmp_path):
+    """The int64 note Jupyter shows under the first report with an int64 index follows that report in the terminal
+    too, once a session, as under the cell."""
+    nb = notebook(tmp_path / "ids.ipynb", "import torch\nemb = torch.nn.Embedding(100, 16).to(device)\n"
+                                          "ids = torch.arange(32).view(4, 8).to(device)",
+                  "emb(ids).sum().backward()", "emb(ids).sum().backward()")
+    r = run(tmp_path, str(nb), "--output", "run.ipynb")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = re.split(r"^(?=\[\d/3\] )", r.stdout, flags=re.M)[1:]
+    assert [cell.count(INT64_NOTE) for cell in cells] == [0, 1, 0], r.stdout
+    assert cells[1].rstrip().endswith("\n    " + INT64_NOTE)  # below the report, indented as it is
+    executed = [c for c in nbformat.read(tmp_path / "run.ipynb", as_version=4).cells if c.cell_type == "code"]
+    assert [[o.data["text/plain"] for o in c.outputs if o.output_type == "display_data"].count(INT64_NOTE)
+            for c in executed] == [0, 1, 0]
 
 
 def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_path):
@@ -370,6 +387,33 @@ def test_a_script_reports_file_lines_and_a_timeout_stops_it(tmp_path):
     assert [(s["at"], s["line"]) for s in doc["summary"]["fallbacks"][0]["sites"]] == [("script.py:9", 9)]
     assert doc["cells"][3]["status"] == "timeout"
     assert doc["cells"][3]["report"]["error"].startswith("KeyboardInterrupt")  # the interrupted cell still reports
+
+
+def test_a_scripts_tracebacks_and_lines_are_the_script_files(tmp_path):
+    """IPython compiles each chunk at its lines in the script: a traceback names the script and its lines (not
+    ``Cell In[3], line 2``), and so does a fallback in a function an earlier chunk defined (not ``In[1] line 3``)."""
+    script = tmp_path / "script.py"
+    script.write_text("import torch\n"                   # 1
+                      "def f(t):\n"                      # 2
+                      "    return torch.atan2(t, t)\n"   # 3
+                      "x = torch.ones(2).to(device)\n"   # 4
+                      "# %%\n"                           # 5
+                      "y = f(x)\n"                       # 6
+                      "def g(v):\n"                      # 7
+                      "    raise ValueError(f'bad {v}')\n"  # 8
+                      "# %%\n"                           # 9
+                      "g(3)\n")                          # 10
+    r = run(tmp_path, "script.py", "--output", "out.ipynb")
+    assert r.returncode == options.EXIT_CELL_ERROR, r.stdout + r.stderr
+    text = r.stdout
+    assert re.search(r"^\[2/3\] script\.py:5 ok \S+ \S+ · 1 CPU fallback call: aten::atan2\.out ×1 at script\.py:3$",
+                     text, re.M), text
+    traceback = text[text.index("[3/3] script.py:9 error"):text.index("summary: ")]
+    assert "Cell In[" not in traceback, traceback
+    assert re.search(r"^    File script\.py, line 10$\n(.*\n)*^    -+> 10 g\(3\)$", traceback, re.M), traceback
+    assert re.search(r"^    File script\.py, line 8, in g\(v\)$\n(.*\n)*^    -+> 8 +raise ValueError", traceback, re.M)
+    (error,) = [o for o in nbformat.read(tmp_path / "out.ipynb", 4).cells[2].outputs if o.output_type == "error"]
+    assert "File script.py, line 10" in re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))  # the notebook's too
 
 
 def test_in_the_kernel_a_scripts_lines_are_a_site_map_and_the_reports_a_collector_on_the_session(tmp_path):

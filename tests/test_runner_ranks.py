@@ -212,6 +212,8 @@ def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stop
     assert re.search(rf"^    1     {dev(1)} .* ValueError: rank 1 has a bad shard$", text, re.M), text
     assert re.search(rf"^    0 +{re.escape(stopped)}$", text, re.M), text
     assert "\n    rank 1:\n" in text and "ValueError: rank 1 has a bad shard" in text
+    assert re.search(r"^        File bad\.py, line 8$", text, re.M) and "Cell In[" not in text, text
+    assert re.search(r"^        -+> 8 +raise ValueError\(\"rank 1 has a bad shard\"\)$", text, re.M), text
     summary = text[text.index("summary: 2 of 3 cells ran on 2 ranks"):]
     assert "\n  error on rank 1 in bad.py:5 [2/3]: ValueError: rank 1 has a bad shard\n" in summary
     assert f"\n  stopped on rank 0 in bad.py:5 [2/3]: {stopped}\n" in summary

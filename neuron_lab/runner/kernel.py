@@ -34,7 +34,10 @@ def install(shell: Any, script: dict[str, Any] | None = None) -> Payload:
     with redirect_stdout(out):
         extension.load(shell)
     if script is not None:
+        from neuron_lab.runner.kernel_script import compile_as_script
+
         shell.user_ns["__file__"] = script["file"]
+        compile_as_script(shell.compile, agent.Script(**script))
     return agent.attach(shell, script, out.getvalue().strip())
 
 

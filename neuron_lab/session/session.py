@@ -28,6 +28,7 @@ from neuron_lab.report.model import Report
 from neuron_lab.session import devices, free, oom
 from neuron_lab.session.cells import CellLocator, run_body
 from neuron_lab.session.config import NeuronLab
+from neuron_lab.session.notes import OnceNotes
 from neuron_lab.session.oom import OomHandler
 from neuron_lab.session.waits import CompileProgress
 from neuron_lab.trace import compile_errors
@@ -74,6 +75,7 @@ class Session:
         self.history: OrderedDict[int, Report] = OrderedDict()
         self.totals = Totals()
         self.listeners: list[Callable[[Report], None]] = []  # called with each finished cell's report
+        self.notes = OnceNotes()  # the notes said once a session under a report (the int64 note)
         self.site_maps: list[SiteMap] = [self._as_outer_cell]  # applied to each report before any listener
         self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
         self.finishing: list[Callable[[Tracker], None]] = []  # called as each cell ends, before its report is made
