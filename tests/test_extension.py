@@ -116,6 +116,18 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
     run(shell, "%load_ext neuron_lab")
 
 
+def test_mode_alone_shows_the_mode_and_changes_nothing(shell):
+    """Walkthrough 47 point 10: `%neuron mode` alone was a UsageError; `%neuron device` alone shows the device."""
+    assert run(shell, "%neuron mode")[1].stdout == "mode for the cells that follow: default\n"
+    run(shell, "%neuron mode compile --fullgraph")
+    before = state(shell)
+    shown = run(shell, "%neuron mode")[1].stdout
+    assert shown == "mode for the cells that follow: compile (backend=neuron, fullgraph)\n"
+    assert state(shell) == before
+    assert f"mode:    {shown.split(': ', 1)[1]}" in run(shell, "%neuron status")[1].stdout  # the words status uses
+    run(shell, "%neuron mode default")
+
+
 # -- %neuron: parsing and bad input ----------------------------------------------------------------
 @pytest.mark.parametrize("line, message", [
     ("%neuron frobnicate", "invalid choice: 'frobnicate'"),
@@ -128,6 +140,7 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
     ("%neuron device --all", "--move and --all need a DEVICE"),
     ("%neuron mode turbo", "invalid choice: 'turbo'"),
     ("%neuron mode eager --fullgraph", "--fullgraph, --backend and --dynamic go with `compile`"),
+    ("%neuron mode --fullgraph", "--fullgraph, --backend and --dynamic go with `compile`: `%neuron mode compile"),
     ("%neuron mode compile --backend nonesuch", "unknown torch.compile backend 'nonesuch'"),
     ("%neuron mode compile --dynamic", "%neuron mode: torch.compile(backend='neuron') rejects dynamic=True"),
     ("%neuron report 999", "no report for cell 999"),
