@@ -716,6 +716,26 @@ def test_free_drops_ipython_references_and_reports_bytes(shell):
     assert "freed 320.00 KiB" in str(fr)
 
 
+def test_free_names_only_what_your_variables_do_not_also_hold(shell):
+    """Walkthrough 47 point 13: after a cell raised at top level, a neuron_lab frame of its traceback held the
+    namespace, and `%neuron free` listed your live variables as `sys.last_traceback frames`; an output that is one of
+    your variables was listed too, though dropping it freed nothing."""
+    run(shell, "import torch\nm = torch.nn.Linear(4, 4).to('neuron')\nx = torch.rand(8, 4).to('neuron')")
+    run(shell, "%%neuron parity\ny = m(x)\nraise RuntimeError('boom')", ok=False)
+    run(shell, "x")  # displayed: Out, _ and _N hold x's storage, and so does x
+    run(shell, "def boom():\n    local = torch.ones(1 << 14, device='neuron')\n    raise ValueError('x')")
+    run(shell, "boom()", ok=False)
+    fr = run(shell, "%neuron free")[0].result
+    assert fr.dropped == [("sys.last_traceback frames", 1 << 16)] and fr.freed == 1 << 16, str(fr)
+    fr = run(shell, "%neuron free")[0].result
+    assert (fr.dropped, fr.freed) == ([], 0)
+    assert str(fr).splitlines()[1] == "IPython held no device tensors"
+    run(shell, "x")
+    fr = run(shell, "%neuron free")[0].result
+    assert (fr.dropped, fr.freed, fr.shared) == ([], 0, True)
+    assert str(fr).splitlines()[1] == "IPython held only device tensors your variables hold too"
+
+
 def test_free_points_at_the_magic_that_lists_what_your_variables_hold():
     """`%neuron device` shows only the notebook's device; `%neuron tensors` lists the tensors left."""
     assert "(`%neuron tensors` lists them)" in str(FreeReport(allocated=4096))

@@ -166,7 +166,7 @@ def build() -> NeuronArgumentParser:
 
     command("reset", help="clear the session totals, the history and peak memory")
     command("free", help="drop IPython's own references to device tensors (Out, _, _N, the last traceback) "
-                         "and report the bytes freed")
+                         "and report the bytes freed, each holder with the bytes only it held (not your variables)")
 
     v = command("dashboard", help="live views of memory, device tensors, CPU fallbacks and compiles, in tabs",
                 description="A live panel that updates while cells run (a widget under a kernel; text elsewhere). "
