@@ -109,5 +109,5 @@ def test_torch_loading_its_compiler_for_no_compile_is_no_compile_time(run_python
     said = f"time: {format_seconds(out['loading_s'])} of it torch.optim importing PyTorch's compiler (once a " \
            "session); nothing compiled"
     assert said in out["report"] and f"<div>{escape(said)}</div>" in out["html"]
-    assert out["later"].startswith("compile: ") and "of it loading the rest of PyTorch's compiler (AOTAutograd), " \
+    assert out["later"].startswith("compile: ") and "of it loading the rest of PyTorch's compiler, AOTAutograd, " \
            "once a session)" in out["later"], out["later"]
