@@ -37,6 +37,13 @@ class CompileOptions:
     dynamic: bool | None = None
 
 
+def described(name: str, options: CompileOptions) -> str:
+    """A mode in words, with the compile options that apply to it (``compile (backend=neuron, fullgraph)``)."""
+    if name != COMPILE:
+        return name
+    return f"{name} (backend={options.backend}{', fullgraph' if options.fullgraph else ''})"
+
+
 _stack: list[CompileOptions | None] = []  # the innermost mode's compile options; None: not compiling
 _compiled: dict[tuple[CompileOptions, type], object] = {}
 _tls = threading.local()

@@ -17,6 +17,7 @@ from shells import loaded_shell, run
 
 from neuron_lab import backend
 from neuron_lab.backend import coverage
+from neuron_lab.extension import session_of
 
 GOOD = coverage.load().as_dict()
 
@@ -181,3 +182,39 @@ def test_report_and_backend_profile_attributes_are_the_coverage_under_the_old_na
     old = report.as_dict()
     old["profile"] = old.pop("coverage")  # a report saved before the rename
     assert Report.from_dict(old).coverage == report.coverage
+
+
+# -- every reason ends with its confidence ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", coverage.bundled())
+def test_every_reason_of_every_shipped_coverage_names_its_evidence(name):
+    """Walkthrough 47 point 9: torchneuron-src-2026-04 named no evidence, so its reasons showed no confidence."""
+    p = coverage.load(name)
+    rules = {"default": coverage.OpRule(p.default, p.default_reason, evidence=p.default_evidence),
+             **{f"dtypes[{k}]": r for k, r in p.dtype_rules.items()}, **p.ops,
+             **{f"aborts[{k}]": r for k, r in p.aborts.items()}}
+    missing = [k for k, r in rules.items() if r.evidence is None]
+    missing += [f"{k}.args" for k, r in p.ops.items() for a in r.args if a.evidence is None]
+    assert not missing, f"{name}: no evidence for {missing[:5]}"
+    for k, r in rules.items():
+        assert "Confidence: " in r.shown.partition(coverage.SOURCE)[0], k
+
+
+def test_a_reason_shown_in_a_report_ends_with_its_confidence_under_every_shipped_coverage(shell):
+    b = backend.active()
+    before = b.coverage.name
+    try:
+        run(shell, "import torch\na = torch.ones(3, device='neuron')")
+        for name in coverage.bundled():
+            run(shell, f"%neuron coverage {name}")
+            res, _ = run(shell, "m = torch.minimum(a, a)\nq = torch.acos(a)")
+            rows = session_of(shell).history[res.execution_count].ops_not_native
+            assert rows, name
+            for row in rows:
+                assert "Confidence: " in row.reason.partition(coverage.SOURCE)[0], (name, row.op, row.reason)
+    finally:
+        b.set_coverage(before)
+
+
+def test_a_rule_with_no_evidence_says_its_confidence_is_not_stated():
+    shown = coverage.OpRule("fallback", "no kernel.\nsource: my notes").shown
+    assert shown == f"no kernel. {coverage.NO_CONFIDENCE}\nsource: my notes"

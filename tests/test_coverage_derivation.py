@@ -237,7 +237,11 @@ def test_every_registration_form_is_read_and_decoys_are_not(tree: Path, tmp_path
     assert data["default"] == {"kind": "fallback", "reason": (
         "TorchNeuron has no device kernel for this op: its CPU fallback copies the inputs to the CPU, runs the op "
         "there and copies the result back.\nsource: not registered by TorchNeuron's backend at 0123456: the boxed CPU "
-        "fallback runs it")}  # a sentence for a newcomer, then where the fact comes from
+        "fallback runs it"), "evidence": "not registered"}  # a sentence for a newcomer, then where it comes from
+    # every rule names its evidence, so every reason a report shows ends with its confidence
+    assert {k: v["evidence"] for k, v in data["ops"].items()} == {
+        k: {"native": "registered", "host": "host kernel", "fallback": "shape gate"}[kind]
+        for k, kind in EXPECTED_KINDS.items()}
     assert data["downcast_dtypes"] == ["float64", "int64"]
 
     prov = data["provenance"]

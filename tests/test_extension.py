@@ -116,6 +116,18 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
     run(shell, "%load_ext neuron_lab")
 
 
+def test_mode_alone_shows_the_mode_and_changes_nothing(shell):
+    """Walkthrough 47 point 10: `%neuron mode` alone was a UsageError; `%neuron device` alone shows the device."""
+    assert run(shell, "%neuron mode")[1].stdout == "mode for the cells that follow: default\n"
+    run(shell, "%neuron mode compile --fullgraph")
+    before = state(shell)
+    shown = run(shell, "%neuron mode")[1].stdout
+    assert shown == "mode for the cells that follow: compile (backend=neuron, fullgraph)\n"
+    assert state(shell) == before
+    assert f"mode:    {shown.split(': ', 1)[1]}" in run(shell, "%neuron status")[1].stdout  # the words status uses
+    run(shell, "%neuron mode default")
+
+
 # -- %neuron: parsing and bad input ----------------------------------------------------------------
 @pytest.mark.parametrize("line, message", [
     ("%neuron frobnicate", "invalid choice: 'frobnicate'"),
@@ -128,6 +140,7 @@ def test_unload_from_inside_a_compile_mode_cell_restores_module_call(shell):
     ("%neuron device --all", "--move and --all need a DEVICE"),
     ("%neuron mode turbo", "invalid choice: 'turbo'"),
     ("%neuron mode eager --fullgraph", "--fullgraph, --backend and --dynamic go with `compile`"),
+    ("%neuron mode --fullgraph", "--fullgraph, --backend and --dynamic go with `compile`: `%neuron mode compile"),
     ("%neuron mode compile --backend nonesuch", "unknown torch.compile backend 'nonesuch'"),
     ("%neuron mode compile --dynamic", "%neuron mode: torch.compile(backend='neuron') rejects dynamic=True"),
     ("%neuron report 999", "no report for cell 999"),
@@ -690,6 +703,26 @@ def test_free_drops_ipython_references_and_reports_bytes(shell):
     assert holders[f"Out[{n}]"] == 1 << 18 and holders["_"] == 1 << 18
     assert any(h.endswith("frames") and b == 1 << 16 for h, b in fr.dropped)
     assert "freed 320.00 KiB" in str(fr)
+
+
+def test_free_names_only_what_your_variables_do_not_also_hold(shell):
+    """Walkthrough 47 point 13: after a cell raised at top level, a neuron_lab frame of its traceback held the
+    namespace, and `%neuron free` listed your live variables as `sys.last_traceback frames`; an output that is one of
+    your variables was listed too, though dropping it freed nothing."""
+    run(shell, "import torch\nm = torch.nn.Linear(4, 4).to('neuron')\nx = torch.rand(8, 4).to('neuron')")
+    run(shell, "%%neuron parity\ny = m(x)\nraise RuntimeError('boom')", ok=False)
+    run(shell, "x")  # displayed: Out, _ and _N hold x's storage, and so does x
+    run(shell, "def boom():\n    local = torch.ones(1 << 14, device='neuron')\n    raise ValueError('x')")
+    run(shell, "boom()", ok=False)
+    fr = run(shell, "%neuron free")[0].result
+    assert fr.dropped == [("sys.last_traceback frames", 1 << 16)] and fr.freed == 1 << 16, str(fr)
+    fr = run(shell, "%neuron free")[0].result
+    assert (fr.dropped, fr.freed) == ([], 0)
+    assert str(fr).splitlines()[1] == "IPython held no device tensors"
+    run(shell, "x")
+    fr = run(shell, "%neuron free")[0].result
+    assert (fr.dropped, fr.freed, fr.shared) == ([], 0, True)
+    assert str(fr).splitlines()[1] == "IPython held only device tensors your variables hold too"
 
 
 def test_free_points_at_the_magic_that_lists_what_your_variables_hold():

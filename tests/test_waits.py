@@ -3,7 +3,11 @@ says what it does while it does it."""
 
 from __future__ import annotations
 
+from html import escape
+
 from shells import in_child_shell
+
+from neuron_lab.units import format_seconds
 
 HEAVY = ("torch._dynamo", "torch._inductor", "ipywidgets", "matplotlib")  # each loads at its first use, not at load
 
@@ -55,22 +59,36 @@ def test_a_cell_that_compiles_nothing_loads_no_compiler_and_a_first_compile_says
 
 
 def test_torch_loading_its_compiler_for_no_compile_is_no_compile_time(run_python) -> None:
-    """An optimizer's constructor makes torch load dynamo (functions it guards against compiling): the cell says so
-    while it waits, and its report counts no compile (the time is the cell's own)."""
+    """An optimizer's constructor makes torch load dynamo (torch.optim keeps its own code from being compiled): the
+    cell says whose load it waits for, not a compile's (walkthrough 47 point 5), its report counts no compile and says
+    where its time went, and the first compile after it says it loaded only the rest of the compiler."""
     out = run_python(in_child_shell("""
-        import json
+        import json, sys
         import torch
         with capture_output():
             sh.run_cell("%load_ext neuron_lab\\n%config NeuronLab.compile_progress_s = 0", store_history=True)
             sh.run_cell("import torch\\nemb = torch.nn.Embedding(10, 4).to('neuron')\\n"
                         "ids = torch.tensor([1, 2], device='neuron')", store_history=True)
+            refused = sh.run_cell("%neuron mode compile --dynamic", store_history=True)
+        dynamo_after_refusal = "torch._dynamo" in sys.modules
         with capture_output() as cap:
             sh.run_cell("opt = torch.optim.SGD(emb.parameters(), lr=0.1)\\ny = emb(ids).sum()", store_history=True)
+        with capture_output():
+            sh.run_cell("%%neuron compile\\nz = torch.nn.Linear(4, 2).to('neuron')(emb(ids))", store_history=True)
         from neuron_lab.extension import session_of
 
-        r = session_of(sh).history[3]
-        print(json.dumps({"out": cap.stdout, "head": str(r).splitlines()[0], "compile_s": r.compiles.compile_s,
-                          "loading_s": r.compiles.loading_s}))
+        r, later = session_of(sh).history[4], session_of(sh).history[5]
+        print(json.dumps({"out": cap.stdout, "report": str(r).splitlines(), "html": r._repr_html_(),
+                          "compile_s": r.compiles.compile_s, "loading_s": r.compiles.loading_s,
+                          "by": r.compiles.imported_by, "later": str(later).splitlines()[1],
+                          "refused": type(refused.error_in_exec).__name__, "dynamo": dynamo_after_refusal}))
     """), {}, timeout=300)
-    assert out["out"].splitlines()[0] == "neuron_lab: loading PyTorch's compiler (once a session)…"
-    assert (out["compile_s"], out["loading_s"]) == (0, 0) and "compile" not in out["head"], out
+    assert (out["refused"], out["dynamo"]) == ("UsageError", False)  # refused before any second of loading
+    assert out["out"].splitlines()[0] == "neuron_lab: torch.optim imports PyTorch's compiler (once a session)…"
+    assert out["compile_s"] == 0 and out["loading_s"] > 0 and out["by"] == "torch.optim"
+    assert "compile" not in out["report"][0], out
+    said = f"time: {format_seconds(out['loading_s'])} of it torch.optim importing PyTorch's compiler (once a " \
+           "session); nothing compiled"
+    assert said in out["report"] and f"<div>{escape(said)}</div>" in out["html"]
+    assert out["later"].startswith("compile: ") and "of it loading the rest of PyTorch's compiler, AOTAutograd, " \
+           "once a session)" in out["later"], out["later"]

@@ -560,3 +560,24 @@ def test_the_dashboards_display_is_updated_to_its_last_state_at_each_cell_end(sh
     assert update.data["text/plain"].splitlines()[-1] == f"snapshot at the end of In[{n}], not live"
     assert f"In[{n}] line 1: y = torch.atan2(x, x)" in update.data["text/plain"]
     assert f"snapshot at the end of In[{n}], not live" in update.data["text/html"]
+
+
+def test_the_static_tensors_and_compiles_views_say_how_many_rows_they_left_out(shell):
+    """Walkthrough 47 point 6: "27 storages" over 20 rows read as the whole list; the compiles view cut silently."""
+    run(shell, "%config NeuronLab.display_as = 'static'\nimport torch\n"
+               f"ts = [torch.ones(i + 1, device='neuron') for i in range({static.ROWS + 7})]")
+    run(shell, "%%neuron parity\ny = ts[0] * 2")  # a row of the compiles view
+    _, printed = run(shell, "%neuron tensors")
+    run(shell, "v = %neuron tensors\nc = %neuron compiles")
+    v, c = shell.user_ns["v"], shell.user_ns["c"]
+    n = len(v.data["tensors"]["rows"])
+    assert n >= static.ROWS + 7
+    assert f"\n  … {n - static.ROWS} more storages\n" in printed.stdout
+    assert f"… {n - static.ROWS} more storages</div>" in static.render_html(v.data, {}, ["tensors"])
+    (row,) = c.data["compiles"]["rows"]
+    compiled = static.ROWS + 3
+    c.data["compiles"]["rows"] = [{**row, "cell": i} for i in range(compiled)]
+    assert f"  … {compiled - static.ROWS} earlier cells" in static.render_text(c.data, {}, ["compiles"]).splitlines()
+    assert f"… {compiled - static.ROWS} earlier cells</div>" in static.render_html(c.data, {}, ["compiles"])
+    few = {**v.data, "tensors": {**v.data["tensors"], "rows": v.data["tensors"]["rows"][:3]}}
+    assert "more" not in static.render_text(few, {}, ["tensors"]) + static.render_html(few, {}, ["tensors"])

@@ -403,6 +403,12 @@ UNUSED_WHY = ("TorchNeuron registers a device kernel for this op but never uses 
               "the inputs go to the CPU and the result comes back.")
 
 
+# Each kind's class of evidence (neuron_lab's coverage schema.EVIDENCE): every reason a report shows ends with its
+# confidence, so every rule names one. A kernel whose can_handle never accepts turns every argument away: a shape gate.
+EVIDENCE = {"native": "registered", "host": "host kernel", "fallback": "shape gate"}
+DEFAULT_EVIDENCE = "not registered"
+
+
 def build_coverage(ex: Extraction, *, name: str, commit: str, date: str, repo: str,
                   file_commits: dict[str, str]) -> dict:
     by_key: dict[str, list[Registration]] = {}
@@ -430,11 +436,12 @@ def build_coverage(ex: Extraction, *, name: str, commit: str, date: str, repo: s
             notes = "; ".join(sorted({r.note for r in chosen if r.note}))
             reason = (f"{UNUSED_WHY}{SOURCE}registered ({where}) but {notes}: the CPU fallback runs it "
                       f"(overloads: {overloads})")
-        ops[key] = {"kind": kind, "reason": reason}
+        ops[key] = {"kind": kind, "reason": reason, "evidence": EVIDENCE[kind]}
     served = 0
     for key, why in PYTORCH_SERVED.items():
         if key not in ops:
-            ops[key] = {"kind": "native", "reason": f"metadata op never sent to the fallback: {why}"}
+            ops[key] = {"kind": "native", "reason": f"metadata op never sent to the fallback: {why}",
+                        "evidence": EVIDENCE["native"]}
             served += 1
     ops = dict(sorted(ops.items()))
 
@@ -469,7 +476,8 @@ def build_coverage(ex: Extraction, *, name: str, commit: str, date: str, repo: s
         "date": date,
         "provenance": prov,
         "default": {"kind": "fallback", "reason": f"{FALLBACK_WHY}{SOURCE}not registered by TorchNeuron's backend "
-                                                  f"at {commit[:7]}: the boxed CPU fallback runs it"},
+                                                  f"at {commit[:7]}: the boxed CPU fallback runs it",
+                    "evidence": DEFAULT_EVIDENCE},
     }
     if ex.downcast:
         coverage["downcast_dtypes"] = sorted(ex.downcast)

@@ -93,9 +93,10 @@ def compile_backend(name: Any) -> None:
 
 
 def compile_options(backend: str, fullgraph: bool = False, dynamic: bool | None = None) -> modes.CompileOptions:
-    """Compile mode's options, checked: a known backend, and no ``dynamic=True`` with ``backend="neuron"``."""
-    compile_backend(backend)
+    """Compile mode's options, checked: no ``dynamic=True`` with ``backend="neuron"`` (before the backend, whose
+    check loads the compiler: a refused option costs no second of loading), and a known backend."""
     if dynamic and backend == "neuron":
         raise OptionError("torch.compile(backend='neuron') rejects dynamic=True, as TorchNeuron does; {dynamic} needs "
                           "another {backend} (inductor, eager)")
+    compile_backend(backend)
     return modes.CompileOptions(backend, bool(fullgraph), True if dynamic else None)

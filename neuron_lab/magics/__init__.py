@@ -202,11 +202,17 @@ class NeuronMagics(Magics):
         print(head + ("\n" + str(report) if report is not None else ""))
 
     def cmd_mode(self, args):
-        options = self._compile_options(args) if args.mode == modes.COMPILE else None
-        if args.mode != modes.COMPILE and (args.fullgraph or args.backend or args.dynamic):
-            raise _usage_error("mode", f"--fullgraph, --backend and --dynamic go with `compile`, not `{args.mode}`")
-        self.session.set_mode(args.mode, options)
-        print(f"mode for the cells that follow: {args.mode}")
+        s = self.session
+        if args.mode is None and (args.fullgraph or args.backend or args.dynamic):
+            raise _usage_error("mode", "--fullgraph, --backend and --dynamic go with `compile`: "
+                                       "`%neuron mode compile --fullgraph`")
+        if args.mode is not None:  # alone, it shows the mode, as `%neuron device` alone shows the device
+            options = self._compile_options(args) if args.mode == modes.COMPILE else None
+            if args.mode != modes.COMPILE and (args.fullgraph or args.backend or args.dynamic):
+                raise _usage_error("mode", "--fullgraph, --backend and --dynamic go with `compile`, "
+                                           f"not `{args.mode}`")
+            s.set_mode(args.mode, options)
+        print(f"mode for the cells that follow: {args.mode or modes.described(s.mode, s.compile_options)}")
 
     def _compile_options(self, args) -> modes.CompileOptions:
         with _refused(args.command):

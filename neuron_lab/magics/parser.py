@@ -148,10 +148,10 @@ def build() -> NeuronArgumentParser:
     d.add_argument("--all", action="store_true",
                    help="move every module, tensor, optimizer and list/tuple/dict of tensors in the namespace")
 
-    m = command("mode", help="the default mode of the cells that follow",
-                description="default: code runs as written; eager: compiled functions run eagerly "
-                            "(force_eager stance); compile: outermost nn.Module calls are compiled.")
-    m.add_argument("mode", choices=("default", "eager", "compile"), help="the mode")
+    m = command("mode", help="show or set the default mode of the cells that follow",
+                description="Show the mode, or set it. default: code runs as written; eager: compiled functions "
+                            "run eagerly (force_eager stance); compile: outermost nn.Module calls are compiled.")
+    m.add_argument("mode", nargs="?", choices=("default", "eager", "compile"), help="the mode")
     _compile_options(m)
 
     r = command("report", help="show reports from the history",
@@ -166,7 +166,7 @@ def build() -> NeuronArgumentParser:
 
     command("reset", help="clear the session totals, the history and peak memory")
     command("free", help="drop IPython's own references to device tensors (Out, _, _N, the last traceback) "
-                         "and report the bytes freed")
+                         "and report the bytes freed, each holder with the bytes only it held (not your variables)")
 
     v = command("dashboard", help="live views of memory, device tensors, CPU fallbacks and compiles, in tabs",
                 description="A live panel that updates while cells run (a widget under a kernel; text elsewhere). "

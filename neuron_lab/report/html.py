@@ -47,6 +47,7 @@ from neuron_lab.report.rows import (
     held_table,
     host_growth,
     host_timed,
+    imported_line,
     memory_table,
     off_device,
     one_line,
@@ -238,6 +239,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
     host = host_growth(r, full)
     if host:
         parts.append(divs([host]))
+    parts.append(divs([x for x in [imported_line(c)] if x]))
     parts.append(op_sections_html(shown_sections(r, full), full))
     if r.coverage and off_device(r):
         parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")

@@ -186,7 +186,10 @@ class Compiles:
     # dynamo's window), apart from compile_s (tracing, passes, lowering)
     neff_compile_s: float = 0.0
     neff_cache: tuple[int, int] | None = None  # (hits, misses) of the NEFF cache in the window; None: not counted
-    loading_s: float = 0.0  # of compile_s: loading the compiler (torch._dynamo), paid at a session's first compile
+    loading_s: float = 0.0  # of compile_s: loading the compiler (torch._dynamo), paid at a session's first compile;
+    # of the cell's own time where imported_by names a library that loaded it in a window that compiled nothing
+    imported_by: str = ""  # that library ("torch.optim": an optimizer's constructor imports dynamo)
+    loading_rest: bool = False  # loading_s is only the backends' (AOTAutograd): dynamo itself loaded before
 
     def __bool__(self) -> bool:
         return bool(self.frames or self.graphs or self.breaks or self.recompiles or self.failures
@@ -513,7 +516,8 @@ class Report(ShownAsText):
                              for b in c["breaks"]],
                             [Recompile(r["code"], r["reason"], _site(r["site"])) for r in c["recompiles"]],
                             list(c["failures"]), c.get("neff_compile_s", 0.0),
-                            tuple(c["neff_cache"]) if c.get("neff_cache") else None, c.get("loading_s", 0.0))
+                            tuple(c["neff_cache"]) if c.get("neff_cache") else None, c.get("loading_s", 0.0),
+                            c.get("imported_by", ""), c.get("loading_rest", False))
         oom = d.get("oom")
         if oom is not None:
             oom = OutOfMemory(oom["allocated"], [HeldTensor(tuple(t["names"]), None if t["shape"] is None

@@ -194,9 +194,17 @@ def compile_timing(r: Report) -> str:
     neff = f", {format_seconds(c.neff_compile_s)} NEFF compile" if c.neff_compile_s else ""
     hits, misses = c.neff_cache or (0, 0)
     cache = f" (NEFF cache: {count(hits, 'hit')}, {misses:,} miss{'' if misses == 1 else 'es'})" if c.neff_cache else ""
-    loading = (f" ({format_seconds(c.loading_s)} of it loading PyTorch's compiler, once a session)" if c.loading_s
-               else "")
+    what = "the rest of PyTorch's compiler, AOTAutograd" if c.loading_rest else "PyTorch's compiler"
+    loading = f" ({format_seconds(c.loading_s)} of it loading {what}, once a session)" if c.loading_s else ""
     return f"{format_seconds(c.compile_s)} compiling{loading}{neff}{cache}, {format_seconds(r.run_s)} running"
+
+
+def imported_line(c: Compiles) -> str | None:
+    """Where a library loaded the compiler in a cell that compiled nothing: the cell's time it took, and whose."""
+    if not c.imported_by or not c.loading_s:
+        return None
+    return (f"time: {format_seconds(c.loading_s)} of it {c.imported_by} importing PyTorch's compiler (once a "
+            "session); nothing compiled")
 
 
 def oom_head(o: OutOfMemory) -> str:

@@ -43,6 +43,7 @@ from neuron_lab.report.rows import (
     held_table,
     host_growth,
     host_timed,
+    imported_line,
     memory_table,
     off_device,
     one_line,
@@ -185,6 +186,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
         lines.append(host)
     if r.h2d_bytes or r.d2h_bytes:
         lines.append(f"copies: host→device {h2d}, device→host {d2h}")
+    lines += [x for x in [imported_line(c)] if x]
     lines += op_sections(shown_sections(r, full), full)
     if r.coverage and off_device(r):
         lines.append(f"predicted by the coverage {r.coverage} (`%neuron coverage NAME` switches)")

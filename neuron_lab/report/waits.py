@@ -27,7 +27,7 @@ def compiling_step(c: dict[str, Any]) -> str:
     """What the compile does now, without the time: a line printed once per step (a terminal, ``neuron-lab run``)."""
     phase = c.get("phase")
     if phase == "loading":
-        return LOADING
+        return loading_step(c.get("by"))
     what = compiled_what(c)
     if phase == "lowering":
         return f"compiling {what}: lowering graph {max(c['graphs'], 1)} to the neuron device"
@@ -36,15 +36,24 @@ def compiling_step(c: dict[str, Any]) -> str:
     return f"compiling {what}: reading its Python code (graph {c['graphs'] + 1})"
 
 
-LOADING = "loading PyTorch's compiler (once a session)"  # torch.compile, or a function torch imports it for
+LOADING = "loading PyTorch's compiler (once a session)"  # for a compile
+
+
+def loading_step(by: str | None) -> str:
+    """The loading line: a compile's (``by`` None), or a library's that imports the compiler for no compile of its
+    own (torch.optim's constructors), which must not read as this cell compiling."""
+    return LOADING if by is None else f"{by} imports PyTorch's compiler (once a session)"
+
+
 # a shown line once its compile is over and the cell still runs: no stale step
 COMPILED = "compiled; the cell runs on"
 LOADED = "compiler loaded; the cell runs on"
 
 
-def settled(last_step: str) -> str:
-    """What a shown line says once the wait it showed is over while the cell runs on."""
-    return LOADED if last_step == LOADING else COMPILED
+def settled(loading: bool) -> str:
+    """What a shown line says once the wait it showed is over while the cell runs on (``loading``: it was the
+    compiler's loading)."""
+    return LOADED if loading else COMPILED
 
 
 def compiling_line(c: dict[str, Any]) -> str:

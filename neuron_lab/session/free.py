@@ -3,7 +3,9 @@
 A tensor that was a cell's value stays alive after ``del x`` through ``Out[N]``, ``_N``, ``_``
 (also in ``user_ns_hidden``) and the display hook; a tensor local to a function that raised stays
 alive through the last traceback's frames (``sys.last_*``, ``InteractiveTB.tb``,
-``last_execution_result``). Only holders of device tensors are touched; other outputs stay.
+``last_execution_result``). Only holders of device tensors are touched; other outputs stay. A holder is named with
+the bytes only it held: what your variables also hold stays allocated, so dropping IPython's reference to it frees
+nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import gc
 import inspect
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,20 +21,24 @@ import torch
 
 from neuron_lab import backend as _backend
 from neuron_lab.session.devices import tensors_in
+from neuron_lab.session.tensors import ipython_own
 from neuron_lab.units import ShownAsText, format_size
 
 
 @dataclass
 class FreeReport(ShownAsText):
-    dropped: list[tuple[str, int]] = field(default_factory=list)  # (holder, bytes of device tensors it held)
+    dropped: list[tuple[str, int]] = field(default_factory=list)  # (holder, bytes of the storages only it held)
     freed: int = 0  # device bytes released
     allocated: int = 0  # device bytes still allocated
+    shared: bool = False  # a dropped holder held only storages your variables hold too
 
     def __str__(self) -> str:
         lines = [f"freed {format_size(self.freed)} of device memory; {format_size(self.allocated)} still allocated"]
         if self.dropped:
             lines.append("dropped IPython's references:")
             lines += [f"  {holder:<34} {format_size(n):>12}" for holder, n in self.dropped]
+        elif self.shared:
+            lines.append("IPython held only device tensors your variables hold too")
         else:
             lines.append("IPython held no device tensors")
         if self.allocated:
@@ -57,9 +64,20 @@ def _storages(objs: list[Any], device_type: str) -> dict[int, int]:
     return sizes
 
 
-def _holds(obj: Any, device_type: str) -> int:
-    """Bytes of the ``device_type`` storages that ``obj`` holds."""
-    return sum(_storages([obj], device_type).values())
+def _variables_storages(shell: Any, device_type: str) -> set[int]:
+    """Data pointers of the device storages your variables hold: dropping IPython's references leaves them."""
+    ns, hidden = shell.user_ns, shell.user_ns_hidden
+    return set(_storages([v for k, v in list(ns.items()) if not ipython_own(ns, hidden, k)], device_type))
+
+
+def _dropped(report: FreeReport, holder: str, storages: dict[int, int], kept: Collection[int]) -> None:
+    """Name ``holder`` with the bytes of the storages only it held; one that held only what ``kept`` holds is not
+    named (dropping it freed nothing), but said."""
+    own = sum(n for ptr, n in storages.items() if ptr not in kept)
+    if own:
+        report.dropped.append((holder, own))
+    elif storages:
+        report.shared = True
 
 
 def _function_frames(tb: Any) -> list[Any]:
@@ -72,15 +90,15 @@ def _function_frames(tb: Any) -> list[Any]:
     return frames
 
 
-def _frames_bytes(frames: list[Any], device_type: str) -> int:
-    """Bytes of the distinct device storages the frames hold (one tensor is often in several frames)."""
+def _frames_storages(frames: list[Any], device_type: str) -> dict[int, int]:
+    """The distinct device storages the frames hold (one tensor is often in several frames)."""
     values: list[Any] = []
     for f in frames:
         try:
             values += f.f_locals.values()
         except Exception:
             pass
-    return sum(_storages(values, device_type).values())
+    return _storages(values, device_type)
 
 
 def release(shell: Any) -> FreeReport:
@@ -89,9 +107,10 @@ def release(shell: Any) -> FreeReport:
     device_type = b.device_type
     before = b.allocated_everywhere()
     report = FreeReport()
-    _drop_output_cache(shell, device_type, report)
-    _drop_last_values(shell, device_type, report)
-    clear_traceback_frames(shell, device_type, report)
+    kept = _variables_storages(shell, device_type)
+    _drop_output_cache(shell, device_type, report, kept)
+    _drop_last_values(shell, device_type, report, kept)
+    clear_traceback_frames(shell, device_type, report, kept)
     gc.collect()
     b.synchronize()
     empty = getattr(getattr(torch, device_type, None), "empty_cache", None)
@@ -102,29 +121,29 @@ def release(shell: Any) -> FreeReport:
     return report
 
 
-def _drop_output_cache(shell: Any, device_type: str, report: FreeReport) -> None:
+def _drop_output_cache(shell: Any, device_type: str, report: FreeReport, kept: Collection[int]) -> None:
     """``Out[N]`` and ``_N`` of the outputs that hold device tensors."""
     ns, hidden = shell.user_ns, shell.user_ns_hidden
     out = ns.get("Out", {})
-    for k, held in [(k, _holds(v, device_type)) for k, v in out.items()]:
+    for k, held in [(k, _storages([v], device_type)) for k, v in out.items()]:
         if not held:
             continue
-        report.dropped.append((f"Out[{k}]", held))
+        _dropped(report, f"Out[{k}]", held, kept)
         del out[k]
         for space in (ns, hidden):
             space.pop(f"_{k}", None)
 
 
-def _drop_last_values(shell: Any, device_type: str, report: FreeReport) -> None:
+def _drop_last_values(shell: Any, device_type: str, report: FreeReport, kept: Collection[int]) -> None:
     """``_``, ``__`` and ``___``: in the namespace, its hidden copy and the display hook's own."""
     ns, hidden, dh = shell.user_ns, shell.user_ns_hidden, shell.displayhook
     for name in ("_", "__", "___"):
-        in_spaces = [space for space in (ns, hidden) if _holds(space.get(name), device_type)]
-        in_hook = _holds(getattr(dh, name, None), device_type)
-        held = max([in_hook, *(_holds(space[name], device_type) for space in in_spaces)])
+        in_spaces = [space for space in (ns, hidden) if _storages([space.get(name)], device_type)]
+        in_hook = _storages([getattr(dh, name, None)], device_type)
+        held = _storages([getattr(dh, name, None), *(space[name] for space in in_spaces)], device_type)
         if not held:
             continue
-        report.dropped.append((name, held))
+        _dropped(report, name, held, kept)
         for space in in_spaces:
             space[name] = ""
         if in_hook:
@@ -145,15 +164,16 @@ def _last_tracebacks(shell: Any) -> list[tuple[str, Any]]:
     return tbs
 
 
-def clear_traceback_frames(shell: Any, device_type: str, report: FreeReport) -> None:
-    """The locals of the last tracebacks' function frames that hold device tensors, each frame once."""
+def clear_traceback_frames(shell: Any, device_type: str, report: FreeReport, kept: Collection[int] = ()) -> None:
+    """The locals of the last tracebacks' function frames that hold device tensors, each frame once; ``kept``: the
+    storages your variables hold (a frame of neuron_lab's often holds the namespace itself)."""
     cleared: set[int] = set()
     for holder, tb in _last_tracebacks(shell):
         frames = [f for f in _function_frames(tb) if id(f) not in cleared]
-        held = _frames_bytes(frames, device_type)
+        held = _frames_storages(frames, device_type)
         if not held:
             continue
-        report.dropped.append((f"{holder} frames", held))
+        _dropped(report, f"{holder} frames", held, kept)
         for f in frames:
             cleared.add(id(f))
             _clear_frame(f)

@@ -479,11 +479,8 @@ class Status(ShownAsText):
                 self.lines.append(f"         {b.peak_note}")
         else:
             self.lines.append(f"backend: none ({d.reason})")
-        opts = s.compile_options
-        mode = s.mode + (f" (backend={opts.backend}{', fullgraph' if opts.fullgraph else ''})"
-                         if s.mode == modes.COMPILE else "")
         self.lines.append(f"device:  {s.device} (variable `{s.config.device_variable}`)")
-        self.lines.append(f"mode:    {mode}")
+        self.lines.append(f"mode:    {modes.described(s.mode, s.compile_options)}")
         t = s.totals
         self.lines.append(f"session: {count(t.cells, 'cell')} reported, "
                           f"{count(t.fallback_calls, KINDS[FALLBACK].call)}, "

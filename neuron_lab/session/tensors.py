@@ -304,7 +304,7 @@ def _saved_name(root: str, fn: Any, top: bool, attr: str, context: str | None) -
     return f"{root}.grad_fn.{attr}" if top else f"{root}.grad_fn…{type(fn).__name__}.{attr}"
 
 
-def _hidden(ns: dict[str, Any], hidden: dict[str, Any], name: str) -> bool:
+def ipython_own(ns: dict[str, Any], hidden: dict[str, Any], name: str) -> bool:
     """IPython's own entries, as ``%who`` tells them: a hidden name still bound to the hidden value."""
     return name in hidden and hidden[name] is ns[name]
 
@@ -318,13 +318,13 @@ def device_tensors(shell: Any, tracebacks: list[Any] | None = None, synchronize:
     ns, hidden = shell.user_ns, shell.user_ns_hidden
     items = list(ns.items())
     for name, obj in items:
-        if not _hidden(ns, hidden, name):
+        if not ipython_own(ns, hidden, name):
             scan.walk_safely(obj, name, NAMESPACE)
     out = getattr(getattr(shell, "history_manager", None), "output_hist", None) or {}
     for k, obj in list(out.items()):
         scan.walk_safely(obj, f"Out[{k}]", OUTPUT_CACHE)
     for name, obj in items:
-        if _OUT_NAME.fullmatch(name) and _hidden(ns, hidden, name):
+        if _OUT_NAME.fullmatch(name) and ipython_own(ns, hidden, name):
             scan.walk_safely(obj, name, OUTPUT_CACHE)
     for name in ("_", "__", "___"):
         obj = getattr(shell.displayhook, name, None)

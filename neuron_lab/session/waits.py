@@ -73,7 +73,7 @@ class CompileProgress:
         self.shell.display_pub.publish(data=data, metadata={}, transient={"display_id": display_id}, update=update)
 
     def _run(self) -> None:
-        generation, said, step = -1, "", ""
+        generation, said, loading = -1, "", False
         while True:
             with self._wake:
                 while self._tracker is None and not self._closed:
@@ -82,15 +82,15 @@ class CompileProgress:
                     return
                 tracker, gen, parent, after_s = self._tracker, self._generation, self._parent, self._after_s
             if gen != generation:
-                generation, said, step = gen, "", ""
+                generation, said, loading = gen, "", False
                 self._adopt(parent)
             try:
                 c = tracker.compiling()
                 if c is not None and (said or c["elapsed_s"] >= after_s):  # once shown, every step shows
-                    step = compiling_step(c)
-                    said = self._say(compiling_line(c), step, said, gen)
+                    loading = c["phase"] == "loading"
+                    said = self._say(compiling_line(c), compiling_step(c), said, gen)
                 elif c is None and said and self.in_place:  # no stale step while the cell goes on
-                    said = self._say(settled(step), settled(step), said, gen)
+                    said = self._say(settled(loading), settled(loading), said, gen)
             except Exception as e:  # noqa: BLE001  (kept for inspection; the cell and its report go on)
                 self.error = e
             tracker = None  # not kept while waiting: between cells (and after the session closes) it would hold the

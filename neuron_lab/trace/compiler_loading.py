@@ -3,7 +3,9 @@
 A cell's compile trace needs dynamo's callbacks, but a cell that compiles nothing must not pay for them: while
 dynamo is not loaded, a finder on ``sys.meta_path`` waits for its import (whoever makes it: ``torch.compile``,
 ``%%neuron compile``, a library), says when it began (a first compile's progress line reads
-:func:`loading_since`) and, once it is done, calls back whoever asked (:func:`when_loaded`).
+:func:`loading_since`) and which library imported it where that was no compile (:func:`importer`: torch.optim's
+constructors import it to keep their own code from being compiled), and, once it is done, calls back whoever asked
+(:func:`when_loaded`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ _lock = threading.Lock()
 _waiting: list[Callable[[], None]] = []
 _since: float | None = None  # perf_counter when dynamo began loading; None when not loading
 load_s = 0.0  # how long loading dynamo took, once it loaded through here
+_by: str | None = None  # the library that imported dynamo (importer()), while it loads and after
+_NOT_THE_IMPORTER = ("importlib", "torch._compile", __name__)  # the import machinery, torch's lazy-import wrapper
 
 
 def loaded() -> bool:
@@ -30,6 +34,24 @@ def loaded() -> bool:
 def loading_since() -> float | None:
     """When dynamo began loading, while it loads (perf_counter seconds); else None. Safe from any thread."""
     return _since
+
+
+def importer() -> str | None:
+    """The library whose import of dynamo loads (or loaded) it, as its package and module ("torch.optim",
+    "transformers.utils"); None where a compile imported it (``torch.compile``, neuron_lab) or the user's code did."""
+    return _by
+
+
+def _importing_library() -> str | None:
+    """The first module on the stack, above the import machinery, that imports dynamo; None for a compile's or
+    the user's own import."""
+    f = sys._getframe(1)
+    while f is not None and str(f.f_globals.get("__name__", "")).startswith(_NOT_THE_IMPORTER):
+        f = f.f_back
+    name = str(f.f_globals.get("__name__", "")) if f is not None else ""
+    if name in ("torch", "__main__", "") or name.startswith(("neuron_lab", "torch._dynamo")):
+        return None  # torch.compile, %%neuron compile, a cell or script: a compile, or the user's own import
+    return ".".join(name.split(".")[:2])
 
 
 def when_loaded(fn: Callable[[], None]) -> Callable[[], None]:
@@ -64,9 +86,11 @@ class _Finder(importlib.abc.MetaPathFinder):
             return spec
         exec_module = spec.loader.exec_module
 
+        by = _importing_library()
+
         def timed(module: Any) -> None:
-            global _since, load_s
-            _since = time.perf_counter()
+            global _since, load_s, _by
+            _by, _since = by, time.perf_counter()
             try:
                 exec_module(module)
             finally:

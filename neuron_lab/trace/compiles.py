@@ -293,6 +293,7 @@ class CompileTrace:
 
         self._result.loading_s = loading_s
         self._result.compile_s += loading_s
+        self._result.imported_by = (compiler_loading.importer() or "") if loading_s else ""
 
         self._seen_metrics = {id(m) for m in get_compilation_metrics()}
         on_start = callback_handler.register_start_callback(self._on_start)
@@ -301,6 +302,8 @@ class CompileTrace:
 
     def loaded_more(self, seconds: float) -> None:
         """The compiler's loading went on after dynamo loaded (a backend's imports): compile time of this window."""
+        if not self._result.loading_s:  # dynamo itself loaded before this window: only the rest loads here
+            self._result.loading_rest = True
         self._result.loading_s += seconds
         self._result.compile_s += seconds
 
@@ -326,7 +329,11 @@ class CompileTrace:
         self._compiling = None
         if not self._result.frames:  # loaded for no compile (torch loads it for some functions): not compile time
             self._result.compile_s -= self._result.loading_s
-            self._result.loading_s = 0.0
+            if not self._result.imported_by:  # a compile's loading whose compile did not come: nothing to say
+                self._result.loading_s = 0.0
+            self._result.loading_rest = False
+        else:
+            self._result.imported_by = ""  # compiled after all: the load is this compile's
         if self._backend_metrics is not None:  # a graph the backend could not lower as asked is said, not hidden
             for m in self._backend_metrics()[self._metrics_at_start:]:
                 if m.get("unlowered"):
@@ -363,7 +370,7 @@ class CompileTrace:
         since = compiler_loading.loading_since()
         if since is not None and self._callbacks is None:
             return {"frame": None, "graphs": 0, "elapsed_s": time.perf_counter() - since, "phase": "loading",
-                    "site": None}
+                    "site": None, "by": compiler_loading.importer()}
         current = self._compiling
         if current is None:
             return None

@@ -56,9 +56,24 @@ def _site_text(site: dict | None) -> str:
     return f"{s.label}: {s.source}"
 
 
-def _memories(data: dict) -> list[tuple[Any, Memory]]:
-    """(cell, memory) of the newest rows."""
-    return [(r["cell"], Memory(**r["memory"])) for r in data["memory"]["rows"][-ROWS:]]
+def _cut(rows: list, noun: str, *, newest: bool = False) -> tuple[list, str]:
+    """The :data:`ROWS` rows a static view shows (the first, or the ``newest``) and the line that says how many it
+    left out ("" when none): a view that says "27 storages" and lists 20 must not read as complete."""
+    if len(rows) <= ROWS:
+        return rows, ""
+    left = count(len(rows) - ROWS, ("earlier " if newest else "more ") + noun)
+    return (rows[-ROWS:] if newest else rows[:ROWS]), f"… {left}"
+
+
+def _note_html(line: str) -> str:
+    """A grey line under a view (none for "")."""
+    return f'<div style="color:#666">{escape(line)}</div>' if line else ""
+
+
+def _memories(data: dict) -> tuple[list[tuple[Any, Memory]], str]:
+    """(cell, memory) of the newest rows, and the line saying how many older ones it left out."""
+    rows, left = _cut(data["memory"]["rows"], "cell", newest=True)
+    return [(r["cell"], Memory(**r["memory"])) for r in rows], left
 
 
 def _sections(data: dict) -> list[tuple[kinds.Kind, list[OpRow]]]:
@@ -183,9 +198,11 @@ def _ranks_html(live: dict) -> str:
 
 def _memory_text(data: dict, live: dict) -> str:
     m = data["memory"]
+    memories, left = _memories(data)
     lines = [f"memory: peak {format_size(live.get('peak', 0))} · timeline {_spark(m['points'])}", *_ranks_text(live)]
+    lines += [f"  {left}"] if left else []
     lines += [f"  In[{cell}]  {format_size(mem.before):>11} → {format_size(mem.after):>11}  "
-              f"{format_delta(mem.delta):>12}  peak {format_size(mem.peak)}" for cell, mem in _memories(data)]
+              f"{format_delta(mem.delta):>12}  peak {format_size(mem.peak)}" for cell, mem in memories]
     if m.get("sampling"):
         lines.append("  " + m["sampling"])
     if m.get("freed"):
@@ -195,11 +212,12 @@ def _memory_text(data: dict, live: dict) -> str:
 
 def _memory_html(data: dict, live: dict) -> str:
     m = data["memory"]
+    memories, left = _memories(data)
     rows = [[f"In[{cell}]", format_size(mem.before), format_size(mem.after), format_delta(mem.delta),
-             format_size(mem.peak)] for cell, mem in _memories(data)]
-    peak = max([live.get("peak", 0), *(mem.peak for _, mem in _memories(data))])
-    note = f'<div style="color:#666">{escape(m["sampling"])}</div>' if m.get("sampling") else ""
-    return (_ranks_html(live) + _chart(_svg(m["points"], m["cells"], m.get("marks", []), peak)) + note
+             format_size(mem.peak)] for cell, mem in memories]
+    peak = max([live.get("peak", 0), *(mem.peak for _, mem in memories)])
+    return (_ranks_html(live) + _chart(_svg(m["points"], m["cells"], m.get("marks", []), peak))
+            + _note_html(m.get("sampling") or "") + _note_html(left)
             + table(["cell", "before", "after", "delta", "peak"], rows))
 
 
@@ -208,19 +226,21 @@ def _tensors_text(data: dict, live: dict) -> str:
     t = data["tensors"]
     lines = [f"device tensors: {len(t['rows'])} storages, {format_size(t['total'])} "
              f"(memory_allocated {format_size(t['allocated'])})"]
-    for r in t["rows"][:ROWS]:
+    shown, left = _cut(t["rows"], "storage")
+    for r in shown:
         lines.append(f"  {format_size(r['bytes']):>11}  {r['shape_text']:<14} {r.get('dtype') or '?':<9} "
                      f"{r['held_by']:<20} {', '.join(r['names']) or '—'}")
-    return "\n".join(lines)
+    return "\n".join([*lines, f"  {left}"] if left else lines)
 
 
 def _tensors_html(data: dict, live: dict) -> str:
     t = data["tensors"]
+    shown, left = _cut(t["rows"], "storage")
     rows = [[format_size(r["bytes"]), escape(str(r.get("shape"))), escape(str(r.get("dtype"))),
              "✓" if r.get("requires_grad") else "", escape(r["held_by"]), escape(", ".join(r["names"]))]
-            for r in t["rows"][:ROWS]]
+            for r in shown]
     return (f"<b>device tensors</b> {format_size(t['total'])} (memory_allocated {format_size(t['allocated'])})"
-            + table(["bytes", "shape", "dtype", "grad", "held by", "names"], rows))
+            + table(["bytes", "shape", "dtype", "grad", "held by", "names"], rows) + _note_html(left))
 
 
 # -- fallbacks -----------------------------------------------------------------------------------
@@ -241,7 +261,9 @@ def _compiles_text(data: dict, live: dict) -> str:
     tot = c["totals"]
     lines = [f"compiles: {count(tot['compiles'], 'frame')}, {count(tot['graph_breaks'], 'graph break')}, "
              f"{count(tot['recompiles'], 'recompile')}"]
-    for r in c["rows"][-ROWS:]:
+    shown, left = _cut(c["rows"], "cell", newest=True)
+    lines += [f"  {left}"] if left else []
+    for r in shown:
         rc = r["compiles"]
         lines.append(f"  In[{r['cell']}] {count(rc['graphs'], 'graph')}, compile {format_seconds(rc['compile_s'])}, "
                      f"run {format_seconds(r['run_s'])}")
@@ -253,12 +275,14 @@ def _compiles_text(data: dict, live: dict) -> str:
 
 
 def _compiles_html(data: dict, live: dict) -> str:
+    shown, left = _cut(data["compiles"]["rows"], "cell", newest=True)
     rows = [[f"In[{r['cell']}]", str(r["compiles"]["graphs"]), format_seconds(r["compiles"]["compile_s"]),
              format_seconds(r["run_s"]),
              "<br>".join(escape(f"{_site_text(b['site'])}: {b['reason']}") for b in r["compiles"]["breaks"]),
              "<br>".join(escape(f"{x['code']}: {x['reason']}") for x in r["compiles"]["recompiles"])]
-            for r in data["compiles"]["rows"][-ROWS:]]
-    return "<b>compiles</b>" + table(["cell", "graphs", "compile", "run", "breaks", "recompiles"], rows)
+            for r in shown]
+    return ("<b>compiles</b>" + _note_html(left)
+            + table(["cell", "graphs", "compile", "run", "breaks", "recompiles"], rows))
 
 
 RENDERERS: dict[str, tuple[Renderer, Renderer]] = {

@@ -27,6 +27,7 @@ SCHEMA_VERSION = 1
 _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
 DEFAULT_COVERAGE, ENV_VAR, OLD_ENV_VAR = _COVERAGE.default, _COVERAGE.name, _OLD.name
 _OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)
+NO_CONFIDENCE = "Confidence: not stated (the coverage names no evidence for this rule)."
 
 
 class CoverageError(ValueError):
@@ -54,12 +55,18 @@ class OpRule:
 
 
 def _shown(reason: str, evidence: str | None) -> str:
-    if evidence is None:
+    """Every reason ends with its confidence: a rule of a file that names no evidence (a user's, an export) says so
+    rather than reading as certain."""
+    if not reason:
         return reason
-    level, means = schema.EVIDENCE[evidence]
+    if evidence is None:
+        confidence = NO_CONFIDENCE
+    else:
+        level, means = schema.EVIDENCE[evidence]
+        confidence = f"Confidence: {level} ({evidence}: {means})."
     why, sep, source = reason.partition(SOURCE)
     why = why.rstrip()
-    return f"{why}{'' if why.endswith('.') else '.'} Confidence: {level} ({evidence}: {means}).{sep}{source}"
+    return f"{why}{'' if why.endswith('.') else '.'} {confidence}{sep}{source}"
 
 
 @dataclass
