@@ -29,6 +29,7 @@ from neuron_lab.report.model import Report, Site
 from neuron_lab.session import preflight, rank_group, rank_pulse, shells, stuck
 
 if TYPE_CHECKING:  # the runner's process reads this module's wire types (Payload, Script, MIME) without torch
+    from neuron_lab.report.ranks import RanksReport
     from neuron_lab.session.session import Session
     from neuron_lab.trace.tracker import Renaming
 
@@ -82,11 +83,14 @@ class Script:
 
 class Collector:
     """The reports of the cells that finished since the launcher last asked, as data (``Report.as_dict()``), with
-    the text the extension's renderer made of the same report when ``text`` is on (the runner prints it)."""
+    the text the extension's renderer made of the same report when ``text`` is on (the runner prints it), and the
+    windows a ``%%neuron ranks`` cell ran on the ranks (``RanksReport.as_dict()``, under ``ranks``): the ranks'
+    reports, which the runner judges with the cell's."""
 
     def __init__(self, text: bool = True) -> None:
         self.text = text
         self.reports: list[dict[str, Any]] = []
+        self.windows: list[dict[str, Any]] = []  # the ranks windows of the cell that runs
 
     @classmethod
     def attach(cls, session: Session, script: Script | None = None, *, text: bool = True) -> Collector:
@@ -95,6 +99,7 @@ class Collector:
         if script is not None:
             session.site_maps.append(script.as_script_lines)
         session.listeners.append(collector.keep)
+        session.rank_windows.append(collector.keep_window)
         return collector
 
     @classmethod
@@ -105,7 +110,13 @@ class Collector:
 
     def keep(self, report: Report) -> None:
         kept = {"report": report.as_dict(), "touched_device": report.touched_device}
+        if self.windows:
+            kept["ranks"], self.windows = self.windows, []
         self.reports.append({**kept, "text": str(report)} if self.text else kept)
+
+    def keep_window(self, window: RanksReport) -> None:
+        """A ``%%neuron ranks`` window of the running cell: it goes with the cell's report."""
+        self.windows.append(window.as_dict())
 
     def hand_over(self) -> list[dict[str, Any]]:
         """The reports kept so far, oldest first; the collector starts empty again."""

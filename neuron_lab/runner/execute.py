@@ -286,6 +286,7 @@ class Run:
         if after["reports"]:  # one per cell; a nested run_cell belongs to its outer cell
             last = after["reports"][-1]
             rec.report, rec.text, rec.touched_device = last["report"], last["text"], last["touched_device"]
+            rec.ranks = last.get("ranks", [])
             rec.execution_count = rec.report.get("cell") or rec.execution_count
         return after["loaded"]
 
