@@ -553,6 +553,7 @@ def test_the_memory_gate_blames_the_cells_that_took_memory_over_the_limit():
 
     mib = 2**20
     reports = [cell(1, 0, 10 * mib), cell(2, 10 * mib, 90 * mib), cell(3, 90 * mib, 91 * mib),
+               cell(6, 91 * mib, 91 * mib),  # touched nothing (`%neuron mode eager`): not named
                cell(4, 40 * mib, 120 * mib), cell(5, 20 * mib, 30 * mib)]
     g = gates.memory_gate(reports, 64 * mib)
     assert (g.passed, g.limit, g.measured, g.blamed) == (False, "64.00 MiB", "120.00 MiB in In[4]", ["In[2]", "In[4]"])
@@ -560,6 +561,15 @@ def test_the_memory_gate_blames_the_cells_that_took_memory_over_the_limit():
                      "1 cell started above it (not blamed): In[3] 90.00 MiB at its start")
     ok = gates.memory_gate(reports, 128 * mib)
     assert (ok.passed, ok.why, ok.blamed) == (True, "the highest peak was 120.00 MiB", [])
+
+
+def test_allow_fallback_without_the_fallback_gate_says_it_has_no_effect(tmp_path):
+    nb = notebook(tmp_path / "one.ipynb", "print(1)")
+    r = run(tmp_path, str(nb), "--allow-fallback", "atan2")
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    assert "neuron-lab run: --allow-fallback has no effect without --fail-on-fallback\n" in r.stderr, r.stderr
+    quiet = run(tmp_path, str(nb), "--allow-fallback", "atan2", "--fail-on-fallback")
+    assert quiet.returncode == options.EXIT_OK and "--allow-fallback" not in quiet.stderr, quiet.stderr
 
 
 def test_a_reader_that_leaves_early_is_no_traceback_and_the_files_still_come(tmp_path):
