@@ -165,6 +165,22 @@ def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_
     assert doc["summary"]["peak_memory"]["capacity"] == 2**20
 
 
+def test_one_more_op_or_site_is_said_in_the_singular(tmp_path):
+    """Four ops, one of them at four lines: the cell's line names three ops and "1 more op", its report three lines
+    of that op and "1 more site"."""
+    nb = notebook(tmp_path / "more.ipynb", "import torch\nx = torch.ones(8, 3).to(device)",
+                  "for k in range(4):\n    b = torch.linalg.cross(x + k, x)\n"
+                  "b = torch.linalg.cross(x + 5, x)\nb = torch.linalg.cross(x + 6, x)\n"
+                  "b = torch.linalg.cross(x + 7, x)\na = torch.atan2(x, x)\nc = torch.empty(8).to(device).normal_()\n"
+                  "d = torch.zeros(8, 3).to(device).scatter_reduce(0, torch.zeros(8, 3, dtype=torch.long).to(device), "
+                  "x, 'sum')")
+    r = run(tmp_path, str(nb))
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    assert re.search(r"^\[2/2\] In\[2\] ok .* · 10 CPU fallback calls: aten::linalg_cross\.out ×7 at In\[2\] line 2 "
+                     r"\(4×\), 3 more sites, .*, 1 more op$", r.stdout, re.M), r.stdout
+    assert re.search(r"^ +… 1 more site$", r.stdout, re.M), r.stdout
+
+
 def test_each_failing_gate_exits_3_and_says_why(tmp_path):
     nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK, READ)
     # Options before and after PATH.

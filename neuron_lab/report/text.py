@@ -104,11 +104,11 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
                     lines.append("        stack:")
                     lines.extend(f"          {frame}" for frame in stack)
         if len(row.sites) > len(sites):
-            lines.append(f"      … {len(row.sites) - len(sites)} more sites")
+            lines.append(f"      … {count(len(row.sites) - len(sites), 'more site')}")
         if row.unattributed:
             lines.append(f"      {count(row.unattributed, 'call')} without a user line")
     if len(rows) > len(shown):
-        lines.append(f"  … {len(rows) - len(shown)} more ops (`%neuron report --full`)")
+        lines.append(f"  … {count(len(rows) - len(shown), 'more op')} (`%neuron report --full`)")
     return lines
 
 

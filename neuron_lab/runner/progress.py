@@ -47,7 +47,7 @@ def cell(rec: CellRecord, total: int) -> list[str]:
         rows = report.fallbacks
         if rows:
             shown = ", ".join(op_line(r, sites=1) for r in rows[:OPS_SHOWN])
-            more = f", {len(rows) - OPS_SHOWN} more ops" if len(rows) > OPS_SHOWN else ""
+            more = f", {count(len(rows) - OPS_SHOWN, 'more op')}" if len(rows) > OPS_SHOWN else ""
             parts.append(f"{count(report.fallback_calls, 'CPU fallback call')}: {shown}{more}")
         c = report.compiles
         if c:
