@@ -282,6 +282,20 @@ def test_a_cell_that_raises_stops_the_run_and_outranks_gates(tmp_path):
     assert doc["exit_code"] == 1 and doc["gates"][0]["passed"] is False
 
 
+def test_a_tagged_usage_error_is_said_raised_as_other_tagged_errors_are(tmp_path):
+    """IPython prints a magic's UsageError instead of showing a traceback: the cell has no error output, yet it
+    raised."""
+    nb = notebook(tmp_path / "usage.ipynb", "print('after')")
+    book = nbformat.read(nb, as_version=4)
+    book.cells.insert(1, nbformat.v4.new_code_cell("%%neuron ranks\nx = 1", metadata={"tags": ["raises-exception"]}))
+    nbformat.write(book, nb)
+    r = run(tmp_path, str(nb), "--json", "run.json")
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    assert re.search(r"^\[1/2\] In\[1\] ok \S+ \S+ · raised UsageError: %%neuron ranks: no ranks are running; .* "
+                     r"\(tagged raises-exception: the run goes on\)$", r.stdout, re.M), r.stdout
+    assert load(tmp_path / "run.json")["cells"][0]["error"]["ename"] == "UsageError"
+
+
 def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
     nb = notebook(tmp_path / "die.ipynb", SETUP + "\ny = torch.atan2(x, x)", "import os; os._exit(1)", "print(1)")
     out = tmp_path / "out"
