@@ -105,7 +105,7 @@ bench: $(CORE)
 # Regenerates the reference blocks of docs/notebook.md (magics) and docs/configuration.md (settings,
 # environment) from the code.
 readme: $(STAMP)
-	$(BIN)/python tools/readme_reference.py --write docs/notebook.md docs/configuration.md docs/torchneuron.md
+	$(BIN)/python tools/readme_reference.py --write docs/notebook.md docs/configuration.md docs/torchneuron.md docs/headless.md
 
 # The documentation site (mkdocs.yml), into out/site: every notebook executed afresh by `neuron-lab run` (two at a
 # time; each one's log in out/docs/notebooks/), then `mkdocs build --strict`, which fails on an internal link or

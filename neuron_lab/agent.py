@@ -29,6 +29,7 @@ from neuron_lab.report.model import Report, Site
 from neuron_lab.session import preflight, rank_group, rank_pulse, shells, stuck
 
 if TYPE_CHECKING:  # the runner's process reads this module's wire types (Payload, Script, MIME) without torch
+    from neuron_lab.report.ranks import RanksReport
     from neuron_lab.session.notes import OnceNotes
     from neuron_lab.session.session import Session
     from neuron_lab.trace.tracker import Renaming
@@ -87,11 +88,14 @@ class Script:
 class Collector:
     """The reports of the cells that finished since the launcher last asked, as data (``Report.as_dict()``), with
     the text shown under the cell when ``text`` is on (the runner prints it): the extension's rendering of the same
-    report, then the notes said once a session under it (the int64 note)."""
+    report, then the notes said once a session under it (the int64 note); and the windows a ``%%neuron ranks`` cell
+    ran on the ranks (``RanksReport.as_dict()``, under ``ranks``): the ranks' reports, which the runner judges with
+    the cell's."""
 
     def __init__(self, notes: OnceNotes, text: bool = True) -> None:
         self.notes, self.text = notes, text
         self.reports: list[dict[str, Any]] = []
+        self.windows: list[dict[str, Any]] = []  # the ranks windows of the cell that runs
 
     @classmethod
     def attach(cls, session: Session, script: Script | None = None, *, text: bool = True) -> Collector:
@@ -100,6 +104,7 @@ class Collector:
         if script is not None:
             session.site_maps.append(script.as_script_lines)
         session.listeners.append(collector.keep)
+        session.rank_windows.append(collector.keep_window)
         return collector
 
     @classmethod
@@ -110,8 +115,14 @@ class Collector:
 
     def keep(self, report: Report) -> None:
         kept = {"report": report.as_dict(), "touched_device": report.touched_device}
+        if self.windows:
+            kept["ranks"], self.windows = self.windows, []
         shown = "\n".join([str(report), *self.notes.said_under(report)]) if self.text else None
         self.reports.append(kept if shown is None else {**kept, "text": shown})
+
+    def keep_window(self, window: RanksReport) -> None:
+        """A ``%%neuron ranks`` window of the running cell: it goes with the cell's report."""
+        self.windows.append(window.as_dict())
 
     def hand_over(self) -> list[dict[str, Any]]:
         """The reports kept so far, oldest first; the collector starts empty again."""

@@ -182,6 +182,22 @@ def test_a_notebook_that_loads_neuron_lab_itself_sets_its_environment_first(tmp_
     assert doc["summary"]["peak_memory"]["capacity"] == 2**20
 
 
+def test_one_more_op_or_site_is_said_in_the_singular(tmp_path):
+    """Four ops, one of them at four lines: the cell's line names three ops and "1 more op", its report three lines
+    of that op and "1 more site"."""
+    nb = notebook(tmp_path / "more.ipynb", "import torch\nx = torch.ones(8, 3).to(device)",
+                  "for k in range(4):\n    b = torch.linalg.cross(x + k, x)\n"
+                  "b = torch.linalg.cross(x + 5, x)\nb = torch.linalg.cross(x + 6, x)\n"
+                  "b = torch.linalg.cross(x + 7, x)\na = torch.atan2(x, x)\nc = torch.empty(8).to(device).normal_()\n"
+                  "d = torch.zeros(8, 3).to(device).scatter_reduce(0, torch.zeros(8, 3, dtype=torch.long).to(device), "
+                  "x, 'sum')")
+    r = run(tmp_path, str(nb))
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    assert re.search(r"^\[2/2\] In\[2\] ok .* · 10 CPU fallback calls: aten::linalg_cross\.out ×7 at In\[2\] line 2 "
+                     r"\(4×\), 3 more sites, .*, 1 more op$", r.stdout, re.M), r.stdout
+    assert re.search(r"^ +… 1 more site$", r.stdout, re.M), r.stdout
+
+
 def test_each_failing_gate_exits_3_and_says_why(tmp_path):
     nb = notebook(tmp_path / "fb.ipynb", SETUP, FALLBACK, BREAK, READ)
     # Options before and after PATH.
@@ -281,6 +297,20 @@ def test_a_cell_that_raises_stops_the_run_and_outranks_gates(tmp_path):
     assert doc["summary"]["errors"] == [{"cell": "In[3]", "number": 3, "status": "error", "ename": "ValueError",
                                          "evalue": "boom"}]
     assert doc["exit_code"] == 1 and doc["gates"][0]["passed"] is False
+
+
+def test_a_tagged_usage_error_is_said_raised_as_other_tagged_errors_are(tmp_path):
+    """IPython prints a magic's UsageError instead of showing a traceback: the cell has no error output, yet it
+    raised."""
+    nb = notebook(tmp_path / "usage.ipynb", "print('after')")
+    book = nbformat.read(nb, as_version=4)
+    book.cells.insert(1, nbformat.v4.new_code_cell("%%neuron ranks\nx = 1", metadata={"tags": ["raises-exception"]}))
+    nbformat.write(book, nb)
+    r = run(tmp_path, str(nb), "--json", "run.json")
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    assert re.search(r"^\[1/2\] In\[1\] ok \S+ \S+ · raised UsageError: %%neuron ranks: no ranks are running; .* "
+                     r"\(tagged raises-exception: the run goes on\)$", r.stdout, re.M), r.stdout
+    assert load(tmp_path / "run.json")["cells"][0]["error"]["ename"] == "UsageError"
 
 
 def test_a_dead_kernel_exits_4_and_keeps_the_reports_so_far(tmp_path):
@@ -597,6 +627,7 @@ def test_the_memory_gate_blames_the_cells_that_took_memory_over_the_limit():
 
     mib = 2**20
     reports = [cell(1, 0, 10 * mib), cell(2, 10 * mib, 90 * mib), cell(3, 90 * mib, 91 * mib),
+               cell(6, 91 * mib, 91 * mib),  # touched nothing (`%neuron mode eager`): not named
                cell(4, 40 * mib, 120 * mib), cell(5, 20 * mib, 30 * mib)]
     g = gates.memory_gate(reports, 64 * mib)
     assert (g.passed, g.limit, g.measured, g.blamed) == (False, "64.00 MiB", "120.00 MiB in In[4]", ["In[2]", "In[4]"])
@@ -604,6 +635,15 @@ def test_the_memory_gate_blames_the_cells_that_took_memory_over_the_limit():
                      "1 cell started above it (not blamed): In[3] 90.00 MiB at its start")
     ok = gates.memory_gate(reports, 128 * mib)
     assert (ok.passed, ok.why, ok.blamed) == (True, "the highest peak was 120.00 MiB", [])
+
+
+def test_allow_fallback_without_the_fallback_gate_says_it_has_no_effect(tmp_path):
+    nb = notebook(tmp_path / "one.ipynb", "print(1)")
+    r = run(tmp_path, str(nb), "--allow-fallback", "atan2")
+    assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
+    assert "neuron-lab run: --allow-fallback has no effect without --fail-on-fallback\n" in r.stderr, r.stderr
+    quiet = run(tmp_path, str(nb), "--allow-fallback", "atan2", "--fail-on-fallback")
+    assert quiet.returncode == options.EXIT_OK and "--allow-fallback" not in quiet.stderr, quiet.stderr
 
 
 def test_a_reader_that_leaves_early_is_no_traceback_and_the_files_still_come(tmp_path):

@@ -292,6 +292,37 @@ def test_a_notebook_whose_ranks_cell_fails_exits_with_it_and_leaves_no_engine_or
     assert not left, f"still running 10 s after neuron-lab run exited: {left}"
 
 
+RANKS_CELL = ("%%neuron ranks --timeout 60\nimport torch, torch.distributed as dist\n"
+              "x = torch.ones(1 << 18).to(torch.device('neuron', torch.neuron.current_device()))\n"
+              "y = x.atan2(x)\npair = dist.new_group([0, 1])\ndist.barrier(group=pair)\n")
+
+
+def test_a_notebooks_ranks_cells_are_judged_and_summarised_like_nproc_ranks(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext neuron_lab", "%neuron ranks start 2 --timeout 60", RANKS_CELL, "%neuron ranks stop")]
+    nbformat.write(nb, tmp_path / "ranks.ipynb")
+    code, text = run(tmp_path, "ranks.ipynb", "--fail-on-fallback", "--fail-on-unsupported", "--max-peak-memory",
+                     "1MiB", "--json", "run.json")
+    assert code == options.EXIT_GATE, text
+    assert re.search(r"^\[3/4\] In\[3\] ok .* · 2 ranks · .* · 2 CPU fallback calls · 2 unsupported calls$", text,
+                     re.M), text
+    assert "\n    summed over 2 ranks:\n" in text, text
+    assert re.search(r"^  neuron_lab %%neuron ranks In\[3\] · 2 ranks · ", text, re.M), text
+    assert re.search(r"^  peak device memory: 2\.00 MiB of .*, in rank [01] In\[3\]$", text, re.M), text
+    assert "\n  FAIL  --fail-on-fallback: 1 op ran on the CPU (2 calls): aten::atan2.out ×2 at In[3] line 4 " in text
+    assert "\n  FAIL  --fail-on-unsupported: 2 unsupported calls of 1 op: c10d::barrier ×2 at In[3] line 6 " in text
+    assert "--max-peak-memory 1.00 MiB: 2 cells took it above the limit: rank 0 In[3] 0 B → 2.00 MiB, rank 1 In[3]" \
+        in text, text
+    doc = load(tmp_path / "run.json")
+    [window] = doc["cells"][2]["ranks"]
+    assert [(r["rank"], r["report"]["fallback_calls"]) for r in window["ranks"]] == [(0, 1), (1, 1)]
+    assert doc["summary"]["peak_memory"]["bytes"] >= 2 << 20
+    assert [r["report"]["fallback_calls"] for r in doc["summary"]["ranks"]["ranks"]] == [1, 1]
+    assert {g["gate"].split()[0]: g["blamed"] for g in doc["gates"]}["--fail-on-unsupported"] == ["rank 0 In[3]",
+                                                                                                 "rank 1 In[3]"]
+
+
 DIES = """
     import os, time
     import torch

@@ -5,7 +5,8 @@ Every magic and flag comes from the ``%neuron`` parser (the same one that parses
 (``neuron_lab/settings.py``, which ``neuron-lab doctor`` lists too). ``python tools/readme_reference.py
 --write`` rewrites the blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->`` in the pages that
 hold them (``docs/notebook.md``: the magics; ``docs/configuration.md``: the settings and the environment;
-``docs/torchneuron.md``: TorchNeuron's shape and empty-tensor gates, from the bundled evidence; other files can be named
+``docs/torchneuron.md``: TorchNeuron's shape and empty-tensor gates, from the bundled evidence; ``docs/headless.md``:
+``neuron-lab run``'s exit codes, from its ``--help``; other files can be named
 instead, and together they must hold every block once); ``--check`` fails when they are stale
 (the test suite runs the same comparison). A tool of this checkout, not
 part of the installed package: it documents the code beside it.
@@ -110,8 +111,19 @@ def gates() -> str:
     return "\n".join(rows)
 
 
+def exit_codes() -> str:
+    """``neuron-lab run``'s exit codes and what each means, as its ``--help`` and its last line say them."""
+    from neuron_lab.runner.options import MEANINGS
+
+    rows = ["| code | meaning |", "| --- | --- |"]
+    flags = re.compile(r"--[a-z][a-z-]*")
+    rows += [f"| {code} | {_cell(flags.sub(lambda m: f'`{m.group()}`', meaning))} |"
+             for code, meaning in MEANINGS.items()]
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {"magics": magics, "settings": settings, "environment": environment,
-                                        "gates": gates}
+                                        "gates": gates, "exit_codes": exit_codes}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -119,7 +131,8 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = (ROOT / "docs" / "notebook.md", ROOT / "docs" / "configuration.md", ROOT / "docs" / "torchneuron.md")
+PAGES = (ROOT / "docs" / "notebook.md", ROOT / "docs" / "configuration.md", ROOT / "docs" / "torchneuron.md",
+         ROOT / "docs" / "headless.md")
 
 
 def present(text: str) -> list[str]:
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/readme_reference.py", description=__doc__.splitlines()[0])
     ap.add_argument("files", type=Path, nargs="*", default=list(PAGES),
                     help="the Markdown files that together hold every reference block once "
-                         "(default: docs/notebook.md docs/configuration.md docs/torchneuron.md)")
+                         "(default: docs/notebook.md docs/configuration.md docs/torchneuron.md docs/headless.md)")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the blocks in place")
     mode.add_argument("--check", action="store_true", help="exit 1 when a block is stale")

@@ -332,6 +332,7 @@ class NeuronMagics(Magics):
                                output_window_s=self.session.config.ranks_output_window_s)
         except RanksError as e:
             raise UsageError(f"%%neuron ranks: {e}") from None
+        self.session.ranks_ran(report)
         if report.failed:
             from IPython.display import display
 

@@ -109,7 +109,7 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
         if row.unattributed:
             lines.append(f"      {count(row.unattributed, 'call')} without a user line")
     if len(rows) > len(shown):
-        lines.append(f"  … {len(rows) - len(shown)} more ops (`%neuron report --full`)")
+        lines.append(f"  … {count(len(rows) - len(shown), 'more op')} (`%neuron report --full`)")
     return lines
 
 

@@ -103,7 +103,8 @@ class Run:
         self.client = nbclient.NotebookClient(
             program.nb, kernel_name="python3", startup_timeout=STARTUP_TIMEOUT,
             timeout=None if timeout is None else math.ceil(timeout), log=_QUIET,
-            resources={"metadata": {"path": str(program.path.parent.resolve())}})
+            resources={"metadata": {"path": str(program.path.parent.resolve())}}, on_cell_error=self._heard_error)
+        self.raised: dict[str, Any] | None = None  # the running cell's error, as its execute reply names it
         if on_progress is not None:
             self._tell_progress(on_progress)
 
@@ -232,11 +233,11 @@ class Run:
 
     async def _execute(self, cell: Any, rec: CellRecord) -> None:
         """Run one cell; how it ended goes into ``rec`` (status and error)."""
-        self.executing = True
+        self.executing, self.raised = True, None
         try:
             await self.client.async_execute_cell(cell, rec.index, execution_count=self.client.code_cells_executed + 1)
             rec.status = OK
-            raised = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+            raised = self.raised
             if raised is not None:  # a cell tagged raises-exception: it may raise, and the run goes on; say that it did
                 rec.error = _error_of(cell, raised.get("ename", "?"), raised.get("evalue", ""))
         except CellExecutionError as e:
@@ -256,6 +257,11 @@ class Run:
             rec.error = {"ename": rec.status, "evalue": why, "traceback": ""}
         finally:
             self.executing = False
+
+    def _heard_error(self, cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
+        """nbclient's hook for a cell that raised: its reply names the error, also where the cell shows no error
+        output (IPython prints a magic's UsageError on stderr instead of a traceback)."""
+        self.raised = execute_reply.get("content", {})
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel, as Jupyter's stop button sends it: its running cell raises KeyboardInterrupt."""
@@ -286,6 +292,7 @@ class Run:
         if after["reports"]:  # one per cell; a nested run_cell belongs to its outer cell
             last = after["reports"][-1]
             rec.report, rec.text, rec.touched_device = last["report"], last["text"], last["touched_device"]
+            rec.ranks = last.get("ranks", [])
             rec.execution_count = rec.report.get("cell") or rec.execution_count
         return after["loaded"]
 

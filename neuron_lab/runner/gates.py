@@ -91,12 +91,14 @@ def memory_gate(reports: list[Report], limit: int) -> GateResult:
     A cell is blamed when the device memory at its start was within the limit and its peak was above it
     (``before <= limit < peak``): what it allocated crossed the line. A cell that starts above the limit,
     because earlier cells' tensors fill the device, is named as over the limit but not blamed: the cell
-    that crossed is.
+    that crossed is. A cell that did not touch the device (``%neuron mode``, ``print``) is not named at all, unless
+    no cell that did is over the limit.
     """
     name = f"--max-peak-memory {format_size(limit)}"
     top = max(reports, key=lambda r: r.memory.peak, default=None)
     measured = f"{format_size(top.memory.peak)} in {top.title}" if top is not None else "no cell reported"
     over = [r for r in reports if r.memory.peak > limit]
+    over = [r for r in over if r.touched_device] or over
     if not over:
         peak = top.memory.peak if top is not None else 0
         return GateResult(name, True, f"the highest peak was {format_size(peak)}", format_size(limit), measured)

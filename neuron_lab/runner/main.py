@@ -76,6 +76,8 @@ def kernel_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.allow_fallback and not args.fail_on_fallback:
+        print(f"neuron-lab run: {options.ALLOW_ALONE}", file=sys.stderr)
     try:
         program = inputs.load(Path(args.path))
         env = kernel_env(args)

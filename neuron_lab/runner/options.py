@@ -26,7 +26,7 @@ MEANINGS = {
     EXIT_OK: "every cell ran and every gate passed",
     EXIT_CELL_ERROR: "a cell raised or timed out (the run stops at that cell)",
     EXIT_USAGE: "bad usage or bad input (unknown option, bad size, missing file, not a notebook or script, a "
-                "profile that does not load, a --trace folder that cannot be written into), or an output file "
+                "coverage that does not load, a --trace folder that cannot be written into), or an output file "
                 "that cannot be written",
     EXIT_GATE: "a gate failed: --fail-on-fallback, --max-peak-memory, --fail-on-graph-break, --fail-on-unsupported, "
                "--fail-on-abort",
@@ -36,6 +36,8 @@ MEANINGS = {
                "say where each rank was (the collective it waited in and its line)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): the running cell was stopped, the cells that ran are reported",
 }
+
+ALLOW_ALONE = "--allow-fallback has no effect without --fail-on-fallback"  # said on stderr; the run goes on
 
 # `neuron-lab run --help` ends with these (tests parse each one with the real parser).
 EXAMPLES = (
@@ -168,7 +170,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fail-on-fallback", action="store_true", help="fail on any CPU fallback")
     g.add_argument("--allow-fallback", metavar="OP", action="append", default=[],
                    help="exempt an op from --fail-on-fallback: normal (every overload, in-place normal_ too), "
-                        "normal_ (in-place only) or aten::normal.out (that overload); repeatable")
+                        "normal_ (in-place only) or aten::normal.out (that overload); repeatable; without "
+                        "--fail-on-fallback it has no effect, and the run says so")
     g.add_argument("--max-peak-memory", type=size, metavar="SIZE", default=None,
                    help="fail when a cell's peak device memory exceeds SIZE (512MiB, 2GiB)")
     g.add_argument("--fail-on-graph-break", action="store_true", help="fail on any torch.compile graph break")

@@ -1,14 +1,17 @@
 """The lines ``neuron-lab run`` prints while it runs: the start, the kernel's banner, one line per cell.
 
 A cell that touched the device is followed by its report as the extension rendered it in the
-kernel (the text under the cell in Jupyter); a failed cell by its traceback.
+kernel (the text under the cell in Jupyter), a ``%%neuron ranks`` cell by its ranks' report (the ranks' renderer's, as
+``--nproc`` shows a cell); a failed cell by its traceback.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from neuron_lab.report.ranks_rows import ranks_summary_parts
 from neuron_lab.report.sites import op_line
+from neuron_lab.report.text import render_ranks_text
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.records import FAILED, OK, CellRecord
 from neuron_lab.units import count, format_seconds
@@ -44,12 +47,15 @@ def cell(rec: CellRecord, total: int) -> list[str]:
         rows = report.fallbacks
         if rows:
             shown = ", ".join(op_line(r, sites=1) for r in rows[:OPS_SHOWN])
-            more = f", {len(rows) - OPS_SHOWN} more ops" if len(rows) > OPS_SHOWN else ""
+            more = f", {count(len(rows) - OPS_SHOWN, 'more op')}" if len(rows) > OPS_SHOWN else ""
             parts.append(f"{count(report.fallback_calls, 'CPU fallback call')}: {shown}{more}")
         c = report.compiles
         if c:
             at = f" at {', '.join(b.site.label for b in c.breaks if b.site)}" if c.breaks else ""
             parts.append(f"{count(c.graphs, 'graph')}, {count(len(c.breaks), 'graph break')}{at}")
+    windows = rec.windows()
+    for w in windows:
+        parts += ranks_summary_parts(w)
     if rec.error and rec.status == OK:
         parts.append(f"raised {rec.error['ename']}: {rec.error['evalue']} (tagged raises-exception: the run goes on)")
     elif rec.error:
@@ -57,6 +63,8 @@ def cell(rec: CellRecord, total: int) -> list[str]:
     lines = [" · ".join(parts)]
     if rec.touched_device and rec.text:
         lines += [INDENT + line for line in rec.text.splitlines()]
+    for w in windows:
+        lines += [INDENT + line for line in render_ranks_text(w).splitlines()[1:]]
     if rec.status in FAILED and rec.error and rec.error.get("traceback"):
         lines += [INDENT + line for line in rec.error["traceback"].splitlines()]
     return lines

@@ -9,7 +9,6 @@ with the model's own text and HTML renderers.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from html import escape
 from typing import Any
 
@@ -25,7 +24,7 @@ from neuron_lab.runner.gates import GateResult
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.page import CSS, gates_table
 from neuron_lab.runner.ranks import RanksOutcome, stdout
-from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, OK, STOPPED, CellRecord
+from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, OK, STOPPED, CellRecord, as_rank
 from neuron_lab.units import count, format_seconds
 
 INDENT = progress.INDENT
@@ -153,7 +152,7 @@ def gate_reports(outcome: RanksOutcome) -> list[Report]:
         for r, rec in enumerate(outcome.cell(k)):
             report = rec.as_report()
             if report is not None:
-                out.append(replace(report, title=f"rank {r} {report.title}"))
+                out.append(as_rank(report, r))
     return out
 
 

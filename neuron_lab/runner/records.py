@@ -1,11 +1,13 @@
-"""One executed cell as the runner keeps it: its status, time, error, and its report as the kernel sent it."""
+"""One executed cell as the runner keeps it: its status, time, error, and its report as the kernel sent it, with the
+windows a ``%%neuron ranks`` cell ran on the ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_lab.report.model import Report
+from neuron_lab.report.ranks import RanksReport
 
 OK, ERROR, TIMEOUT, INTERRUPTED = "ok", "error", "timeout", "interrupted"
 DIED, NOT_RUN = "kernel died", "not run"
@@ -27,6 +29,7 @@ class CellRecord:
     where: str | None = None  # a script chunk's "path:line", known before the cell runs
     trace: str | None = None  # the Chrome trace this cell wrote (--trace; one rank's with --nproc)
     no_trace: str | None = None  # --trace: why this cell wrote none ("the cell ran its own profiler")
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # a %%neuron ranks cell's windows (RanksReport.as_dict())
 
     @property
     def label(self) -> str:
@@ -42,7 +45,22 @@ class CellRecord:
         return {"index": self.index, "number": self.number, "label": self.label,
                 "execution_count": self.execution_count, "status": self.status, "seconds": round(self.seconds, 4),
                 "touched_device": self.touched_device, "report": self.report, "error": self.error,
-                "trace": self.trace, "no_trace": self.no_trace}
+                "trace": self.trace, "no_trace": self.no_trace, "ranks": self.ranks}
 
     def as_report(self) -> Report | None:
         return None if self.report is None else Report.from_dict(self.report)
+
+    def windows(self) -> list[RanksReport]:
+        """The windows the cell ran on the ranks (a ``%%neuron ranks`` cell's one), in the order they ran."""
+        return [RanksReport.from_dict(w) for w in self.ranks]
+
+    def judged(self) -> list[Report]:
+        """The reports the run judges for this cell: its own, then each rank's of its ranks windows."""
+        own = self.as_report()
+        return [*([] if own is None else [own]),
+                *(as_rank(r.report, r.rank) for w in self.windows() for r in w.ranks if r.report is not None)]
+
+
+def as_rank(report: Report, rank: int) -> Report:
+    """A rank's report titled ``rank R <cell>``, so that a gate or the summary names the rank too."""
+    return replace(report, title=f"rank {rank} {report.title}")

@@ -76,6 +76,7 @@ class Session:
         self.totals = Totals()
         self.listeners: list[Callable[[Report], None]] = []  # called with each finished cell's report
         self.notes = OnceNotes()  # the notes said once a session under a report (the int64 note)
+        self.rank_windows: list[Callable[[Any], None]] = []  # called with each `%%neuron ranks` window (RanksReport)
         self.site_maps: list[SiteMap] = [self._as_outer_cell]  # applied to each report before any listener
         self.starting: list[Callable[[Session], None]] = []  # called as each cell starts
         self.finishing: list[Callable[[Tracker], None]] = []  # called as each cell ends, before its report is made
@@ -193,6 +194,7 @@ class Session:
             torch.set_default_device(self._default_device_before)
             self._default_set, self._default_device_before = False, None
         self.listeners.clear()
+        self.rank_windows.clear()
         self.starting.clear()
         self.finishing.clear()
 
@@ -299,6 +301,11 @@ class Session:
             self.timeline.mark("oom", end_s, f"out of memory in In[{n}]")
         self._keep(report)
         self._notify(self.listeners, report)
+
+    def ranks_ran(self, window: Any) -> None:
+        """A ``%%neuron ranks`` cell ran on the ranks: their window (``report.ranks.RanksReport``), failed or not, goes
+        to its listeners before the cell's own report does (a headless run judges the ranks' reports with the cell)."""
+        self._notify(self.rank_windows, window)
 
     @staticmethod
     def _notify(listeners: list[Callable], arg: Any) -> None:
