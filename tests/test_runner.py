@@ -689,3 +689,19 @@ def test_the_abort_gate_fails_a_notebook_that_interpolates_a_parameter_bicubical
     assert line.startswith("  FAIL  --fail-on-abort: 1 possible abort of 1 op: aten::upsample_bicubic2d"), line
     assert "at In[2] line 1" in line, line
     assert r.stdout.rstrip().endswith("exit 3: a gate failed: --fail-on-abort"), r.stdout[-500:]
+
+
+def test_a_progress_line_says_an_errors_first_line_and_the_traceback_the_rest():
+    """Dynamo's fullgraph error (and argparse's usage) runs over many lines: the progress line says the first, a
+    tagged cell's line ends with its note, and a failed cell's traceback below says the whole."""
+    from neuron_lab.runner import progress
+    from neuron_lab.runner.records import ERROR, OK, CellRecord
+
+    message = "Data-dependent branching\n  Explanation: Detected data-dependent branching.\n\n  Hint: Use torch.cond."
+    error = {"ename": "Unsupported", "evalue": message, "traceback": f"Traceback\nUnsupported: {message}"}
+    tagged = progress.cell(CellRecord(0, 1, status=OK, error=error), 2)
+    assert tagged == ["[1/2] In[1] ok 0 µs · raised Unsupported: Data-dependent branching (tagged raises-exception: "
+                      "the run goes on)"]
+    failed = progress.cell(CellRecord(0, 1, status=ERROR, error=error), 2)
+    assert failed[0] == "[1/2] In[1] error 0 µs · Unsupported: Data-dependent branching"
+    assert "  Hint: Use torch.cond." in "\n".join(failed[1:])

@@ -13,7 +13,7 @@ from neuron_lab.report.ranks_rows import ranks_summary_parts
 from neuron_lab.report.sites import op_line
 from neuron_lab.report.text import render_ranks_text
 from neuron_lab.runner.inputs import Program
-from neuron_lab.runner.records import FAILED, OK, CellRecord
+from neuron_lab.runner.records import FAILED, OK, CellRecord, error_line
 from neuron_lab.units import count, format_seconds
 
 INDENT = "    "
@@ -57,9 +57,9 @@ def cell(rec: CellRecord, total: int) -> list[str]:
     for w in windows:
         parts += ranks_summary_parts(w)
     if rec.error and rec.status == OK:
-        parts.append(f"raised {rec.error['ename']}: {rec.error['evalue']} (tagged raises-exception: the run goes on)")
+        parts.append(f"raised {error_line(rec.error)} (tagged raises-exception: the run goes on)")
     elif rec.error:
-        parts.append(f"{rec.error['ename']}: {rec.error['evalue']}")
+        parts.append(error_line(rec.error))
     lines = [" · ".join(parts)]
     if rec.touched_device and rec.text:
         lines += [INDENT + line for line in rec.text.splitlines()]

@@ -24,7 +24,7 @@ from neuron_lab.runner.gates import GateResult
 from neuron_lab.runner.inputs import Program
 from neuron_lab.runner.page import CSS, gates_table
 from neuron_lab.runner.ranks import RanksOutcome, stdout
-from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, OK, STOPPED, CellRecord, as_rank
+from neuron_lab.runner.records import DIED, FAILED, NOT_RUN, OK, STOPPED, CellRecord, as_rank, error_line
 from neuron_lab.units import count, format_seconds
 
 INDENT = progress.INDENT
@@ -56,12 +56,7 @@ def _problem(rec: CellRecord) -> str | None:
     report = rec.as_report()
     if report is not None and report.error:
         return None
-    return _said(rec.error)
-
-
-def _said(error: dict[str, Any]) -> str:
-    """``ValueError: bad shard``; ``KeyboardInterrupt`` alone when it says nothing more."""
-    return f"{error['ename']}: {error['evalue']}" if error.get("evalue") else error["ename"]
+    return error_line(rec.error)
 
 
 def _where(outcome: Outcome) -> str:
@@ -123,7 +118,7 @@ def summary(program: Program, outcome: RanksOutcome) -> list[str]:
     lines = [f"summary: {ran} of {count(cells, 'cell')} ran on {count(len(outcome.ranks), 'rank')} in "
              f"{format_seconds(outcome.seconds)} (kernel starts included)"]
     lines += [f"  {line}" for line in render_ranks_text(whole_run(program, outcome)).splitlines()]
-    errors = [f"  {rec.status} on rank {r} in {rec.label} [{rec.number}/{cells}]: {_said(rec.error)}"
+    errors = [f"  {rec.status} on rank {r} in {rec.label} [{rec.number}/{cells}]: {error_line(rec.error)}"
               for r, o in enumerate(outcome.ranks) for rec in o.cells if rec.status in TROUBLE and rec.error]
     lines += errors or ["  errors: none"]
     if ran < cells:

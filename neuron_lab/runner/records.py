@@ -61,6 +61,14 @@ class CellRecord:
                 *(as_rank(r.report, r.rank) for w in self.windows() for r in w.ranks if r.report is not None)]
 
 
+def error_line(error: dict[str, Any]) -> str:
+    """``ValueError: bad shard``, the error as one line: a message's first line where it runs over several (dynamo's
+    explanation and hints, argparse's usage), which the traceback and the JSON keep whole; ``KeyboardInterrupt`` alone
+    when it says nothing more."""
+    first = error.get("evalue", "").strip().partition("\n")[0].rstrip()
+    return f"{error['ename']}: {first}" if first else error["ename"]
+
+
 def as_rank(report: Report, rank: int) -> Report:
     """A rank's report titled ``rank R <cell>``, so that a gate or the summary names the rank too."""
     return replace(report, title=f"rank {rank} {report.title}")
