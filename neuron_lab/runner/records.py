@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_lab.report.model import Report
+from neuron_lab.report.ranks import STOPPED as STOPPED  # one of several ranks: ended because another rank failed
 
 OK, ERROR, TIMEOUT, INTERRUPTED = "ok", "error", "timeout", "interrupted"
 DIED, NOT_RUN = "kernel died", "not run"
-STOPPED = "stopped"  # one of several ranks: its kernel was ended because another rank failed
 FAILED = (ERROR, TIMEOUT, INTERRUPTED)  # the cell ran and did not finish: its error is kept
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Collection
 from typing import Any
 
 from neuron_lab.report.rank_lines import Collapser, collapse
@@ -80,9 +81,10 @@ class HeldOutput:
         if lines:
             print("\n".join(lines), file=file or sys.stdout, flush=True)
 
-    def show(self) -> None:
+    def show(self, stopped: Collection[int] = ()) -> None:
         """The stdout lines still waiting, then the held stderr lines, then the tracebacks, each distinct one once
-        (to stderr, as ``%%px`` shows them)."""
+        (to stderr, as ``%%px`` shows them); not the KeyboardInterrupt of the ranks the notebook ``stopped`` after
+        another failed (the report says where each was)."""
         with self._lock:
             for rank, rest in self._partial["stdout"].items():
                 if rest:
@@ -95,6 +97,8 @@ class HeldOutput:
         for rank, ar in self.running.items():  # failed before its output was streamed: its traceback from the result
             if not self.tracebacks[rank] and ar.ready() and not ar.successful():
                 self.tracebacks[rank] += [tb for tb in [getattr(ar.exception(), "traceback", None)] if tb]
+        for rank in stopped:
+            self.tracebacks[rank] = []
         self._print(collapse(self.stderr, ("[stderr:{ranks}] ", "[ranks {ranks}] "))
                     + collapse(self.tracebacks, ("[{ranks}:execute]\n", "[ranks {ranks}:execute]\n"), values=False),
                     sys.stderr)
