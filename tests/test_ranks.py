@@ -236,6 +236,31 @@ def test_stderr_alike_on_all_ranks_is_shown_once_and_a_ranks_own_with_its_rank(r
     assert "[ranks 0-1]   warnings.warn('loss is nan')" in lines
 
 
+DDP_STEPS = """%%neuron ranks --timeout 120
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 1).to(device), device_ids=[device.index])
+for step in range(5):  # DDP logs its runtime stats (and c10d's warning about them) from a later step
+    x = torch.rand(64, 16).to(device)
+    F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+"""
+
+
+def test_c10ds_warning_each_rank_tags_with_its_rank_is_shown_once(ranks: InteractiveShell, monkeypatch) -> None:
+    """DDP's logger.cpp warning, logged by each rank as ``[rankN]:[W... logger.cpp:329] ...`` with its own
+    timestamp, is one line for both ranks. Fresh ranks (c10d says it once a process), whose engines forward what C++
+    writes to their stderr as a kernel does outside pytest (ipykernel does not under PYTEST_CURRENT_TEST)."""
+    sh = ranks
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    run(sh, START.format(n=2) + " --restart")
+    _, cap = run(sh, DDP_STEPS)
+    said = [line for line in cap.stderr.splitlines() if "logger.cpp" in line]
+    assert len(said) == 1 and re.fullmatch(r"\[ranks 0-1\] \[W\d{4} [\d:.]+ logger\.cpp:\d+\] Warning: Time stats are "
+                                           r"currently only collected for CPU and CUDA devices\..*", said[0]), said
+
+
 STREAMED = """%%neuron ranks --timeout 60
 import os, time, torch.distributed as dist
 rank = dist.get_rank()
