@@ -290,6 +290,22 @@ def test_a_notebook_whose_ranks_cell_fails_exits_with_it_and_leaves_no_engine_or
     assert not left, f"still running 10 s after neuron-lab run exited: {left}"
 
 
+def test_a_ranks_cell_leaves_no_empty_output_per_rank_in_the_notebook_or_page(tmp_path):
+    """Each rank's compile progress line (AdamW loads PyTorch's compiler on each engine, longer than the line's 0.7 s
+    here) used to leave an ``[output:N]`` line per rank in the saved notebook and its page."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext neuron_lab", "%neuron ranks start 2 --timeout 60",
+        "%%neuron ranks\nimport torch\nopt = torch.optim.AdamW([torch.ones(2, device=device, requires_grad=True)])",
+        "%neuron ranks stop")]
+    nbformat.write(nb, tmp_path / "adamw.ipynb")
+    code, text = run(tmp_path, "adamw.ipynb", "--output", "out.ipynb", "--html", "out.html")
+    assert code == options.EXIT_OK, text
+    outputs = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[2].outputs
+    assert [o.output_type for o in outputs] == ["execute_result"], outputs
+    assert "[output:" not in (tmp_path / "out.html").read_text()
+
+
 DIES = """
     import os, time
     import torch

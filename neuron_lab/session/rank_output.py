@@ -3,7 +3,8 @@
 stdout streams while the cell runs, collapsed as it comes (``report.rank_lines``): a line every rank printed alike is
 shown once, as soon as the last running rank printed it or after ``NeuronLab.ranks_output_window_s``, with the ranks
 that printed it (``[ranks 0-1] epoch 1``); a rank's own line with its rank, as ``%%px`` prefixes it (``[stdout:1]``).
-stderr and each rank's traceback are held until the cell ends, then collapsed alike (torch's warnings once).
+stderr and each rank's traceback are held until the cell ends, then collapsed alike (torch's warnings once). A rank's
+compile progress line is not shown: updated in place on its engine, it cannot be in the notebook.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from neuron_lab.report.rank_lines import Collapser, collapse
+from neuron_lab.session.waits import MIME as PROGRESS
 
 
 class HeldOutput:
@@ -69,6 +71,9 @@ class HeldOutput:
                         self._print(self.stdout.add(rank, line))
             elif kind == "stream" and content.get("name") == "stderr":
                 self.stderr[rank] += self._lines("stderr", rank, content["text"])
+            elif kind == "display_data" and PROGRESS in content.get("data", {}):
+                pass  # a rank's compile progress line: ipyparallel's copy would be an "[output:N]" line and a line
+                # never updated or emptied (the copy has no display_id)
             elif kind == "error":
                 self.tracebacks[rank].append("\n".join(content.get("traceback") or
                                                        [f"{content.get('ename')}: {content.get('evalue')}"]))
