@@ -36,6 +36,15 @@ def test_lines_alike_on_several_ranks_are_shown_once_with_their_ranks() -> None:
         "[ranks 2-3] [Gloo] Rank 2 is connected to 2 peer ranks."]
 
 
+def test_c10d_warnings_tagged_with_each_rank_and_its_own_timestamp_are_shown_once() -> None:
+    """DDP's logger.cpp warning, as each rank of a group logs it: ``[rankN]:`` and a timestamp with no thread."""
+    said = "logger.cpp:329] Warning: Time stats are currently only collected for CPU and CUDA devices."
+    texts = {r: [f"[rank{r}]:[W1207 14:09:00.38652248{r} {said}", f"[rank{r}]: mine"] for r in range(4)}
+    assert collapse(texts, ("[stderr:{ranks}] ", "[ranks {ranks}] ")) == [
+        f"[ranks 0-3] [W1207 14:09:00.386522480 {said}",
+        *(f"[stderr:{r}] [rank{r}]: mine" for r in range(4))]  # not c10d's log line: each rank's own
+
+
 def test_numbers_that_differ_are_shown_once_with_each_ranks_value_and_the_rank_apart_marked() -> None:
     texts = {0: ["epoch 1 loss 0.51", "rank 0 of 4 on neuron:0", "step 3"],
              1: ["epoch 1 loss 0.50", "rank 1 of 4 on neuron:1", "step 3"],

@@ -236,6 +236,31 @@ def test_stderr_alike_on_all_ranks_is_shown_once_and_a_ranks_own_with_its_rank(r
     assert "[ranks 0-1]   warnings.warn('loss is nan')" in lines
 
 
+DDP_STEPS = """%%neuron ranks --timeout 120
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 1).to(device), device_ids=[device.index])
+for step in range(5):  # DDP logs its runtime stats (and c10d's warning about them) from a later step
+    x = torch.rand(64, 16).to(device)
+    F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+"""
+
+
+def test_c10ds_warning_each_rank_tags_with_its_rank_is_shown_once(ranks: InteractiveShell, monkeypatch) -> None:
+    """DDP's logger.cpp warning, logged by each rank as ``[rankN]:[W... logger.cpp:329] ...`` with its own
+    timestamp, is one line for both ranks. Fresh ranks (c10d says it once a process), whose engines forward what C++
+    writes to their stderr as a kernel does outside pytest (ipykernel does not under PYTEST_CURRENT_TEST)."""
+    sh = ranks
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    run(sh, START.format(n=2) + " --restart")
+    _, cap = run(sh, DDP_STEPS)
+    said = [line for line in cap.stderr.splitlines() if "logger.cpp" in line]
+    assert len(said) == 1 and re.fullmatch(r"\[ranks 0-1\] \[W\d{4} [\d:.]+ logger\.cpp:\d+\] Warning: Time stats are "
+                                           r"currently only collected for CPU and CUDA devices\..*", said[0]), said
+
+
 STREAMED = """%%neuron ranks --timeout 60
 import os, time, torch.distributed as dist
 rank = dist.get_rank()
@@ -445,22 +470,42 @@ def test_a_stuck_cell_shows_each_ranks_collective_and_line_and_the_next_cell_run
     assert not res.result.failed and "[ranks 0-1] after the hang\n" in cap.stdout
 
 
-def test_a_rank_left_waiting_for_a_failed_rank_is_reported_at_once_and_freed_by_the_matching_call(
-        ranks_shell) -> None:
-    sh, _ = ranks_shell
-    res, _cap = run(sh, "%%neuron ranks\nimport torch, torch.distributed as dist\nif dist.get_rank() == 1:\n"
-                        "    raise ValueError('rank 1 fails before the all_reduce')\n"
-                        "dist.all_reduce(torch.ones(1, device=device))\n", ok=False)
-    [zero, one] = res.error_in_exec.report.ranks  # reported after the grace, not after the group's 60 s timeout
-    assert one.problem == "ValueError: rank 1 fails before the all_reduce"
-    assert zero.problem.startswith("still running 5 s after rank 1 failed (waiting for it at a collective?): busy "
-                                   "until its cell ends, at the latest when the group's timeout (60 s) ends")
-    res, _cap = run(sh, "%%neuron ranks\nimport torch, torch.distributed as dist\n"
-                        "dist.all_reduce(torch.ones(1, device=device))\n", ok=False)
-    assert res.error_in_exec.report.ranks[0].problem.startswith("still running In[")  # not sent to the busy rank
-    busy = session_of(sh).ranks.engines[0]
-    busy.busy.wait(60)  # rank 1's all_reduce matched rank 0's: its cell ends
-    assert busy.free()
+FAILS_BEFORE_ITS_ALL_REDUCE = """%%neuron ranks
+import sys, torch, torch.distributed as dist
+x = torch.ones(1, device=device)
+print('rank', dist.get_rank(), 'waits', file=sys.stderr)
+if dist.get_rank() == 1:
+    raise ValueError('rank 1 fails before the all_reduce')
+dist.all_reduce(x)
+"""
+
+
+def test_a_rank_waiting_for_a_failed_rank_is_stopped_said_apart_and_the_next_cell_is_refused(
+        ranks: InteractiveShell) -> None:
+    """Rank 1 raises before the all_reduce rank 0 waits in: after the grace rank 0 is interrupted and waited for (its
+    output is this cell's), reported stopped, not failed; the group is out of step, so the next cell is refused with
+    what to run, where its all_reduce used to sum rank 0's tensor of this cell."""
+    sh = ranks
+    res, cap = run(sh, FAILS_BEFORE_ITS_ALL_REDUCE, ok=False)
+    n = res.execution_count
+    rr = res.error_in_exec.report
+    zero, one = rr.ranks  # reported after the grace, not after the group's 60 s timeout
+    assert (one.problem, one.stopped) == ("ValueError: rank 1 fails before the all_reduce", False)
+    assert zero.stopped and zero.problem == (
+        f"stopped: interrupted 5 s after rank 1 failed, waiting in all_reduce (group 0 of 2 ranks, [1] float32) at "
+        f"In[{n}] line 7: dist.all_reduce(x)")
+    assert str(rr).splitlines()[0].endswith(" · 1 rank failed (1) · 1 rank stopped (0)")
+    assert "[ranks 0-1] rank 0 waits" not in cap.stderr and "[stderr:0] rank 0 waits" in cap.stderr
+    assert "KeyboardInterrupt" not in cap.stderr  # the notebook's own interrupt: the table says where it was
+    broken = (f"the process group broke in In[{n}]: rank 0 interrupted inside all_reduce, which the other ranks' next "
+              "collectives would meet out of step, so no collective can run again; `%neuron ranks start 2 "
+              "--restart` starts the group afresh")
+    assert res.error_in_exec._render_traceback_() == [
+        f"RanksFailed: 1 rank of 2 failed in In[{n}], 1 stopped", f"  rank 0: {zero.problem}",
+        f"  rank 1: {one.problem}", f"  {broken}"]
+    assert all(e.free() for e in session_of(sh).ranks.engines)
+    assert ranks_error(sh, "%%neuron ranks\ndist.all_reduce(x)\nprint('after', x.item())\n") == (
+        f"%%neuron ranks: {broken}")
 
 
 def test_a_killed_engine_is_reported_dead_and_restart_replaces_it(ranks: InteractiveShell) -> None:

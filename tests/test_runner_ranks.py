@@ -208,7 +208,7 @@ def test_a_rank_that_raises_fails_the_run_naming_it_and_the_waiting_rank_is_stop
     assert not left, f"still running 10 s after neuron-lab run exited: {left}"
     stopped = "stopped: rank 1 failed (error in bad.py:5); a collective here would wait for it forever"
     assert re.search(r"^\[2/3\] bad\.py:5 error on rank 1, stopped on rank 0 \S+ \S+ · 2 ranks · .* · "
-                     r"2 ranks failed \(0, 1\)$", text, re.M), text
+                     r"1 rank failed \(1\) · 1 rank stopped \(0\)$", text, re.M), text  # a stopped rank did not fail
     assert re.search(rf"^    1     {dev(1)} .* ValueError: rank 1 has a bad shard$", text, re.M), text
     assert re.search(rf"^    0 +{re.escape(stopped)}$", text, re.M), text
     assert "\n    rank 1:\n" in text and "ValueError: rank 1 has a bad shard" in text
@@ -321,6 +321,22 @@ def test_a_notebooks_ranks_cells_are_judged_and_summarised_like_nproc_ranks(tmp_
     assert [r["report"]["fallback_calls"] for r in doc["summary"]["ranks"]["ranks"]] == [1, 1]
     assert {g["gate"].split()[0]: g["blamed"] for g in doc["gates"]}["--fail-on-unsupported"] == ["rank 0 In[3]",
                                                                                                  "rank 1 In[3]"]
+
+
+def test_a_ranks_cell_leaves_no_empty_output_per_rank_in_the_notebook_or_page(tmp_path):
+    """Each rank's compile progress line (AdamW loads PyTorch's compiler on each engine, longer than the line's 0.7 s
+    here) used to leave an ``[output:N]`` line per rank in the saved notebook and its page."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext neuron_lab", "%neuron ranks start 2 --timeout 60",
+        "%%neuron ranks\nimport torch\nopt = torch.optim.AdamW([torch.ones(2, device=device, requires_grad=True)])",
+        "%neuron ranks stop")]
+    nbformat.write(nb, tmp_path / "adamw.ipynb")
+    code, text = run(tmp_path, "adamw.ipynb", "--output", "out.ipynb", "--html", "out.html")
+    assert code == options.EXIT_OK, text
+    outputs = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[2].outputs
+    assert [o.output_type for o in outputs] == ["execute_result"], outputs
+    assert "[output:" not in (tmp_path / "out.html").read_text()
 
 
 DIES = """

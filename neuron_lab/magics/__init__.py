@@ -337,7 +337,7 @@ class NeuronMagics(Magics):
             from IPython.display import display
 
             display(report)
-            raise RanksFailed(report)
+            raise RanksFailed(report, ranks.broken)
         return report
 
     # -- live views -------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """The lines several ranks print, read as one program's: a line every rank printed alike once, with its ranks.
 
 The k-th line of one shape on each rank is one group (the shape: the line with the numbers taken out, and what
-differs only because each rank is its own process made alike: IPython's per-process cell files, c10d's timestamp
-and thread, gloo's "Rank N is connected"). A group is shown once every rank still running has printed it, or once
-it waited a window: then with the ranks that had printed it, and a rank printing it later shows its own line. When
-the ranks' numbers differ the group is shown once with each rank's value and the ranks whose value stands apart
-marked (``[ranks 0-3] loss {0: 0.51, 1: 0.50, 2: 0.52, 3: 0.93 ← rank 3}``); a line that names its own rank (``rank
-1 of 2``) is each rank's own. Each rank's lines keep their order. :class:`Collapser` does it as lines come
-(``%%neuron ranks`` cells); :func:`collapse` once every rank is done (``neuron-lab run --nproc``, held stderr).
+differs only because each rank is its own process made alike: IPython's per-process cell files, c10d's timestamp,
+thread and ``[rankN]:`` tag, gloo's "Rank N is connected"). A group is shown once every rank still running has
+printed it, or once it waited a window: then with the ranks that had printed it, and a rank printing it later shows
+its own line. When the ranks' numbers differ the group is shown once with each rank's value and the ranks whose value
+stands apart marked (``[ranks 0-3] loss {0: 0.51, 1: 0.50, 2: 0.52, 3: 0.93 ← rank 3}``); a line that names its own
+rank (``rank 1 of 2``) is each rank's own. Each rank's lines keep their order. :class:`Collapser` does it as lines
+come (``%%neuron ranks`` cells); :func:`collapse` once every rank is done (``neuron-lab run --nproc``, held stderr).
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ from neuron_lab.report.ranks import outliers, ranks_label
 STDOUT = ("[stdout:{ranks}] ", "[ranks {ranks}] ")  # how a line is prefixed: one rank's, several ranks'
 # a number in a line; captured, so that splitting a line on it gives its words and numbers in turn
 NUMBER = re.compile(r"((?<![\w.])[-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)(?!\w|\.\d))")
+# c10d's tag on a log line of a rank in a process group: the line is said alike by every rank, not of its own rank
+_RANK_TAG = re.compile(r"^\[rank\d+\]:(?=\[[WIEF]\d{4} )")
 _OWN_PROCESS = [  # (what differs between ranks in a line that says the same thing on each, what it becomes, a text
     # every line it differs in holds: most lines hold none, and looking for a text costs less than a pattern's sub)
     (re.compile(r"ipykernel_\d+"), "ipykernel_*", "ipykernel_"),  # ipykernel names a cell's file after the process
-    (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ \d+ "), r"[\1 ", "["),  # c10's log prefix: date, time, thread
+    (_RANK_TAG, "", "[rank"),
+    (re.compile(r"^\[([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ (?:\d+ )?"), r"[\1 ", "["),  # c10's log prefix: date, time,
+    # thread (left out by a build that logs no thread)
     (re.compile(r"\[Gloo\] Rank \d+ is connected to"), "[Gloo] Rank * is connected to", "[Gloo] Rank "),
 ]
 
@@ -136,8 +140,8 @@ def _ranks_line(texts: dict[int, str], pieces: dict[int, list[str]]) -> str:
     line made alike and split into its words and numbers in turn (one shape: the same words)."""
     ranks = sorted(texts)
     first = pieces[ranks[0]]
-    if all(pieces[rank] == first for rank in ranks):
-        return next(iter(texts.values()))
+    if all(pieces[rank] == first for rank in ranks):  # the first rank's line, less a tag naming that rank alone
+        return _RANK_TAG.sub("", next(iter(texts.values())))
     parts = [first[0]]
     for i in range(1, len(first), 2):
         shown = {rank: pieces[rank][i] for rank in ranks}

@@ -20,6 +20,8 @@ from neuron_lab.report.aggregate import merge_rows
 from neuron_lab.report.model import OpRow, ProfiledTimeline, Report, Site
 from neuron_lab.units import ShownAsText
 
+STOPPED = "stopped"  # a rank ended because another rank failed: said apart from the ranks that failed
+
 
 @dataclass(frozen=True)
 class Stuck:
@@ -75,6 +77,7 @@ class RankResult:
     where: str = ""  # the process: "engine 2 (pid 4242)", "pid 4242"
     host: str = ""  # the host it ran on (an emulated host's name on an emulated cluster)
     stuck: Stuck | None = None  # past the deadline: where it was stuck, as it said then
+    stopped: bool = False  # ended because another rank failed: its error says so, and it is not counted as failed
 
     @property
     def failed(self) -> bool:
@@ -126,7 +129,13 @@ class RanksReport(ShownAsText):
 
     @property
     def failed(self) -> list[RankResult]:
+        """The ranks without a clean report: those that failed and those stopped because one did."""
         return [r for r in self.ranks if r.failed]
+
+    @property
+    def stopped(self) -> list[RankResult]:
+        """The ranks ended because another rank failed (not failed themselves)."""
+        return [r for r in self.ranks if r.stopped]
 
     @property
     def table_rank(self) -> RankResult | None:
@@ -173,14 +182,15 @@ class RanksReport(ShownAsText):
         return {"title": self.title, "slowest": self.slowest.rank if self.slowest else None, "skew_s": self.skew_s,
                 "timeline": None if self.timeline is None else asdict(self.timeline), "trace_path": self.trace_path,
                 "ranks": [{"rank": r.rank, "where": r.where, "error": r.error, "host": r.host,
-                           "stuck": None if r.stuck is None else r.stuck.as_dict(),
+                           "stuck": None if r.stuck is None else r.stuck.as_dict(), "stopped": r.stopped,
                            "report": None if r.report is None else r.report.as_dict()} for r in self.ranks]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RanksReport:
         return cls(d["title"], [RankResult(r["rank"], None if r["report"] is None else Report.from_dict(r["report"]),
                                            r["error"], r["where"], r.get("host", ""),
-                                           None if r.get("stuck") is None else Stuck.from_dict(r["stuck"]))
+                                           None if r.get("stuck") is None else Stuck.from_dict(r["stuck"]),
+                                           r.get("stopped", False))
                                 for r in d["ranks"]],
                    None if d.get("timeline") is None else ProfiledTimeline.from_dict(d["timeline"]),
                    d.get("trace_path"))

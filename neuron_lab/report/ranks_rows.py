@@ -9,7 +9,7 @@ from neuron_lab import kinds
 from neuron_lab.kinds import FALLBACK
 from neuron_lab.report.model import Profiled
 from neuron_lab.report.profiled_rows import profiled_head
-from neuron_lab.report.ranks import RanksReport
+from neuron_lab.report.ranks import STOPPED, RanksReport
 from neuron_lab.report.rows import Table
 from neuron_lab.units import count, format_seconds, format_size
 
@@ -35,8 +35,9 @@ def ranks_summary_parts(rr: RanksReport) -> list[str]:
     unsupported = sum(r.unsupported_calls() for r in rr.ranks)
     if unsupported:
         parts.append(count(unsupported, kinds.KINDS[kinds.UNSUPPORTED].call))
-    if rr.failed:
-        parts.append(f"{count(len(rr.failed), 'rank')} failed ({', '.join(str(r.rank) for r in rr.failed)})")
+    for word, ranks in (("failed", [r for r in rr.failed if not r.stopped]), (STOPPED, rr.stopped)):
+        if ranks:
+            parts.append(f"{count(len(ranks), 'rank')} {word} ({', '.join(str(r.rank) for r in ranks)})")
     return parts
 
 

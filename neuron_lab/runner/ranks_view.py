@@ -68,7 +68,8 @@ def window(outcome: RanksOutcome, number: int) -> RanksReport:
     records = outcome.cell(number)
     title = next((rec.label for rec in records if rec.report is not None), records[0].label)
     stuck = outcome.stuck if number == outcome.hung else {}
-    return RanksReport(title, [RankResult(r, rec.as_report(), _problem(rec), _where(o), outcome.hosts[r], stuck.get(r))
+    return RanksReport(title, [RankResult(r, rec.as_report(), _problem(rec), _where(o), outcome.hosts[r], stuck.get(r),
+                                          rec.status == STOPPED)
                                for r, (rec, o) in enumerate(zip(records, outcome.ranks, strict=True))])
 
 
@@ -106,7 +107,8 @@ def whole_run(program: Program, outcome: RanksOutcome) -> RanksReport:
         error = o.kernel_error
         if bad is not None and bad.error:
             error = f"{bad.error['ename']} in {bad.label}" + (f": {bad.error['evalue']}" if bad.error["evalue"] else "")
-        results.append(RankResult(r, merge_reports(reports) if reports else None, error, _where(o), outcome.hosts[r]))
+        results.append(RankResult(r, merge_reports(reports) if reports else None, error, _where(o), outcome.hosts[r],
+                                  stopped=bad is not None and bad.status == STOPPED))
     return RanksReport(str(program.path), results)
 
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_lab.report.model import Report
+from neuron_lab.report.ranks import STOPPED as STOPPED  # one of several ranks: ended because another rank failed
 from neuron_lab.report.ranks import RanksReport
 
 OK, ERROR, TIMEOUT, INTERRUPTED = "ok", "error", "timeout", "interrupted"
 DIED, NOT_RUN = "kernel died", "not run"
-STOPPED = "stopped"  # one of several ranks: its kernel was ended because another rank failed
 FAILED = (ERROR, TIMEOUT, INTERRUPTED)  # the cell ran and did not finish: its error is kept
 
 

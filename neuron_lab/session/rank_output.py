@@ -3,16 +3,19 @@
 stdout streams while the cell runs, collapsed as it comes (``report.rank_lines``): a line every rank printed alike is
 shown once, as soon as the last running rank printed it or after ``NeuronLab.ranks_output_window_s``, with the ranks
 that printed it (``[ranks 0-1] epoch 1``); a rank's own line with its rank, as ``%%px`` prefixes it (``[stdout:1]``).
-stderr and each rank's traceback are held until the cell ends, then collapsed alike (torch's warnings once).
+stderr and each rank's traceback are held until the cell ends, then collapsed alike (torch's warnings once). A rank's
+compile progress line is not shown: updated in place on its engine, it cannot be in the notebook.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Collection
 from typing import Any
 
 from neuron_lab.report.rank_lines import Collapser, collapse
+from neuron_lab.session.waits import MIME as PROGRESS
 
 
 class HeldOutput:
@@ -68,6 +71,9 @@ class HeldOutput:
                         self._print(self.stdout.add(rank, line))
             elif kind == "stream" and content.get("name") == "stderr":
                 self.stderr[rank] += self._lines("stderr", rank, content["text"])
+            elif kind == "display_data" and PROGRESS in content.get("data", {}):
+                pass  # a rank's compile progress line: ipyparallel's copy would be an "[output:N]" line and a line
+                # never updated or emptied (the copy has no display_id)
             elif kind == "error":
                 self.tracebacks[rank].append("\n".join(content.get("traceback") or
                                                        [f"{content.get('ename')}: {content.get('evalue')}"]))
@@ -80,9 +86,10 @@ class HeldOutput:
         if lines:
             print("\n".join(lines), file=file or sys.stdout, flush=True)
 
-    def show(self) -> None:
+    def show(self, stopped: Collection[int] = ()) -> None:
         """The stdout lines still waiting, then the held stderr lines, then the tracebacks, each distinct one once
-        (to stderr, as ``%%px`` shows them)."""
+        (to stderr, as ``%%px`` shows them); not the KeyboardInterrupt of the ranks the notebook ``stopped`` after
+        another failed (the report says where each was)."""
         with self._lock:
             for rank, rest in self._partial["stdout"].items():
                 if rest:
@@ -95,6 +102,8 @@ class HeldOutput:
         for rank, ar in self.running.items():  # failed before its output was streamed: its traceback from the result
             if not self.tracebacks[rank] and ar.ready() and not ar.successful():
                 self.tracebacks[rank] += [tb for tb in [getattr(ar.exception(), "traceback", None)] if tb]
+        for rank in stopped:
+            self.tracebacks[rank] = []
         self._print(collapse(self.stderr, ("[stderr:{ranks}] ", "[ranks {ranks}] "))
                     + collapse(self.tracebacks, ("[{ranks}:execute]\n", "[ranks {ranks}:execute]\n"), values=False),
                     sys.stderr)

@@ -47,7 +47,7 @@ from traitlets.config import Config
 
 from neuron_lab import settings
 from neuron_lab.report.model import Report, Site
-from neuron_lab.report.ranks import RankResult, RanksReport, Stuck, ranks_label, ranks_named
+from neuron_lab.report.ranks import STOPPED, RankResult, RanksReport, Stuck, ranks_label, ranks_named
 from neuron_lab.session import launch, placement, ranks_address, ssh_engines, stuck
 from neuron_lab.session.preflight import PreflightMismatch
 from neuron_lab.session.rank_output import HeldOutput
@@ -79,10 +79,12 @@ class RanksError(RuntimeError):
 
 class RanksFailed(Exception):
     """A ``%%neuron ranks`` cell in which a rank failed, raised once the report is shown: "Run all" stops there, as
-    it stops at any failing cell; the report is ``.report``."""
+    it stops at any failing cell; the report is ``.report``, and ``broken`` what broke the group in it, if it broke
+    (what to run is in it)."""
 
-    def __init__(self, report: RanksReport) -> None:
+    def __init__(self, report: RanksReport, broken: str | None = None) -> None:
         self.report = report
+        self.broken = broken
         super().__init__("; ".join(f"rank {r.rank}: {r.problem}" for r in report.failed))
 
     def _render_traceback_(self) -> list[str]:
@@ -90,11 +92,13 @@ class RanksFailed(Exception):
         alike: dict[str, list[int]] = {}  # a problem, and the ranks that had it: said once
         for r in self.report.failed:
             alike.setdefault(r.problem or "", []).append(r.rank)
-        return [f"{type(self).__name__}: {count(len(self.report.failed), 'rank')} of {len(self.report.ranks)} "
-                f"failed in {self.report.title}",
+        failed = [r for r in self.report.failed if not r.stopped]
+        return [f"{type(self).__name__}: {count(len(failed), 'rank')} of {len(self.report.ranks)} failed in "
+                f"{self.report.title}" + (f", {len(self.report.stopped)} {STOPPED}" if self.report.stopped else ""),
                 *(f"  {'rank' if len(ranks) == 1 else 'ranks'} {ranks_label(ranks)}: {problem}"
                   for problem, ranks in alike.items()),
-                *(f"  {line}" for line in self.report.hang())]
+                *(f"  {line}" for line in self.report.hang()),
+                *([f"  {self.broken}"] if self.broken else [])]
 
 
 # -- on each engine -------------------------------------------------------------------------------------------------
@@ -347,6 +351,7 @@ class Ranks(ShownAsText):
                              f"`{self._restart()}` starts the group afresh")
         results: dict[int, RankResult] = {}
         running: dict[int, Any] = {}
+        stopped: dict[int, str] = {}  # a rank stopped because another failed: why
         for e in self.engines:
             if not e.free():  # run on the others: the matching call can free a rank waiting at a collective
                 results[e.rank] = RankResult(e.rank, error=f"still running {e.busy_title}; not run here",
@@ -365,7 +370,7 @@ class Ranks(ShownAsText):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         output = HeldOutput(running, output_window_s).__enter__()
         try:
-            self._wait(running, results, deadline, timeout_s, title)
+            self._wait(running, results, stopped, deadline, timeout_s, title)
         except KeyboardInterrupt:
             self._interrupt([r for r in running if r not in results and not running[r].ready()], running, title)
             raise
@@ -374,17 +379,22 @@ class Ranks(ShownAsText):
                 if ar.ready() and not self.engines[rank].died:  # a dead engine's output is as complete as it gets
                     ar.wait_for_output(FETCH_TIMEOUT_S)
             output.__exit__()
-            output.show()
+            output.show(stopped)
         for rank in running:
-            if rank not in results:
+            if rank in stopped and not running[rank].ready():
+                results[rank] = RankResult(rank, error=stopped[rank], where=self.engines[rank].where, stopped=True)
+            elif rank in stopped:  # its report, with why it stopped in place of the KeyboardInterrupt
+                results[rank] = replace(self._fetch(self.engines[rank], title, cell, line_offset),
+                                        error=stopped[rank], stopped=True)
+            elif rank not in results:
                 results[rank] = self._fetch(self.engines[rank], title, cell, line_offset)
         return [replace(results[e.rank], host=e.host) for e in self.engines]
 
-    def _wait(self, running: dict[int, Any], results: dict[int, RankResult], deadline: float | None,
-              timeout_s: float | None, title: str) -> None:
+    def _wait(self, running: dict[int, Any], results: dict[int, RankResult], stopped: dict[int, str],
+              deadline: float | None, timeout_s: float | None, title: str) -> None:
         """Until every rank finished, died, or passed the deadline; ranks still running :data:`PEER_GRACE_S` after
-        another rank failed are reported as busy (a collective would wait for the failed rank until the group's
-        timeout), so the notebook is not held that long."""
+        another rank failed are stopped (:meth:`_stop_peers`: why each, into ``stopped``), so the notebook is not held
+        until the group's timeout."""
         waiting = dict(running)
         failed_at: tuple[int, float] | None = None  # the first rank that failed, and when the notebook saw it
         while waiting:
@@ -402,15 +412,7 @@ class Ranks(ShownAsText):
                     r for r in running if r not in waiting and (r in results or not running[r].successful())]
                 failed_at = (failed[0], time.monotonic()) if failed else None
             if waiting and failed_at is not None and time.monotonic() >= failed_at[1] + PEER_GRACE_S:
-                for rank in waiting:  # not interrupted: a rank in a collective cannot be, one at work need not be
-                    e = self.engines[rank]
-                    e.busy, e.busy_title = running[rank], title
-                    results[rank] = RankResult(rank, error=(
-                        f"still running {PEER_GRACE_S:g} s after rank {failed_at[0]} failed (waiting for it at a "
-                        f"collective?): busy until its cell ends, at the latest when the group's timeout "
-                        f"({self.timeout_s:g} s) ends the collective; `%neuron ranks interrupt` ends it now, "
-                        "`%neuron ranks start N --restart` starts afresh"),
-                        where=e.where)
+                self._stop_peers(list(waiting), running, stopped, failed_at[0], title)
                 return
             if waiting and deadline is not None and time.monotonic() >= deadline:
                 # a rank blocked in a collective is left there: a signal lands only once the collective returns (when
@@ -427,6 +429,32 @@ class Ranks(ShownAsText):
                 return
             if waiting:
                 next(iter(waiting.values())).wait(POLL_S)
+
+    def _stop_peers(self, ranks: list[int], running: dict[int, Any], stopped: dict[int, str], failed: int,
+                    title: str) -> None:
+        """End ``ranks``, still in the cell :data:`PEER_GRACE_S` after rank ``failed`` failed in it, as torchrun ends
+        a failed rank's peers: interrupted (a collective waits in slices: ``backend.emulator.interruptible``) and
+        waited for, so what each printed is this cell's; why each stopped goes into ``stopped``. Left running, one
+        waiting in a collective would meet the failed rank's next cell's collectives out of step (its all_reduce
+        summing another cell's tensors); so one woken inside a collective, or maybe inside one (its backend does not
+        say), or not ending, breaks the group: the next cell is refused until the ranks are started afresh."""
+        where = self._where_stuck(ranks)
+        self._interrupt(ranks, running, title, where)  # breaks the group for a rank inside a collective
+        deadline = time.monotonic() + FETCH_TIMEOUT_S
+        for rank in ranks:
+            running[rank].wait(max(0.0, deadline - time.monotonic()))
+        still = [r for r in ranks if not running[r].ready() and self.engines[r].alive()]
+        unsaid = [r for r in ranks if r not in where or not where[r].told]
+        if self.broken is None and (still or unsaid):
+            self._break(title, f"{ranks_named(still or unsaid)} "
+                               + ("still running after an interrupt" if still else
+                                  "interrupted, maybe inside a collective (the backend does not say)")
+                               + ", which the other ranks' next collectives could meet out of step")
+        for rank in ranks:
+            at = f", {where[rank].text}" if rank in where else ""
+            stopped[rank] = f"{STOPPED}: interrupted {PEER_GRACE_S:g} s after rank {failed} failed{at}" + (
+                f"; still running {FETCH_TIMEOUT_S:g} s later (blocked outside Python?); `%neuron ranks stop` ends it"
+                if rank in still else "")
 
     def _where_stuck(self, ranks: list[int]) -> dict[int, Stuck]:
         """Where each of ``ranks`` is now, as it says out-of-band (``session.stuck``): the collective it waits in and
