@@ -149,8 +149,8 @@ def build() -> NeuronArgumentParser:
                    help="move every module, tensor, optimizer and list/tuple/dict of tensors in the namespace")
 
     m = command("mode", help="show or set the default mode of the cells that follow",
-                description="Show the mode, or set it. default: code runs as written; eager: compiled functions "
-                            "run eagerly (force_eager stance); compile: outermost nn.Module calls are compiled.")
+                description="default: code runs as written; eager: compiled functions run eagerly (force_eager "
+                            "stance); compile: outermost nn.Module calls are compiled.")
     m.add_argument("mode", nargs="?", choices=("default", "eager", "compile"), help="the mode")
     _compile_options(m)
 
