@@ -237,6 +237,9 @@ def test_bad_options_are_refused_before_the_cell_runs(shell, tmp_path: Path) -> 
     msg = refused(shell, "%%neuron profile --bogus\nran = 1")
     assert msg.splitlines() == ["%%neuron profile: unrecognized arguments: --bogus",
                                 "usage: %%neuron profile [--export PATH] [--row-limit N]"]
+    msg = refused(shell, "%%neuron profile --export\nran = 1")  # argparse's own errors name the form written too
+    assert msg.splitlines() == ["%%neuron profile: argument --export: expected one argument",
+                                "usage: %%neuron profile [--export PATH] [--row-limit N]"]
     with torch.profiler.profile():
         msg = refused(shell, "%%neuron profile\nran = 1")
     assert msg.splitlines()[0] == ("%%neuron profile: torch.profiler is already running: profiles do not nest; stop "
