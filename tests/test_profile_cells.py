@@ -7,6 +7,7 @@ are asserted on either core."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -179,6 +180,21 @@ def test_the_cell_value_is_the_profile_whose_trace_exports_afterwards(shell, tmp
     assert f"trace: {path} (open it in https://ui.perfetto.dev)" in str(report).splitlines()
 
 
+def test_the_trace_exports_as_often_as_asked(shell, tmp_path: Path) -> None:
+    """torch.profiler writes a window's trace once ("Trace is already saved" after): an ``--export`` cell's profile,
+    and one exported afterwards, write it again, the same trace under each file's own name, gzipped for ``.gz``."""
+    first = tmp_path / "cell.json"
+    report, _, _ = profiled_cell(shell, f"--export {first}")
+    kept = neuron_lab.last_profile()
+    again, packed = tmp_path / "again.json", tmp_path / "again.json.gz"
+    kept.export_chrome_trace(str(again))
+    kept.export_chrome_trace(str(packed))
+    traces = [json.loads(first.read_text()), json.loads(again.read_text()), json.loads(gzip.open(packed).read())]
+    assert [t.pop("traceName") for t in traces] == [str(first), str(again), str(packed)]
+    assert traces[1] == traces[0] and traces[2] == traces[0]
+    assert report.profiled.trace_path == str(packed)
+
+
 def test_the_profile_gives_its_tables_afterwards(shell) -> None:
     report, _, n = profiled_cell(shell, "--row-limit 1")
     kept = neuron_lab.last_profile()
@@ -220,6 +236,9 @@ def test_bad_options_are_refused_before_the_cell_runs(shell, tmp_path: Path) -> 
     assert msg.splitlines()[-1] == "usage: %%neuron profile [--export PATH] [--row-limit N]"
     msg = refused(shell, "%%neuron profile --bogus\nran = 1")
     assert msg.splitlines() == ["%%neuron profile: unrecognized arguments: --bogus",
+                                "usage: %%neuron profile [--export PATH] [--row-limit N]"]
+    msg = refused(shell, "%%neuron profile --export\nran = 1")  # argparse's own errors name the form written too
+    assert msg.splitlines() == ["%%neuron profile: argument --export: expected one argument",
                                 "usage: %%neuron profile [--export PATH] [--row-limit N]"]
     with torch.profiler.profile():
         msg = refused(shell, "%%neuron profile\nran = 1")

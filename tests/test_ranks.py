@@ -582,6 +582,7 @@ def test_a_killed_engine_is_reported_dead_and_restart_replaces_it(ranks: Interac
     ("%%neuron ranks --profile --export /no/such/dir/t.json\nx = 1\n",
      "%%neuron ranks: --export /no/such/dir/t.json: no directory /no/such/dir"),
     ("%%neuron ranks --profile --row-limit 0\nx = 1\n", "%%neuron ranks: --row-limit must be 1 or more, not 0"),
+    ("%%neuron ranks --profile --row-limit\nx = 1\n", "%%neuron ranks: argument --row-limit: expected one argument"),
 ])
 def test_ranks_refusals(plain_shell: InteractiveShell, cell: str, message: str) -> None:
     msg = ranks_error(plain_shell, cell)

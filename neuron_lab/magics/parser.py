@@ -12,7 +12,8 @@ import difflib
 import glob
 import os
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
@@ -280,19 +281,39 @@ def help_text(p: NeuronArgumentParser) -> str:
     return "\n\n".join(parts)
 
 
+def _written(prog: str, cell: bool) -> str:
+    """A parser's name in the form the user wrote: ``%%neuron profile`` on a cell's first line (a cell magic's own
+    parser says ``%%neuron`` already)."""
+    return f"%{prog}" if cell and not prog.startswith("%%") else prog
+
+
 def usage(p: NeuronArgumentParser, command: str, *, cell: bool = False) -> str:
     """The usage line of one command (``usage: %neuron device [-h] ...``), to follow an error message; ``cell``: in
-    the form the user wrote, for a command that is a cell magic and a line magic both (``%%neuron profile``)."""
-    sp = p.subcommands[command][0]
-    if cell and not sp.prog.startswith("%%"):
-        sp = copy.copy(sp)
-        sp.prog = f"%{sp.prog}"
+    the form the user wrote (:func:`_written`)."""
+    sp = copy.copy(p.subcommands[command][0])
+    sp.prog = _written(sp.prog, cell)
     return sp.format_usage().rstrip()
+
+
+@contextmanager
+def _named_as_written(p: NeuronArgumentParser, cell: bool) -> Iterator[None]:
+    """argparse's own errors (``argument --export: expected one argument``) name the parser's ``prog``: while a line
+    parses, ``%neuron`` and its commands are named in the form the user wrote (:func:`_written`)."""
+    parsers = [p, *(sp for sp, _ in p.subcommands.values())]
+    progs = [sp.prog for sp in parsers]
+    for sp in parsers:
+        sp.prog = _written(sp.prog, cell)
+    try:
+        yield
+    finally:
+        for sp, prog in zip(parsers, progs):
+            sp.prog = prog
 
 
 def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespace:
     try:
-        args, extra = p.parse_argstring(line, partial=True)
+        with _named_as_written(p, cell):
+            args, extra = p.parse_argstring(line, partial=True)
     except ValueError as e:  # shlex: an unclosed quote
         raise UsageError(f"%neuron: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
     cmd = args.command

@@ -22,6 +22,8 @@ timeline (:mod:`neuron_lab.trace.profile_timeline`): what ran when on each lane,
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import sys
 import threading
@@ -267,20 +269,28 @@ def last_profile() -> ProfileResult:
 
 class ProfileResult:
     """A finished profile, after the fact: its report data (:attr:`profiled`, :attr:`report`) and torch.profiler's
-    record of the window, which it exports and tabulates with torch.profiler's names. It holds that record (its
-    memory) for as long as it lives: in ``Out`` and ``_`` for a cell, and as :func:`last_profile` until the next."""
+    record of the window, which it exports and tabulates with torch.profiler's names. It holds that record and, once
+    written, the trace's JSON (their memory) for as long as it lives: in ``Out`` and ``_`` for a cell, and as
+    :func:`last_profile` until the next."""
 
     def __init__(self, profiled: Profiled, prof: Any, report: Report | None = None) -> None:
         self.profiled = profiled
         self.report = report  # the cell's or block's report, the profile on it; None outside one
         self._prof = prof  # torch.profiler.profile, stopped and read
+        # torch.profiler writes a window's trace once ("Trace is already saved" after): its JSON, once written
+        self._trace = None if profiled.trace_path is None else _read_trace(profiled.trace_path)
 
     def export_chrome_trace(self, path: str) -> None:
         """Write the window's Chrome/Perfetto trace (https://ui.perfetto.dev) with the device lanes, as
-        ``--export`` does; the Python frames above each op are in it only when the profile ran with ``--export``
-        (they cost the profiled code about a third more). The profile's ``trace_path`` says where it went."""
+        ``--export`` does, as often as asked; the Python frames above each op are in it only when the profile ran
+        with ``--export`` (they cost the profiled code about a third more). The profile's ``trace_path`` says where
+        it went last."""
         full = check_export_path(path, "export_chrome_trace")
-        self._prof.export_chrome_trace(full)
+        if self._trace is None:
+            self._prof.export_chrome_trace(full)
+            self._trace = _read_trace(full)
+        else:
+            _write_trace(full, self._trace)
         self.profiled.trace_path = full
 
     def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
@@ -298,6 +308,24 @@ class ProfileResult:
         p = self.profiled
         return (f"<neuron_lab profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}; "
                 ".export_chrome_trace(path), .table(), .key_averages()>")
+
+
+_TRACE_NAME = b'"traceName": '  # the last key of Kineto's trace: the path it was written to
+
+
+def _read_trace(path: str) -> bytes:
+    """A written trace's JSON (torch.profiler gzips a ``.gz`` path)."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        return f.read()
+
+
+def _write_trace(path: str, trace: bytes) -> None:
+    """A trace's JSON written again, as torch.profiler would write it to ``path``: named by it, gzipped for ``.gz``."""
+    head, key, _ = trace.rpartition(_TRACE_NAME)
+    if key:
+        trace = head + key + json.dumps(path).encode() + b" }"
+    with (gzip.open if path.endswith(".gz") else open)(path, "wb") as f:
+        f.write(trace)
 
 
 class _Event(NamedTuple):
