@@ -250,6 +250,22 @@ def test_bad_options_are_refused_before_the_cell_runs(shell, tmp_path: Path) -> 
     assert msg.splitlines()[1].startswith("usage: %neuron profile")
 
 
+def test_a_profiler_started_inside_a_profiled_cell_takes_it_over_and_the_report_says_so(shell) -> None:
+    """Profiles do not nest: a raw torch.profiler the cell starts takes torch.profiler's session over and ends it.
+    The cell's profile then holds nothing and says why, where it said "no device activity" over 0 ops; the inner
+    profiler keeps the ops, and the cell's record cannot be exported or tabulated."""
+    from neuron_lab.report.profiled_rows import TAKEN_OVER
+
+    run(shell, "import torch\nx = torch.randn(8, 8, device='neuron')")
+    res, cap = run(shell, "%%neuron profile\nwith torch.profiler.profile() as inner:\n    y = x + 1\nz = x * 2")
+    report = session_of(shell).history[res.execution_count]
+    assert report.profiled.taken_over and TAKEN_OVER in str(report).splitlines()
+    assert "profiled: none (taken over)" in str(report).splitlines()[0]
+    assert "aten::add" in {e.key for e in shell.user_ns["inner"].key_averages()}
+    with pytest.raises(RuntimeError, match="took torch.profiler over"):
+        res.result.key_averages()
+
+
 def test_profile_in_a_script_reports_file_and_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     trace = tmp_path / "script.json"

@@ -311,6 +311,7 @@ class Profiled:
     artefacts: list[str] = field(default_factory=list)  # those files, relative to artefacts_dir, sorted
     device_clock: str = "device"  # whose clock timed the device lanes: "host" where the backend runs them there
     lanes_note: str | None = None  # what the device lanes are, in the backend's words
+    taken_over: bool = False  # a torch.profiler the window started took torch.profiler's session over and ended it
 
     @property
     def device_label(self) -> str:
@@ -331,7 +332,7 @@ class Profiled:
                    d["unattributed_ns"], d["trace_path"], d["row_limit"],
                    ProfiledTimeline.from_dict(d["timeline"]) if "timeline" in d else ProfiledTimeline(),
                    d.get("device_timing", True), d.get("artefacts_dir"), list(d.get("artefacts", [])),
-                   d.get("device_clock", "device"), d.get("lanes_note"))
+                   d.get("device_clock", "device"), d.get("lanes_note"), d.get("taken_over", False))
 
 
 class Check(Protocol):

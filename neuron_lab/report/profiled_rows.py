@@ -27,9 +27,15 @@ def ran_text(kind: str) -> str:
         if kind in kinds.KINDS else kind
 
 
+TAKEN_OVER = ("profile: none: a torch.profiler started inside took torch.profiler over and ended it (profiles do not "
+              "nest), so its own result holds the ops; profile one way or the other")
+
+
 def profiled_head(p: Profiled) -> str:
     """The profile in one line: ops, device and host time, each lane's busy time (host time only, where the device
     gave no events: the backend's note says why)."""
+    if p.taken_over:
+        return TAKEN_OVER
     head = f"profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}, "
     if not p.device_timing:
         return head + f"host {format_seconds(p.host_ns / 1e9)}"

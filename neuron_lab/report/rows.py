@@ -56,7 +56,8 @@ def _summary_line(r: Report) -> str:
     if r.profiled is not None:
         p = r.profiled
         device = f"{p.device_label} {format_seconds(p.device_ns / 1e9)}, " if p.device_timing else ""
-        parts.append(f"profiled: {device}host {format_seconds(p.host_ns / 1e9)}")
+        parts.append("profiled: none (taken over)" if p.taken_over else
+                     f"profiled: {device}host {format_seconds(p.host_ns / 1e9)}")
     if r.error:
         parts.append(f"raised {r.error.split(':')[0]}")
     return "neuron_lab " + " · ".join(parts)

@@ -51,6 +51,7 @@ from neuron_lab.report.model import (
     Report,
     Site,
 )
+from neuron_lab.report.profiled_rows import TAKEN_OVER
 from neuron_lab.report.text import profiled_lines
 from neuron_lab.trace import profile_timeline
 from neuron_lab.trace.sites import FileLocator, Locator
@@ -164,7 +165,9 @@ class OpProfile:
     ``yields`` makes a background profile (``neuron-lab run --trace``'s, around each cell) that gives way to the
     user's: another OpProfile started while it runs stops it first, and a raw ``torch.profiler.profile()``
     ends its session anyway (Kineto runs one at a time); either way :attr:`gave_way` is then True, and what it
-    holds is a part of the window at most: read nothing from it.
+    holds is a part of the window at most: read nothing from it. A user's profile whose window started a raw
+    ``torch.profiler.profile()`` gave way too (profiles do not nest): its result is empty and says so
+    (``Profiled.taken_over``).
 
     Where the backend's device writes a profile of its own (TorchNeuron's NRT files, for Neuron Explorer), the
     backend's :meth:`~neuron_lab.backend.interface.NeuronBackend.profiler_config` sends it into a new folder
@@ -225,8 +228,8 @@ class OpProfile:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        if self._yields and not torch._C._autograd._profiler_enabled():  # a raw torch.profiler ended our session
-            self.gave_way = True  # (exiting now would only log Kineto's "no active profiling session")
+        if not torch._C._autograd._profiler_enabled():  # a torch.profiler the window started took ours over and
+            self.gave_way = True  # ended it (exiting now would only log Kineto's "no active profiling session")
             return
         self._prof.__exit__(None, None, None)
 
@@ -236,6 +239,9 @@ class OpProfile:
         prof, self._prof = self._prof, None
         if prof is None:
             raise RuntimeError("OpProfile.result() reads a profile once")
+        if self.gave_way:  # torch.profiler's session, and the window's events, went to the profiler that took it
+            self._done = (Profiled(row_limit=row_limit, taken_over=True), prof)
+            return self._done[0]
         if export is not None:
             prof.export_chrome_trace(export)
         out = _read(prof.profiler.kineto_results, self._calls, self._baselines)
@@ -287,15 +293,21 @@ class ProfileResult:
         it went last."""
         full = check_export_path(path, "export_chrome_trace")
         if self._trace is None:
-            self._prof.export_chrome_trace(full)
+            self._record().export_chrome_trace(full)
             self._trace = _read_trace(full)
         else:
             _write_trace(full, self._trace)
         self.profiled.trace_path = full
 
+    def _record(self) -> Any:
+        """torch.profiler's record of the window; none where a profiler the window started took the session over."""
+        if self.profiled.taken_over:
+            raise RuntimeError(TAKEN_OVER)
+        return self._prof
+
     def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
         """torch.profiler's own table of the window (``.key_averages().table(sort_by="self_cpu_time_total")``)."""
-        return self._prof.key_averages(group_by_input_shape=group_by_input_shape, group_by_stack_n=group_by_stack_n)
+        return self._record().key_averages(group_by_input_shape=group_by_input_shape, group_by_stack_n=group_by_stack_n)
 
     def table(self, row_limit: int | None = None) -> str:
         """neuron_lab's tables of the window (ops by device + host time, time per line), every row unless
@@ -306,6 +318,8 @@ class ProfileResult:
 
     def __repr__(self) -> str:
         p = self.profiled
+        if p.taken_over:
+            return f"<neuron_lab {TAKEN_OVER}>"
         return (f"<neuron_lab profile: {count(len(p.rows), 'op')}, {count(sum(r.calls for r in p.rows), 'call')}; "
                 ".export_chrome_trace(path), .table(), .key_averages()>")
 
