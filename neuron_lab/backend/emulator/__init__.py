@@ -40,8 +40,11 @@ def install(coverage=None) -> _rt.Runtime:
     from neuron_lab.backend.emulator import cpp_core, topology
 
     topo = topology.detect()
-    coverage = coverage if coverage is not None else _coverage.load()
     problems = list(topo.problems)
+    if coverage is None:
+        coverage, problem = _coverage.configured()
+        if problem:
+            problems.append(problem)
     want, problem = cpp_core.choice()
     if problem:
         problems.append(problem)
