@@ -236,6 +236,21 @@ def test_failed_activation_warns_and_doctor_lists_the_problem():
     assert problems_of(s["doctor"]) == [INSTALL_FAILURE]
 
 
+def test_bad_values_of_the_settings_read_later_warn_at_import_and_the_defaults_are_used():
+    """NEURON_LAB_ABORTS and _COMPILE_LOWERING are read at each call or compile, _EMULATE_DOWNCAST at install: each
+    bad value is a problem as soon as the device installs, naming the accepted values and the one used instead."""
+    bad = {"NEURON_LAB_EMULATE_DOWNCAST": "maybe", "NEURON_LAB_ABORTS": "loud", "NEURON_LAB_COMPILE_LOWERING": "fast"}
+    r = run(probe_after("import torch\n", downcast="_runtime.get().emulate_downcast"), env=bad)
+    s = r.json()
+    problems = ["NEURON_LAB_EMULATE_DOWNCAST='maybe' is not one of 1, true, 0, false; using 1",
+                "NEURON_LAB_ABORTS='loud' is not one of warn, raise, off; using warn",
+                "NEURON_LAB_COMPILE_LOWERING='fast' is not one of eager, inductor; using eager"]
+    assert s["kind"] == "emulator" and s["device"] == "neuron:0" and s["problems"] == problems
+    assert s["downcast"] is True
+    for p in problems:
+        assert f"RuntimeWarning: neuron_lab: {p} (run `neuron-lab doctor` for details)" in r.err
+
+
 @pytest.mark.parametrize("var", ["NEURON_LAB_COVERAGE", "NEURON_LAB_PROFILE"])
 def test_a_bad_coverage_setting_is_a_problem_and_the_default_is_used(var):
     """As every other setting of the emulator: a coverage that does not load warns and the device keeps working."""
