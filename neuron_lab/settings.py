@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 _FALSE = ("", "0", "false", "False")  # what a flag variable reads as off
+_ON, _OFF = ("1", "true"), ("0", "false")  # what a switch takes, in any case
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,17 @@ class EnvVar:
         """On unless ``0`` or ``false``; unset or empty, as its default says (no default: off)."""
         return ((self.raw(env) or "").strip() or self.default or "") not in _FALSE
 
+    def switch(self, env: Mapping[str, str] | None = None) -> tuple[bool, str | None]:
+        """On or off (the default when unset or blank) and, for a value that is neither, the problem to report;
+        the default is used instead of it. Unlike :meth:`flag`, a typo ("maybe") is not read as on."""
+        raw = self.raw(env)
+        value = (raw or "").strip().lower()
+        if value in _ON or value in _OFF:
+            return value in _ON, None
+        if not value:
+            return self.default in _ON, None
+        return self.default in _ON, f"{self.name}={raw!r} is not one of {', '.join(_ON + _OFF)}; using {self.default}"
+
     def choice(self, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
         """The chosen value (the default when unset or blank) and, for a value not among the choices, the problem
         to report; the default is used instead of it."""
@@ -60,10 +72,6 @@ class EnvVar:
     def not_one_of(self, value: str | None) -> str:
         """The bad-value message: ``NEURON_LAB_CORE='gpu' is not one of auto, compiled, python``."""
         return f"{self.name}={value!r} is not one of {', '.join(self.choices)}"
-
-    def expected(self, value: str | None) -> str:
-        """The message of a value refused outright: ``NEURON_LAB_COMPILE_LOWERING='xla': expected one of ...``."""
-        return f"{self.name}={value!r}: expected one of {', '.join(self.choices)}"
 
     def setdefault(self, value: str) -> str:
         """Set it in this process unless the user did; the value now in force."""

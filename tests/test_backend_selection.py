@@ -43,8 +43,9 @@ print(_json.dumps({
 """
 EMULATOR_MODULE = "neuron_lab.backend.emulator.device_module"
 FAKE_MODULE = "torch_neuronx.neuron"
-INSTALL_FAILURE = ("the emulator failed to install: CoverageError: no coverage '/nonexistent/p.json': not a bundled "
-                   "coverage (torchneuron-2.33, torchneuron-combined, torchneuron-src-2026-04) nor a file")
+INSTALL_FAILURE = ("the emulator failed to install: RuntimeError: NEURON_LAB_CORE=compiled, but the compiled core is "
+                   "not built in this install (no compiler at install time, or NEURON_LAB_BUILD_CORE=0); build it for "
+                   "this torch with `pip install --no-build-isolation --force-reinstall neuron_lab`")
 
 
 def probe_after(*scenario: str, **extra: str) -> str:
@@ -219,15 +220,46 @@ def test_configuration_problems_are_noted_and_auto_is_used(tmp_path):
 
 
 def test_failed_activation_warns_and_doctor_lists_the_problem():
-    """The emulator cannot install (a missing profile): `import torch` inside doctor still works, with a warning."""
-    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_PROFILE": "/nonexistent/p.json"})
-    assert r.rc == 1
+    """The emulator cannot install (NEURON_LAB_CORE=compiled, no compiled core): `import torch` and doctor still
+    work, with a warning."""
+    r = run(probe_after("""
+        import sys
+        sys.modules["neuron_lab.backend.emulator._core"] = None  # as an install built without a compiler
+        import torch
+    """, DOCTOR_IN_PROCESS, doctor="doctor", rc="rc"), env={"NEURON_LAB_CORE": "compiled"})
+    s = r.json()
+    assert s["rc"] == 1 and s["kind"] == "none" and s["problems"] == [INSTALL_FAILURE]
     assert f"RuntimeWarning: neuron_lab: {INSTALL_FAILURE} (run `neuron-lab doctor` for details)" in r.err
-    d = doctor_lines(r.out)
+    d = doctor_lines(s["doctor"])
     assert d["torch"].startswith("2.")  # torch imported and works
     assert d["backend"] == f"none: {INSTALL_FAILURE}"
-    assert problems_of(r.out) == [INSTALL_FAILURE]
-    assert "NEURON_LAB_PROFILE" in r.out and "/nonexistent/p.json" in r.out  # the environment section shows the cause
+    assert problems_of(s["doctor"]) == [INSTALL_FAILURE]
+
+
+def test_bad_values_of_the_settings_read_later_warn_at_import_and_the_defaults_are_used():
+    """NEURON_LAB_ABORTS and _COMPILE_LOWERING are read at each call or compile, _EMULATE_DOWNCAST at install: each
+    bad value is a problem as soon as the device installs, naming the accepted values and the one used instead."""
+    bad = {"NEURON_LAB_EMULATE_DOWNCAST": "maybe", "NEURON_LAB_ABORTS": "loud", "NEURON_LAB_COMPILE_LOWERING": "fast"}
+    r = run(probe_after("import torch\n", downcast="_runtime.get().emulate_downcast"), env=bad)
+    s = r.json()
+    problems = ["NEURON_LAB_EMULATE_DOWNCAST='maybe' is not one of 1, true, 0, false; using 1",
+                "NEURON_LAB_ABORTS='loud' is not one of warn, raise, off; using warn",
+                "NEURON_LAB_COMPILE_LOWERING='fast' is not one of eager, inductor; using eager"]
+    assert s["kind"] == "emulator" and s["device"] == "neuron:0" and s["problems"] == problems
+    assert s["downcast"] is True
+    for p in problems:
+        assert f"RuntimeWarning: neuron_lab: {p} (run `neuron-lab doctor` for details)" in r.err
+
+
+@pytest.mark.parametrize("var", ["NEURON_LAB_COVERAGE", "NEURON_LAB_PROFILE"])
+def test_a_bad_coverage_setting_is_a_problem_and_the_default_is_used(var):
+    """As every other setting of the emulator: a coverage that does not load warns and the device keeps working."""
+    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={var: "/nonexistent/p.json"})
+    problem = (f"{var}: no coverage '/nonexistent/p.json': not a bundled coverage (torchneuron-2.33, "
+               "torchneuron-combined, torchneuron-src-2026-04) nor a file; using torchneuron-combined")
+    assert r.rc == 0 and problems_of(r.out) == [problem]
+    assert f"RuntimeWarning: neuron_lab: {problem} (run `neuron-lab doctor` for details)" in r.err
+    assert doctor_lines(r.out)["backend"].startswith("emulator")
 
 
 def test_a_bad_capacity_setting_is_a_problem_and_the_default_is_used():

@@ -965,6 +965,24 @@ def test_a_bad_compile_backend_is_one_usage_error_for_every_form(shell):
         assert f"usage: {prefix} {command}" in str(res.error_in_exec)
 
 
+def test_a_bad_compile_backend_setting_is_named_where_it_is_used(shell):
+    """%config cannot check it (listing the backends loads dynamo, a second): its first use names the setting, and
+    prints no usage of a --backend the user never gave."""
+    run(shell, '%config NeuronLab.compile_backend = "nosuch"')
+    try:
+        for line in ("%neuron mode compile", "%%neuron compile\n1", "%%neuron compare\n1"):
+            res, _ = run(shell, line, ok=False)
+            prefix, command = line.split("\n")[0].split(" ")[:2]
+            error = str(res.error_in_exec)
+            assert error.startswith(f"{prefix} {command}: NeuronLab.compile_backend = 'nosuch': unknown torch.compile "
+                                    "backend 'nosuch'; known: "), error
+            assert error.endswith("(`%config NeuronLab.compile_backend = NAME` sets another)"), error
+            assert "usage:" not in error and "--backend" not in error
+        run(shell, "%neuron mode compile --backend eager")  # an option given still overrides the setting
+    finally:
+        run(shell, '%config NeuronLab.compile_backend = "neuron"')
+
+
 def test_copies_find_every_tensor_an_object_holds_once():
     from neuron_lab.checks import copies
 

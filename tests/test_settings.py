@@ -64,6 +64,15 @@ def test_a_choice_reads_blank_as_the_default_and_names_a_bad_value(raw, want):
     assert settings.env("NEURON_LAB_BACKEND").choice(env) == want
 
 
+@pytest.mark.parametrize(("raw", "want"), [
+    (None, (True, None)), (" ", (True, None)), ("0", (False, None)), ("FALSE", (False, None)), ("True", (True, None)),
+    ("maybe", (True, "NEURON_LAB_EMULATE_DOWNCAST='maybe' is not one of 1, true, 0, false; using 1")),
+])
+def test_a_switch_reads_blank_as_the_default_and_names_a_bad_value(raw, want):
+    env = {} if raw is None else {"NEURON_LAB_EMULATE_DOWNCAST": raw}
+    assert settings.env("NEURON_LAB_EMULATE_DOWNCAST").switch(env) == want
+
+
 def test_an_unregistered_name_is_an_error_not_none():
     with pytest.raises(KeyError):
         settings.env("NEURON_LAB_NO_SUCH_THING")

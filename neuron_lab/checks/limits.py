@@ -46,6 +46,11 @@ class _Names(dict):
         return self.spell(name)
 
 
+class SettingError(OptionError):
+    """A value out of bounds that came from a setting (``%config NeuronLab.compile_backend``), not from an option
+    of the command: the message names the setting, and no usage of options the user never gave follows it."""
+
+
 def _shown(value: Any) -> str:
     """``repr(value)`` inside a template: its braces doubled, so they are not read as option names."""
     return repr(value).replace("{", "{{").replace("}", "}}")
@@ -82,21 +87,27 @@ def names(values: Iterable[Any]) -> None:
         raise OptionError(f"{{vars}} takes variable names, not {', '.join(_shown(v) for v in odd)}")
 
 
-def compile_backend(name: Any) -> None:
-    """A backend ``torch.compile`` knows: dynamo's registry, and its built-in names."""
+def compile_backend(name: Any, setting: str | None = None) -> None:
+    """A backend ``torch.compile`` knows: dynamo's registry, and its built-in names. ``setting`` names the setting
+    the value came from, when no option gave it: the list loads dynamo (a second), so ``%config`` cannot check it."""
     from torch._dynamo.backends.registry import list_backends
 
     with compiles.loading_compiler():
         known = set(list_backends(exclude_tags=())) | set(BUILTIN_BACKENDS)
     if name not in known:
-        raise OptionError(f"unknown torch.compile backend {_shown(name)}; known: {', '.join(sorted(known))}")
+        why = f"unknown torch.compile backend {_shown(name)}; known: {', '.join(sorted(known))}"
+        if setting is None:
+            raise OptionError(why)
+        raise SettingError(f"{setting} = {_shown(name)}: {why} (`%config {setting} = NAME` sets another)")
 
 
-def compile_options(backend: str, fullgraph: bool = False, dynamic: bool | None = None) -> modes.CompileOptions:
+def compile_options(backend: str, fullgraph: bool = False, dynamic: bool | None = None,
+                    setting: str | None = None) -> modes.CompileOptions:
     """Compile mode's options, checked: no ``dynamic=True`` with ``backend="neuron"`` (before the backend, whose
-    check loads the compiler: a refused option costs no second of loading), and a known backend."""
+    check loads the compiler: a refused option costs no second of loading), and a known backend (from ``setting``
+    when no option gave it)."""
     if dynamic and backend == "neuron":
         raise OptionError("torch.compile(backend='neuron') rejects dynamic=True, as TorchNeuron does; {dynamic} needs "
                           "another {backend} (inductor, eager)")
-    compile_backend(backend)
+    compile_backend(backend, setting)
     return modes.CompileOptions(backend, bool(fullgraph), True if dynamic else None)

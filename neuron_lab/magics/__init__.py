@@ -36,6 +36,7 @@ from neuron_lab.units import ShownAsText, count
 _PARSER = _parser.build()
 _RANKS_ENGINES = settings.env("NEURON_LAB_RANKS_ENGINES")
 _RANKS_SSH_HOSTS = settings.env("NEURON_LAB_RANKS_SSH_HOSTS")
+_BACKEND_SETTING = f"NeuronLab.{settings.config('compile_backend').name}"  # compile mode's backend when no --backend
 
 
 class ReportList(ShownAsText):
@@ -130,7 +131,9 @@ class NeuronMagics(Magics):
         cmd = args.command
         with _refused(cmd):
             if cmd == "compare":
-                return CompareOptions(args.warmup, args.runs, args.fullgraph, self.session.config.compile_backend)
+                backend = self.session.config.compile_backend
+                limits.compile_backend(backend, _BACKEND_SETTING)  # compare takes no --backend: the setting's
+                return CompareOptions(args.warmup, args.runs, args.fullgraph, backend)
             options = ParityOptions(args.against, args.rtol, args.atol, tuple(dict.fromkeys(args.vars)), args.seed)
         assigned = self._assigned(cell)
         unknown = [] if assigned is None else [n for n in options.vars
@@ -216,8 +219,10 @@ class NeuronMagics(Magics):
 
     def _compile_options(self, args) -> modes.CompileOptions:
         with _refused(args.command):
-            return limits.compile_options(args.backend or self.session.config.compile_backend, args.fullgraph,
-                                          args.dynamic)
+            if args.backend:
+                return limits.compile_options(args.backend, args.fullgraph, args.dynamic)
+            return limits.compile_options(self.session.config.compile_backend, args.fullgraph, args.dynamic,
+                                          _BACKEND_SETTING)
 
     def cmd_report(self, args):
         s = self.session
@@ -391,10 +396,10 @@ class NeuronMagics(Magics):
         return self.cmd_coverage(args)
 
 
-def _usage_error(command: str, why: str) -> UsageError:
-    """``%neuron COMMAND: why`` (``%%`` for a cell magic), then the command's usage."""
+def _usage_error(command: str, why: str, usage: bool = True) -> UsageError:
+    """``%neuron COMMAND: why`` (``%%`` for a cell magic), then the command's usage unless told not to."""
     prefix = "%%" if command in CELL_ONLY else "%"
-    return UsageError(f"{prefix}neuron {command}: {why}\n{_parser.usage(_PARSER, command)}")
+    return UsageError(f"{prefix}neuron {command}: {why}" + (f"\n{_parser.usage(_PARSER, command)}" if usage else ""))
 
 
 @contextmanager
@@ -403,6 +408,8 @@ def _refused(command: str) -> Iterator[None]:
     (:class:`limits.OptionError`, spelled with the flags' names), a device or a coverage that does not parse."""
     try:
         yield
+    except limits.SettingError as e:  # not an option of the command: its usage would not help
+        raise _usage_error(command, str(e), usage=False) from None
     except limits.OptionError as e:
         raise _usage_error(command, e.spelled(lambda name: f"--{name}")) from None
     except ValueError as e:

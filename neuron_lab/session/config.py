@@ -31,8 +31,7 @@ class NeuronLab(Configurable):
 
     @default("compile_lowering")
     def _lowering_from_env(self) -> str:
-        env = _LOWERING.raw() or ""
-        return env if env in _LOWERING.choices else _LOWERING.default
+        return _LOWERING.choice()[0]
 
     @validate("device_variable")
     def _identifier(self, proposal):

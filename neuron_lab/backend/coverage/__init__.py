@@ -225,6 +225,19 @@ def load(name_or_path: str | os.PathLike | None = None) -> Coverage:
     return from_dict(data, path)
 
 
+def configured() -> tuple[Coverage, str | None]:
+    """The coverage the environment names, and for one that does not load, the problem to report: the default is
+    used instead, as for the emulator's other settings, so a bad value never costs the device."""
+    spec = from_environment()
+    try:
+        return load(spec or DEFAULT_COVERAGE), None
+    except CoverageError as e:
+        if spec is None:  # the bundled default itself: a broken install, not a setting
+            raise
+        var = ENV_VAR if _COVERAGE.raw() else OLD_ENV_VAR
+        return load(DEFAULT_COVERAGE), f"{var}: {e}; using {DEFAULT_COVERAGE}"
+
+
 def from_environment() -> str | None:
     """NEURON_LAB_COVERAGE, else the deprecated NEURON_LAB_PROFILE (with a warning naming the new one)."""
     spec, old = _COVERAGE.raw(), _OLD.raw()
@@ -234,8 +247,8 @@ def from_environment() -> str | None:
     return spec or None
 
 
-__all__ = ["DEFAULT_COVERAGE", "ENV_VAR", "Coverage", "CoverageError", "OpRule", "bundled", "from_dict",
-           "from_environment", "load"]
+__all__ = ["DEFAULT_COVERAGE", "ENV_VAR", "Coverage", "CoverageError", "OpRule", "bundled", "configured",
+           "from_dict", "from_environment", "load"]
 
 
 def backend_ops() -> list[str]:

@@ -20,6 +20,8 @@ from neuron_lab.backend.emulator import runtime as _rt
 
 _DOWNCAST = settings.env("NEURON_LAB_EMULATE_DOWNCAST")
 DOWNCAST_ENV = _DOWNCAST.name
+# read at each call or compile, so checked here: a bad value warns at import, not never or at the first compile
+_READ_LATER = (settings.env("NEURON_LAB_ABORTS"), settings.env("NEURON_LAB_COMPILE_LOWERING"))
 
 
 def install(coverage=None) -> _rt.Runtime:
@@ -40,11 +42,14 @@ def install(coverage=None) -> _rt.Runtime:
     from neuron_lab.backend.emulator import cpp_core, topology
 
     topo = topology.detect()
-    coverage = coverage if coverage is not None else _coverage.load()
     problems = list(topo.problems)
+    if coverage is None:
+        coverage, problem = _coverage.configured()
+        if problem:
+            problems.append(problem)
     want, problem = cpp_core.choice()
-    if problem:
-        problems.append(problem)
+    emulate_downcast, downcast_problem = _DOWNCAST.switch()
+    problems += [p for p in (problem, downcast_problem, *(var.choice()[1] for var in _READ_LATER)) if p]
     if want == "python":
         core, why = None, f"{cpp_core.CORE_ENV}=python"
     else:
@@ -53,7 +58,6 @@ def install(coverage=None) -> _rt.Runtime:
             raise RuntimeError(f"{cpp_core.CORE_ENV}=compiled, but {why}")
     if owner != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
-    emulate_downcast = _DOWNCAST.flag()
 
     if core is not None:
         recorder = cpp_core.CoreRecorder(core)
