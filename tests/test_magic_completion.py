@@ -117,3 +117,30 @@ def test_nothing_close_gets_no_guess(shell):
     res, _ = run(shell, "%neuron frobnicate", ok=False)
     assert "invalid choice: 'frobnicate' (choose from 'status'" in str(res.error_in_exec)
     assert "did you mean" not in str(res.error_in_exec)
+
+
+def test_a_cells_parse_errors_name_the_cell_form_without_renaming_the_shared_parsers():
+    """argparse's own error on a cell's first line says ``%%neuron profile``, while the parsers every line shares keep
+    their names (renaming them for a parse and back left them renamed for the next line once: a line form's usage
+    then read ``usage: %%neuron profile``)."""
+    import threading
+
+    p = parser.build()
+    names = [p.prog, *(sp.prog for sp, _ in p.subcommands.values())]
+    seen: list[str] = []
+
+    def line_form() -> None:  # another thread's line, parsed while the cell's is
+        try:
+            parser.parse(p, "profile --export t.json", cell=False)
+        except UsageError as e:
+            seen.append(str(e).splitlines()[-1])
+
+    with pytest.raises(UsageError) as cell:
+        thread = threading.Thread(target=line_form)
+        thread.start()
+        thread.join(timeout=30)
+        parser.parse(p, "profile --export", cell=True)
+    assert str(cell.value).splitlines() == ["%%neuron profile: argument --export: expected one argument",
+                                            "usage: %%neuron profile [--export PATH] [--row-limit N]"]
+    assert seen == ["usage: %neuron profile [--export PATH] [--row-limit N]"]
+    assert [p.prog, *(sp.prog for sp, _ in p.subcommands.values())] == names

@@ -12,8 +12,8 @@ import difflib
 import glob
 import os
 import textwrap
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextvars import ContextVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
@@ -46,6 +46,9 @@ CELL_FORMS = ("cell forms: %%neuron compile [--fullgraph] [--backend NAME] [--de
               "%%neuron profile [--export PATH] [--row-limit N]")
 
 
+_CELL_FORM: ContextVar[bool] = ContextVar("neuron_lab_cell_form", default=False)  # parse() of a cell's first line
+
+
 class NeuronArgumentParser(MagicArgumentParser):
     """A parser whose parse errors are UsageErrors; the top one keeps its commands (argparse keeps them privately)."""
 
@@ -55,7 +58,11 @@ class NeuronArgumentParser(MagicArgumentParser):
         self.subcommands: dict[str, tuple[NeuronArgumentParser, str]] = {}  # name -> (its parser, one-line help)
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().rstrip()}")
+        """argparse's own errors (``argument --export: expected one argument``) name the form the user wrote
+        (:func:`_written`); the parsers themselves are shared, and keep their names."""
+        shown = copy.copy(self)
+        shown.prog = _written(self.prog, _CELL_FORM.get())
+        raise UsageError(f"{shown.prog}: {message}\n{shown.format_usage().rstrip()}")
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
         """argparse's own check, with a near miss named (as Python 3.14's ``suggest_on_error`` does)."""
@@ -295,27 +302,14 @@ def usage(p: NeuronArgumentParser, command: str, *, cell: bool = False) -> str:
     return sp.format_usage().rstrip()
 
 
-@contextmanager
-def _named_as_written(p: NeuronArgumentParser, cell: bool) -> Iterator[None]:
-    """argparse's own errors (``argument --export: expected one argument``) name the parser's ``prog``: while a line
-    parses, ``%neuron`` and its commands are named in the form the user wrote (:func:`_written`)."""
-    parsers = [p, *(sp for sp, _ in p.subcommands.values())]
-    progs = [sp.prog for sp in parsers]
-    for sp in parsers:
-        sp.prog = _written(sp.prog, cell)
-    try:
-        yield
-    finally:
-        for sp, prog in zip(parsers, progs):
-            sp.prog = prog
-
-
 def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespace:
+    written = _CELL_FORM.set(cell)
     try:
-        with _named_as_written(p, cell):
-            args, extra = p.parse_argstring(line, partial=True)
+        args, extra = p.parse_argstring(line, partial=True)
     except ValueError as e:  # shlex: an unclosed quote
         raise UsageError(f"%neuron: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
+    finally:
+        _CELL_FORM.reset(written)
     cmd = args.command
     if extra:
         where = f"%{'%' if cell else ''}neuron {cmd}" if cmd else "%neuron"
