@@ -42,6 +42,20 @@ def test_signatures_and_host_time(b):
     assert "CPU_FALLBACK" in st.reason
 
 
+def test_an_op_keeps_its_first_four_distinct_signatures_by_dtype_rank_and_sizes(b):
+    """A signature is new by any dtype, rank or size: the same sizes in bfloat16, or as (20,) or (4, 5, 1), are
+    others; a repeated one is kept once; past four, none is kept."""
+    a = torch.ones(4, 5, device="neuron")
+    calls = [a, a.bfloat16(), a, a.reshape(20), a.reshape(4, 5, 1), a[:2], a]
+    b.clear_op_tracking()
+    for x in calls:
+        torch.atan2(x, x)
+    (st,) = b.op_stats("fallback")
+    assert st.count == len(calls)
+    assert [(sig[0][0], sig[1][0]) for sig in st.signatures] == [
+        ((4, 5), "float32"), ((4, 5), "bfloat16"), ((20,), "float32"), ((4, 5, 1), "float32")]
+
+
 def test_views_and_copies_are_not_fallbacks(b):
     x = torch.arange(12.0).to("neuron")
     x.view(3, 4).t()[0].cpu()

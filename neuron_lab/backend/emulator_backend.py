@@ -132,7 +132,7 @@ class EmulatorBackend(NeuronBackend):
     def live_allocations(self) -> list[LiveAllocation]:
         now = time.monotonic_ns()
         return [LiveAllocation(a.nbytes, str(a.dtype).removeprefix("torch.") if a.dtype else None, a.shape,
-                               (now - a.created_ns) / 1e9, a.site, a.ptr) for a in self._rt.memory.live()]
+                               max(now - a.created_ns, 0) / 1e9, a.site, a.ptr) for a in self._rt.memory.live()]
 
     def record_allocation_sites(self, enabled: bool) -> None:
         self._rt.memory.set_record_sites(enabled)

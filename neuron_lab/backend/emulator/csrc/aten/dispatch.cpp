@@ -31,7 +31,7 @@ namespace neuron_lab {
 namespace {
 
 constexpr int64_t kSignatureProbes = 256;  // calls per op inspected for a new signature
-constexpr size_t kMaxSignatures = 4;
+constexpr size_t kMaxSignatures = OpStat::kMaxSignatures;
 
 std::mutex plans_mu;
 std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<Plan>> plans;
@@ -139,9 +139,9 @@ std::pair<int, const std::string*> kind_of_call(const Classified& k, const Stack
   return {k.kind, &k.reason};
 }
 
-const Classified& kind_of(Plan& p, uint64_t mask) {
-  const Classified* last = p.last_kind.load(std::memory_order_acquire);
-  if (last && last->mask == mask) return *last;
+// kind_of's other calls: an op's first call with a set of dtypes, or after another set. Out of line, so that the
+// common call's frame is small.
+[[gnu::noinline]] const Classified& classified(Plan& p, uint64_t mask) {
   {
     std::lock_guard<std::mutex> g(plans_mu);
     auto it = p.kinds.find(mask);
@@ -161,6 +161,12 @@ const Classified& kind_of(Plan& p, uint64_t mask) {
   p.kinds[mask] = k;
   p.last_kind.store(k, std::memory_order_release);
   return *k;
+}
+
+const Classified& kind_of(Plan& p, uint64_t mask) {
+  const Classified* last = p.last_kind.load(std::memory_order_acquire);
+  if (last && last->mask == mask) [[likely]] return *last;
+  return classified(p, mask);
 }
 
 std::string where(c10::DeviceIndex d) {
@@ -590,59 +596,72 @@ namespace {
 
 enum Wants : int { kProbe = 1, kDeliver = 2 };
 
-// Counts one call; says whether its arguments are wanted: a signature probe, a delivery to Python. Past the probes
-// the count takes no lock (a clear in between at worst counts one call in the new window or the old).
+// Counts one call; says whether its arguments are wanted: a signature probe, a delivery to Python. Only an op's
+// first call in a window takes the lock, for its reason (a clear in between at worst counts one call in the new
+// window or the old).
 int count(Plan& p, int kind, const std::string& reason, int64_t host_ns) {
-  bool probe = false;
   OpStat& st = p.stats[kind];
-  if (st.count.load(std::memory_order_relaxed) >= kSignatureProbes) {
-    st.count.fetch_add(1, std::memory_order_relaxed);
-    st.host_ns.fetch_add(host_ns, std::memory_order_relaxed);
-  } else {
+  int64_t n;
+  if (st.count.load(std::memory_order_relaxed) == 0) {
     std::lock_guard<std::mutex> g(plans_mu);
     if (st.count.load(std::memory_order_relaxed) == 0) st.reason = reason;
-    const int64_t n = st.count.fetch_add(1, std::memory_order_relaxed) + 1;
-    st.host_ns.fetch_add(host_ns, std::memory_order_relaxed);
-    probe = n <= kSignatureProbes && st.signatures.size() < kMaxSignatures;
+    n = st.count.fetch_add(1, std::memory_order_relaxed) + 1;
+  } else {
+    n = st.count.fetch_add(1, std::memory_order_relaxed) + 1;
   }
+  st.host_ns.fetch_add(host_ns, std::memory_order_relaxed);
+  const bool probe = n <= kSignatureProbes && st.printed.load(std::memory_order_acquire) < kMaxSignatures;
   if (kind != kDowncast) calls.fetch_add(1, std::memory_order_relaxed);
   return (probe ? kProbe : 0) | (((wanted.load(std::memory_order_relaxed) >> kind) & 1) ? kDeliver : 0);
 }
 
-// Whether `st` keeps the signature of the tensors `each` visits already, compared in place (no vectors, no strings
-// made): a probe of an op called with the same shapes again, the common case, builds nothing.
-template <typename ForEach>
-bool kept(const OpStat& st, ForEach each) {
-  for (const Signature& s : st.signatures) {
-    size_t i = 0;
-    bool same = true;
-    each([&](const at::Tensor& t) {
-      if (!same || !t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // as add_to skips them
-      same = i < s.shapes.size() && t.sizes().equals(s.shapes[i]) &&
-             s.dtypes[i] == c10::getDtypeNames(t.scalar_type()).first;
-      ++i;
-    });
-    if (same && i == s.shapes.size()) return true;
+// A signature's fingerprint: each tensor's dtype, rank and sizes, in order (add_to's tensors: a wrapped number is
+// none). Two signatures with one fingerprint would keep only the first (a 64-bit mix: no collision in practice).
+class Fingerprint {
+ public:
+  void add(const at::Tensor& t) {
+    if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+    mix(static_cast<uint64_t>(t.scalar_type()) + 1);
+    mix(static_cast<uint64_t>(t.dim()));
+    for (int64_t s : t.sizes()) mix(static_cast<uint64_t>(s));
+  }
+  uint64_t value() const { return h_; }
+
+ private:
+  void mix(uint64_t v) { h_ = (h_ ^ v) * 0x100000001b3ull + (h_ >> 29); }
+  uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+bool printed(const OpStat& st, uint64_t print) {
+  const size_t n = std::min(st.printed.load(std::memory_order_acquire), kMaxSignatures);
+  for (size_t i = 0; i < n; ++i) {
+    if (st.prints[i].load(std::memory_order_relaxed) == print) return true;
   }
   return false;
 }
 
-// Keeps the signature of a typed kernel's call, from its tensors, among the kind's first distinct ones.
-void keep_signature(OpStat& st, c10::ArrayRef<const at::Tensor*> tensors) {
+// Keeps a call's signature among the kind's first distinct ones, made by `make` only when it is new: a probe of an
+// op called with the same shapes again, the common case, takes no lock and builds nothing.
+void keep_signature(OpStat& st, uint64_t print, c10::function_ref<Signature()> make) {
+  if (printed(st, print)) return;
   std::lock_guard<std::mutex> g(plans_mu);
-  auto each = [&](auto f) {
-    for (const at::Tensor* t : tensors) f(*t);
-  };
-  if (st.signatures.size() < kMaxSignatures && !kept(st, each)) st.signatures.push_back(signature_of(tensors));
+  const size_t n = st.printed.load(std::memory_order_relaxed);
+  if (n >= kMaxSignatures || printed(st, print)) return;
+  st.signatures.push_back(make());
+  st.prints[n].store(print, std::memory_order_relaxed);
+  st.printed.store(n + 1, std::memory_order_release);
 }
 
-// The same for a boxed call, from its argument stack.
+void keep_signature(OpStat& st, c10::ArrayRef<const at::Tensor*> tensors) {
+  Fingerprint f;
+  for (const at::Tensor* t : tensors) f.add(*t);
+  keep_signature(st, f.value(), [&] { return signature_of(tensors); });
+}
+
 void keep_signature(OpStat& st, const Stack& args) {
-  std::lock_guard<std::mutex> g(plans_mu);
-  auto each = [&](auto f) {
-    for (const auto& v : args) for_each_tensor(v, f);
-  };
-  if (st.signatures.size() < kMaxSignatures && !kept(st, each)) st.signatures.push_back(signature_of(args));
+  Fingerprint f;
+  for (const auto& v : args) for_each_tensor(v, [&](const at::Tensor& t) { f.add(t); });
+  keep_signature(st, f.value(), [&] { return signature_of(args); });
 }
 
 // A call's argument stack and signature, made only when a delivery calls Python (a call counted at its line, the
@@ -974,6 +993,7 @@ void clear_op_rows() {
         st.host_ns.store(0, std::memory_order_relaxed);
         st.reason.clear();
         st.signatures.clear();
+        st.printed.store(0, std::memory_order_release);
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/FunctionRef.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -32,12 +33,17 @@ struct Signature {
   bool operator==(const Signature& o) const { return shapes == o.shapes && dtypes == o.dtypes; }
 };
 
-// count and host_ns are atomic: past its first calls (the signature probes) an op is counted without a lock.
+// count and host_ns are atomic: an op is counted without a lock. Its first calls (the signature probes) compare
+// their signature's fingerprint with the kept ones' (`prints`, the first `printed` of them), also without a lock:
+// only a signature not kept yet takes it.
 struct OpStat {
+  static constexpr size_t kMaxSignatures = 4;
   std::atomic<int64_t> count{0};
   std::atomic<int64_t> host_ns{0};
   std::string reason;
   std::vector<Signature> signatures;
+  std::array<std::atomic<uint64_t>, kMaxSignatures> prints{};
+  std::atomic<size_t> printed{0};
 };
 
 struct OpRow {  // one (op, kind) aggregate, as Python reads it

@@ -53,7 +53,7 @@ at::Tensor over(c10::Storage storage, c10::DispatchKeySet keys, const at::Tensor
 c10::Storage cpu_alias_storage(const c10::Storage& device, bool growable) {
   if (!growable) {  // the block's own host storage already is one over these bytes: no new StorageImpl per op
     const Block* b = NeuronAllocator::block_of(device.data_ptr());
-    if (b && b->host.data() == device.data() && b->host.nbytes() == device.nbytes()) return b->host;
+    if (b && b->ptr == device.data() && b->host_nbytes == device.nbytes()) return b->host;
   }
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), device.nbytes(),
@@ -115,7 +115,7 @@ at::Tensor host(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
   const c10::Storage& st = t.storage();
   Block* b = NeuronAllocator::block_of(st.data_ptr());
-  if (b && !t.is_conj() && !t.is_neg() && b->host.data() == st.data() && b->host.nbytes() == st.nbytes()) {
+  if (b && !t.is_conj() && !t.is_neg() && b->ptr == st.data() && b->host_nbytes == st.nbytes()) {
     if (at::Tensor a = cached(*b, t); a.defined()) return a;
   }
   return over(cpu_alias_storage(st), kCPU, t);

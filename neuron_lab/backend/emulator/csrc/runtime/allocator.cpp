@@ -209,6 +209,7 @@ c10::DataPtr NeuronAllocator::register_block(c10::Storage host, size_t capacity,
   }
   Block* b = owned.get();
   b->host = std::move(host);
+  b->host_nbytes = b->host.nbytes();
   b->capacity = capacity;
   if (segment) {
     b->segment = std::move(*segment);
@@ -260,6 +261,7 @@ c10::DataPtr NeuronAllocator::allocate_on(size_t n, c10::DeviceIndex device) {
     seg = reserve(n, device, &small, o.context);  // may raise OutOfMemoryError before any host memory is taken
     if (Block* spare = small ? take_spare(devices_[device], seg.size) : nullptr) {
       spare->host.set_nbytes(bytes);
+      spare->host_nbytes = bytes;
       spare->segment = std::move(seg);
       spare->small = small;
       return enter(spare, n, std::move(o), device, true);
@@ -294,6 +296,8 @@ c10::DataPtr NeuronAllocator::adopt(const c10::Storage& host, c10::DeviceIndex d
     return register_block(std::move(own), 0, n, std::nullopt, true, device, origin());
   }
   leave_cpu_accounting(host);
+  // Its bytes are the device's now: a CPU tensor over them that grew would move them under the device storage.
+  host.unsafeGetStorageImpl()->set_resizable(false);
   return register_block(host, 0, n, std::nullopt, true, device, origin());
 }
 

@@ -69,7 +69,8 @@ struct Block {
   c10::Storage host;  // the CPU storage that owns the bytes
   HostAlias alias;
   size_t capacity = 0;  // the host bytes' size when they are the allocator's own (a size class), else 0
-  void* ptr = nullptr;
+  void* ptr = nullptr;  // host's bytes: they never move while the block lives (host is not resizable)
+  size_t host_nbytes = 0;  // host's nbytes, read here so that host() need not reach host's StorageImpl
   size_t nbytes = 0;  // requested
   Segment segment;  // the size class it reserved, at its emulated device address
   Context context;  // where it was allocated, while history records stacks

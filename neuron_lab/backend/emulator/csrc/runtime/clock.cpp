@@ -31,6 +31,9 @@ double ns_per_tick() {
 }
 
 const double kNsPerTick = ns_per_tick();
+// One stamp and the steady clock's ns read together, after the rate: steady_ns counts from them.
+const int64_t kBaseTicks = ticks();
+const int64_t kBaseNs = now_ns();
 
 }  // namespace
 
@@ -39,6 +42,10 @@ int64_t ticks() {
   if (kNsPerTick > 0) return static_cast<int64_t>(__rdtsc());
 #endif
   return now_ns();
+}
+
+int64_t steady_ns(int64_t stamp) {
+  return kNsPerTick > 0 ? kBaseNs + static_cast<int64_t>(double(stamp - kBaseTicks) * kNsPerTick) : stamp;
 }
 
 int64_t ticks_ns(int64_t d) {
