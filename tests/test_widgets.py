@@ -530,7 +530,8 @@ def test_the_compiles_view_shows_a_check_as_its_one_line_summary(shell):
 
 
 def test_the_tensors_view_shows_a_0d_tensors_shape_as_empty_brackets_in_text_html_and_widget(shell):
-    """The widget draws the shape text the data carries, the one its text view shows (it drew a 0-d shape as ())."""
+    """The widget and the static HTML draw the shape text the data carries, the one its text view shows (the widget
+    drew a 0-d shape as (), the HTML a matrix as [4, 8])."""
     sh = widget_shell(shell)
     run(sh, "import torch\nscalar_t = torch.zeros((), device='neuron')\nmatrix_t = torch.zeros(4, 8, device='neuron')")
     run(sh, "panel = %neuron tensors")
@@ -538,7 +539,8 @@ def test_the_tensors_view_shows_a_0d_tensors_shape_as_empty_brackets_in_text_htm
     lines = static.render_text(data, {}, ["tensors"]).splitlines()
     (line,) = [ln for ln in lines if ln.endswith("scalar_t")]
     assert line.split()[2:5] == ["[]", "float32", "namespace"], line
-    assert 'vertical-align:top">[]</td>' in static.render_html(data, {}, ["tensors"])
+    html = static.render_html(data, {}, ["tensors"])
+    assert 'vertical-align:top">[]</td>' in html and 'vertical-align:top">4×8</td>' in html and "[4, 8]" not in html
     texts = {r["names"][0]: r["shape_text"] for r in data["tensors"]["rows"] if r["names"]}
     assert (texts["scalar_t"], texts["matrix_t"]) == ("[]", "4×8")
     assert [ln for ln in lines if ln.endswith("matrix_t")][0].split()[2] == "4×8"

@@ -236,7 +236,7 @@ def _tensors_text(data: dict, live: dict) -> str:
 def _tensors_html(data: dict, live: dict) -> str:
     t = data["tensors"]
     shown, left = _cut(t["rows"], "storage")
-    rows = [[format_size(r["bytes"]), escape(str(r.get("shape"))), escape(str(r.get("dtype"))),
+    rows = [[format_size(r["bytes"]), escape(r["shape_text"]), escape(str(r.get("dtype") or "?")),
              "✓" if r.get("requires_grad") else "", escape(r["held_by"]), escape(", ".join(r["names"]))]
             for r in shown]
     return (f"<b>device tensors</b> {format_size(t['total'])} (memory_allocated {format_size(t['allocated'])})"
