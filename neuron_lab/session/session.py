@@ -400,12 +400,17 @@ class Session:
         if options is not None:
             self.compile_options = options
 
+    def _typed_cell(self, body: str, raw_cell: str) -> str:
+        """A ``%%neuron`` cell as the user typed it: the running cell itself when it is the one whose body runs
+        (IPython hands the magic its line and body apart), else ``raw_cell`` as the magic rebuilt it."""
+        outer = self._raw_cell
+        return outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
+
     def run_cell_body(self, body: str, raw_cell: str, *, mode: str | None = None,
                       options: modes.CompileOptions | None = None, device: torch.device | None = None) -> Any:
         """Run a ``%%neuron`` body with a mode and/or device for this cell only."""
         __tracebackhide__ = True  # noqa: F841
-        outer = self._raw_cell  # this very cell, as typed, when it is the one running
-        raw = outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
+        raw = self._typed_cell(body, raw_cell)
         # Ctrl-C stops the body at once, but waits while the mode and device are set and put back.
         with interrupts.guarded(), ExitStack() as stack:
             if device is not None:
@@ -426,8 +431,7 @@ class Session:
     def cell_to_check(self, body: str, raw_cell: str) -> CellToCheck:
         """The running ``%%neuron parity`` / ``compare`` cell, described for :func:`neuron_lab.checks.run_check`;
         a check made from it joins the cell's report (and the history)."""
-        outer = self._raw_cell
-        raw = outer if outer.lstrip().startswith("%%") and outer.rstrip().endswith(body.rstrip()) else raw_cell
+        raw = self._typed_cell(body, raw_cell)
         number = self.locator.current_cell()
         t = self._tracker
         return CellToCheck(self.shell, body, raw, self.shell.execution_count if number is None else number,
