@@ -165,6 +165,20 @@ def test_bad_cell_magic_forms_are_usage_errors_and_the_body_does_not_run(shell):
         assert state(shell) == before
 
 
+@pytest.mark.parametrize("first, message", [
+    ("%%neuron compile --bogus", "%%neuron compile: unrecognized arguments: --bogus"),
+    ("%%neuron --bogus", "%%neuron: unrecognized arguments: --bogus"),
+])
+def test_a_cell_forms_parse_errors_name_the_cell_form(shell, first, message):
+    """A cell's first line is named as written, `%%neuron ...`, in every parse error (the line form's prefix was
+    built apart in two places)."""
+    from IPython.core.error import UsageError
+
+    res, _ = run(shell, f"{first}\nran = True", ok=False)
+    assert isinstance(res.error_in_exec, UsageError) and str(res.error_in_exec).startswith(message), res.error_in_exec
+    assert "ran" not in shell.user_ns
+
+
 def test_a_bad_config_value_is_dropped_with_a_message_and_the_extension_still_loads(shell):
     run(shell, "%config NeuronLab.report_detail = 'bogus'", ok=False)
     run(shell, "%unload_ext neuron_lab")

@@ -307,12 +307,12 @@ def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespa
     try:
         args, extra = p.parse_argstring(line, partial=True)
     except ValueError as e:  # shlex: an unclosed quote
-        raise UsageError(f"%neuron: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
+        raise UsageError(f"{_written(p.prog, cell)}: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
     finally:
         _CELL_FORM.reset(written)
     cmd = args.command
     if extra:
-        where = f"%{'%' if cell else ''}neuron {cmd}" if cmd else "%neuron"
+        where = _written(f"{p.prog} {cmd}" if cmd else p.prog, cell)
         flags = [s for a in options(p.subcommands[cmd][0] if cmd else p) for s in a.option_strings]
         hint = next((h for word in extra if word.startswith("-") and (h := did_you_mean(word, flags))), "")
         raise UsageError(f"{where}: unrecognized arguments: {' '.join(extra)}{hint}\n"
