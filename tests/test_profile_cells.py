@@ -195,6 +195,21 @@ def test_the_trace_exports_as_often_as_asked(shell, tmp_path: Path) -> None:
     assert report.profiled.trace_path == str(packed)
 
 
+def test_a_written_trace_is_read_back_from_its_file_and_a_gone_one_is_named(shell, tmp_path: Path) -> None:
+    """A kept profile holds no copy of its trace (tens of MB with stacks): a later export reads the file the profile
+    last wrote, and one that is gone since is named, with what to do."""
+    first = tmp_path / "cell.json"
+    profiled_cell(shell, f"--export {first}")
+    kept = neuron_lab.last_profile()
+    kept.export_chrome_trace(str(tmp_path / "second.json"))  # now the source
+    first.unlink()
+    kept.export_chrome_trace(str(tmp_path / "third.json"))
+    (tmp_path / "third.json").write_text("{}")
+    with pytest.raises(RuntimeError, match=r"trace was written to .*third\.json, which has changed or is gone since"):
+        kept.export_chrome_trace(str(tmp_path / "fourth.json"))
+    assert not (tmp_path / "fourth.json").exists()
+
+
 def test_the_profile_gives_its_tables_afterwards(shell) -> None:
     report, _, n = profiled_cell(shell, "--row-limit 1")
     kept = neuron_lab.last_profile()

@@ -275,16 +275,16 @@ def last_profile() -> ProfileResult:
 
 class ProfileResult:
     """A finished profile, after the fact: its report data (:attr:`profiled`, :attr:`report`) and torch.profiler's
-    record of the window, which it exports and tabulates with torch.profiler's names. It holds that record and, once
-    written, the trace's JSON (their memory) for as long as it lives: in ``Out`` and ``_`` for a cell, and as
-    :func:`last_profile` until the next."""
+    record of the window, which it exports and tabulates with torch.profiler's names. It holds that record (its
+    memory) for as long as it lives: in ``Out`` and ``_`` for a cell, and as :func:`last_profile` until the next.
+    A written trace stays on disk, not in memory (tens of MB for a few thousand ops with their stacks)."""
 
     def __init__(self, profiled: Profiled, prof: Any, report: Report | None = None) -> None:
         self.profiled = profiled
         self.report = report  # the cell's or block's report, the profile on it; None outside one
         self._prof = prof  # torch.profiler.profile, stopped and read
-        # torch.profiler writes a window's trace once ("Trace is already saved" after): its JSON, once written
-        self._trace = None if profiled.trace_path is None else _read_trace(profiled.trace_path)
+        # torch.profiler writes a window's trace once ("Trace is already saved" after): the file it went to last
+        self._written = None if profiled.trace_path is None else _Written.at(profiled.trace_path)
 
     def export_chrome_trace(self, path: str) -> None:
         """Write the window's Chrome/Perfetto trace (https://ui.perfetto.dev) with the device lanes, as
@@ -292,11 +292,11 @@ class ProfileResult:
         with ``--export`` (they cost the profiled code about a third more). The profile's ``trace_path`` says where
         it went last."""
         full = check_export_path(path, "export_chrome_trace")
-        if self._trace is None:
+        if self._written is None:
             self._record().export_chrome_trace(full)
-            self._trace = _read_trace(full)
         else:
-            _write_trace(full, self._trace)
+            _write_trace(full, self._written.read())
+        self._written = _Written.at(full)
         self.profiled.trace_path = full
 
     def _record(self) -> Any:
@@ -327,10 +327,30 @@ class ProfileResult:
 _TRACE_NAME = b'"traceName": '  # the last key of Kineto's trace: the path it was written to
 
 
-def _read_trace(path: str) -> bytes:
-    """A written trace's JSON (torch.profiler gzips a ``.gz`` path)."""
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-        return f.read()
+class _Written(NamedTuple):
+    """A trace file as its profile wrote it: read back only to write it again, and only while it is unchanged."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def at(cls, path: str) -> _Written:
+        st = os.stat(path)
+        return cls(path, st.st_size, st.st_mtime_ns)
+
+    def read(self) -> bytes:
+        """Its JSON (torch.profiler gzips a ``.gz`` path)."""
+        try:
+            unchanged = _Written.at(self.path) == self
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            raise RuntimeError(f"export_chrome_trace: the profile's trace was written to {self.path}, which has "
+                               "changed or is gone since; torch.profiler writes a window's trace once, so put that "
+                               "file back or profile again")
+        with (gzip.open if self.path.endswith(".gz") else open)(self.path, "rb") as f:
+            return f.read()
 
 
 def _write_trace(path: str, trace: bytes) -> None:
