@@ -236,7 +236,8 @@ def test_a_fullgraph_break_is_reported_at_its_line_with_why_and_fix_and_its_trac
         last = last.tb_next
     assert last.tb_frame.f_code.co_filename.startswith("<ipython-input-") and last.tb_lineno == 2
     user_code = str(res.error_in_exec).split("from user code:\n", 1)[1].split("\n\n")[0]
-    assert user_code.splitlines()[0].endswith(", line 5, in forward") and len(user_code.splitlines()) == 3
+    assert user_code.splitlines()[0] == f"  Cell In[{n}], line 5, in forward" and len(user_code.splitlines()) == 3
+    assert f"  Cell In[{n}], line 5, in forward" in cap.stdout  # as IPython's traceback names the cell, not its file
 
 
 _FIRST_COMPILE = """

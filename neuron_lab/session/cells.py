@@ -49,6 +49,11 @@ class CellLocator(Locator):
         except RuntimeError:  # the dict grew during the scan
             return None
 
+    def cell_label(self, filename: str) -> str | None:
+        """A cell's file as IPython's tracebacks name it (``Cell In[5]``); None for any other file."""
+        n = self._cell_of(filename)
+        return None if n is None else f"Cell In[{n}]"
+
     def is_user_file(self, filename: str) -> bool:
         return self._cell_of(filename) is not None
 

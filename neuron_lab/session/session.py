@@ -125,10 +125,12 @@ class Session:
                 continue
             original = getattr(obj, name)
             self._excluding.append((obj, name, name in obj.__dict__, original))
-            setattr(obj, name, self._excluded(original))
+            setattr(obj, name, self._excluded(original, self._name_cells if name == "showtraceback" else None))
 
-    def _excluded(self, fn: Callable) -> Callable:
+    def _excluded(self, fn: Callable, first: Callable | None = None) -> Callable:
         def run_outside_the_report(*args, **kwargs):
+            if first is not None:
+                first(*args, **kwargs)
             t = self._tracker
             if t is None:
                 return fn(*args, **kwargs)
@@ -137,6 +139,13 @@ class Session:
 
         run_outside_the_report.__neuron_lab_wraps__ = fn
         return run_outside_the_report
+
+    def _name_cells(self, exc_tuple: tuple | None = None, *args: Any, **kwargs: Any) -> None:
+        """Before IPython shows a traceback: a fullgraph graph break's message names the cells it lists as the
+        traceback does (dynamo writes Jupyter's temporary file for a cell)."""
+        error = exc_tuple[1] if exc_tuple else sys.exc_info()[1] or getattr(sys, "last_value", None)  # as IPython
+        if error is not None and compile_errors.is_graph_break_error(error):
+            compile_errors.name_cells(error, self.locator.cell_label)
 
     def _device_variable_renamed(self, change: dict) -> None:
         """``%config NeuronLab.device_variable = 'dev'``: the new name holds the notebook device from now on

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 
 from neuron_lab import frames
 
@@ -43,3 +44,18 @@ def keep_user_frames(error: BaseException) -> None:
     """Leave torch's and neuron_lab's frames out of ``error``'s "from user code:" list, in place."""
     if error.args and isinstance(error.args[0], str):
         error.args = (user_frames_only(error.args[0]), *error.args[1:])
+
+
+def name_cells(error: BaseException, cell_label: Callable[[str], str | None]) -> None:
+    """Name a notebook cell's frames in ``error``'s "from user code:" list as IPython's traceback names them
+    (``Cell In[5], line 8``, not Jupyter's ``File "/tmp/ipykernel_…/….py", line 8``), in place; ``cell_label``
+    gives a file's name (None: not a cell's)."""
+    if not (error.args and isinstance(error.args[0], str)) or _FROM_USER_CODE not in error.args[0]:
+        return
+    head, sep, rest = error.args[0].partition(_FROM_USER_CODE)
+
+    def named(m: re.Match) -> str:
+        label = cell_label(m["file"])
+        return m[0] if label is None else m[0].replace(f'File "{m["file"]}"', label, 1)
+
+    error.args = (head + sep + _FRAME.sub(named, rest), *error.args[1:])
