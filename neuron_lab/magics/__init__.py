@@ -398,8 +398,8 @@ class NeuronMagics(Magics):
 
 def _usage_error(command: str, why: str, usage: bool = True) -> UsageError:
     """``%neuron COMMAND: why`` (``%%`` for a cell magic), then the command's usage unless told not to."""
-    prefix = "%%" if command in CELL_ONLY else "%"
-    return UsageError(f"{prefix}neuron {command}: {why}" + (f"\n{_parser.usage(_PARSER, command)}" if usage else ""))
+    where = _parser.written(f"{_PARSER.prog} {command}", command in CELL_ONLY)
+    return UsageError(f"{where}: {why}" + (f"\n{_parser.usage(_PARSER, command)}" if usage else ""))
 
 
 @contextmanager

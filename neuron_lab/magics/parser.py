@@ -59,9 +59,9 @@ class NeuronArgumentParser(MagicArgumentParser):
 
     def error(self, message: str):
         """argparse's own errors (``argument --export: expected one argument``) name the form the user wrote
-        (:func:`_written`); the parsers themselves are shared, and keep their names."""
+        (:func:`written`); the parsers themselves are shared, and keep their names."""
         shown = copy.copy(self)
-        shown.prog = _written(self.prog, _CELL_FORM.get())
+        shown.prog = written(self.prog, _CELL_FORM.get())
         raise UsageError(f"{shown.prog}: {message}\n{shown.format_usage().rstrip()}")
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
@@ -288,7 +288,7 @@ def help_text(p: NeuronArgumentParser) -> str:
     return "\n\n".join(parts)
 
 
-def _written(prog: str, cell: bool) -> str:
+def written(prog: str, cell: bool) -> str:
     """A parser's name in the form the user wrote: ``%%neuron profile`` on a cell's first line (a cell magic's own
     parser says ``%%neuron`` already)."""
     return f"%{prog}" if cell and not prog.startswith("%%") else prog
@@ -296,23 +296,23 @@ def _written(prog: str, cell: bool) -> str:
 
 def usage(p: NeuronArgumentParser, command: str, *, cell: bool = False) -> str:
     """The usage line of one command (``usage: %neuron device [-h] ...``), to follow an error message; ``cell``: in
-    the form the user wrote (:func:`_written`)."""
+    the form the user wrote (:func:`written`)."""
     sp = copy.copy(p.subcommands[command][0])
-    sp.prog = _written(sp.prog, cell)
+    sp.prog = written(sp.prog, cell)
     return sp.format_usage().rstrip()
 
 
 def parse(p: NeuronArgumentParser, line: str, *, cell: bool) -> argparse.Namespace:
-    written = _CELL_FORM.set(cell)
+    form = _CELL_FORM.set(cell)
     try:
         args, extra = p.parse_argstring(line, partial=True)
     except ValueError as e:  # shlex: an unclosed quote
-        raise UsageError(f"{_written(p.prog, cell)}: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
+        raise UsageError(f"{written(p.prog, cell)}: {e} in {line!r}\n{p.format_usage().rstrip()}") from None
     finally:
-        _CELL_FORM.reset(written)
+        _CELL_FORM.reset(form)
     cmd = args.command
     if extra:
-        where = _written(f"{p.prog} {cmd}" if cmd else p.prog, cell)
+        where = written(f"{p.prog} {cmd}" if cmd else p.prog, cell)
         flags = [s for a in options(p.subcommands[cmd][0] if cmd else p) for s in a.option_strings]
         hint = next((h for word in extra if word.startswith("-") and (h := did_you_mean(word, flags))), "")
         raise UsageError(f"{where}: unrecognized arguments: {' '.join(extra)}{hint}\n"
