@@ -154,22 +154,21 @@ def _step_calls(depth: int, **opt_kwargs) -> list:
     return be.op_stats()
 
 
-def test_adamw_foreach_step_is_a_few_foreach_kernels() -> None:
-    stats = _step_calls(depth=2, foreach=True)
-    names = {s.name for s in stats}
-    assert names == {"aten::_foreach_mul_", "aten::_foreach_lerp_", "aten::_foreach_addcmul_", "aten::_foreach_sqrt",
-                     "aten::_foreach_div_", "aten::_foreach_add_", "aten::_foreach_addcdiv_"}
-    # the April source registers no kernel for four of them: under the combined default they may fall back
-    assert {s.name for s in stats if s.kind != "native"} == {"aten::_foreach_lerp_", "aten::_foreach_addcmul_",
-                                                             "aten::_foreach_sqrt", "aten::_foreach_addcdiv_"}
-    assert {s.kind for s in stats if s.kind != "native"} == {"possible"}
-    calls = sum(s.count for s in stats)
-    assert calls == 8  # for 4 parameter tensors
-    deeper = _step_calls(depth=6, foreach=True)  # 12 parameter tensors
-    assert sum(s.count for s in deeper) == calls  # a per-tensor loop would grow with the parameters; this does not
+def test_adamw_foreach_step_runs_torchneurons_foreach_kernels_and_the_composites_per_tensor_ops() -> None:
+    """TorchNeuron registers kernels for `_foreach_add`, `_sub`, `_mul`, `_div` and `_norm`: each such call is one
+    call for the whole list. AdamW's other `_foreach_` ops have a composite kernel, which the dispatcher runs before a
+    backend's fallback: TorchNeuron receives their per-tensor ops, one call a tensor, and all of those run natively.
+    (Walkthrough 48: every AdamW report listed the four composites under "may fall back on TorchNeuron".)"""
+    stats = _step_calls(depth=2, foreach=True)  # 4 parameter tensors
+    assert {s.kind for s in stats} == {"native"}
+    lists = {"aten::_foreach_add_": 1, "aten::_foreach_div_": 1, "aten::_foreach_mul_": 2}
+    per_tensor = {"aten::lerp_": 4, "aten::addcmul_": 4, "aten::sqrt": 4, "aten::addcdiv_": 4}
+    assert {s.name: s.count for s in stats} == lists | per_tensor
+    deeper = {s.name: s.count for s in _step_calls(depth=6, foreach=True)}  # 12 parameter tensors
+    assert deeper == lists | {name: 12 for name in per_tensor}  # a list's kernel does not grow with the tensors
 
 
-_FOREACH_INPLACE = {  # every in-place overload the compiled core's typed kernels take, and a 0-dim device tensor
+_FOREACH_INPLACE = {  # the in-place overloads of the `_foreach_` ops TorchNeuron registers, and a 0-dim device tensor
     "add_.Scalar": lambda a, b, c: torch._foreach_add_(a, 0.5),
     "add_.List": lambda a, b, c: torch._foreach_add_(a, b, alpha=2),
     "add_.ScalarList": lambda a, b, c: torch._foreach_add_(a, [1.0, 2.0, 3.0]),
@@ -177,21 +176,29 @@ _FOREACH_INPLACE = {  # every in-place overload the compiled core's typed kernel
     "sub_.List": lambda a, b, c: torch._foreach_sub_(a, b, alpha=0.5),
     "mul_.ScalarList": lambda a, b, c: torch._foreach_mul_(a, [0.5, 1.5, 2.5]),
     "div_.List": lambda a, b, c: torch._foreach_div_(a, c),
-    "addcmul_.Scalar": lambda a, b, c: torch._foreach_addcmul_(a, b, c, value=0.3),
-    "addcdiv_.ScalarList": lambda a, b, c: torch._foreach_addcdiv_(a, b, c, [0.1, 0.2, 0.3]),
-    "lerp_.List": lambda a, b, c: torch._foreach_lerp_(a, b, c),
-    "lerp_.Scalar": lambda a, b, c: torch._foreach_lerp_(a, b, 0.1),
-    "maximum_.List": lambda a, b, c: torch._foreach_maximum_(a, b),
-    "sqrt_": lambda a, b, c: torch._foreach_sqrt_(c),
-    "reciprocal_": lambda a, b, c: torch._foreach_reciprocal_(c),
 }
+# The others run PyTorch's composite on the device, as on TorchNeuron: their per-tensor op, one call a tensor (as it
+# reaches the device: an in-place structured op through its `.out` overload, `maximum_` through `clamp_min`).
+_FOREACH_COMPOSITE = {
+    "addcmul_.Scalar": (lambda a, b, c: torch._foreach_addcmul_(a, b, c, value=0.3), "aten::addcmul_"),
+    "addcdiv_.ScalarList": (lambda a, b, c: torch._foreach_addcdiv_(a, b, c, [0.1, 0.2, 0.3]), "aten::addcdiv_"),
+    "lerp_.List": (lambda a, b, c: torch._foreach_lerp_(a, b, c), "aten::lerp"),
+    "lerp_.Scalar": (lambda a, b, c: torch._foreach_lerp_(a, b, 0.1), "aten::lerp_"),
+    "maximum_.List": (lambda a, b, c: torch._foreach_maximum_(a, b), "aten::clamp_min"),
+    "sqrt_": (lambda a, b, c: torch._foreach_sqrt_(c), "aten::sqrt"),
+    "reciprocal_": (lambda a, b, c: torch._foreach_reciprocal_(c), "aten::reciprocal"),
+}
+
+
+def _lists() -> list[list[torch.Tensor]]:
+    torch.manual_seed(0)
+    return [[torch.randn(4, 3) for _ in range(3)], [torch.randn(4, 3) for _ in range(3)],
+            [torch.rand(4, 3) + 1 for _ in range(3)]]
 
 
 @pytest.mark.parametrize("overload", _FOREACH_INPLACE)
 def test_foreach_in_place_matches_the_cpu_as_one_call(overload: str) -> None:
-    torch.manual_seed(0)
-    lists = [[torch.randn(4, 3) for _ in range(3)], [torch.randn(4, 3) for _ in range(3)],
-             [torch.rand(4, 3) + 1 for _ in range(3)]]
+    lists = _lists()
     on_cpu = [[t.clone() for t in ts] for ts in lists]
     on_dev = [[t.to("neuron") for t in ts] for ts in lists]
     be = nb.active()
@@ -203,6 +210,24 @@ def test_foreach_in_place_matches_the_cpu_as_one_call(overload: str) -> None:
         for a, b in zip(cpu, dev):
             torch.testing.assert_close(b.cpu(), a)
     assert [(s.name, s.count) for s in stats] == [("aten::_foreach_" + overload.split(".")[0], 1)]
+
+
+@pytest.mark.parametrize("overload", _FOREACH_COMPOSITE)
+def test_a_foreach_op_torchneuron_registers_no_kernel_for_runs_its_per_tensor_op_and_matches_the_cpu(overload):
+    run, op = _FOREACH_COMPOSITE[overload]
+    lists = _lists()
+    on_cpu = [[t.clone() for t in ts] for ts in lists]
+    on_dev = [[t.to("neuron") for t in ts] for ts in lists]
+    be = nb.active()
+    be.clear_op_tracking()
+    run(*on_dev)
+    stats = be.op_stats()
+    run(*on_cpu)
+    for cpu, dev in zip(on_cpu, on_dev):
+        for a, b in zip(cpu, dev):
+            torch.testing.assert_close(b.cpu(), a)
+    assert not [s for s in stats if s.name.startswith("aten::_foreach_")]
+    assert sum(s.count for s in stats if s.name == op) == 3  # one call a tensor of the list
 
 
 def test_adamw_fused_step_is_two_kernels() -> None:

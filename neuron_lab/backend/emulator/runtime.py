@@ -45,12 +45,24 @@ DIRECT_OPS = (
 )
 
 
+# The coverage read from TorchNeuron's source (tools/derive_coverage.py): its native ops are the ops it registers
+# a kernel for.
+SOURCE_COVERAGE = "torchneuron-src-2026-04"
+
+
 def direct_ops() -> list[str]:
-    """:data:`DIRECT_OPS` plus every ``_foreach_*`` overload (one host kernel per list, as on a device)."""
+    """:data:`DIRECT_OPS` plus the ``_foreach_*`` overloads TorchNeuron registers a kernel for (one host kernel per
+    list, as on the device: ``_foreach_add``, ``_sub``, ``_mul``, ``_div``, ``_norm`` and their in-place forms).
+    Every other ``_foreach_`` op has a composite kernel that the dispatcher runs before a backend's fallback: on
+    TorchNeuron it calls its per-tensor op once a tensor (``_foreach_sqrt``: ``sqrt``), and those calls are what
+    TorchNeuron receives, runs and reports, so here too."""
     import torch
 
+    from neuron_lab.backend import coverage
+
+    source = coverage.load(SOURCE_COVERAGE)
     foreach = [n.removeprefix("aten::") for n in torch._C._dispatch_get_all_op_names()
-               if n.startswith("aten::_foreach_")]
+               if n.startswith("aten::_foreach_") and source.classify(n.split(".")[0])[0] == NATIVE]
     return [*DIRECT_OPS, *foreach]
 
 

@@ -131,7 +131,7 @@ at::Tensor direct(const c10::OperatorHandle& op, Plan& p, c10::ArrayRef<const at
 // The same for an in-place op: `kernel` writes `self`'s host alias (self is on the device), and self is the result.
 at::Tensor& direct_(const c10::OperatorHandle& op, Plan& p, at::Tensor& self, c10::ArrayRef<const at::Tensor*> tensors,
                     c10::function_ref<void()> kernel, c10::function_ref<Stack()> args);
-// The same for a kernel of several results (a tuple, a list): `kernel` puts them, computed on host aliases, in
+// The same for a kernel of several results (a tuple): `kernel` puts them, computed on host aliases, in
 // `results`, each then presented as direct()'s one (an undefined one stays undefined). False: the call is off the
 // plain path, and the caller runs it through run() itself. `draws_on_device`: the kernel draws its random numbers
 // from the device's generator itself (an op of the policy's implicit_rng stays on the plain path).

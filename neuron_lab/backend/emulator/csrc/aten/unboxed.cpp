@@ -11,15 +11,8 @@
 #include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
 #include <ATen/ops/_softmax_cpu_dispatch.h>
 #include <ATen/ops/_foreach_add_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_addcdiv_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_addcmul_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_foreach_div_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_lerp_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_maximum_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_foreach_mul_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_neg_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_reciprocal_compositeexplicitautograd_dispatch.h>
-#include <ATen/ops/_foreach_sqrt_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_foreach_sub_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/add_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/add_cpu_dispatch.h>
@@ -345,21 +338,17 @@ struct ForeachInPlace<Name, Cpu> {
   }
 };
 
-// A tuple's or a list's results, one after another, and back.
+// A tuple's results, one after another, and back.
 template <typename R>
 void flatten(R&& r, std::vector<at::Tensor>& out) {
-  if constexpr (std::is_same_v<std::decay_t<R>, std::vector<at::Tensor>>) {
-    out = std::move(r);
-  } else {
-    std::apply([&](auto&... t) { (out.push_back(std::move(t)), ...); }, r);
-  }
+  std::apply([&](auto&... t) { (out.push_back(std::move(t)), ...); }, r);
 }
 template <typename R, size_t... I>
 R unflatten(std::vector<at::Tensor>& v, std::index_sequence<I...>) {
   return R(std::move(v[I])...);
 }
 
-// The typed kernel of an overload with several results (a tuple of tensors, or a list of them).
+// The typed kernel of an overload with several results (a tuple of tensors).
 template <const char* Name, auto Cpu>
 struct Results;
 template <const char* Name, typename R, typename... A, R (*Cpu)(A...)>
@@ -374,11 +363,7 @@ struct Results<Name, Cpu> {
       run(op.handle, &stack);
       return c10::impl::PopResult<R>::call(stack);
     }
-    if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
-      return out;
-    } else {
-      return unflatten<R>(out, std::make_index_sequence<std::tuple_size_v<R>>());
-    }
+    return unflatten<R>(out, std::make_index_sequence<std::tuple_size_v<R>>());
   }
 };
 
@@ -422,21 +407,16 @@ NL_NAME(kSoftmax, "_softmax"); NL_NAME(kSoftmaxBackward, "_softmax_backward_data
 NL_NAME(kAddcdiv_, "addcdiv_"); NL_NAME(kLerp_, "lerp_.Scalar"); NL_NAME(kClone, "clone"); NL_NAME(kFill_, "fill_.Scalar");
 NL_NAME(kZero_, "zero_"); NL_NAME(kWhere, "where.self"); NL_NAME(kCat, "cat"); NL_NAME(kTril, "tril");
 NL_NAME(kLayerNorm, "native_layer_norm"); NL_NAME(kLayerNormBackward, "native_layer_norm_backward");
-NL_NAME(kDropoutBackward, "native_dropout_backward"); NL_NAME(kForeachSqrt, "_foreach_sqrt");
-// In-place `_foreach_` overloads: the name and the CPU kernel's C++ signature after self.
+NL_NAME(kDropoutBackward, "native_dropout_backward");
+// In-place overloads of the `_foreach_` ops TorchNeuron registers (runtime.direct_ops): the name and the CPU kernel's
+// C++ signature after self.
 #define NL_FOREACH(X)                                                                                       \
   X(add_, Scalar, const S&) X(add_, List, TL, const S&) X(add_, ScalarList, SL) X(add_, Tensor, const T&, const S&) \
   X(sub_, Scalar, const S&) X(sub_, List, TL, const S&) X(sub_, ScalarList, SL)                                 \
   X(mul_, Scalar, const S&) X(mul_, List, TL) X(mul_, ScalarList, SL) X(mul_, Tensor, const T&)                 \
-  X(div_, Scalar, const S&) X(div_, List, TL) X(div_, ScalarList, SL) X(div_, Tensor, const T&)                 \
-  X(addcmul_, Scalar, TL, TL, const S&) X(addcmul_, ScalarList, TL, TL, SL) X(addcmul_, Tensor, TL, TL, const T&) \
-  X(addcdiv_, Scalar, TL, TL, const S&) X(addcdiv_, ScalarList, TL, TL, SL) X(addcdiv_, Tensor, TL, TL, const T&) \
-  X(lerp_, List, TL, TL) X(lerp_, Scalar, TL, const S&) X(lerp_, ScalarList, TL, SL)                           \
-  X(maximum_, Scalar, const S&) X(maximum_, List, TL) X(maximum_, ScalarList, SL)
+  X(div_, Scalar, const S&) X(div_, List, TL) X(div_, ScalarList, SL) X(div_, Tensor, const T&)
 #define NL_FOREACH_NAME(base, ov, ...) NL_NAME(kForeach_##base##ov, "_foreach_" #base "." #ov);
 NL_FOREACH(NL_FOREACH_NAME)
-NL_NAME(kForeachSqrt_, "_foreach_sqrt_"); NL_NAME(kForeachNeg_, "_foreach_neg_");
-NL_NAME(kForeachReciprocal_, "_foreach_reciprocal_");
 #undef NL_FOREACH_NAME
 #undef NL_NAME
 
@@ -509,16 +489,11 @@ const std::unordered_map<std::string, Register>& typed() {
       {kLayerNorm, reg<Results<kLayerNorm, &at::cpu::native_layer_norm_symint>>},
       {kLayerNormBackward, reg<Results<kLayerNormBackward, &at::cpu::native_layer_norm_backward_symint>>},
       {kDropoutBackward, reg<Functional<kDropoutBackward, &at::cpu::native_dropout_backward>>},
-      {kForeachSqrt, reg<Results<kForeachSqrt, static_cast<std::vector<T> (*)(TL)>(
-                                                    &at::compositeexplicitautograd::_foreach_sqrt)>>},
 #define NL_FOREACH_ENTRY(base, ov, ...)                                                      \
   {kForeach_##base##ov, reg<ForeachInPlace<kForeach_##base##ov, static_cast<void (*)(TL, __VA_ARGS__)>( \
                                                                     &at::compositeexplicitautograd::_foreach_##base)>>},
       NL_FOREACH(NL_FOREACH_ENTRY)
 #undef NL_FOREACH_ENTRY
-      {kForeachSqrt_, reg<ForeachInPlace<kForeachSqrt_, &at::compositeexplicitautograd::_foreach_sqrt_>>},
-      {kForeachNeg_, reg<ForeachInPlace<kForeachNeg_, &at::compositeexplicitautograd::_foreach_neg_>>},
-      {kForeachReciprocal_, reg<ForeachInPlace<kForeachReciprocal_, &at::compositeexplicitautograd::_foreach_reciprocal_>>},
   };
   return table;
 }
