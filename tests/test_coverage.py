@@ -75,12 +75,21 @@ BAD = [
                               "\"reason\": ...}, got 'native'"),
     (with_(default={"kind": "native", "dtypes": ["float32"]}),
      "default: unknown field 'dtypes' (a rule has kind, reason, evidence)"),
+    (with_(ops={"aten::atan2.nosuchoverload": {"kind": "fallback"}}),
+     "ops['aten::atan2.nosuchoverload']: expected the op's name without an overload ('aten::atan2'): a rule applies "
+     "to every overload of its op"),
+    (with_(ops={"aten::atan2.out": {"kind": "fallback"}}),  # a real overload: no call would match it either
+     "ops['aten::atan2.out']: expected the op's name without an overload ('aten::atan2'): a rule applies to every "
+     "overload of its op"),
+    (with_(ops={OP: {"kind": "native", "evidence": ["documented"]}}),
+     "ops['aten::add'].evidence: expected one of documented, reported, host kernel, not registered, registered, "
+     "dtype gate, empty gate, shape gate, upstream xfail, xla report, no evidence, got a list"),
 ]
 IDS = ["binary", "nested list", "nested object", "not JSON", "a list", "schema", "no name", "date", "unknown field",
        "ops list", "op name", "rule string", "rule kind", "rule without kind", "reason", "op dtypes string",
        "op dtypes number", "op dtype object", "op dtype nested", "rule field", "evidence", "dtypes string",
        "dtype name", "dtype rule dtypes", "downcast number", "downcast number item", "downcast alias", "default string",
-       "default dtypes"]
+       "default dtypes", "unknown overload", "overload", "evidence list"]
 
 
 def write(path, contents) -> str:
@@ -98,6 +107,46 @@ def test_a_file_that_is_not_a_profile_is_one_clear_line(tmp_path, contents, mess
         coverage.load(path)
     assert str(e.value) == f"{path}: {message}"
     assert isinstance(e.value, ValueError)
+
+
+def test_every_problem_of_a_file_is_in_one_error_each_at_its_place(tmp_path):
+    """Walkthrough 48 point 2: a file with several mistakes was refused one mistake at a time."""
+    path = write(tmp_path / "p.json", {"schema_version": 1, "source": "mine", "ops": {
+        OP: {"kind": "sometimes"}, "aten::atan2": {"kind": "fallback", "dtypes": ["float32", "double"]}},
+        "dtype": {}})
+    with pytest.raises(coverage.CoverageError) as e:
+        coverage.load(path)
+    assert str(e.value) == (
+        f"{path}: 5 problems: (1) name: expected a string, got nothing; (2) date: expected a string, got nothing; "
+        "(3) unknown field 'dtype' (a coverage file has schema_version, name, source, date, provenance, default, "
+        "downcast_dtypes, dtypes, ops, aborts); (4) ops['aten::add'].kind: expected one of native, fallback, host, "
+        "possible, got 'sometimes'; (5) ops['aten::atan2'].dtypes[1]: expected a dtype name such as \"float64\", got "
+        "'double'")
+
+
+def test_an_op_torch_does_not_know_warns_naming_it_and_the_op_it_is_closest_to(tmp_path):
+    """Walkthrough 48 point 1: a misspelt op passed silently and its rule never fired. It warns rather than fails:
+    a file exported on a Trn instance names ops of its own torch and of torch-neuronx that this torch may lack."""
+    import torch
+
+    path = write(tmp_path / "p.json", with_(ops={"aten::not_a_real_op": {"kind": "fallback"},
+                                                 "aten::atan22": {"kind": "fallback"}, "aten::atan2": {"kind": "host"}},
+                                            aborts={"aten::im2coll": {"reason": "r", "evidence": "xla report"}}))
+    with pytest.warns(coverage.CoverageWarning) as caught:
+        p = coverage.load(path)
+    assert [str(w.message) for w in caught] == [
+        f"{path}: 3 ops unknown to torch {torch.__version__}, whose rules never apply here: 'aten::not_a_real_op', "
+        "'aten::atan22' (did you mean 'aten::atan2'?), 'aten::im2coll' (did you mean 'aten::im2col'?)"]
+    assert p.classify("aten::atan2")[0] == "host"
+
+
+@pytest.mark.parametrize("name", coverage.bundled())
+def test_a_shipped_coverage_names_only_ops_and_arguments_torch_knows(name):
+    """The bundled files skip the check when they load (another torch must never break the default): this holds
+    them to it under the pinned torch."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coverage.from_dict(coverage.load(name).as_dict(), name, check_names=True)
 
 
 def test_a_valid_profile_still_loads_with_every_optional_field(tmp_path):
