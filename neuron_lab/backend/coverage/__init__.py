@@ -30,6 +30,7 @@ _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_
 DEFAULT_COVERAGE, ENV_VAR, OLD_ENV_VAR = _COVERAGE.default, _COVERAGE.name, _OLD.name
 _OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)
 NO_CONFIDENCE = "Confidence: not stated (the coverage names no evidence for this rule)."
+BUNDLED = "<bundled>/"  # the path of a bundled coverage: "<bundled>/torchneuron-combined.json"
 
 
 class CoverageError(ValueError):
@@ -87,6 +88,13 @@ class Coverage:
     path: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)  # how a derived coverage was made (repo, commit, ...)
     aborts: dict[str, OpRule] = field(default_factory=dict)  # ops a report saw abort the process on a parameter
+
+    @property
+    def label(self) -> str:
+        """How a report names the coverage that made its predictions: a bundled one by its name, a file of one's own
+        by its name and its file's, as its name is whatever the file says (a copy of a bundled one keeps its name)."""
+        own = self.path and not self.path.startswith(BUNDLED)
+        return f"{self.name} from {Path(self.path).name}" if own else self.name
 
     def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
         """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``.
@@ -229,7 +237,7 @@ def load(name_or_path: str | os.PathLike | None = None) -> Coverage:
     bundled_file = spec in bundled()
     if bundled_file:
         res = resources.files(__name__).joinpath(f"{spec}.json")
-        text, path = res.read_text(), f"<bundled>/{spec}.json"
+        text, path = res.read_text(), f"{BUNDLED}{spec}.json"
     else:
         p = Path(spec).expanduser()
         if not p.is_file():
