@@ -267,3 +267,28 @@ def test_a_reason_shown_in_a_report_ends_with_its_confidence_under_every_shipped
 def test_a_rule_with_no_evidence_says_its_confidence_is_not_stated():
     shown = coverage.OpRule("fallback", "no kernel.\nsource: my notes").shown
     assert shown == f"no kernel. {coverage.NO_CONFIDENCE}\nsource: my notes"
+
+
+# -- the docs' coverage file and its error are the loader's ----------------------------------------------------------
+def test_the_docs_example_file_loads_and_its_error_is_the_loaders():
+    """docs/torchneuron.md's "A coverage file of your own": its example loads as it reads, and its refusal is the
+    loader's line for the example with those three mistakes."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "torchneuron.md").read_text(encoding="utf-8")
+    section = text.split("### A coverage file of your own", 1)[1].split("\n### ", 1)[0]
+    example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    refusal = re.search(r"```text\n(.*?)\n```", section, re.S).group(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = coverage.from_dict(example, "mine.json")
+    assert p.classify("aten::atan2_")[0] == "fallback" and p.label == "our-trn-build from mine.json"
+    assert [p.classify("aten::sort", frozenset({dt}))[0] for dt in ("int64", "float32")] == ["possible", "native"]
+    topk = example["ops"]["aten::topk"]
+    wrong = {k: v for k, v in example.items() if k != "date"}
+    wrong["ops"] = {"aten::atan2.out": example["ops"]["aten::atan2"],
+                    "aten::topk": {**topk, "args": [{**topk["args"][0], "arg": "selff"}]}}
+    with pytest.raises(coverage.CoverageError) as e:
+        coverage.from_dict(wrong, "mine.json")
+    assert str(e.value) == refusal

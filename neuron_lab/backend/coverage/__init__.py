@@ -28,7 +28,7 @@ from neuron_lab.kinds import ABORT, FALLBACK, HOST, NATIVE, POSSIBLE, SOURCE
 SCHEMA_VERSION = 1
 _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
 DEFAULT_COVERAGE, ENV_VAR, OLD_ENV_VAR = _COVERAGE.default, _COVERAGE.name, _OLD.name
-_OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)
+OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)  # the kinds a rule gives: a file of any other is refused
 NO_CONFIDENCE = "Confidence: not stated (the coverage names no evidence for this rule)."
 BUNDLED = "<bundled>/"  # the path of a bundled coverage: "<bundled>/torchneuron-combined.json"
 
@@ -183,7 +183,7 @@ def from_dict(d: Any, path: str = "", *, check_names: bool = True) -> Coverage:
     conditions' names to their ops' schemas (a wrong one is a problem); the bundled files are held to them by the tests
     instead, so that another torch never breaks the default."""
     ops = names.registered() if check_names else None
-    found = schema.problems(d, SCHEMA_VERSION, _OP_KINDS, ops)
+    found = schema.problems(d, SCHEMA_VERSION, OP_KINDS, ops)
     where = path or "coverage"
     if len(found) == 1:
         raise CoverageError(f"{where}: {found[0]}")
@@ -219,8 +219,7 @@ def _warn_unknown(where: str, unknown: list[str], ops: frozenset[str]) -> None:
     import torch
 
     keys = frozenset(map(_key, ops))
-    listed = ", ".join(f"{n!r}" + (f" (did you mean {meant!r}?)" if (meant := names.closest(n, keys)) else "")
-                       for n in unknown)
+    listed = ", ".join(f"{n!r}{names.did_you_mean(n, keys, cutoff=0.85)}" for n in unknown)
     warnings.warn(f"{where}: {len(unknown)} op{'s' if len(unknown) > 1 else ''} unknown to torch {torch.__version__}, "
                   f"whose rules never apply here: {listed}", CoverageWarning, stacklevel=3)
 

@@ -25,6 +25,18 @@ TESTS: dict[str, str] = {
 }
 
 
+# An argument rule's fields and what each holds (kind, test and arg required): the one home of the docs' table.
+FIELDS: dict[str, str] = {
+    "kind": "what a call that meets the test is reported as, one of a rule's kinds",
+    "test": "one of the tests below",
+    "arg": "the argument tested, as the op's schema names it (`self`, `dim`): an argument of any of its overloads",
+    "value": "what `ndim_not_in` (a list of ints), `below` (an int) and `is` (true or false) compare with",
+    "of": "for `not_last_dim`: the tensor argument whose last dimension `arg` must be",
+    "reason": "the sentence reports show for a call that meets it",
+    "evidence": "the class of its evidence, as for a rule",
+}
+
+
 @dataclass(frozen=True)
 class ArgRule:
     """One test on one argument; a call that meets it takes ``kind`` (``shown``: the reason as reports show it)."""
@@ -67,7 +79,7 @@ def problems(field: str, value: Any, kinds: tuple[str, ...], evidence: tuple[str
     met."""
     if not isinstance(value, list):
         return [f"{field}: expected a list of argument rules, got {type(value).__name__}"]
-    allowed = ("kind", "test", "arg", "value", "of", "reason", "evidence")
+    allowed = tuple(FIELDS)
     out: list[str] = []
     for i, r in enumerate(value):
         at = f"{field}[{i}]"
@@ -104,10 +116,6 @@ def _value_problems(at: str, r: dict) -> list[str]:
 
 def _name_problems(at: str, r: dict, arguments: tuple[str, ...]) -> list[str]:
     """``arg`` and ``of`` each an argument of the op (any overload), else the rule is never met."""
-    out = []
-    for k in ("arg", "of"):
-        if isinstance(r.get(k), str) and r[k] not in arguments:
-            meant = names.closest(r[k], arguments)
-            guess = f" (did you mean {meant!r}?)" if meant else ""
-            out.append(f"{at}.{k}: expected an argument of the op ({', '.join(arguments)}), got {r[k]!r}{guess}")
-    return out
+    return [f"{at}.{k}: expected an argument of the op ({', '.join(arguments)}), got {r[k]!r}"
+            f"{names.did_you_mean(r[k], arguments)}"
+            for k in ("arg", "of") if isinstance(r.get(k), str) and r[k] not in arguments]

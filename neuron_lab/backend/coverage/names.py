@@ -40,7 +40,8 @@ def arguments(name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(a.name for s in schemas for a in s.arguments))
 
 
-def closest(name: str, candidates: frozenset[str] | tuple[str, ...]) -> str | None:
-    """The one of ``candidates`` a misspelt ``name`` most likely meant, if any is close."""
-    close = difflib.get_close_matches(name, candidates, n=1)
-    return close[0] if close else None
+def did_you_mean(name: str, candidates: frozenset[str] | tuple[str, ...], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the one of ``candidates`` a misspelt ``name`` most likely meant, or nothing when
+    none is close (``cutoff``, 0-1: op names want more, as their shared ``aten::`` makes any two alike)."""
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -14,9 +14,37 @@ from typing import Any
 
 from neuron_lab.backend.coverage import conditions, names
 
-TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops",
-              "aborts")
+# A coverage file's fields and what each holds, in the order a file lists them: the one home of the docs' table.
+FIELDS: dict[str, str] = {
+    "schema_version": "`1`, the only version: a file of another version is refused",
+    "name": "what reports call the coverage (a file of one's own is named with its file's name too)",
+    "source": "where its facts come from, in a sentence or two (`neuron-lab coverage show` prints it)",
+    "date": "when they were gathered: any text, an ISO date by convention",
+    "provenance": "an object saying how a derived coverage was made (repo, commit, method, ...)",
+    "default": "the rule of every op the file does not list; `{\"kind\": \"native\"}` when absent",
+    "downcast_dtypes": "the dtypes whose calls are reported as 64-bit downcasts; `[\"float64\", \"int64\"]` when "
+                       "absent",
+    "dtypes": "dtype names (`complex64`, as torch names them) to the rule of any call with a device tensor of one; an "
+              "op's own rule of another kind than native comes first",
+    "ops": "op names (`aten::atan2`: no overload, as a rule applies to every overload and to the in-place form "
+           "`aten::atan2_`) to their rules",
+    "aborts": "op names to `{\"reason\", \"evidence\"}` (both required): ops a report saw abort the process when "
+              "applied to a parameter",
+}
+TOP_FIELDS = tuple(FIELDS)
 REQUIRED = ("schema_version", "name", "source", "date")
+# A rule's fields: every rule has the first three (kind required), an op's rule the others too.
+RULE_FIELDS: dict[str, str] = {
+    "kind": "what the calls are reported as",
+    "reason": "the sentence reports show under \"why\"; a line `source: ...` after it says where it comes from",
+    "evidence": "the class of its evidence (below): the reason ends with its confidence, or with \"Confidence: not "
+                "stated\" without one",
+    "dtypes": "a list of dtype names: only calls with a device tensor of one of them take `kind`",
+    "otherwise": "with `dtypes`: the kind of the op's other calls, instead of the default's",
+    "args": "argument rules (below), tried in order on each eager call otherwise native: the first one it meets gives "
+            "the call its kind",
+}
+COMMON_RULE_FIELDS = 3  # kind, reason, evidence: a default's or a dtype's rule has no more
 
 # How sure a prediction is, by the class of its evidence (a rule's "evidence"): the one table every coverage names.
 # A documented fallback is what TorchNeuron's own table says; the source's registry and gates say what the April build
@@ -67,7 +95,7 @@ def _dtype_list(out: list[str], field: str, value: Any) -> None:
 def _rule(out: list[str], field: str, value: Any, kinds: tuple[str, ...], dtypes: bool,
           arguments: tuple[str, ...] | None = None) -> None:
     """One rule; ``arguments``: its op's argument names, to check its argument conditions' against (None: not)."""
-    allowed = ("kind", "reason", "evidence") + (("dtypes", "otherwise", "args") if dtypes else ())
+    allowed = tuple(RULE_FIELDS)[:None if dtypes else COMMON_RULE_FIELDS]
     if not isinstance(value, dict):
         out.append(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
                    f"got {shown(value)}")
