@@ -139,8 +139,8 @@ def _ops(out: list[str], value: Any, kinds: tuple[str, ...], ops: frozenset[str]
         return
     for key, rule in value.items():
         if _op_name(out, "ops", key, ops):
-            known = ops is not None and names.known(key, ops)
-            _rule(out, f"ops[{key!r}]", rule, kinds, dtypes=True, arguments=names.arguments(key) if known else None)
+            tested = ops is not None and isinstance(rule, dict) and "args" in rule and names.known(key, ops)
+            _rule(out, f"ops[{key!r}]", rule, kinds, dtypes=True, arguments=names.arguments(key) if tested else None)
 
 
 def _dtypes(out: list[str], value: Any, kinds: tuple[str, ...]) -> None:
