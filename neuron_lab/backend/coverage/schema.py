@@ -63,7 +63,7 @@ EVIDENCE: dict[str, tuple[str, str]] = {
                                "backend doing it"),
     "no evidence": ("possible", "no source names it"),
 }
-OP_EXAMPLE = '"aten::add"'
+OP_EXAMPLE, ABORT_EXAMPLE = '"aten::add"', '"aten::im2col"'
 
 
 def shown(value: Any) -> str:
@@ -118,10 +118,10 @@ def _rule(out: list[str], field: str, value: Any, kinds: tuple[str, ...], dtypes
         out += conditions.problems(f"{field}.args", value["args"], kinds, tuple(EVIDENCE), arguments)
 
 
-def _op_name(out: list[str], field: str, key: str, ops: frozenset[str] | None) -> bool:
+def _op_name(out: list[str], field: str, key: str, ops: frozenset[str] | None, example: str = OP_EXAMPLE) -> bool:
     """Whether ``key`` names an op as rules do: ``namespace::name``, never an overload, which no call would match."""
     if "::" not in key:
-        out.append(f"{field}[{shown(key)}]: not an op name (such as {OP_EXAMPLE})")
+        out.append(f"{field}[{shown(key)}]: not an op name (such as {example})")
         return False
     if "." in key:
         op = key.split(".")[0]
@@ -159,12 +159,12 @@ def _dtypes(out: list[str], value: Any, kinds: tuple[str, ...]) -> None:
 def _aborts(out: list[str], value: Any, ops: frozenset[str] | None) -> None:
     """``aborts``: op names to ``{"reason", "evidence"}``, the ops a report saw abort the process on a parameter."""
     if not isinstance(value, dict):
-        out.append(f"aborts: expected an object mapping op names (such as \"aten::im2col\") to "
+        out.append(f"aborts: expected an object mapping op names (such as {ABORT_EXAMPLE}) to "
                    f"{{\"reason\": ..., \"evidence\": ...}}, got {shown(value)}")
         return
     for key, rule in value.items():
         field = f"aborts[{key!r}]"
-        if not _op_name(out, "aborts", key, ops):
+        if not _op_name(out, "aborts", key, ops, ABORT_EXAMPLE):
             continue
         if not isinstance(rule, dict) or set(rule) - {"reason", "evidence"}:
             out.append(f"{field}: expected an object with reason and evidence, got {shown(rule)}")
