@@ -262,14 +262,19 @@ def load(name_or_path: str | os.PathLike | None = None) -> Coverage:
 
 def configured() -> tuple[Coverage, str | None]:
     """The coverage the environment names, and for one that does not load, the problem to report: the default is
-    used instead, as for the emulator's other settings, so a bad value never costs the device."""
+    used instead, as for the emulator's other settings, so a bad value never costs the device. One that names ops
+    torch does not know loads, and its :class:`CoverageWarning` is the problem: the emulator's problems warn once
+    and ``doctor`` lists them, and a warning raised (``-W error``) must not end the install."""
     spec = from_environment()
+    var = ENV_VAR if _COVERAGE.raw() else OLD_ENV_VAR
     try:
-        return load(spec or DEFAULT_COVERAGE), None
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", CoverageWarning)
+            cov = load(spec or DEFAULT_COVERAGE)
+        return cov, next((f"{var}: {w.message}" for w in said if w.category is CoverageWarning), None)
     except CoverageError as e:
         if spec is None:  # the bundled default itself: a broken install, not a setting
             raise
-        var = ENV_VAR if _COVERAGE.raw() else OLD_ENV_VAR
         return load(DEFAULT_COVERAGE), f"{var}: {e}; using {DEFAULT_COVERAGE}"
 
 
