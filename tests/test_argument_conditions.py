@@ -90,7 +90,7 @@ def test_a_coverage_of_ones_own_puts_the_tests_on_any_op(run_python, core, tmp_p
     ("x", "ops['aten::mm'].args: expected a list of argument rules, got str"),
     ([{"kind": "possible", "test": "odd", "arg": "self"}],
      "ops['aten::mm'].args[0].test: expected one of ndim_not_in, not_last_dim, below, is, empty"),
-    ([{"kind": "possible", "test": "below", "arg": "k"}],
+    ([{"kind": "possible", "test": "below", "arg": "self"}],
      "ops['aten::mm'].args[0]: the test 'below' needs value: an int"),
     ([{"kind": "possible", "test": "empty", "arg": "self", "when": 1}],
      "ops['aten::mm'].args[0]: unknown field 'when' (an argument rule has kind, test, arg, value, of, reason, "
@@ -100,6 +100,25 @@ def test_a_malformed_argument_rule_is_one_line_naming_it(args, message):
     with pytest.raises(CoverageError, match="^own: " + message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)").replace("]", r"\]") + "$"):
         coverage.from_dict({**OWN, "ops": {"aten::mm": {"kind": "native", "args": args}}}, "own")
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ({"kind": "possible", "test": "empty", "arg": "selff"},
+     "ops['aten::topk'].args[0].arg: expected an argument of the op (self, k, dim, largest, sorted, values, indices), "
+     "got 'selff' (did you mean 'self'?)"),
+    ({"kind": "possible", "test": "not_last_dim", "arg": "dim", "of": "tensor"},
+     "ops['aten::topk'].args[0].of: expected an argument of the op (self, k, dim, largest, sorted, values, indices), "
+     "got 'tensor'"),
+])
+def test_a_condition_on_an_argument_the_op_does_not_have_is_refused(rule, message):
+    """Walkthrough 48 point 1: a misspelt argument name was never met, so its rule silently never fired. The names
+    are every overload's, the in-place form's too (``topk``'s out arguments ``values`` and ``indices``)."""
+    with pytest.raises(CoverageError) as e:
+        coverage.from_dict({**OWN, "ops": {"aten::topk": {"kind": "native", "args": [rule]}}}, "own")
+    assert str(e.value) == f"own: {message}"
+    inplace = {"kind": "possible", "test": "below", "arg": "other", "value": 0}  # add_'s and add's argument
+    assert coverage.from_dict({**OWN, "ops": {"aten::add_": {"kind": "native", "args": [inplace]}}}).arg_rules(
+        "aten::add")
 
 
 def test_a_coverage_keeps_its_argument_rules_through_save_and_load(tmp_path):

@@ -262,6 +262,23 @@ def test_a_bad_coverage_setting_is_a_problem_and_the_default_is_used(var):
     assert doctor_lines(r.out)["backend"].startswith("emulator")
 
 
+def test_a_coverage_setting_naming_an_op_torch_lacks_is_used_and_a_problem(tmp_path):
+    """Walkthrough 48 point 1: the file loads (an export may name another torch's ops), and its unknown op is one of
+    the emulator's problems, warned once and listed by doctor, rather than a warning that `-W error` would raise."""
+    import json
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"schema_version": 1, "name": "mine", "source": "s", "date": "d",
+                                "ops": {"aten::atan22": {"kind": "fallback"}}}))
+    r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_COVERAGE": str(path)})
+    assert r.rc == 0 and len(problems_of(r.out)) == 1
+    problem = problems_of(r.out)[0]
+    assert problem.startswith(f"NEURON_LAB_COVERAGE: {path}: 1 op unknown to torch 2.")
+    assert problem.endswith(", whose rules never apply here: 'aten::atan22' (did you mean 'aten::atan2'?)")
+    assert f"RuntimeWarning: neuron_lab: {problem} (run `neuron-lab doctor` for details)" in r.err
+    assert doctor_lines(r.out)["coverage"].startswith(f"mine ({path})")
+
+
 def test_a_bad_capacity_setting_is_a_problem_and_the_default_is_used():
     r = run(argv=[str(BIN / "neuron-lab"), "doctor"], env={"NEURON_LAB_DEVICE_MEMORY": "garbage"})
     problem = ("NEURON_LAB_DEVICE_MEMORY: 'garbage' is not a size (cannot read 'garbage' as a size (examples: 24GiB, "

@@ -75,12 +75,21 @@ BAD = [
                               "\"reason\": ...}, got 'native'"),
     (with_(default={"kind": "native", "dtypes": ["float32"]}),
      "default: unknown field 'dtypes' (a rule has kind, reason, evidence)"),
+    (with_(ops={"aten::atan2.nosuchoverload": {"kind": "fallback"}}),
+     "ops['aten::atan2.nosuchoverload']: expected the op's name without an overload ('aten::atan2'): a rule applies "
+     "to every overload of its op"),
+    (with_(ops={"aten::atan2.out": {"kind": "fallback"}}),  # a real overload: no call would match it either
+     "ops['aten::atan2.out']: expected the op's name without an overload ('aten::atan2'): a rule applies to every "
+     "overload of its op"),
+    (with_(ops={OP: {"kind": "native", "evidence": ["documented"]}}),
+     "ops['aten::add'].evidence: expected one of documented, reported, host kernel, not registered, registered, "
+     "dtype gate, empty gate, shape gate, upstream xfail, xla report, no evidence, got a list"),
 ]
 IDS = ["binary", "nested list", "nested object", "not JSON", "a list", "schema", "no name", "date", "unknown field",
        "ops list", "op name", "rule string", "rule kind", "rule without kind", "reason", "op dtypes string",
        "op dtypes number", "op dtype object", "op dtype nested", "rule field", "evidence", "dtypes string",
        "dtype name", "dtype rule dtypes", "downcast number", "downcast number item", "downcast alias", "default string",
-       "default dtypes"]
+       "default dtypes", "unknown overload", "overload", "evidence list"]
 
 
 def write(path, contents) -> str:
@@ -98,6 +107,46 @@ def test_a_file_that_is_not_a_profile_is_one_clear_line(tmp_path, contents, mess
         coverage.load(path)
     assert str(e.value) == f"{path}: {message}"
     assert isinstance(e.value, ValueError)
+
+
+def test_every_problem_of_a_file_is_in_one_error_each_at_its_place(tmp_path):
+    """Walkthrough 48 point 2: a file with several mistakes was refused one mistake at a time."""
+    path = write(tmp_path / "p.json", {"schema_version": 1, "source": "mine", "ops": {
+        OP: {"kind": "sometimes"}, "aten::atan2": {"kind": "fallback", "dtypes": ["float32", "double"]}},
+        "dtype": {}})
+    with pytest.raises(coverage.CoverageError) as e:
+        coverage.load(path)
+    assert str(e.value) == (
+        f"{path}: 5 problems: (1) name: expected a string, got nothing; (2) date: expected a string, got nothing; "
+        "(3) unknown field 'dtype' (a coverage file has schema_version, name, source, date, provenance, default, "
+        "downcast_dtypes, dtypes, ops, aborts); (4) ops['aten::add'].kind: expected one of native, fallback, host, "
+        "possible, got 'sometimes'; (5) ops['aten::atan2'].dtypes[1]: expected a dtype name such as \"float64\", got "
+        "'double'")
+
+
+def test_an_op_torch_does_not_know_warns_naming_it_and_the_op_it_is_closest_to(tmp_path):
+    """Walkthrough 48 point 1: a misspelt op passed silently and its rule never fired. It warns rather than fails:
+    a file exported on a Trn instance names ops of its own torch and of torch-neuronx that this torch may lack."""
+    import torch
+
+    path = write(tmp_path / "p.json", with_(ops={"aten::not_a_real_op": {"kind": "fallback"},
+                                                 "aten::atan22": {"kind": "fallback"}, "aten::atan2": {"kind": "host"}},
+                                            aborts={"aten::im2coll": {"reason": "r", "evidence": "xla report"}}))
+    with pytest.warns(coverage.CoverageWarning) as caught:
+        p = coverage.load(path)
+    assert [str(w.message) for w in caught] == [
+        f"{path}: 3 ops unknown to torch {torch.__version__}, whose rules never apply here: 'aten::not_a_real_op', "
+        "'aten::atan22' (did you mean 'aten::atan2'?), 'aten::im2coll' (did you mean 'aten::im2col'?)"]
+    assert p.classify("aten::atan2")[0] == "host"
+
+
+@pytest.mark.parametrize("name", coverage.bundled())
+def test_a_shipped_coverage_names_only_ops_and_arguments_torch_knows(name):
+    """The bundled files skip the check when they load (another torch must never break the default): this holds
+    them to it under the pinned torch."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coverage.from_dict(coverage.load(name).as_dict(), name, check_names=True)
 
 
 def test_a_valid_profile_still_loads_with_every_optional_field(tmp_path):
@@ -218,3 +267,28 @@ def test_a_reason_shown_in_a_report_ends_with_its_confidence_under_every_shipped
 def test_a_rule_with_no_evidence_says_its_confidence_is_not_stated():
     shown = coverage.OpRule("fallback", "no kernel.\nsource: my notes").shown
     assert shown == f"no kernel. {coverage.NO_CONFIDENCE}\nsource: my notes"
+
+
+# -- the docs' coverage file and its error are the loader's ----------------------------------------------------------
+def test_the_docs_example_file_loads_and_its_error_is_the_loaders():
+    """docs/torchneuron.md's "A coverage file of your own": its example loads as it reads, and its refusal is the
+    loader's line for the example with those three mistakes."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "torchneuron.md").read_text(encoding="utf-8")
+    section = text.split("### A coverage file of your own", 1)[1].split("\n### ", 1)[0]
+    example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    refusal = re.search(r"```text\n(.*?)\n```", section, re.S).group(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = coverage.from_dict(example, "mine.json")
+    assert p.classify("aten::atan2_")[0] == "fallback" and p.label == "our-trn-build from mine.json"
+    assert [p.classify("aten::sort", frozenset({dt}))[0] for dt in ("int64", "float32")] == ["possible", "native"]
+    topk = example["ops"]["aten::topk"]
+    wrong = {k: v for k, v in example.items() if k != "date"}
+    wrong["ops"] = {"aten::atan2.out": example["ops"]["aten::atan2"],
+                    "aten::topk": {**topk, "args": [{**topk["args"][0], "arg": "selff"}]}}
+    with pytest.raises(coverage.CoverageError) as e:
+        coverage.from_dict(wrong, "mine.json")
+    assert str(e.value) == refusal

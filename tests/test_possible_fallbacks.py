@@ -82,3 +82,34 @@ def test_a_cells_report_counts_certain_and_possible_fallbacks_apart(shell):
                                                            if o["kind"] == POSSIBLE}.items()
     finally:
         b.set_coverage(before)
+
+
+MINE = {"schema_version": 1, "name": "mine", "source": "a test", "date": "2026-12-07",
+        "ops": {"aten::topk": {"kind": "possible", "reason": "our topk"}}}
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["a file of ones own", "bundled"])
+def test_calls_that_may_fall_back_say_which_coverage_predicted_them(tmp_path, own):
+    """Walkthrough 48 point 4: a cell whose only predictions were possible fallbacks named no coverage (the line came
+    with certain fallbacks alone), and a file of one's own is named by its file too, as its name is what it says."""
+    import torch
+
+    import neuron_lab
+    from neuron_lab import backend
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(MINE))
+    b = backend.active()
+    before = b.coverage.name
+    try:
+        b.set_coverage(str(path) if own else "torchneuron-combined")
+        x = torch.randn(8, device="neuron", dtype=torch.float64)  # combined: float64 topk may fall back
+        with neuron_lab.track() as r:
+            x.topk(2)
+        assert r.possible_calls == 1 and r.fallback_calls == 0
+        name = "mine from mine.json" if own else "torchneuron-combined"
+        assert r.coverage == name
+        assert f"predicted by the coverage {name} (`%neuron coverage NAME` switches)" in str(r).splitlines()
+        assert f"<div>predicted by the coverage <code>{name}</code></div>" in r._repr_html_()
+    finally:
+        b.set_coverage(before)

@@ -5,7 +5,8 @@ Every magic and flag comes from the ``%neuron`` parser (the same one that parses
 (``neuron_lab/settings.py``, which ``neuron-lab doctor`` lists too). ``python tools/readme_reference.py
 --write`` rewrites the blocks between ``<!-- reference:NAME -->`` and ``<!-- /reference:NAME -->`` in the pages that
 hold them (``docs/notebook.md``: the magics; ``docs/configuration.md``: the settings and the environment;
-``docs/torchneuron.md``: TorchNeuron's shape and empty-tensor gates, from the bundled evidence; ``docs/headless.md``:
+``docs/torchneuron.md``: TorchNeuron's shape and empty-tensor gates, from the bundled evidence, and a coverage file's
+format, from its schema; ``docs/headless.md``:
 ``neuron-lab run``'s exit codes, from its ``--help``; other files can be named
 instead, and together they must hold every block once); ``--check`` fails when they are stale
 (the test suite runs the same comparison). A tool of this checkout, not
@@ -111,6 +112,30 @@ def gates() -> str:
     return "\n".join(rows)
 
 
+def coverage_format() -> str:
+    """A coverage file's fields, its rules', its argument rules', the argument tests and the evidence classes, from
+    the schema that checks a file (``neuron_lab/backend/coverage/schema.py``, ``conditions.py``)."""
+    from neuron_lab.backend.coverage import OP_KINDS, conditions, schema
+    from neuron_lab.kinds import KINDS
+
+    kinds = ", ".join(f"`{k}` ({KINDS[k].title})" for k in OP_KINDS)
+    out = ["| field | required | holds |", "|---|---|---|"]
+    out += [f"| `{k}` | {'yes' if k in schema.REQUIRED else 'no'} | {_cell(_sentence(v))} |"
+            for k, v in schema.FIELDS.items()]
+    out += ["", "A rule (of `default`, of a dtype, of an op):", "", "| field | in | holds |", "|---|---|---|"]
+    for i, (k, v) in enumerate(schema.RULE_FIELDS.items()):
+        where = "every rule" if i < schema.COMMON_RULE_FIELDS else "an op's rule"
+        holds = f"{v}: one of {kinds}" if k == "kind" else v
+        out.append(f"| `{k}`{' (required)' if k == 'kind' else ''} | {where} | {_cell(_sentence(holds))} |")
+    out += ["", "An argument rule (`args`; `kind`, `test` and `arg` required):", "", "| field | holds |", "|---|---|"]
+    out += [f"| `{k}` | {_cell(_sentence(v))} |" for k, v in conditions.FIELDS.items()]
+    out += ["", "| test | a call meets it when |", "|---|---|"]
+    out += [f"| `{k}` | {_cell(_sentence(v))} |" for k, v in conditions.TESTS.items()]
+    out += ["", "| evidence | confidence | meaning |", "|---|---|---|"]
+    out += [f"| `{k}` | {level} | {_cell(_sentence(means))} |" for k, (level, means) in schema.EVIDENCE.items()]
+    return "\n".join(out)
+
+
 def exit_codes() -> str:
     """``neuron-lab run``'s exit codes and what each means, as its ``--help`` and its last line say them."""
     from neuron_lab.runner.options import MEANINGS
@@ -123,7 +148,7 @@ def exit_codes() -> str:
 
 
 BLOCKS: dict[str, Callable[[], str]] = {"magics": magics, "settings": settings, "environment": environment,
-                                        "gates": gates, "exit_codes": exit_codes}
+                                        "gates": gates, "coverage_format": coverage_format, "exit_codes": exit_codes}
 
 
 def _pattern(name: str) -> re.Pattern[str]:

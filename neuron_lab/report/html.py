@@ -49,10 +49,10 @@ from neuron_lab.report.rows import (
     host_timed,
     imported_line,
     memory_table,
-    off_device,
     one_line,
     oom_freed,
     oom_head,
+    predicted,
     reasons,
     section_refs,
     shape_text,
@@ -241,7 +241,7 @@ def render_html(r: Report, detail: str | None = None) -> str:
         parts.append(divs([host]))
     parts.append(divs([x for x in [imported_line(c)] if x]))
     parts.append(op_sections_html(shown_sections(r, full), full))
-    if r.coverage and off_device(r):
+    if r.coverage and predicted(r):
         parts.append(f"<div>predicted by the coverage <code>{escape(r.coverage)}</code></div>")
     if r.profiled is not None:
         parts.append(profiled_html(r.profiled, full))

@@ -68,6 +68,12 @@ def off_device(r: Report) -> tuple[OpRow, ...]:
     return r.kept("_off_device", lambda: tuple(r.fallbacks))
 
 
+def predicted(r: Report) -> bool:
+    """Whether the report lists calls its coverage predicts off the device, for certain or possibly: what the
+    "predicted by the coverage" line is about, under any coverage."""
+    return bool(off_device(r)) or r.possible_calls > 0
+
+
 def memory_table(r: Report) -> Table:
     """Device memory before, after and at its peak, and the copies, in one row."""
     return r.kept("_memory_table", lambda: _memory_table(r))

@@ -49,6 +49,7 @@ from neuron_lab.report.rows import (
     one_line,
     oom_freed,
     oom_head,
+    predicted,
     reasons,
     section_refs,
     shape_text,
@@ -188,7 +189,7 @@ def render_text(r: Report, detail: str | None = None) -> str:
         lines.append(f"copies: host→device {h2d}, device→host {d2h}")
     lines += [x for x in [imported_line(c)] if x]
     lines += op_sections(shown_sections(r, full), full)
-    if r.coverage and off_device(r):
+    if r.coverage and predicted(r):
         lines.append(f"predicted by the coverage {r.coverage} (`%neuron coverage NAME` switches)")
     if not r.callsites and off_device(r):
         lines.append("call sites are off (`%config NeuronLab.callsites = True` turns them on)")

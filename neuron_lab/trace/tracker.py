@@ -55,7 +55,7 @@ class Tracker:
         locator = locator if locator is not None else FileLocator()
         coverage = self.backend.coverage
         self.report = Report.opened(title, cell, device, mode, self.backend.description, callsites=callsites,
-                                    detail=detail, coverage=coverage.name if coverage is not None else None)
+                                    detail=detail, coverage=coverage.label if coverage is not None else None)
         self._ops = OpTrace(locator if callsites else None, stack_limit=stack_limit, stack_depth=stack_depth)
         self._compiles = CompileTrace(locator, self.backend.lowering_us, self.backend.dynamo_metrics)
         self._locator = locator

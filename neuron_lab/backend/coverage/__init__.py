@@ -12,31 +12,34 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from neuron_lab import settings
-from neuron_lab.backend.coverage import schema
+from neuron_lab.backend.coverage import names, schema
 from neuron_lab.backend.coverage.conditions import ArgRule
+from neuron_lab.backend.coverage.names import key as _key
 from neuron_lab.deprecation import renamed
 from neuron_lab.kinds import ABORT, FALLBACK, HOST, NATIVE, POSSIBLE, SOURCE
 
 SCHEMA_VERSION = 1
 _COVERAGE, _OLD = settings.env("NEURON_LAB_COVERAGE"), settings.env("NEURON_LAB_PROFILE")
 DEFAULT_COVERAGE, ENV_VAR, OLD_ENV_VAR = _COVERAGE.default, _COVERAGE.name, _OLD.name
-_OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)
+OP_KINDS = (NATIVE, FALLBACK, HOST, POSSIBLE)  # the kinds a rule gives: a file of any other is refused
 NO_CONFIDENCE = "Confidence: not stated (the coverage names no evidence for this rule)."
+BUNDLED = "<bundled>/"  # the path of a bundled coverage: "<bundled>/torchneuron-combined.json"
 
 
 class CoverageError(ValueError):
-    """A coverage file is missing, unreadable, malformed, or of an unknown schema; the message is one line."""
+    """A coverage file is missing, unreadable, malformed, or of an unknown schema; the message is one line that names
+    every problem of the file, each at its field."""
 
 
-def _key(name: str) -> str:
-    """``aten::add_`` and ``aten::add`` share one entry: in-place variants run where their op runs."""
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+class CoverageWarning(UserWarning):
+    """A coverage file names ops this process's PyTorch does not know: their rules never apply here."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,13 @@ class Coverage:
     path: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)  # how a derived coverage was made (repo, commit, ...)
     aborts: dict[str, OpRule] = field(default_factory=dict)  # ops a report saw abort the process on a parameter
+
+    @property
+    def label(self) -> str:
+        """How a report names the coverage that made its predictions: a bundled one by its name, a file of one's own
+        by its name and its file's, as its name is whatever the file says (a copy of a bundled one keeps its name)."""
+        own = self.path and not self.path.startswith(BUNDLED)
+        return f"{self.name} from {Path(self.path).name}" if own else self.name
 
     def classify(self, name: str, dtypes: frozenset[str] = frozenset()) -> tuple[str, str]:
         """Return ``(kind, reason)`` for an op called with device tensors of ``dtypes``.
@@ -167,12 +177,22 @@ def _arg_dict(a: ArgRule) -> dict[str, Any]:
     return d
 
 
-def from_dict(d: Any, path: str = "") -> Coverage:
-    """A coverage from its JSON data; :class:`CoverageError` (one line, naming the field) when the data is not one."""
-    try:
-        schema.check(d, SCHEMA_VERSION, _OP_KINDS)
-    except ValueError as e:
-        raise CoverageError(f"{path or 'coverage'}: {e}") from None
+def from_dict(d: Any, path: str = "", *, check_names: bool = True) -> Coverage:
+    """A coverage from its JSON data; :class:`CoverageError` (one line, naming each field at fault) when the data is
+    not one. ``check_names``: hold its op names to the registered ops (an unknown one warns) and its argument
+    conditions' names to their ops' schemas (a wrong one is a problem); the bundled files are held to them by the tests
+    instead, so that another torch never breaks the default."""
+    ops = names.registered() if check_names else None
+    found = schema.problems(d, SCHEMA_VERSION, OP_KINDS, ops)
+    where = path or "coverage"
+    if len(found) == 1:
+        raise CoverageError(f"{where}: {found[0]}")
+    if found:
+        listed = "; ".join(f"({i}) {p}" for i, p in enumerate(found, 1))
+        raise CoverageError(f"{where}: {len(found)} problems: {listed}")
+    if ops is not None:
+        _warn_unknown(where, [k for table in ("ops", "aborts") for k in d.get(table, {}) if not names.known(k, ops)],
+                      ops)
     default = _rule(d.get("default", {"kind": NATIVE}))
     return Coverage(
         name=d["name"],
@@ -190,6 +210,20 @@ def from_dict(d: Any, path: str = "") -> Coverage:
     )
 
 
+def _warn_unknown(where: str, unknown: list[str], ops: frozenset[str]) -> None:
+    """Ops PyTorch does not know warn rather than fail: a file exported on a Trn instance names the ops of its torch
+    and of torch-neuronx, which a laptop's torch may lack, and their rules are harmless; a misspelt name is named with
+    the closest registered one."""
+    if not unknown:
+        return
+    import torch
+
+    keys = frozenset(map(_key, ops))
+    listed = ", ".join(f"{n!r}{names.did_you_mean(n, keys, cutoff=0.85)}" for n in unknown)
+    warnings.warn(f"{where}: {len(unknown)} op{'s' if len(unknown) > 1 else ''} unknown to torch {torch.__version__}, "
+                  f"whose rules never apply here: {listed}", CoverageWarning, stacklevel=3)
+
+
 def bundled() -> list[str]:
     """Names of the coverage files shipped with neuron_lab."""
     files = resources.files(__name__)
@@ -199,9 +233,10 @@ def bundled() -> list[str]:
 def load(name_or_path: str | os.PathLike | None = None) -> Coverage:
     """Load a bundled coverage by name, or a coverage file by path; ``None`` means the env var or default."""
     spec = str(name_or_path) if name_or_path is not None else from_environment() or DEFAULT_COVERAGE
-    if spec in bundled():
+    bundled_file = spec in bundled()
+    if bundled_file:
         res = resources.files(__name__).joinpath(f"{spec}.json")
-        text, path = res.read_text(), f"<bundled>/{spec}.json"
+        text, path = res.read_text(), f"{BUNDLED}{spec}.json"
     else:
         p = Path(spec).expanduser()
         if not p.is_file():
@@ -222,19 +257,24 @@ def load(name_or_path: str | os.PathLike | None = None) -> Coverage:
         raise CoverageError(f"{path}: invalid JSON: {e}") from None
     except RecursionError:
         raise CoverageError(f"{path}: invalid coverage: its JSON is nested too deeply") from None
-    return from_dict(data, path)
+    return from_dict(data, path, check_names=not bundled_file)
 
 
 def configured() -> tuple[Coverage, str | None]:
     """The coverage the environment names, and for one that does not load, the problem to report: the default is
-    used instead, as for the emulator's other settings, so a bad value never costs the device."""
+    used instead, as for the emulator's other settings, so a bad value never costs the device. One that names ops
+    torch does not know loads, and its :class:`CoverageWarning` is the problem: the emulator's problems warn once
+    and ``doctor`` lists them, and a warning raised (``-W error``) must not end the install."""
     spec = from_environment()
+    var = ENV_VAR if _COVERAGE.raw() else OLD_ENV_VAR
     try:
-        return load(spec or DEFAULT_COVERAGE), None
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", CoverageWarning)
+            cov = load(spec or DEFAULT_COVERAGE)
+        return cov, next((f"{var}: {w.message}" for w in said if w.category is CoverageWarning), None)
     except CoverageError as e:
         if spec is None:  # the bundled default itself: a broken install, not a setting
             raise
-        var = ENV_VAR if _COVERAGE.raw() else OLD_ENV_VAR
         return load(DEFAULT_COVERAGE), f"{var}: {e}; using {DEFAULT_COVERAGE}"
 
 
@@ -247,8 +287,8 @@ def from_environment() -> str | None:
     return spec or None
 
 
-__all__ = ["DEFAULT_COVERAGE", "ENV_VAR", "Coverage", "CoverageError", "OpRule", "bundled", "configured",
-           "from_dict", "from_environment", "load"]
+__all__ = ["DEFAULT_COVERAGE", "ENV_VAR", "Coverage", "CoverageError", "CoverageWarning", "OpRule", "bundled",
+           "configured", "from_dict", "from_environment", "load"]
 
 
 def backend_ops() -> list[str]:

@@ -1,20 +1,50 @@
 """The shape of a coverage file, checked field by field before anything reads it.
 
 A coverage file comes from a user as often as from neuron_lab, and a wrong shape must not surface
-later as an ``AttributeError`` inside the emulator. :func:`check` walks the fixed, shallow structure
-(never recursing into arbitrary values, so no nesting depth breaks it) and raises ``ValueError`` with
-one line that names the field at fault, e.g. ``ops['aten::add'].dtypes[0]: expected a dtype name``.
+later as an ``AttributeError`` inside the emulator. :func:`problems` walks the fixed, shallow structure
+(never recursing into arbitrary values, so no nesting depth breaks it) and returns every problem it finds, each one
+line that names the field at fault and what it expects, e.g. ``ops['aten::add'].dtypes[0]: expected a dtype name``:
+a user fixes a file in one pass, not one field per try. Given the registered ops (:func:`names.registered`), it
+also checks each argument condition's argument names against its op's schema.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from neuron_lab.backend.coverage import conditions
+from neuron_lab.backend.coverage import conditions, names
 
-TOP_FIELDS = ("schema_version", "name", "source", "date", "provenance", "default", "downcast_dtypes", "dtypes", "ops",
-              "aborts")
+# A coverage file's fields and what each holds, in the order a file lists them: the one home of the docs' table.
+FIELDS: dict[str, str] = {
+    "schema_version": "`1`, the only version: a file of another version is refused",
+    "name": "what reports call the coverage (a file of one's own is named with its file's name too)",
+    "source": "where its facts come from, in a sentence or two (`neuron-lab coverage show` prints it)",
+    "date": "when they were gathered: any text, an ISO date by convention",
+    "provenance": "an object saying how a derived coverage was made (repo, commit, method, ...)",
+    "default": "the rule of every op the file does not list; `{\"kind\": \"native\"}` when absent",
+    "downcast_dtypes": "the dtypes whose calls are reported as 64-bit downcasts; `[\"float64\", \"int64\"]` when "
+                       "absent",
+    "dtypes": "dtype names (`complex64`, as torch names them) to the rule of any call with a device tensor of one; an "
+              "op's own rule of another kind than native comes first",
+    "ops": "op names (`aten::atan2`: no overload, as a rule applies to every overload and to the in-place form "
+           "`aten::atan2_`) to their rules",
+    "aborts": "op names to `{\"reason\", \"evidence\"}` (both required): ops a report saw abort the process when "
+              "applied to a parameter",
+}
+TOP_FIELDS = tuple(FIELDS)
 REQUIRED = ("schema_version", "name", "source", "date")
+# A rule's fields: every rule has the first three (kind required), an op's rule the others too.
+RULE_FIELDS: dict[str, str] = {
+    "kind": "what the calls are reported as",
+    "reason": "the sentence reports show under \"why\"; a line `source: ...` after it says where it comes from",
+    "evidence": "the class of its evidence (below): the reason ends with its confidence, or with \"Confidence: not "
+                "stated\" without one",
+    "dtypes": "a list of dtype names: only calls with a device tensor of one of them take `kind`",
+    "otherwise": "with `dtypes`: the kind of the op's other calls, instead of the default's",
+    "args": "argument rules (below), tried in order on each eager call otherwise native: the first one it meets gives "
+            "the call its kind",
+}
+COMMON_RULE_FIELDS = 3  # kind, reason, evidence: a default's or a dtype's rule has no more
 
 # How sure a prediction is, by the class of its evidence (a rule's "evidence"): the one table every coverage names.
 # A documented fallback is what TorchNeuron's own table says; the source's registry and gates say what the April build
@@ -33,6 +63,7 @@ EVIDENCE: dict[str, tuple[str, str]] = {
                                "backend doing it"),
     "no evidence": ("possible", "no source names it"),
 }
+OP_EXAMPLE, ABORT_EXAMPLE = '"aten::add"', '"aten::im2col"'
 
 
 def shown(value: Any) -> str:
@@ -53,89 +84,118 @@ def _dtype_name(name: Any) -> bool:
     return isinstance(obj, torch.dtype) and str(obj) == f"torch.{name}"
 
 
-def _dtype_list(field: str, value: Any) -> None:
+def _dtype_list(out: list[str], field: str, value: Any) -> None:
     if not isinstance(value, list):
-        raise ValueError(f"{field}: expected a list of dtype names (such as [\"float64\"]), got {shown(value)}")
-    for i, name in enumerate(value):
-        if not _dtype_name(name):
-            raise ValueError(f"{field}[{i}]: expected a dtype name such as \"float64\", got {shown(name)}")
+        out.append(f"{field}: expected a list of dtype names (such as [\"float64\"]), got {shown(value)}")
+        return
+    out += [f"{field}[{i}]: expected a dtype name such as \"float64\", got {shown(name)}"
+            for i, name in enumerate(value) if not _dtype_name(name)]
 
 
-def _rule(field: str, value: Any, kinds: tuple[str, ...], dtypes: bool) -> None:
-    allowed = ("kind", "reason", "evidence") + (("dtypes", "otherwise", "args") if dtypes else ())
+def _rule(out: list[str], field: str, value: Any, kinds: tuple[str, ...], dtypes: bool,
+          arguments: tuple[str, ...] | None = None) -> None:
+    """One rule; ``arguments``: its op's argument names, to check its argument conditions' against (None: not)."""
+    allowed = tuple(RULE_FIELDS)[:None if dtypes else COMMON_RULE_FIELDS]
     if not isinstance(value, dict):
-        raise ValueError(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
-                         f"got {shown(value)}")
-    unknown = [k for k in value if k not in allowed]
-    if unknown:
-        raise ValueError(f"{field}: unknown field {shown(unknown[0])} (a rule has {', '.join(allowed)})")
+        out.append(f"{field}: expected an object {{\"kind\": one of {', '.join(kinds)}, \"reason\": ...}}, "
+                   f"got {shown(value)}")
+        return
+    out += [f"{field}: unknown field {shown(k)} (a rule has {', '.join(allowed)})" for k in value if k not in allowed]
     if value.get("kind") not in kinds:
         got = "nothing" if "kind" not in value else shown(value["kind"])
-        raise ValueError(f"{field}.kind: expected one of {', '.join(kinds)}, got {got}")
+        out.append(f"{field}.kind: expected one of {', '.join(kinds)}, got {got}")
     if not isinstance(value.get("reason", ""), str):
-        raise ValueError(f"{field}.reason: expected a string, got {shown(value['reason'])}")
-    if "evidence" in value and value["evidence"] not in EVIDENCE:
-        raise ValueError(f"{field}.evidence: expected one of {', '.join(EVIDENCE)}, got {shown(value['evidence'])}")
-    if "dtypes" in value and value["dtypes"] is not None:
-        _dtype_list(f"{field}.dtypes", value["dtypes"])
+        out.append(f"{field}.reason: expected a string, got {shown(value['reason'])}")
+    if "evidence" in value and value["evidence"] not in tuple(EVIDENCE):  # a tuple: a list or object is unhashable
+        out.append(f"{field}.evidence: expected one of {', '.join(EVIDENCE)}, got {shown(value['evidence'])}")
+    if not dtypes:
+        return
+    if value.get("dtypes") is not None:
+        _dtype_list(out, f"{field}.dtypes", value["dtypes"])
     if "otherwise" in value and value["otherwise"] not in kinds:
-        raise ValueError(f"{field}.otherwise: expected one of {', '.join(kinds)}, got {shown(value['otherwise'])}")
+        out.append(f"{field}.otherwise: expected one of {', '.join(kinds)}, got {shown(value['otherwise'])}")
     if "args" in value:
-        conditions.check(f"{field}.args", value["args"], kinds, tuple(EVIDENCE))
+        out += conditions.problems(f"{field}.args", value["args"], kinds, tuple(EVIDENCE), arguments)
 
 
-def _table(field: str, value: Any, noun: tuple[str, str], example: str, key_ok, kinds: tuple[str, ...],
-           dtypes: bool) -> None:
-    """An object mapping names (``noun``: singular with its article, plural) to rules."""
+def _op_name(out: list[str], field: str, key: str, ops: frozenset[str] | None, example: str = OP_EXAMPLE) -> bool:
+    """Whether ``key`` names an op as rules do: ``namespace::name``, never an overload, which no call would match."""
+    if "::" not in key:
+        out.append(f"{field}[{shown(key)}]: not an op name (such as {example})")
+        return False
+    if "." in key:
+        op = key.split(".")[0]
+        unknown = "" if ops is None or names.known(op, ops) else ", which torch does not know either"
+        out.append(f"{field}[{key!r}]: expected the op's name without an overload ({op!r}{unknown}): a rule applies "
+                   "to every overload of its op")
+        return False
+    return True
+
+
+def _ops(out: list[str], value: Any, kinds: tuple[str, ...], ops: frozenset[str] | None) -> None:
+    """``ops``: op names to rules; with ``ops`` (the registered ones), argument conditions are held to the schema."""
     if not isinstance(value, dict):
-        raise ValueError(f"{field}: expected an object mapping {noun[1]} (such as {example}) to rules, "
-                         f"got {shown(value)}")
+        out.append(f"ops: expected an object mapping op names (such as {OP_EXAMPLE}) to rules, got {shown(value)}")
+        return
     for key, rule in value.items():
-        if not key_ok(key):
-            raise ValueError(f"{field}[{shown(key)}]: not {noun[0]} (such as {example})")
-        _rule(f"{field}[{key!r}]", rule, kinds, dtypes)
+        if _op_name(out, "ops", key, ops):
+            tested = ops is not None and isinstance(rule, dict) and "args" in rule and names.known(key, ops)
+            _rule(out, f"ops[{key!r}]", rule, kinds, dtypes=True, arguments=names.arguments(key) if tested else None)
 
 
-def _aborts(value: Any) -> None:
+def _dtypes(out: list[str], value: Any, kinds: tuple[str, ...]) -> None:
+    """``dtypes``: dtype names to the rule of any op touching one."""
+    if not isinstance(value, dict):
+        out.append(f"dtypes: expected an object mapping dtype names (such as \"complex64\") to rules, "
+                   f"got {shown(value)}")
+        return
+    for key, rule in value.items():
+        if not _dtype_name(key):
+            out.append(f"dtypes[{shown(key)}]: not a dtype name (such as \"complex64\")")
+        else:
+            _rule(out, f"dtypes[{key!r}]", rule, kinds, dtypes=False)
+
+
+def _aborts(out: list[str], value: Any, ops: frozenset[str] | None) -> None:
     """``aborts``: op names to ``{"reason", "evidence"}``, the ops a report saw abort the process on a parameter."""
     if not isinstance(value, dict):
-        raise ValueError(f"aborts: expected an object mapping op names (such as \"aten::im2col\") to "
-                         f"{{\"reason\": ..., \"evidence\": ...}}, got {shown(value)}")
+        out.append(f"aborts: expected an object mapping op names (such as {ABORT_EXAMPLE}) to "
+                   f"{{\"reason\": ..., \"evidence\": ...}}, got {shown(value)}")
+        return
     for key, rule in value.items():
         field = f"aborts[{key!r}]"
-        if "::" not in key:
-            raise ValueError(f"aborts[{shown(key)}]: not an op name (such as \"aten::im2col\")")
+        if not _op_name(out, "aborts", key, ops, ABORT_EXAMPLE):
+            continue
         if not isinstance(rule, dict) or set(rule) - {"reason", "evidence"}:
-            raise ValueError(f"{field}: expected an object with reason and evidence, got {shown(rule)}")
+            out.append(f"{field}: expected an object with reason and evidence, got {shown(rule)}")
+            continue
         if not isinstance(rule.get("reason"), str):
-            raise ValueError(f"{field}.reason: expected a string, got {shown(rule.get('reason'))}")
-        if rule.get("evidence") not in EVIDENCE:
-            raise ValueError(f"{field}.evidence: expected one of {', '.join(EVIDENCE)}, got "
-                             f"{shown(rule.get('evidence'))}")
+            out.append(f"{field}.reason: expected a string, got {shown(rule.get('reason'))}")
+        if rule.get("evidence") not in tuple(EVIDENCE):
+            out.append(f"{field}.evidence: expected one of {', '.join(EVIDENCE)}, got {shown(rule.get('evidence'))}")
 
 
-def check(d: Any, schema_version: int, kinds: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming the first field of ``d`` that is not a valid coverage file's."""
+def problems(d: Any, schema_version: int, kinds: tuple[str, ...], ops: frozenset[str] | None = None) -> list[str]:
+    """Every field of ``d`` that is not a valid coverage file's, one line each (none: it is one). A file of another
+    schema version is that one problem: its fields mean other things. ``ops``: the registered op names, to check
+    argument conditions against their ops' schemas (None: not checked)."""
     if not isinstance(d, dict):
-        raise ValueError(f"a coverage file is a JSON object, got {shown(d)}")
+        return [f"a coverage file is a JSON object, got {shown(d)}"]
     if d.get("schema_version") != schema_version:
-        raise ValueError(f"schema_version {shown(d.get('schema_version'))} is not {schema_version}")
-    for k in REQUIRED:
-        if not isinstance(d.get(k), str) and k != "schema_version":
-            raise ValueError(f"{k}: expected a string, got {'nothing' if k not in d else shown(d[k])}")
-    unknown = [k for k in d if k not in TOP_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown field {shown(unknown[0])} (a coverage file has {', '.join(TOP_FIELDS)})")
+        return [f"schema_version {shown(d.get('schema_version'))} is not {schema_version}"]
+    out = [f"{k}: expected a string, got {'nothing' if k not in d else shown(d[k])}"
+           for k in REQUIRED[1:] if not isinstance(d.get(k), str)]
+    out += [f"unknown field {shown(k)} (a coverage file has {', '.join(TOP_FIELDS)})" for k in d if k not in TOP_FIELDS]
     if "provenance" in d and not isinstance(d["provenance"], dict):
-        raise ValueError(f"provenance: expected an object (repo, commit, method, ...), got {shown(d['provenance'])}")
+        out.append(f"provenance: expected an object (repo, commit, method, ...), got {shown(d['provenance'])}")
     if "default" in d:
-        _rule("default", d["default"], kinds, dtypes=False)
+        _rule(out, "default", d["default"], kinds, dtypes=False)
     if "downcast_dtypes" in d:
-        _dtype_list("downcast_dtypes", d["downcast_dtypes"])
+        _dtype_list(out, "downcast_dtypes", d["downcast_dtypes"])
     if "dtypes" in d:
-        _table("dtypes", d["dtypes"], ("a dtype name", "dtype names"), '"complex64"', _dtype_name, kinds,
-               dtypes=False)
+        _dtypes(out, d["dtypes"], kinds)
     if "ops" in d:
-        _table("ops", d["ops"], ("an op name", "op names"), '"aten::add"', lambda k: "::" in k, kinds, dtypes=True)
+        _ops(out, d["ops"], kinds, ops)
     if "aborts" in d:
-        _aborts(d["aborts"])
+        _aborts(out, d["aborts"], ops)
+    return out
