@@ -303,6 +303,25 @@ def test_move_all_moves_everything_movable(shell):
     assert cap.stdout.splitlines()[1:] == ["nothing moved to neuron:0", "already on neuron:0: m, opt, t"]
 
 
+def test_what_a_move_leaves_behind_is_freed_at_once(run_python):
+    """Walkthrough 48: after `%neuron device cpu --all` the device copies stayed allocated until a garbage
+    collection (the move's undo list held them in a cycle); a move frees what it replaced by reference counting."""
+    out = run_python(in_child_shell("""
+        import gc, json, torch
+        gc.disable()
+        with capture_output():
+            sh.run_line_magic("load_ext", "neuron_lab")
+            sh.run_cell("import torch\\nbig = torch.ones(1 << 18)\\nm = torch.nn.Linear(64, 64)", store_history=True)
+            sh.run_cell("%neuron device neuron --all", store_history=True)
+            on_device = torch.neuron.memory_allocated()
+            sh.run_cell("%neuron device cpu --all", store_history=True)
+        print(json.dumps({"on_device": on_device, "after": torch.neuron.memory_allocated(),
+                          "where": [str(sh.user_ns["big"].device), str(sh.user_ns["m"].weight.device)]}))
+    """), {})
+    assert out["on_device"] >= 1 << 20 and out["where"] == ["cpu", "cpu"]
+    assert out["after"] == 0
+
+
 def test_a_move_that_runs_out_of_memory_puts_everything_back(run_python):
     out = run_python(in_child_shell("""
         import json, torch

@@ -207,6 +207,8 @@ def move(ns: dict[str, Any], names: list[str], device: torch.device) -> MoveRepo
     except BaseException as e:
         mv.rollback(e)
         raise
+    mv.undo.clear()  # what was moved away goes now, when nothing else holds it, not at Python's next collection
+    mv.memo.clear()
     return mv.report
 
 
@@ -264,7 +266,7 @@ def _move_value(mv: _Move, name: str, value: Any) -> int | None:
         return None
     nbytes = footprint(value)[1]
     mv.ns[name] = _copy_to(value, mv.device, mv.memo)
-    mv.undo.append(lambda: mv.ns.__setitem__(name, value))
+    mv.undo.append(lambda ns=mv.ns: ns.__setitem__(name, value))
     return nbytes
 
 
