@@ -583,3 +583,14 @@ def test_the_static_tensors_and_compiles_views_say_how_many_rows_they_left_out(s
     assert f"… {compiled - static.ROWS} earlier cells</div>" in static.render_html(c.data, {}, ["compiles"])
     few = {**v.data, "tensors": {**v.data["tensors"], "rows": v.data["tensors"]["rows"][:3]}}
     assert "more" not in static.render_text(few, {}, ["tensors"]) + static.render_html(few, {}, ["tensors"])
+
+
+def test_the_memory_lines_timeline_covers_the_session_scaled_to_the_peak_it_names():
+    """Walkthrough 48: the text timeline drew the last 60 samples scaled to their own highest, so 1 KiB in use after
+    a 95 MiB peak was a full bar beside "peak 95.37 MiB"."""
+    peak = 100 << 20
+    points = [(i, peak if i < 10 else 1024) for i in range(200)]
+    line = static._spark(points, peak)
+    assert len(line) == 60 and line[0] == static.BLOCKS[-1] and set(line[4:]) == {static.BLOCKS[0]}
+    assert static._spark(points[150:], peak) == static.BLOCKS[0] * 50  # after the peak: low bars, not full ones
+    assert static._spark([], peak) == ""

@@ -89,12 +89,19 @@ def _coverage(data: dict) -> str:
 
 
 # -- memory --------------------------------------------------------------------------------------
-def _spark(points: list) -> str:
-    if not points:
+_SPARK_BARS = 60
+
+
+def _spark(points: list, peak: int) -> str:
+    """The session's memory in at most 60 bars, each the highest of its stretch of samples, scaled to the peak that
+    the line names beside it (1 KiB in use after a 95 MiB peak is a low bar, not a full one)."""
+    vals = [b for _, b in points]
+    if not vals:
         return ""
-    vals = [b for _, b in points[-60:]]
-    top = max(vals) or 1
-    return "".join(BLOCKS[min(int(v / top * (len(BLOCKS) - 1) + 0.5), len(BLOCKS) - 1)] for v in vals)
+    n, width = len(vals), min(len(vals), _SPARK_BARS)
+    bars = [max(vals[i * n // width:(i + 1) * n // width]) for i in range(width)]
+    top = max(peak, *bars) or 1
+    return "".join(BLOCKS[min(int(v / top * (len(BLOCKS) - 1) + 0.5), len(BLOCKS) - 1)] for v in bars)
 
 
 _UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
@@ -199,7 +206,8 @@ def _ranks_html(live: dict) -> str:
 def _memory_text(data: dict, live: dict) -> str:
     m = data["memory"]
     memories, left = _memories(data)
-    lines = [f"memory: peak {format_size(live.get('peak', 0))} · timeline {_spark(m['points'])}", *_ranks_text(live)]
+    peak = live.get("peak", 0)
+    lines = [f"memory: peak {format_size(peak)} · timeline {_spark(m['points'], peak)}", *_ranks_text(live)]
     lines += [f"  {left}"] if left else []
     lines += [f"  In[{cell}]  {format_size(mem.before):>11} → {format_size(mem.after):>11}  "
               f"{format_delta(mem.delta):>12}  peak {format_size(mem.peak)}" for cell, mem in memories]
