@@ -3,9 +3,9 @@ CPU (the same values, or for a random op the same distribution, by a seeded chec
 errors), runs on the device from native ops only (those it declares, native under the active coverage), and the
 report's fallback row shows it: a hint by default, the code and its source with --full and in HTML.
 
-A rewrite is offered where every op it uses is native: 2.33's table (``DOCUMENTED``) says so of atan, asin, roll and
-the rest; the combined default does not, as the April source registers none of them (they may fall back), so these
-tests run under 2.33's table and one states what the default offers."""
+A rewrite is offered where every op it uses is native: 2.33's table (``DOCUMENTED``) says so of asin, roll and the
+rest; the combined default does not for most, as the April source registers none of them (they may fall back), so
+these tests run under 2.33's table and one states what the default offers (atan2's, from arithmetic and where)."""
 
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ def function(op: str):
     return ns[REWRITES[op].function]
 
 
-def test_atan2_from_atan_and_where_equals_atan2_in_every_quadrant_and_on_the_axes() -> None:
+def test_atan2_from_arithmetic_and_where_equals_atan2_in_every_quadrant_octant_and_on_the_axes() -> None:
     g = torch.Generator().manual_seed(0)
     y, x = torch.randn(10_000, generator=g), torch.randn(10_000, generator=g)
-    axes = torch.tensor([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [2.0, -3.0], [-2.0, -3.0]])
+    axes = torch.tensor([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [2.0, -3.0], [-2.0, -3.0],
+                         [3.0, 3.0], [-3.0, 3.0], [1e-30, 1e30], [1e30, -1e-30], [0.41421356, 1.0]])
     y, x = torch.cat([y, axes[:, 0]]), torch.cat([x, axes[:, 1]])
     torch.testing.assert_close(function("aten::atan2")(y, x), torch.atan2(y, x), rtol=1e-6, atol=1e-6)
 
@@ -141,10 +142,11 @@ def test_a_rewrite_runs_on_the_device_from_the_native_ops_it_declares(op: str) -
 def test_a_rewrite_is_offered_only_where_the_coverage_makes_its_ops_native() -> None:
     base = coverage.load(DOCUMENTED)
     assert for_op("aten::atan2.out", base) is REWRITES["aten::atan2"]
-    combined = coverage.load("torchneuron-combined")  # atan may fall back there: its rewrite would swap one for one
-    assert combined.classify("aten::atan")[0] == "possible" and for_op("aten::atan2.out", combined) is None
-    strict = coverage.from_dict({**base.as_dict(), "name": "no-atan",
-                                 "ops": {**base.as_dict()["ops"], "aten::atan": {"kind": "fallback", "reason": "x"}}})
+    combined = coverage.load("torchneuron-combined")  # the April source registers atan2's ops, not asin (acos's)
+    assert for_op("aten::atan2.out", combined) is REWRITES["aten::atan2"]
+    assert combined.classify("aten::asin")[0] == "possible" and for_op("aten::acos.out", combined) is None
+    strict = coverage.from_dict({**base.as_dict(), "name": "no-where",
+                                 "ops": {**base.as_dict()["ops"], "aten::where": {"kind": "fallback", "reason": "x"}}})
     assert for_op("aten::atan2.out", strict) is None
     assert for_op("aten::exp", base) is None  # no rewrite for an op without one
 
@@ -167,14 +169,14 @@ def test_the_fallback_row_shows_the_rewrite_hint_then_the_code_with_full_and_in_
         assert lines[at + 1:at + 1 + len(code)] == code
         assert lines[at + 1 + len(code)] == f"        source: {rewrite.source}"
         html = session_of(sh).history[res.execution_count]._repr_html_()
-        assert "<summary>rewrite: torch.atan(y / x)" in html and "def atan2_native(y: torch.Tensor" in html
+        assert "<summary>rewrite: a polynomial of min(|x|, |y|)" in html and "def atan2_native(y: torch.Tensor" in html
         assert "atan2 by quadrant (https://en.wikipedia.org/wiki/Atan2#Definition_and_computation)" in html
-        # a coverage under which atan falls back too: no rewrite is offered
+        # a coverage under which where falls back too: no rewrite is offered
         strict = coverage.load(DOCUMENTED).as_dict()
-        strict["name"], strict["ops"]["aten::atan"] = "no-atan", {"kind": "fallback", "reason": "no atan"}
-        (tmp_path / "no-atan.json").write_text(json.dumps(strict))
+        strict["name"], strict["ops"]["aten::where"] = "no-where", {"kind": "fallback", "reason": "no where"}
+        (tmp_path / "no-where.json").write_text(json.dumps(strict))
         try:
-            run(sh, f"%neuron coverage {tmp_path / 'no-atan.json'}")
+            run(sh, f"%neuron coverage {tmp_path / 'no-where.json'}")
             _, cap = run(sh, CELL)
             assert "  aten::atan2" in cap.stdout and "rewrite:" not in cap.stdout, cap.stdout
         finally:

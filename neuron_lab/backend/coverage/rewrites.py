@@ -34,11 +34,20 @@ _IMPORTS = "import math\n\nimport torch\n\n\n"
 
 _ATAN2 = _IMPORTS + '''\
 def atan2_native(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """torch.atan2(y, x) from native ops (a -0.0 for y counts as +0.0)."""
-    base = torch.atan(y / x)
-    left = base + torch.where(y >= 0, math.pi, -math.pi)  # x < 0: the other half-plane
-    axis = torch.sign(y) * (math.pi / 2)  # x == 0
-    return torch.where(x > 0, base, torch.where(x < 0, left, axis))
+    """torch.atan2(y, x) from arithmetic and torch.where: the smaller of |y|, |x| over the larger, brought under
+    tan(pi/8), Cephes' atanf polynomial on it, then its octant and quadrant (a -0.0 for y counts as +0.0)."""
+    ax, ay = x.abs(), y.abs()
+    steep = ay > ax  # past 45 degrees: atan(|y| / |x|) = pi/2 - atan(|x| / |y|)
+    lo, hi = torch.where(steep, ax, ay), torch.where(steep, ay, ax)
+    t = lo / torch.where(hi > 0, hi, torch.ones_like(hi))  # in [0, 1]; 0 at the origin
+    wide = t > 0.4142135623730950  # past tan(pi/8): atan(t) = pi/4 + atan((t - 1) / (t + 1))
+    t = torch.where(wide, (t - 1) / (t + 1), t)
+    z = t * t
+    a = (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * t + t
+    a = torch.where(wide, a + math.pi / 4, a)
+    a = torch.where(steep, a.neg() + math.pi / 2, a)
+    a = torch.where(x < 0, a.neg() + math.pi, a)
+    return torch.where(y < 0, a.neg(), a)
 '''
 
 _ACOS = _IMPORTS + '''\
@@ -86,12 +95,13 @@ def bernoulli_native(p: torch.Tensor, generator: torch.Generator | None = None) 
 '''
 
 REWRITES: dict[str, Rewrite] = {r.op: r for r in (
-    Rewrite("aten::atan2", "torch.atan(y / x), its quadrant fixed with torch.where on the signs of x and y",
-            "atan2_native", _ATAN2,
-            "the definition of atan2 by quadrant (https://en.wikipedia.org/wiki/Atan2#Definition_and_computation); "
-            "torch.atan2's documentation",
-            ("aten::div", "aten::atan", "aten::ge", "aten::where", "aten::add", "aten::sign", "aten::mul", "aten::gt",
-             "aten::lt", "aten::scalar_tensor")),
+    Rewrite("aten::atan2", "a polynomial of min(|x|, |y|) / max(|x|, |y|) (Cephes' atanf), its octant and quadrant "
+            "set with torch.where", "atan2_native", _ATAN2,
+            "Cephes' atanf (S. L. Moshier, Cephes Math Library, https://www.netlib.org/cephes/, single/atanf.c): "
+            "range reduction to tan(pi/8) and its degree-9 polynomial; atan2 by quadrant "
+            "(https://en.wikipedia.org/wiki/Atan2#Definition_and_computation)",
+            ("aten::abs", "aten::gt", "aten::where", "aten::ones_like", "aten::div", "aten::sub", "aten::add",
+             "aten::mul", "aten::neg", "aten::lt")),
     Rewrite("aten::acos", "math.pi / 2 - torch.asin(x)", "acos_native", _ACOS,
             "arccos z = pi/2 - arcsin z, NIST DLMF section 4.23 (https://dlmf.nist.gov/4.23)",
             ("aten::asin", "aten::rsub")),
