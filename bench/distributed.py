@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
+
+from neuron_lab.session import launch
 
 RANK_SCRIPT = textwrap.dedent("""
     import json, statistics, sys, time
@@ -74,20 +75,15 @@ RANKS = 2
 TARGETS = {"all_reduce": ("1 MiB all_reduce, 2 ranks", 1.2), "ddp": ("DDP AdamW step, 2 ranks", 1.3)}
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
-    port = _free_port()
+    store = launch.AgentStore()  # the ranks' rendezvous, hosted here on a port the OS picks: none to lose to a race
     procs = []
     for r in range(RANKS):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(RANKS),
+        env = {**os.environ, "MASTER_ADDR": store.address, "MASTER_PORT": str(store.port),
+               "TORCHELASTIC_USE_AGENT_STORE": "True", "WORLD_SIZE": str(RANKS),
                "RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(RANKS), "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(args.rounds)], env=env,
                                       stdout=subprocess.PIPE, text=True))

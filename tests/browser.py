@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -119,14 +118,8 @@ class Lab:
         return f"{self.url}lab/tree/{name}?reset"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_url(runtime_dir: Path) -> str | None:
-    """The URL the server wrote into its info file (it may have moved off a port taken meanwhile)."""
+    """The URL the server wrote into its info file: the port it listens on is known only there."""
     for info in runtime_dir.glob("jpserver-*.json"):
         try:
             url = json.loads(info.read_text())["url"]
@@ -157,7 +150,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def lab_server(tmp_path_factory: pytest.TempPathFactory, timeout: float = SERVER_START_TIMEOUT) -> Iterator[Lab]:
-    """Start ``python -m jupyterlab`` on 127.0.0.1 with no token, private dirs and a free port; always stop it.
+    """Start ``python -m jupyterlab`` on 127.0.0.1 with no token, private dirs and a port the OS picks; always stop it.
 
     The config, data, runtime, IPython, settings and workspaces dirs are all temporary, so nothing on the
     developer's machine (old tabs, kernelspecs, startup files) leaks in, and two xdist workers never share
@@ -173,7 +166,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, timeout: float = SERVER
         settings.write_text(json.dumps(values))
     command = [
         sys.executable, "-m", "jupyterlab", "--no-browser",
-        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={_free_port()}",
+        "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",  # the OS picks it; the server's info file says which
         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
         f"--ServerApp.root_dir={dirs['root']}",
         "--LabApp.expose_app_in_browser=True",  # window.jupyterapp, which the helpers below drive

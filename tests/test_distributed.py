@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -59,12 +58,6 @@ def test_topology_maps_a_torchrun_rank_to_its_device_and_core() -> None:
     assert "could not start them" in detect({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}).problems[0]
     bad = detect({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"})
     assert bad.local_rank is None and "not mapping" in bad.problems[0] and len(bad.capacities) == 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # the last collective on the neuron group: torch's own gloo group (the CPU reference) can abort a process at exit when
@@ -470,8 +463,9 @@ def test_torchrun_script_all_reduces_on_neuron(tmp_path: Path) -> None:
             json.dump(facts, f)
         dist.destroy_process_group()
     """))
-    proc = subprocess.Popen([str(VENV_BIN / "torchrun"), "--nproc_per_node", str(RANKS), "--master_port",
-                             str(_free_port()), str(script), str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+    # --standalone: torchrun's agent hosts the rendezvous on a port the OS picks as it listens (no free port to lose)
+    proc = subprocess.Popen([str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node", str(RANKS), str(script),
+                             str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     facts = _communicate_group(proc, tmp_path)
     devices = ["neuron:0", "neuron:1"] if COMPILED else ["neuron:0", "neuron:0"]
@@ -485,9 +479,9 @@ def test_mp_spawn_workers_take_their_local_rank_device(tmp_path: Path) -> None:
         import json, os, sys
         import torch, torch.distributed as dist, torch.multiprocessing as mp
 
-        def worker(rank, port, out):
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),
-                              LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+        def worker(rank, port, out):  # the rendezvous is the test's store, as torchrun's agent hosts one
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="True",
+                              WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
             dist.init_process_group(backend="neuron")
             x = torch.full((2,), float(rank), device="neuron")
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
@@ -499,7 +493,8 @@ def test_mp_spawn_workers_take_their_local_rank_device(tmp_path: Path) -> None:
         if __name__ == "__main__":
             mp.spawn(worker, args=(sys.argv[1], sys.argv[2]), nprocs=2)
     """))
-    proc = subprocess.Popen([sys.executable, str(script), str(_free_port()), str(tmp_path)],
+    store = launch.AgentStore()  # kept until the workers are done: no port for rank 0 to lose to another process
+    proc = subprocess.Popen([sys.executable, str(script), str(store.port), str(tmp_path)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     facts = _communicate_group(proc, tmp_path)

@@ -8,14 +8,14 @@ Verified only against the fake in ``tests/fake_torchneuronx``, not on Trainium.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
 
 import pytest
 from fake_torchneuronx import SITE, child_env, run
-from torch.distributed import TCPStore
+
+from neuron_lab.session import launch
 
 PROGRAM = """
 import json
@@ -136,14 +136,17 @@ import torch_neuronx
 sh = InteractiveShell()
 if sys.argv[1] == "ranks":  # a %neuron ranks engine
     from neuron_lab import agent
-    joined = agent.join_ranks(sh, 60)
+    joined = agent.join_ranks(sh, 120)
 else:  # a `neuron-lab run --nproc` rank: the runner installs the extension, then the notebook's code joins
     from neuron_lab.runner import kernel
     kernel.install(sh)
     if sys.argv[1] == "device first":  # the stand-in's check is live: a device use before joining fails it
         import torch
         torch.ones(1, device="neuron")
-    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=60))
+    dist.init_process_group(backend="neuron", timeout=timedelta(seconds=120))
+# a rank that left at once could close its gloo connection before a starved peer's connectFullMesh saw it made, and
+# fail that peer ("Connection closed by peer", as in a loaded CI run): both leave after a collective, as scripts do
+dist.barrier()
 print(json.dumps({"rank": dist.get_rank(), "runtime": torch_neuronx.is_neuron_runtime_initialized()}))
 dist.destroy_process_group()
 """
@@ -169,22 +172,16 @@ def test_a_device_use_before_init_process_group_fails_torchneurons_check():
                for e in errs), errs[0][-3000:]
 
 
-def _ranks(launcher: str) -> tuple[list[subprocess.Popen], TCPStore | None]:
-    """Two ranks on one host, each running RANK with ``launcher``, as torchrun would start them; %neuron ranks
-    engines also find the rendezvous store the notebook hosts (their preflight meets there), kept while it is held."""
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if launcher == "ranks" else None
-    port = store.port if store is not None else _free_port()
-    agent_store = {"TORCHELASTIC_USE_AGENT_STORE": "True"} if store is not None else {}  # as %neuron ranks sets
+def _ranks(launcher: str) -> tuple[list[subprocess.Popen], launch.AgentStore]:
+    """Two ranks on one host, each running RANK with ``launcher``, as torchrun's agent, the runner and %neuron ranks
+    start them: they meet at the rendezvous store hosted here (%neuron ranks engines' preflight meets there too),
+    kept while it is held; the OS picks its port as it listens, so no other process can take it first."""
+    store = launch.AgentStore()
     envs = [child_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **agent_store}, SITE) for r in range(2)]
+                       "MASTER_ADDR": store.address, "MASTER_PORT": str(store.port),
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"}, SITE) for r in range(2)]
     return [subprocess.Popen([sys.executable, "-c", RANK, launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=tempfile.gettempdir(), env=env) for env in envs], store
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 ACCOUNT = """
