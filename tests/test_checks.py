@@ -905,8 +905,11 @@ def test_the_plain_python_checks_refuse_bad_arguments_before_running(shell):
         return t * 2
 
     x = torch.ones(3).to("neuron")
-    with pytest.raises(ValueError, match="unknown torch.compile backend 'nosuch'"):
+    with pytest.raises(ValueError, match="unknown torch.compile backend 'nosuch'") as e:
         neuron_lab.compare(fn, x, backend="nosuch")
+    known = str(e.value).split("; known: ", 1)[1].split(", ")
+    assert {"neuron", "inductor", "eager", "aot_eager"} <= set(known)
+    assert not [k for k in known if "TESTING_ONLY" in k or "minifier" in k], known  # dynamo's debug ones go unnamed
     with pytest.raises(ValueError, match=r"^runs must be a whole number from 1 to 10,000 \(got 0\)$"):
         neuron_lab.compare(fn, x, runs=0)
     with pytest.raises(ValueError, match=rf"^warmup must be a whole number from 0 to 10,000 \(got {10**20}\)$"):

@@ -796,3 +796,27 @@ def test_fullgraph_compile_of_a_graph_break_is_a_clear_error_and_restores_state(
     assert "Data-dependent branching" in str(err), str(err)[:300]
     assert state(shell) == before and not modes.patched()
     assert last_report(shell).error.startswith(type(err).__name__)
+
+
+@pytest.mark.parametrize("line", ["%neuron -h", "%neuron --help", "%neuron help"])
+def test_asking_for_help_shows_the_commands(shell, line):
+    """Walkthrough 48: `%neuron help`, `-h` and `--help` were usage errors ("invalid choice: 'help'")."""
+    before = state(shell)
+    res, cap = run(shell, line)
+    assert res.result is None and "Commands:" in cap.stdout and "  device " in cap.stdout
+    assert cap.stdout.rstrip().endswith("`%neuron COMMAND -h` shows one command's usage and options, `%neuron?` every "
+                                        "command's.")
+    assert state(shell) == before
+
+
+@pytest.mark.parametrize("line", ["%neuron device -h", "%neuron help device", "%neuron device neuron --help"])
+def test_asking_for_a_commands_help_shows_its_usage_and_options_and_runs_nothing(shell, line):
+    before = state(shell)
+    _, cap = run(shell, line)
+    assert cap.stdout.startswith("usage: %neuron device ") and "--move NAME" in cap.stdout
+    assert state(shell) == before
+
+
+def test_a_cell_asking_for_help_shows_its_form_and_does_not_run(shell):
+    _, cap = run(shell, "%%neuron compile -h\nran = True")
+    assert cap.stdout.startswith("usage: %%neuron compile ") and "ran" not in shell.user_ns

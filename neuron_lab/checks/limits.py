@@ -94,8 +94,9 @@ def compile_backend(name: Any, setting: str | None = None) -> None:
 
     with compiles.loading_compiler():
         known = set(list_backends(exclude_tags=())) | set(BUILTIN_BACKENDS)
+        listed = set(list_backends()) | set(BUILTIN_BACKENDS)  # dynamo's debug and experimental ones go unnamed
     if name not in known:
-        why = f"unknown torch.compile backend {_shown(name)}; known: {', '.join(sorted(known))}"
+        why = f"unknown torch.compile backend {_shown(name)}; known: {', '.join(sorted(listed))}"
         if setting is None:
             raise OptionError(why)
         raise SettingError(f"{setting} = {_shown(name)}: {why} (`%config {setting} = NAME` sets another)")

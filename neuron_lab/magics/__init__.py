@@ -77,6 +77,9 @@ class NeuronMagics(Magics):
     @line_cell_magic
     def neuron(self, line: str = "", cell: str | None = None):
         __tracebackhide__ = True  # noqa: F841
+        if (shown := _parser.asked_for_help(_PARSER, line, cell=cell is not None)) is not None:
+            print(shown)  # and nothing runs, the cell's body neither: as `-h` on a command line
+            return None
         args = _parser.parse(_PARSER, line, cell=cell is not None)
         if cell is not None:
             return self._cell(args, line, cell)

@@ -272,20 +272,44 @@ def commands(p: NeuronArgumentParser) -> list[tuple[str, NeuronArgumentParser, s
     return [(name, sp, help) for name, (sp, help) in p.subcommands.items()]
 
 
-def help_text(p: NeuronArgumentParser) -> str:
-    """The whole help (``%neuron?``): what it is, the common tasks as examples, the commands in one line each,
-    then every command's usage and options, as IPython's own magics lead with usage before the reference."""
+def _overview(p: NeuronArgumentParser) -> list[str]:
+    """What it is, the common tasks as examples, the commands in one line each."""
     width = max(len(line) for line, _ in EXAMPLES) + 2
     examples = "\n".join(f"  {line:<{width}}# {comment}" for line, comment in EXAMPLES)
     listed = commands(p)
     name_width = max(len(name) for name, _, _ in listed) + 2
     summary = "\n".join(textwrap.fill(help, WIDTH, initial_indent=f"  {name:<{name_width}}",
                                        subsequent_indent=" " * (name_width + 2)) for name, _, help in listed)
-    parts = [f"%neuron COMMAND [options]     a line magic\n%%neuron COMMAND [options]    the first line of a cell"
-             f"\n\n{textwrap.fill(p.description or '', WIDTH)}", f"Examples:\n{examples}", f"Commands:\n{summary}",
-             "Reference: each command's usage and options"]
-    parts += [f"--- {name} ---\n{sp.format_help().rstrip()}" for name, sp, _ in listed]
+    return [f"%neuron COMMAND [options]     a line magic\n%%neuron COMMAND [options]    the first line of a cell"
+            f"\n\n{textwrap.fill(p.description or '', WIDTH)}", f"Examples:\n{examples}", f"Commands:\n{summary}"]
+
+
+def help_text(p: NeuronArgumentParser) -> str:
+    """The whole help (``%neuron?``): the overview, then every command's usage and options, as IPython's own magics
+    lead with usage before the reference."""
+    parts = [*_overview(p), "Reference: each command's usage and options"]
+    parts += [f"--- {name} ---\n{sp.format_help().rstrip()}" for name, sp, _ in commands(p)]
     return "\n\n".join(parts)
+
+
+_HELP_FLAGS = ("-h", "--help")
+
+
+def asked_for_help(p: NeuronArgumentParser, line: str, *, cell: bool) -> str | None:
+    """The help a line asks for, as a command-line tool answers ``-h``: ``%neuron -h`` (``--help``, ``help``) the
+    overview, ``%neuron COMMAND -h`` (``help COMMAND``) that command's usage and options; None for any other line.
+    ``%neuron?`` (IPython's own) stays the whole reference."""
+    words = line.split()
+    words = words[:words.index("--")] if "--" in words else words  # after `--`: another program's arguments
+    if not words or not (words[0] == "help" or any(w in _HELP_FLAGS for w in words)):
+        return None
+    named = [w for w in words if w != "help" and w not in _HELP_FLAGS]
+    if named and named[0] in p.subcommands:
+        sp = copy.copy(p.subcommands[named[0]][0])
+        sp.prog = written(sp.prog, cell)
+        return sp.format_help().rstrip()
+    return "\n\n".join([*_overview(p), "`%neuron COMMAND -h` shows one command's usage and options, `%neuron?` every "
+                                       "command's."])
 
 
 def written(prog: str, cell: bool) -> str:

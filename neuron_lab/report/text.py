@@ -87,12 +87,13 @@ def op_lines(title: str, rows: list[OpRow], full: bool = False, refs: dict[str, 
     host = f", {format_seconds(sum([x.host_ns for x in rows]) / 1e9)} {timed_as}" if timed else ""
     lines = [f"{title} ({count(len(rows), 'op')}, {count(total, 'call')}{host}):"]
     shown = rows if full else rows[:FOLD]
+    width = max(32, *(len(r.op) for r in shown)) if shown else 32  # a long name widens the column, not one row
     for row in shown:
         time = f"  {format_seconds(row.host_ns / 1e9):>9}" if timed else ""
         why = f"  why [{refs[row.reason]}]" if refs is not None and row.reason in refs else ""
         n = row.count  # below 1,000 nothing to group: the cheaper format (every row of every report)
         calls = f"{n}".rjust(7) if 0 <= n < 1000 else f"{n:>7,}"
-        lines.append(f"  {row.op:<32} {calls}×{time}  {shape_text(row, full)}{why}".rstrip())
+        lines.append(f"  {row.op:<{width}} {calls}×{time}  {shape_text(row, full)}{why}".rstrip())
         if refs is None and row.reason:
             lines.append(f"      why: {row.why}")
         if row.rewrite is not None:

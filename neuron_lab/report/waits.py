@@ -46,8 +46,8 @@ def loading_step(by: str | None) -> str:
 
 
 # a shown line once its compile is over and the cell still runs: no stale step
-COMPILED = "compiled; the cell runs on"
-LOADED = "compiler loaded; the cell runs on"
+COMPILED = "compiled; the cell is running"
+LOADED = "compiler loaded; the cell is running"
 
 
 def settled(loading: bool) -> str:
