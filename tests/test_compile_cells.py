@@ -132,7 +132,7 @@ def test_a_graph_torchneuron_would_not_lower_reports_its_op_and_line_and_raises_
     for text in (eager.stdout, out):
         lines = text.splitlines()
         at = next(i for i, line in enumerate(lines) if line.startswith(row))
-        assert lines[at + 1] == site, text  # no rewrite under the combined default: the atan it uses may fall back
+        assert lines[at + 1].startswith("      rewrite: ") and lines[at + 2] == site, text  # the rewrite, then the line
     ns = shell.user_ns
     torch.testing.assert_close(ns["compiled_loss"].cpu(), ns["loss"].cpu(), rtol=0, atol=0)
     torch.testing.assert_close(ns["net"].lin.weight.grad.cpu(), ns["eager_grad"].cpu(), rtol=0, atol=0)

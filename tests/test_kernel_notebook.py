@@ -220,8 +220,10 @@ def test_fallback_report_names_op_cell_and_line(nb: Any) -> None:
     assert sorted(rows) == ["aten::atan2.out", "aten::normal_"], text
     i = rows["aten::atan2.out"]
     assert re.match(r"  aten::atan2\.out +1× .* why \[\d\]$", text[i]), text[i]
-    # no rewrite under the combined default: the atan it uses may fall back (the April source registers none)
-    assert text[i + 1] == f"      at In[{n}] line 2: {FALLBACK_SOURCE}  (1×)"
+    # its rewrite under the combined default (its ops are registered in the April source), then its line
+    assert text[i + 1].startswith("      rewrite: a polynomial of min(|x|, |y|)") and text[i + 1].endswith(
+        "(`%neuron report --full` shows the code)"), text[i + 1]
+    assert text[i + 2] == f"      at In[{n}] line 2: {FALLBACK_SOURCE}  (1×)"
     j = rows["aten::normal_"]
     assert text[j + 1] == f"      at In[{n}] line 1: x = torch.randn(64, 2, device=device)  (1×)"
     why = text.index("why:")  # each reason once, after the rows, with its source
@@ -229,7 +231,7 @@ def test_fallback_report_names_op_cell_and_line(nb: Any) -> None:
     assert f"neuron_lab In[{n}] · neuron:0 · default · " in html
     assert "<code>aten::atan2.out</code>" in html
     assert f"<code>In[{n}] line 2</code> {FALLBACK_SOURCE} (1×)" in html
-    assert "<summary>rewrite: " not in html and "def atan2_native(" not in html
+    assert "<summary>rewrite: a polynomial" in html and "def atan2_native(" in html
     assert _of(cell, "execute_result") == []
 
 
