@@ -261,31 +261,41 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="which backend is active and why, devices, coverage, environment")
     doc.add_argument("--check", action="store_true",
                      help="also run a short self-test of what the workbench assumes about the device (a minute)")
-    doc.set_defaults(func=doctor)
+    doc.set_defaults(func=doctor, parser=doc)
     cov = sub.add_parser("coverage", help="op coverage: which ops run natively, which fall back to the CPU")
     cov = cov.add_subparsers(dest="action", required=True)
     exp = cov.add_parser("export", help="write a coverage file from the live PrivateUse1 backend")
     exp.add_argument("file")
     exp.add_argument("--name", help="coverage name (default: derived from backend and date)")
-    exp.set_defaults(func=coverage_export)
+    exp.set_defaults(func=coverage_export, parser=exp)
     show = cov.add_parser("show", help="list a coverage (default: the active one)")
     show.add_argument("coverage", nargs="?", default=None, help="bundled name or path")
     show.add_argument("--all", action="store_true", help="list every op, native ones included")
-    show.set_defaults(func=coverage_show)
+    show.set_defaults(func=coverage_show, parser=show)
     dif = cov.add_parser("diff", help="what changes between two coverage files")
     dif.add_argument("a", help="bundled name or path")
     dif.add_argument("b", help="bundled name or path")
     dif.add_argument("--all", action="store_true", help="list every changed op, not the first 40 of each kind")
-    dif.set_defaults(func=coverage_diff)
+    dif.set_defaults(func=coverage_diff, parser=dif)
     run_parser = sub.add_parser("run", help="run a notebook or script headless: reports, summary, CI gates, exports",
                                 **run_options.PARSER)
     run_options.add_arguments(run_parser)
-    run_parser.set_defaults(func=run, in_kernels=True)  # its cells run in kernels: this process needs no torch
+    run_parser.set_defaults(func=run, in_kernels=True, parser=run_parser)  # its cells run in kernels: no torch here
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; an unrecognized argument is refused by its command's own parser (runner.options)."""
+    from neuron_lab.runner import options as run_options
+
+    args, extra = build_parser().parse_known_args(argv)
+    command = vars(args).pop("parser")  # the command's own parser, each command's default: not an option
+    run_options.refuse_unknown(command, extra)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(build_parser().parse_args(argv))
+    return dispatch(parse(argv))
 
 
 def main_parsing_first(install: Callable[[], object]) -> int:
@@ -293,7 +303,7 @@ def main_parsing_first(install: Callable[[], object]) -> int:
     ``--help``, ``--version`` and bad usage end in the parser, and ``install`` runs that ``__init__`` only for a
     command that uses the device here (``run``'s cells run in kernels, which import torch themselves). The console
     script (``_neuron_lab_cli``) and ``python -m neuron_lab`` (``__main__``) both start here."""
-    args = build_parser().parse_args()
+    args = parse()
     if not getattr(args, "in_kernels", False):
         install()
     return dispatch(args)

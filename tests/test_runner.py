@@ -555,6 +555,8 @@ def test_the_console_script_refuses_bad_numbers_and_profiles_with_exit_2_and_no_
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["{nb}", "--bogus"], "neuron-lab run: error: unrecognized arguments: --bogus"),
+    (["{nb}", "--fail-on-fallbak"],
+     "neuron-lab run: error: unrecognized arguments: --fail-on-fallbak (did you mean --fail-on-fallback?)"),
     (["{nb}", "--max-peak-memory", "lots"],
      "neuron-lab run: error: argument --max-peak-memory: cannot read 'lots' as a size (examples: 512MiB, 2GiB, "
      "1048576)"),
@@ -595,7 +597,9 @@ def test_the_console_script_documents_exit_codes_and_rejects_unknown_options(tmp
         assert f"\n  {code}  {meaning}\n" in help_.stdout
     nb = notebook(tmp_path / "nb.ipynb", "print(1)")
     bad = subprocess.run([str(CONSOLE), "run", str(nb), "--bogus"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == "neuron-lab: error: unrecognized arguments: --bogus"
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1] == "neuron-lab run: error: unrecognized arguments: --bogus"
+    assert bad.stderr.startswith("usage: neuron-lab run ")  # the command's usage, not the top parser's
 
 
 def test_allow_fallback_spellings():

@@ -43,7 +43,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parser().parse_args(argv))
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    options.refuse_unknown(p, extra)
+    return run(args)
 
 
 def kernel_env(args: argparse.Namespace) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from typing import Any
 
@@ -49,6 +50,17 @@ EXAMPLES = (
     ("neuron-lab run train.py --nproc 4 --fail-on-unsupported", "4 ranks, as torchrun starts them"),
     ("neuron-lab run train.py --trace traces/", "CI: a Perfetto trace per cell"),
 )
+
+
+def refuse_unknown(p: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Unrecognized arguments refused by their command's parser ``p`` (its usage; argparse's own refusal of a
+    subcommand's prints the top parser's), with the option meant when one is close (``--fail-on-fallbak``)."""
+    if not extra:
+        return
+    known = [s for a in p._actions for s in a.option_strings]
+    close = next((m for word in extra if word.startswith("-")
+                  for m in difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.8)), None)
+    p.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close}?)" if close else ""))
 
 
 def examples(rows: tuple[tuple[str, str], ...]) -> str:
