@@ -193,8 +193,10 @@ def test_one_more_op_or_site_is_said_in_the_singular(tmp_path):
                   "x, 'sum')")
     r = run(tmp_path, str(nb))
     assert r.returncode == options.EXIT_OK, r.stdout + r.stderr
-    assert re.search(r"^\[2/2\] In\[2\] ok .* · 10 CPU fallback calls: aten::linalg_cross\.out ×7 at In\[2\] line 2 "
-                     r"\(4×\), 3 more sites, .*, 1 more op$", r.stdout, re.M), r.stdout
+    # the ops come slowest first, an order of measured times: the facts are the four-line op's and the count
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("[2/2] In[2] ok ")]
+    assert " · 10 CPU fallback calls: " in line and line.endswith(", 1 more op"), line
+    assert "aten::linalg_cross.out ×7 at In[2] line 2 (4×), 3 more sites, " in line or "linalg_cross" not in line, line
     assert re.search(r"^ +… 1 more site$", r.stdout, re.M), r.stdout
 
 
