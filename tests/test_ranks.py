@@ -257,8 +257,11 @@ def test_c10ds_warning_each_rank_tags_with_its_rank_is_shown_once(ranks: Interac
     run(sh, START.format(n=2) + " --restart")
     _, cap = run(sh, DDP_STEPS)
     said = [line for line in cap.stderr.splitlines() if "logger.cpp" in line]
-    assert len(said) == 1 and re.fullmatch(r"\[ranks 0-1\] \[W\d{4} [\d:.]+ logger\.cpp:\d+\] Warning: Time stats are "
-                                           r"currently only collected for CPU and CUDA devices\..*", said[0]), said
+    # one line: both ranks' as one, or (a rank whose line had not reached the notebook by the cell's end, once in CI)
+    # one rank's; never a line per rank
+    who = r"(\[ranks 0-1\] |\[stderr:\d\] \[rank\d\]:)"
+    warning = r"\[W\d{4} [\d:.]+ logger\.cpp:\d+\] Warning: Time stats are currently only collected for CPU and CUDA"
+    assert len(said) == 1 and re.fullmatch(who + warning + r" devices\..*", said[0]), said
 
 
 STREAMED = """%%neuron ranks --timeout 60
